@@ -1,0 +1,931 @@
+/*
+ * fs.c - filesystem operations over the bucket (see fs.h).
+ *
+ * Pattern for every operation: pin the inode, copy what the request needs
+ * under the table lock, release the lock, talk to S3, relock and store what
+ * was learnt. No lock is held during network I/O.
+ *
+ * Lookup of NAME in directory P ("dir wins"):
+ *   - P's listing is fresh: answer from it (absent -> negative entry); a
+ *     file's s3fs headers come from the inode table when known for the
+ *     same ETag, else from one HEAD.
+ *   - otherwise: LIST prefix=P+NAME+"/" max-keys=1 (a directory?), then
+ *     HEAD P+NAME (a file?).
+ */
+#include "config.h"
+
+#include "fs.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <search.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "inode.h"
+#include "log.h"
+#include "names.h"
+#include "reader.h"
+#include "workers.h"
+
+#define LIST_PAGE_KEYS 1000
+#define READ_AHEAD_BUDGET (128u << 20)   /* all open files together */
+#define LOGGED_KEYS_MAX 10000            /* "skipped key" lines, once each */
+#define STATFS_BLOCK 4096
+#define STATFS_BLOCKS (1ull << 38)       /* report 1 PiB, all free */
+#define UNKNOWN_INO 0xffffffffu          /* readdir: the kernel looks it up */
+
+struct fs {
+    struct fs_conf conf;
+    char *root_key;
+    struct s3_client *s3;
+    struct inode_table *inodes;
+    struct workers *workers;
+    struct reader *reader;
+    struct timespec mount_time;
+
+    pthread_mutex_t logged_lock;  /* guards logged_keys, logged_count */
+    void *logged_keys;            /* tsearch set of char * */
+    size_t logged_count;
+};
+
+struct fs_dir {
+    fuse_ino_t ino;
+    struct inode_listing *listing;
+};
+
+struct fs_file {
+    fuse_ino_t ino;
+    struct reader_file *reader_file;
+};
+
+static double now_seconds(void)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (double)now.tv_sec + (double)now.tv_nsec / 1e9;
+}
+
+/* Log a skipped or hidden key once per mount, whatever the relistings. */
+static void log_key_once(struct fs *fs, const char *key, const char *why)
+{
+    bool first = false;
+
+    pthread_mutex_lock(&fs->logged_lock);
+    if (fs->logged_count < LOGGED_KEYS_MAX &&
+        tfind(key, &fs->logged_keys, (int (*)(const void *, const void *))strcmp) == NULL) {
+        char *copy = strdup(key);
+        if (copy != NULL &&
+            tsearch(copy, &fs->logged_keys, (int (*)(const void *, const void *))strcmp) != NULL) {
+            fs->logged_count++;
+            first = true;
+        } else {
+            free(copy);
+        }
+    }
+    pthread_mutex_unlock(&fs->logged_lock);
+    if (first)
+        log_warn("key '%s' is not shown: %s", key, why);
+}
+
+/* ------------------------------------------------------------ attributes */
+
+static void dir_attrs(const struct fs *fs, struct inode_attrs *out)
+{
+    *out = (struct inode_attrs){
+        .kind = INODE_DIR,
+        .mtime = fs->mount_time,
+        .mode = fs->conf.dir_mode,
+        .uid = fs->conf.uid,
+        .gid = fs->conf.gid,
+        .fetched_at = now_seconds(),
+    };
+}
+
+static void listing_file_attrs(const struct fs *fs, const struct s3xml_object *object,
+                               struct inode_attrs *out)
+{
+    *out = (struct inode_attrs){
+        .kind = INODE_FILE,
+        .size = object->size,
+        .mtime = object->mtime,
+        .mode = fs->conf.file_mode,
+        .uid = fs->conf.uid,
+        .gid = fs->conf.gid,
+        .fetched_at = now_seconds(),
+    };
+    snprintf(out->etag, sizeof(out->etag), "%s", object->etag ? object->etag : "");
+}
+
+static void head_file_attrs(const struct fs *fs, const struct s3_object_info *info,
+                            struct inode_attrs *out)
+{
+    *out = (struct inode_attrs){
+        .kind = INODE_FILE,
+        .size = info->size,
+        .mtime = info->has_mtime ? info->mtime : info->last_modified,
+        .mode = fs->conf.file_mode,
+        .uid = info->has_uid ? info->uid : fs->conf.uid,
+        .gid = info->has_gid ? info->gid : fs->conf.gid,
+        .headers_known = true,
+        .fetched_at = now_seconds(),
+    };
+    if (info->has_mode) {
+        out->mode = info->mode & 07777;
+        if ((info->mode & S_IFMT) == S_IFLNK)
+            out->kind = INODE_SYMLINK;
+    }
+    snprintf(out->etag, sizeof(out->etag), "%s", info->etag);
+}
+
+static void attrs_to_stat(const struct fs *fs, fuse_ino_t ino,
+                          const struct inode_attrs *attrs, struct stat *st)
+{
+    memset(st, 0, sizeof(*st));
+    st->st_ino = ino;
+    switch (attrs->kind) {
+    case INODE_DIR:
+        st->st_mode = S_IFDIR | attrs->mode;
+        st->st_nlink = 2;
+        st->st_size = 4096;
+        break;
+    case INODE_SYMLINK:
+        st->st_mode = S_IFLNK | attrs->mode;
+        st->st_nlink = 1;
+        st->st_size = (off_t)attrs->size;
+        break;
+    case INODE_FILE:
+        st->st_mode = S_IFREG | attrs->mode;
+        st->st_nlink = 1;
+        st->st_size = (off_t)attrs->size;
+        break;
+    }
+    st->st_uid = fs->conf.uid_forced ? fs->conf.uid : attrs->uid;
+    st->st_gid = fs->conf.gid_forced ? fs->conf.gid : attrs->gid;
+    st->st_blksize = 1 << 20;
+    st->st_blocks = (blkcnt_t)((attrs->size + 511) / 512);
+    st->st_mtim = attrs->mtime;
+    st->st_ctim = attrs->mtime;
+    st->st_atim = attrs->mtime;
+}
+
+static void fill_entry(const struct fs *fs, const struct inode *inode,
+                       struct fs_entry *out)
+{
+    out->ino = inode->ino;
+    attrs_to_stat(fs, inode->ino, &inode->attrs, &out->attr);
+    out->attr_timeout = fs->conf.attr_ttl;
+    out->entry_timeout = fs->conf.dir_ttl;
+}
+
+/* ------------------------------------------------------------- listings */
+
+struct listing_builder {
+    struct inode_dirent *entries;
+    size_t count;
+    size_t capacity;
+};
+
+static int builder_add(struct listing_builder *builder, const char *name,
+                       size_t name_len, const struct inode_attrs *attrs)
+{
+    if (builder->count == builder->capacity) {
+        size_t capacity = builder->capacity ? builder->capacity * 2 : 64;
+        struct inode_dirent *grown = realloc(builder->entries,
+                                             capacity * sizeof(*grown));
+        if (grown == NULL)
+            return ENOMEM;
+        builder->entries = grown;
+        builder->capacity = capacity;
+    }
+    char *copy = strndup(name, name_len);
+    if (copy == NULL)
+        return ENOMEM;
+    builder->entries[builder->count++] = (struct inode_dirent){copy, *attrs};
+    return 0;
+}
+
+static int compare_entries(const void *a, const void *b)
+{
+    const struct inode_dirent *x = a, *y = b;
+    int order = strcmp(x->name, y->name);
+    /* same name: the directory first, so it is the one kept */
+    if (order == 0)
+        order = (x->attrs.kind != INODE_DIR) - (y->attrs.kind != INODE_DIR);
+    return order;
+}
+
+/* Add one page of a delimiter listing of DIR_KEY to BUILDER. */
+static int add_page(struct fs *fs, const char *dir_key,
+                    const struct s3xml_listing *page,
+                    struct listing_builder *builder)
+{
+    struct inode_attrs attrs;
+    const char *name;
+    size_t name_len;
+    int err = 0;
+
+    for (size_t i = 0; i < page->object_count && err == 0; i++) {
+        const struct s3xml_object *object = &page->objects[i];
+        switch (names_classify(dir_key, object->key, &name, &name_len)) {
+        case NAMES_ENTRY_FILE:
+            listing_file_attrs(fs, object, &attrs);
+            err = builder_add(builder, name, name_len, &attrs);
+            break;
+        case NAMES_ENTRY_DIR:  /* a "name/" marker listed as an object */
+            dir_attrs(fs, &attrs);
+            err = builder_add(builder, name, name_len, &attrs);
+            break;
+        case NAMES_ENTRY_SELF:
+            break;
+        case NAMES_ENTRY_INVALID:
+            log_key_once(fs, object->key, "it cannot be a file name");
+            break;
+        }
+    }
+    for (size_t i = 0; i < page->prefix_count && err == 0; i++) {
+        switch (names_classify(dir_key, page->prefixes[i], &name, &name_len)) {
+        case NAMES_ENTRY_DIR:
+            dir_attrs(fs, &attrs);
+            err = builder_add(builder, name, name_len, &attrs);
+            break;
+        case NAMES_ENTRY_SELF:
+            break;
+        default:
+            log_key_once(fs, page->prefixes[i], "it cannot be a directory name");
+            break;
+        }
+    }
+    return err;
+}
+
+/* LIST every page of DIR_KEY into a new sorted, de-duplicated listing. */
+static int fetch_listing(struct fs *fs, const char *dir_key,
+                         struct inode_listing **out)
+{
+    struct listing_builder builder = {0};
+    char *token = NULL;
+    int err = 0;
+
+    *out = NULL;
+    do {
+        struct s3xml_listing page;
+        err = s3_list_objects(fs->s3, dir_key, "/", token, NULL, LIST_PAGE_KEYS,
+                              &page);
+        free(token);
+        token = NULL;
+        if (err == 0)
+            err = add_page(fs, dir_key, &page, &builder);
+        if (err == 0 && page.truncated) {
+            if (page.next_token == NULL || page.next_token[0] == '\0') {
+                log_warn("LIST %s: truncated page without a continuation token",
+                         dir_key);
+                err = EIO;
+            } else if ((token = strdup(page.next_token)) == NULL) {
+                err = ENOMEM;
+            }
+        }
+        s3xml_listing_free(&page);
+    } while (err == 0 && token != NULL);
+    if (err != 0)
+        goto out;
+
+    qsort(builder.entries, builder.count, sizeof(builder.entries[0]),
+          compare_entries);
+    size_t kept = 0;
+    for (size_t i = 0; i < builder.count; i++) {
+        if (kept > 0 && strcmp(builder.entries[kept - 1].name,
+                               builder.entries[i].name) == 0) {
+            char *key = names_child_key(dir_key, builder.entries[i].name,
+                                        strlen(builder.entries[i].name), false);
+            if (key != NULL)
+                log_key_once(fs, key, "a directory of the same name hides it");
+            free(key);
+            free(builder.entries[i].name);
+            continue;
+        }
+        builder.entries[kept++] = builder.entries[i];
+    }
+    builder.count = kept;
+    *out = calloc(1, sizeof(**out));
+    if (*out == NULL) {
+        err = ENOMEM;
+        goto out;
+    }
+    (*out)->fetched_at = now_seconds();
+    (*out)->count = builder.count;
+    (*out)->entries = builder.entries;
+    builder.entries = NULL;
+    builder.count = 0;
+out:
+    for (size_t i = 0; i < builder.count; i++)
+        free(builder.entries[i].name);
+    free(builder.entries);
+    return err;
+}
+
+/* The listing of directory INODE, fetched unless fresh; one reference for
+ * the caller. */
+static int get_listing(struct fs *fs, struct inode *dir,
+                       struct inode_listing **out)
+{
+    struct inode_listing *listing = NULL;
+    double now = now_seconds();
+
+    inode_table_lock(fs->inodes);
+    if (dir->listing != NULL && now - dir->listing->fetched_at < fs->conf.dir_ttl)
+        listing = inode_listing_ref_locked(dir->listing);
+    inode_table_unlock(fs->inodes);
+    if (listing != NULL) {
+        *out = listing;
+        return 0;
+    }
+    int err = fetch_listing(fs, dir->key, &listing);
+    if (err != 0)
+        return err;
+    inode_table_lock(fs->inodes);
+    inode_set_listing_locked(fs->inodes, dir, listing);
+    *out = inode_listing_ref_locked(listing);
+    inode_table_unlock(fs->inodes);
+    return 0;
+}
+
+/* ---------------------------------------------------- parallel HEADs */
+
+struct head_batch {
+    pthread_mutex_t lock;
+    pthread_cond_t all_done;
+    size_t pending;
+};
+
+struct head_job {
+    struct head_batch *batch;
+    struct s3_client *s3;
+    char *key;
+    struct s3_object_info info;
+    int err;
+};
+
+static void head_job_main(void *arg)
+{
+    struct head_job *job = arg;
+
+    job->err = s3_head_object(job->s3, job->key, &job->info);
+    pthread_mutex_lock(&job->batch->lock);
+    if (--job->batch->pending == 0)
+        pthread_cond_signal(&job->batch->all_done);
+    pthread_mutex_unlock(&job->batch->lock);
+}
+
+/* HEAD each job's key on the worker pool; returns when all are done. */
+static void run_heads(struct fs *fs, struct head_job *jobs, size_t count)
+{
+    struct head_batch batch = {.pending = count};
+
+    pthread_mutex_init(&batch.lock, NULL);
+    pthread_cond_init(&batch.all_done, NULL);
+    for (size_t i = 0; i < count; i++) {
+        jobs[i].batch = &batch;
+        jobs[i].s3 = fs->s3;
+        if (workers_submit(fs->workers, head_job_main, &jobs[i]) != 0)
+            head_job_main(&jobs[i]); /* pool gone: do it here */
+    }
+    pthread_mutex_lock(&batch.lock);
+    while (batch.pending > 0)
+        pthread_cond_wait(&batch.all_done, &batch.lock);
+    pthread_mutex_unlock(&batch.lock);
+    pthread_mutex_destroy(&batch.lock);
+    pthread_cond_destroy(&batch.all_done);
+}
+
+/* --------------------------------------------------------------- lookup */
+
+/* Attributes of file KEY whose listing said LISTED (may be NULL): the
+ * known headers of the same ETag, or a HEAD. */
+static int resolve_file(struct fs *fs, const char *key,
+                        const struct inode_attrs *listed, struct inode_attrs *out)
+{
+    struct s3_object_info info;
+
+    if (listed != NULL) {
+        inode_table_lock(fs->inodes);
+        struct inode *known = inode_find_locked(fs->inodes, key);
+        bool usable = known != NULL && known->attrs.headers_known &&
+                      strcmp(known->attrs.etag, listed->etag) == 0;
+        if (usable) {
+            *out = known->attrs;
+            out->size = listed->size;
+            out->fetched_at = listed->fetched_at;
+        }
+        inode_table_unlock(fs->inodes);
+        if (usable)
+            return 0;
+    }
+    int err = s3_head_object(fs->s3, key, &info);
+    if (err == 0)
+        head_file_attrs(fs, &info, out);
+    return err;
+}
+
+/* Probe the bucket for NAME in DIR_KEY without a listing. */
+static int probe_name(struct fs *fs, const char *file_key, const char *dir_key,
+                      struct inode_attrs *attrs, bool *is_dir)
+{
+    struct s3xml_listing page;
+    int err = s3_list_objects(fs->s3, dir_key, NULL, NULL, NULL, 1, &page);
+
+    if (err != 0)
+        return err;
+    *is_dir = page.object_count > 0 || page.prefix_count > 0;
+    s3xml_listing_free(&page);
+    if (*is_dir) {
+        dir_attrs(fs, attrs);
+        return 0;
+    }
+    return resolve_file(fs, file_key, NULL, attrs);
+}
+
+int fs_lookup(struct fs *fs, fuse_ino_t parent_ino, const char *name,
+              struct fs_entry *out)
+{
+    struct inode *parent = inode_get(fs->inodes, parent_ino);
+    struct inode_listing *listing = NULL;
+    struct inode_attrs attrs;
+    char *file_key = NULL, *dir_key = NULL;
+    bool is_dir = false;
+    size_t name_len = strlen(name);
+    int err = 0;
+
+    memset(out, 0, sizeof(*out));
+    out->entry_timeout = fs->conf.dir_ttl;
+    if (parent == NULL)
+        return ENOENT;
+    if (parent->attrs.kind != INODE_DIR) {
+        err = ENOTDIR;
+        goto out;
+    }
+    if (name_len > NAMES_NAME_MAX) {
+        err = ENAMETOOLONG;
+        goto out;
+    }
+    if (!names_is_valid(name, name_len))
+        goto out; /* negative entry */
+    file_key = names_child_key(parent->key, name, name_len, false);
+    dir_key = names_child_key(parent->key, name, name_len, true);
+    if (file_key == NULL || dir_key == NULL) {
+        err = ENOMEM;
+        goto out;
+    }
+
+    inode_table_lock(fs->inodes);
+    if (parent->listing != NULL &&
+        now_seconds() - parent->listing->fetched_at < fs->conf.dir_ttl)
+        listing = inode_listing_ref_locked(parent->listing);
+    inode_table_unlock(fs->inodes);
+
+    if (listing != NULL) {
+        const struct inode_dirent *entry = inode_listing_find(listing, name);
+        if (entry == NULL)
+            goto out; /* negative entry */
+        is_dir = entry->attrs.kind == INODE_DIR;
+        if (is_dir)
+            attrs = entry->attrs;
+        else
+            err = resolve_file(fs, file_key, &entry->attrs, &attrs);
+    } else {
+        err = probe_name(fs, file_key, dir_key, &attrs, &is_dir);
+    }
+    if (err == ENOENT) {
+        err = 0; /* negative entry */
+        goto out;
+    }
+    if (err != 0)
+        goto out;
+
+    inode_table_lock(fs->inodes);
+    struct inode *child = inode_ref_locked(fs->inodes, is_dir ? dir_key : file_key,
+                                           &attrs);
+    if (child != NULL)
+        fill_entry(fs, child, out);
+    inode_table_unlock(fs->inodes);
+    if (child == NULL)
+        err = ENOMEM;
+out:
+    inode_listing_put(fs->inodes, listing);
+    inode_put(fs->inodes, parent);
+    free(file_key);
+    free(dir_key);
+    return err;
+}
+
+void fs_forget(struct fs *fs, fuse_ino_t ino, uint64_t nlookup)
+{
+    inode_forget(fs->inodes, ino, nlookup);
+}
+
+int fs_getattr(struct fs *fs, fuse_ino_t ino, struct stat *out, double *timeout)
+{
+    struct inode *inode = inode_get(fs->inodes, ino);
+    struct inode_attrs attrs;
+    int err = 0;
+
+    if (inode == NULL)
+        return ENOENT;
+    inode_table_lock(fs->inodes);
+    attrs = inode->attrs;
+    inode_table_unlock(fs->inodes);
+    if (attrs.kind != INODE_DIR &&
+        now_seconds() - attrs.fetched_at >= fs->conf.attr_ttl) {
+        struct s3_object_info info;
+        err = s3_head_object(fs->s3, inode->key, &info);
+        if (err == 0) {
+            head_file_attrs(fs, &info, &attrs);
+            inode_table_lock(fs->inodes);
+            inode_update_attrs_locked(inode, &attrs);
+            inode_table_unlock(fs->inodes);
+        }
+    }
+    if (err == 0) {
+        attrs_to_stat(fs, ino, &attrs, out);
+        *timeout = fs->conf.attr_ttl;
+    }
+    inode_put(fs->inodes, inode);
+    return err;
+}
+
+/* ----------------------------------------------------------- directories */
+
+int fs_opendir(struct fs *fs, fuse_ino_t ino, struct fs_dir **out)
+{
+    struct inode *inode = inode_get(fs->inodes, ino);
+    struct fs_dir *dir = NULL;
+    int err = 0;
+
+    *out = NULL;
+    if (inode == NULL)
+        return ENOENT;
+    if (inode->attrs.kind != INODE_DIR) {
+        err = ENOTDIR;
+        goto out;
+    }
+    dir = calloc(1, sizeof(*dir));
+    if (dir == NULL) {
+        err = ENOMEM;
+        goto out;
+    }
+    dir->ino = ino;
+    err = get_listing(fs, inode, &dir->listing);
+    if (err != 0) {
+        free(dir);
+        dir = NULL;
+    }
+out:
+    inode_put(fs->inodes, inode);
+    *out = dir;
+    return err;
+}
+
+size_t fs_dir_count(const struct fs_dir *dir)
+{
+    return dir->listing->count + 2;
+}
+
+const char *fs_dir_entry(const struct fs *fs, const struct fs_dir *dir,
+                         size_t index, struct stat *attr)
+{
+    memset(attr, 0, sizeof(*attr));
+    if (index < 2) {
+        attr->st_ino = dir->ino;
+        attr->st_mode = S_IFDIR;
+        return index == 0 ? "." : "..";
+    }
+    const struct inode_dirent *entry = &dir->listing->entries[index - 2];
+    attrs_to_stat(fs, UNKNOWN_INO, &entry->attrs, attr);
+    return entry->name;
+}
+
+int fs_dir_entries_plus(struct fs *fs, struct fs_dir *dir, size_t index,
+                        size_t count, struct fs_entry *out)
+{
+    struct inode *dir_inode = inode_get(fs->inodes, dir->ino);
+    struct head_job *jobs = NULL;
+    struct inode_attrs *attrs = NULL;
+    size_t job_count = 0;
+    int err = 0;
+
+    if (dir_inode == NULL)
+        return ENOENT;
+    if (index + count > fs_dir_count(dir))
+        count = index < fs_dir_count(dir) ? fs_dir_count(dir) - index : 0;
+    jobs = calloc(count ? count : 1, sizeof(*jobs));
+    attrs = calloc(count ? count : 1, sizeof(*attrs));
+    if (jobs == NULL || attrs == NULL) {
+        err = ENOMEM;
+        goto out;
+    }
+    /* Which files lack their headers? Gather them, HEAD them in parallel. */
+    for (size_t i = 0; i < count; i++) {
+        size_t at = index + i;
+        if (at < 2)
+            continue;
+        const struct inode_dirent *entry = &dir->listing->entries[at - 2];
+        attrs[i] = entry->attrs;
+        if (entry->attrs.kind == INODE_DIR)
+            continue;
+        char *key = names_child_key(dir_inode->key, entry->name,
+                                    strlen(entry->name), false);
+        if (key == NULL) {
+            err = ENOMEM;
+            goto out;
+        }
+        inode_table_lock(fs->inodes);
+        struct inode *known = inode_find_locked(fs->inodes, key);
+        bool usable = known != NULL && known->attrs.headers_known &&
+                      strcmp(known->attrs.etag, entry->attrs.etag) == 0;
+        if (usable) {
+            attrs[i] = known->attrs;
+            attrs[i].size = entry->attrs.size;
+        }
+        inode_table_unlock(fs->inodes);
+        if (usable) {
+            free(key);
+            continue;
+        }
+        jobs[job_count].key = key;
+        jobs[job_count].err = (int)i; /* remember the slot until it runs */
+        job_count++;
+    }
+    size_t *slots = calloc(job_count ? job_count : 1, sizeof(*slots));
+    if (slots == NULL) {
+        err = ENOMEM;
+        goto out;
+    }
+    for (size_t j = 0; j < job_count; j++)
+        slots[j] = (size_t)jobs[j].err;
+    run_heads(fs, jobs, job_count);
+    for (size_t j = 0; j < job_count; j++) {
+        /* a failed HEAD leaves the listing's attributes: never fail readdir */
+        if (jobs[j].err == 0)
+            head_file_attrs(fs, &jobs[j].info, &attrs[slots[j]]);
+    }
+    free(slots);
+
+    inode_table_lock(fs->inodes);
+    for (size_t i = 0; i < count; i++) {
+        size_t at = index + i;
+        memset(&out[i], 0, sizeof(out[i]));
+        if (at < 2) {
+            out[i].ino = dir->ino;
+            out[i].attr.st_ino = dir->ino;
+            out[i].attr.st_mode = S_IFDIR;
+            continue;
+        }
+        const struct inode_dirent *entry = &dir->listing->entries[at - 2];
+        char *key = names_child_key(dir_inode->key, entry->name,
+                                    strlen(entry->name), attrs[i].kind == INODE_DIR);
+        struct inode *child = key ? inode_ref_locked(fs->inodes, key, &attrs[i]) : NULL;
+        free(key);
+        if (child == NULL) {
+            /* return the references taken so far */
+            for (size_t k = 0; k < i; k++)
+                if (index + k >= 2)
+                    out[k].ino = 0;
+            err = ENOMEM;
+            break;
+        }
+        fill_entry(fs, child, &out[i]);
+    }
+    inode_table_unlock(fs->inodes);
+out:
+    for (size_t j = 0; j < job_count; j++)
+        free(jobs[j].key);
+    free(jobs);
+    free(attrs);
+    inode_put(fs->inodes, dir_inode);
+    return err;
+}
+
+void fs_releasedir(struct fs *fs, struct fs_dir *dir)
+{
+    if (dir == NULL)
+        return;
+    inode_listing_put(fs->inodes, dir->listing);
+    free(dir);
+}
+
+/* ----------------------------------------------------------------- files */
+
+int fs_open(struct fs *fs, fuse_ino_t ino, int flags, struct fs_file **out,
+            bool *keep_cache)
+{
+    struct inode *inode = inode_get(fs->inodes, ino);
+    struct inode_attrs attrs;
+    struct fs_file *file = NULL;
+    int err = 0;
+
+    *out = NULL;
+    *keep_cache = false;
+    if (inode == NULL)
+        return ENOENT;
+    if ((flags & O_ACCMODE) != O_RDONLY || (flags & O_TRUNC)) {
+        err = EROFS;
+        goto out;
+    }
+    inode_table_lock(fs->inodes);
+    attrs = inode->attrs;
+    inode_table_unlock(fs->inodes);
+    if (attrs.kind == INODE_DIR) {
+        err = EISDIR;
+        goto out;
+    }
+    /* close-to-open: revalidate what is older than the attribute TTL */
+    if (now_seconds() - attrs.fetched_at >= fs->conf.attr_ttl) {
+        struct s3_object_info info;
+        err = s3_head_object(fs->s3, inode->key, &info);
+        if (err != 0)
+            goto out;
+        head_file_attrs(fs, &info, &attrs);
+    }
+    inode_table_lock(fs->inodes);
+    inode_update_attrs_locked(inode, &attrs);
+    *keep_cache = inode->opened_etag[0] != '\0' &&
+                  strcmp(inode->opened_etag, attrs.etag) == 0;
+    snprintf(inode->opened_etag, sizeof(inode->opened_etag), "%s", attrs.etag);
+    inode_table_unlock(fs->inodes);
+
+    file = calloc(1, sizeof(*file));
+    if (file == NULL) {
+        err = ENOMEM;
+        goto out;
+    }
+    file->ino = ino;
+    err = reader_open(fs->reader, inode->key, attrs.etag, attrs.size,
+                      &file->reader_file);
+    if (err != 0) {
+        free(file);
+        file = NULL;
+    }
+out:
+    inode_put(fs->inodes, inode);
+    *out = file;
+    return err;
+}
+
+int fs_read(struct fs *fs, struct fs_file *file, uint64_t offset, size_t size,
+            char *buf, size_t *got)
+{
+    (void)fs;
+    return reader_read(file->reader_file, offset, size, buf, got);
+}
+
+void fs_release(struct fs *fs, struct fs_file *file)
+{
+    (void)fs;
+    if (file == NULL)
+        return;
+    reader_close(&file->reader_file);
+    free(file);
+}
+
+int fs_readlink(struct fs *fs, fuse_ino_t ino, char **target)
+{
+    struct inode *inode = inode_get(fs->inodes, ino);
+    struct inode_attrs attrs;
+    char *text = NULL;
+    size_t got = 0;
+    int err = 0;
+
+    *target = NULL;
+    if (inode == NULL)
+        return ENOENT;
+    inode_table_lock(fs->inodes);
+    attrs = inode->attrs;
+    if (inode->symlink_target != NULL)
+        text = strdup(inode->symlink_target);
+    inode_table_unlock(fs->inodes);
+    if (attrs.kind != INODE_SYMLINK) {
+        err = EINVAL;
+        goto out;
+    }
+    if (text != NULL)
+        goto out;
+    if (attrs.size == 0 || attrs.size >= PATH_MAX) {
+        log_warn("symlink '%s' has an invalid target length %llu", inode->key,
+                 (unsigned long long)attrs.size);
+        err = EIO;
+        goto out;
+    }
+    text = calloc(1, (size_t)attrs.size + 1);
+    if (text == NULL) {
+        err = ENOMEM;
+        goto out;
+    }
+    err = s3_get_object_range(fs->s3, inode->key, 0, (size_t)attrs.size,
+                              attrs.etag[0] ? attrs.etag : NULL, text, &got, NULL);
+    if (err == 0 && (got != attrs.size || memchr(text, '\0', got) != NULL))
+        err = EIO;
+    if (err == 0) {
+        inode_table_lock(fs->inodes);
+        if (inode->symlink_target == NULL &&
+            strcmp(inode->attrs.etag, attrs.etag) == 0)
+            inode->symlink_target = strdup(text);
+        inode_table_unlock(fs->inodes);
+    }
+out:
+    inode_put(fs->inodes, inode);
+    if (err != 0) {
+        free(text);
+        text = NULL;
+    }
+    *target = text;
+    return err;
+}
+
+int fs_statfs(struct fs *fs, struct statvfs *out)
+{
+    (void)fs;
+    memset(out, 0, sizeof(*out));
+    out->f_bsize = STATFS_BLOCK;
+    out->f_frsize = STATFS_BLOCK;
+    out->f_blocks = STATFS_BLOCKS;
+    out->f_bfree = STATFS_BLOCKS;
+    out->f_bavail = STATFS_BLOCKS;
+    out->f_files = 1ull << 32;
+    out->f_ffree = 1ull << 32;
+    out->f_favail = 1ull << 32;
+    out->f_namemax = NAMES_NAME_MAX;
+    return 0;
+}
+
+/* ------------------------------------------------------------- lifecycle */
+
+int fs_create(const struct fs_conf *conf, struct s3_client *s3, struct fs **out)
+{
+    struct fs *fs = calloc(1, sizeof(*fs));
+    struct inode_attrs root;
+    int err = 0;
+
+    *out = NULL;
+    if (fs == NULL)
+        return ENOMEM;
+    fs->conf = *conf;
+    fs->s3 = s3;
+    pthread_mutex_init(&fs->logged_lock, NULL);
+    clock_gettime(CLOCK_REALTIME, &fs->mount_time);
+    fs->root_key = strdup(conf->root_key);
+    if (fs->root_key == NULL) {
+        err = ENOMEM;
+        goto out;
+    }
+    fs->conf.root_key = fs->root_key;
+    dir_attrs(fs, &root);
+    err = inode_table_create(fs->root_key, &root, &fs->inodes);
+    if (err == 0)
+        err = workers_create(conf->connections, &fs->workers);
+    if (err == 0) {
+        struct reader_conf reader_conf = {
+            .s3 = s3,
+            .workers = fs->workers,
+            .read_ahead = conf->read_ahead,
+            .memory_budget = READ_AHEAD_BUDGET,
+        };
+        err = reader_create(&reader_conf, &fs->reader);
+    }
+out:
+    if (err != 0)
+        fs_destroy(&fs);
+    *out = fs;
+    return err;
+}
+
+void fs_destroy(struct fs **fsp)
+{
+    struct fs *fs = *fsp;
+
+    if (fs == NULL)
+        return;
+    workers_destroy(&fs->workers);
+    reader_destroy(&fs->reader);
+    inode_table_destroy(&fs->inodes);
+    tdestroy(fs->logged_keys, free);
+    pthread_mutex_destroy(&fs->logged_lock);
+    free(fs->root_key);
+    free(fs);
+    *fsp = NULL;
+}
+
+void fs_get_stats(struct fs *fs, struct fs_stats *out)
+{
+    struct reader_stats reader;
+
+    memset(out, 0, sizeof(*out));
+    s3_client_stats(fs->s3, &out->s3);
+    reader_get_stats(fs->reader, &reader);
+    out->bytes_read = reader.bytes_read;
+    out->read_ahead_memory = reader.memory_in_use;
+    out->inodes = inode_table_count(fs->inodes);
+}

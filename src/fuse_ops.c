@@ -1,0 +1,273 @@
+/*
+ * fuse_ops.c - libfuse low-level callbacks (see fuse_ops.h).
+ *
+ * Every function replies exactly once on every path. Open files and
+ * directories travel in fi->fh as pointers to fs-layer handles.
+ */
+#include "config.h"
+
+#include "fuse_ops.h"
+
+#include <errno.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Rough size of one readdirplus entry, to size a batch of lookups. */
+#define DIRENTPLUS_ESTIMATE 160
+
+static struct fs *request_fs(fuse_req_t req)
+{
+    return ((struct fuse_ops_context *)fuse_req_userdata(req))->fs;
+}
+
+static void reply_entry(fuse_req_t req, const struct fs_entry *entry)
+{
+    struct fuse_entry_param param = {
+        .ino = entry->ino,
+        .attr = entry->attr,
+        .attr_timeout = entry->attr_timeout,
+        .entry_timeout = entry->entry_timeout,
+    };
+    fuse_reply_entry(req, &param);
+}
+
+static void op_init(void *userdata, struct fuse_conn_info *conn)
+{
+    (void)userdata;
+    /* Large kernel read-ahead requests mean fewer round trips through FUSE. */
+    conn->max_readahead = 1u << 20;
+    if (conn->capable & FUSE_CAP_READDIRPLUS)
+        conn->want |= FUSE_CAP_READDIRPLUS;
+    conn->want &= ~(unsigned)FUSE_CAP_READDIRPLUS_AUTO;
+}
+
+static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
+{
+    struct fs_entry entry;
+    int err = fs_lookup(request_fs(req), parent, name, &entry);
+
+    if (err != 0)
+        fuse_reply_err(req, err);
+    else
+        reply_entry(req, &entry); /* ino 0: a cacheable negative entry */
+}
+
+static void op_forget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup)
+{
+    fs_forget(request_fs(req), ino, nlookup);
+    fuse_reply_none(req);
+}
+
+static void op_forget_multi(fuse_req_t req, size_t count,
+                            struct fuse_forget_data *forgets)
+{
+    for (size_t i = 0; i < count; i++)
+        fs_forget(request_fs(req), forgets[i].ino, forgets[i].nlookup);
+    fuse_reply_none(req);
+}
+
+static void op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+    struct stat attr;
+    double timeout = 0;
+    int err = fs_getattr(request_fs(req), ino, &attr, &timeout);
+
+    (void)fi;
+    if (err != 0)
+        fuse_reply_err(req, err);
+    else
+        fuse_reply_attr(req, &attr, timeout);
+}
+
+static void op_readlink(fuse_req_t req, fuse_ino_t ino)
+{
+    char *target = NULL;
+    int err = fs_readlink(request_fs(req), ino, &target);
+
+    if (err != 0)
+        fuse_reply_err(req, err);
+    else
+        fuse_reply_readlink(req, target);
+    free(target);
+}
+
+static void op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+    struct fs_dir *dir = NULL;
+    int err = fs_opendir(request_fs(req), ino, &dir);
+
+    if (err != 0) {
+        fuse_reply_err(req, err);
+        return;
+    }
+    fi->fh = (uint64_t)(uintptr_t)dir;
+    fi->cache_readdir = 0;
+    if (fuse_reply_open(req, fi) != 0)
+        fs_releasedir(request_fs(req), dir); /* interrupted: nobody owns it */
+}
+
+static void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset,
+                       struct fuse_file_info *fi)
+{
+    struct fs *fs = request_fs(req);
+    struct fs_dir *dir = (struct fs_dir *)(uintptr_t)fi->fh;
+    char *buf = malloc(size);
+    size_t used = 0;
+
+    (void)ino;
+    if (buf == NULL) {
+        fuse_reply_err(req, ENOMEM);
+        return;
+    }
+    for (size_t index = (size_t)offset; index < fs_dir_count(dir); index++) {
+        struct stat attr;
+        const char *name = fs_dir_entry(fs, dir, index, &attr);
+        size_t need = fuse_add_direntry(req, buf + used, size - used, name,
+                                        &attr, (off_t)index + 1);
+        if (need > size - used)
+            break;
+        used += need;
+    }
+    fuse_reply_buf(req, buf, used);
+    free(buf);
+}
+
+static void op_readdirplus(fuse_req_t req, fuse_ino_t ino, size_t size,
+                           off_t offset, struct fuse_file_info *fi)
+{
+    struct fs *fs = request_fs(req);
+    struct fs_dir *dir = (struct fs_dir *)(uintptr_t)fi->fh;
+    size_t count = size / DIRENTPLUS_ESTIMATE + 1;
+    struct fs_entry *entries = calloc(count, sizeof(*entries));
+    char *buf = malloc(size);
+    size_t used = 0;
+    size_t index = (size_t)offset;
+    int err = 0;
+
+    (void)ino;
+    if (entries == NULL || buf == NULL) {
+        err = ENOMEM;
+        goto out;
+    }
+    if (index >= fs_dir_count(dir))
+        goto out;
+    if (count > fs_dir_count(dir) - index)
+        count = fs_dir_count(dir) - index;
+    err = fs_dir_entries_plus(fs, dir, index, count, entries);
+    if (err != 0)
+        goto out;
+    for (size_t i = 0; i < count; i++) {
+        struct stat unused;
+        const char *name = fs_dir_entry(fs, dir, index + i, &unused);
+        struct fuse_entry_param param = {
+            .ino = entries[i].ino,
+            .attr = entries[i].attr,
+            .attr_timeout = entries[i].attr_timeout,
+            .entry_timeout = entries[i].entry_timeout,
+        };
+        size_t need = fuse_add_direntry_plus(req, buf + used, size - used, name,
+                                             &param, (off_t)(index + i) + 1);
+        if (need > size - used) {
+            /* Did not fit: give back the references of this and the rest
+             * ("." and ".." hold none). */
+            for (size_t k = i; k < count; k++)
+                if (index + k >= 2 && entries[k].ino != 0)
+                    fs_forget(fs, entries[k].ino, 1);
+            break;
+        }
+        used += need;
+    }
+out:
+    if (err != 0)
+        fuse_reply_err(req, err);
+    else
+        fuse_reply_buf(req, buf, used);
+    free(buf);
+    free(entries);
+}
+
+static void op_releasedir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+    (void)ino;
+    fs_releasedir(request_fs(req), (struct fs_dir *)(uintptr_t)fi->fh);
+    fuse_reply_err(req, 0);
+}
+
+static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+    struct fs_file *file = NULL;
+    bool keep_cache = false;
+    int err = fs_open(request_fs(req), ino, fi->flags, &file, &keep_cache);
+
+    if (err != 0) {
+        fuse_reply_err(req, err);
+        return;
+    }
+    fi->fh = (uint64_t)(uintptr_t)file;
+    fi->keep_cache = keep_cache;
+    if (fuse_reply_open(req, fi) != 0)
+        fs_release(request_fs(req), file);
+}
+
+static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset,
+                    struct fuse_file_info *fi)
+{
+    struct fs_file *file = (struct fs_file *)(uintptr_t)fi->fh;
+    char *buf = malloc(size ? size : 1);
+    size_t got = 0;
+    int err;
+
+    (void)ino;
+    if (buf == NULL) {
+        fuse_reply_err(req, ENOMEM);
+        return;
+    }
+    err = fs_read(request_fs(req), file, (uint64_t)offset, size, buf, &got);
+    if (err != 0)
+        fuse_reply_err(req, err);
+    else
+        fuse_reply_buf(req, buf, got);
+    free(buf);
+}
+
+static void op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+    (void)ino;
+    fs_release(request_fs(req), (struct fs_file *)(uintptr_t)fi->fh);
+    fuse_reply_err(req, 0);
+}
+
+static void op_statfs(fuse_req_t req, fuse_ino_t ino)
+{
+    struct statvfs st;
+    int err = fs_statfs(request_fs(req), &st);
+
+    (void)ino;
+    if (err != 0)
+        fuse_reply_err(req, err);
+    else
+        fuse_reply_statfs(req, &st);
+}
+
+static const struct fuse_lowlevel_ops ops = {
+    .init = op_init,
+    .lookup = op_lookup,
+    .forget = op_forget,
+    .forget_multi = op_forget_multi,
+    .getattr = op_getattr,
+    .readlink = op_readlink,
+    .opendir = op_opendir,
+    .readdir = op_readdir,
+    .readdirplus = op_readdirplus,
+    .releasedir = op_releasedir,
+    .open = op_open,
+    .read = op_read,
+    .release = op_release,
+    .statfs = op_statfs,
+};
+
+const struct fuse_lowlevel_ops *fuse_ops_table(void)
+{
+    return &ops;
+}

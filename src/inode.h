@@ -1,0 +1,131 @@
+/*
+ * inode.h - the table of inodes the kernel knows about.
+ *
+ * Each inode stands for one key: an object ("a/b.txt", a file or symlink)
+ * or a directory prefix ("a/", "" for the bucket root). The table gives
+ * each key one inode number for as long as the kernel holds a lookup
+ * reference, and keeps per inode what the fs layer learnt from the bucket:
+ * attributes, a directory's listing, a symlink's target.
+ *
+ * Locking: one mutex per table guards every field marked (L) of every
+ * inode; take it with inode_table_lock() for short, I/O-free sections only.
+ * An inode stays allocated while the kernel references it (nlookup) or a
+ * caller has pinned it (inode_get/inode_put), so callers can drop the lock,
+ * do network I/O with a copy of the key, and relock.
+ */
+#ifndef S3CFS_INODE_H
+#define S3CFS_INODE_H
+
+#include <fuse_lowlevel.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "s3.h"
+
+enum inode_kind {
+    INODE_DIR,
+    INODE_FILE,
+    INODE_SYMLINK,
+};
+
+/* What we know of an object or directory. */
+struct inode_attrs {
+    enum inode_kind kind;
+    uint64_t size;
+    struct timespec mtime;
+    uint32_t mode;              /* permission bits only */
+    uint32_t uid, gid;
+    char etag[S3_ETAG_MAX];     /* "" for directories without a marker */
+    bool headers_known;         /* mode/uid/gid came from a HEAD of etag */
+    double fetched_at;          /* monotonic seconds when last confirmed */
+};
+
+/* One entry of a directory listing. */
+struct inode_dirent {
+    char *name;
+    struct inode_attrs attrs;   /* from the listing (headers_known false) */
+};
+
+/* A directory listing: an immutable, reference-counted snapshot. */
+struct inode_listing {
+    unsigned refs;              /* (L) */
+    double fetched_at;
+    size_t count;
+    struct inode_dirent *entries; /* sorted by name (strcmp) */
+};
+
+struct inode {
+    fuse_ino_t ino;             /* immutable */
+    char *key;                  /* immutable; directories end in '/' */
+    uint64_t nlookup;           /* (L) kernel references */
+    unsigned pins;              /* (L) callers working on it */
+    struct inode_attrs attrs;   /* (L) */
+    struct inode_listing *listing; /* (L) directories: last listing */
+    char *symlink_target;       /* (L) symlinks: target for attrs.etag */
+    char opened_etag[S3_ETAG_MAX]; /* (L) ETag at the last open, for
+                                      keeping the kernel page cache */
+};
+
+struct inode_table;
+
+/* Create a table whose root (FUSE_ROOT_ID) is the directory ROOT_KEY. */
+int inode_table_create(const char *root_key, const struct inode_attrs *root,
+                       struct inode_table **out);
+
+/* Free the table and every inode; *table = NULL. Safe twice. */
+void inode_table_destroy(struct inode_table **table);
+
+void inode_table_lock(struct inode_table *table);
+void inode_table_unlock(struct inode_table *table);
+
+/* Pin inode INO; NULL (ENOENT) if the kernel has forgotten it. Unlocked. */
+struct inode *inode_get(struct inode_table *table, fuse_ino_t ino);
+
+/* Unpin. Unlocked. */
+void inode_put(struct inode_table *table, struct inode *inode);
+
+/*
+ * The inode for KEY (created if needed), with ATTRS stored (when ATTRS is
+ * not NULL) and one more kernel reference. Returns NULL when out of
+ * memory. Call with the table lock held.
+ */
+struct inode *inode_ref_locked(struct inode_table *table, const char *key,
+                               const struct inode_attrs *attrs);
+
+/* The inode for KEY if the table has one (no reference taken; valid while
+ * the lock is held). */
+struct inode *inode_find_locked(struct inode_table *table, const char *key);
+
+/*
+ * Store fresh ATTRS in INODE. Attributes from a listing (headers_known
+ * false) keep the mode/uid/gid learnt from a HEAD of the same ETag; a new
+ * ETag drops the cached symlink target. Call with the table lock held.
+ */
+void inode_update_attrs_locked(struct inode *inode,
+                               const struct inode_attrs *attrs);
+
+/* Drop N kernel references to INO, freeing it when none remain. Unlocked. */
+void inode_forget(struct inode_table *table, fuse_ino_t ino, uint64_t n);
+
+/* Take a reference to LISTING (with the table lock held) / drop one
+ * (unlocked). */
+struct inode_listing *inode_listing_ref_locked(struct inode_listing *listing);
+void inode_listing_put(struct inode_table *table, struct inode_listing *listing);
+
+/* Replace DIR's listing with NEW_LISTING (refs = 1, owned by the table now).
+ * Call with the table lock held; the old listing is released. */
+void inode_set_listing_locked(struct inode_table *table, struct inode *dir,
+                              struct inode_listing *new_listing);
+
+/* Find NAME in LISTING (binary search); NULL if absent. */
+const struct inode_dirent *inode_listing_find(const struct inode_listing *listing,
+                                              const char *name);
+
+/* Free a listing nobody references (refs must be 0 or it was never shared). */
+void inode_listing_free(struct inode_listing *listing);
+
+/* Number of inodes in the table (for statistics and tests). */
+size_t inode_table_count(struct inode_table *table);
+
+#endif /* S3CFS_INODE_H */

@@ -1,0 +1,253 @@
+/*
+ * main.c - s3cachefs entry point: parse options, resolve credentials, check
+ * the bucket, mount, daemonize, serve, unmount.
+ *
+ * Everything that can fail because of user input fails before the mount,
+ * with one sentence on stderr and exit status 1. Threads (request workers,
+ * libfuse's loop) start only after fuse_daemonize() has forked.
+ */
+#include "config.h"
+
+#include <curl/curl.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fuse_lowlevel.h>
+
+#include "awsconfig.h"
+#include "fs.h"
+#include "fuse_ops.h"
+#include "log.h"
+#include "options.h"
+#include "s3.h"
+
+/* Add "-oNAME=VALUE" to the FUSE arguments unless the user gave NAME. */
+static int add_fuse_default(struct fuse_args *args, const char *name,
+                            const char *value)
+{
+    char option[512];
+    size_t name_len = strlen(name);
+
+    for (int i = 0; i < args->argc; i++) {
+        const char *arg = args->argv[i];
+        if (strncmp(arg, "-o", 2) == 0) {
+            for (const char *at = strstr(arg, name); at != NULL;
+                 at = strstr(at + 1, name)) {
+                bool starts = at == arg + 2 || at[-1] == ',';
+                bool ends = at[name_len] == '\0' || at[name_len] == '=' ||
+                            at[name_len] == ',';
+                if (starts && ends)
+                    return 0;
+            }
+        }
+    }
+    if (value != NULL)
+        snprintf(option, sizeof(option), "-o%s=%s", name, value);
+    else
+        snprintf(option, sizeof(option), "-o%s", name);
+    return fuse_opt_add_arg(args, option);
+}
+
+static const char *endpoint_name(const struct awsconfig *aws)
+{
+    return aws->endpoint != NULL ? aws->endpoint : "AWS S3";
+}
+
+/* The sentence for a failed bucket check. */
+static void report_check_failure(const struct options *opts,
+                                 const struct awsconfig *aws,
+                                 const struct s3_failure *why)
+{
+    const char *hint = "";
+
+    switch (why->err) {
+    case ENOENT:
+        fprintf(stderr, "s3cachefs: bucket '%s' does not exist at %s\n",
+                opts->bucket, endpoint_name(aws));
+        return;
+    case EACCES:
+        fprintf(stderr,
+                "s3cachefs: %s refused access to bucket '%s' with credentials "
+                "from %s: %s\n",
+                endpoint_name(aws), opts->bucket,
+                aws->credentials_source ? aws->credentials_source : "nowhere",
+                why->description);
+        return;
+    case ECONNREFUSED:
+    case EHOSTUNREACH:
+    case ETIMEDOUT:
+    case ECONNRESET:
+        hint = "; check -o endpoint and the network";
+        break;
+    default:
+        break;
+    }
+    fprintf(stderr, "s3cachefs: cannot reach bucket '%s' at %s: %s%s\n",
+            opts->bucket, endpoint_name(aws), why->description, hint);
+}
+
+static int check_mountpoint(const char *path)
+{
+    struct stat st;
+
+    if (stat(path, &st) != 0) {
+        fprintf(stderr, "s3cachefs: mount point %s: %s\n", path, strerror(errno));
+        return -1;
+    }
+    if (!S_ISDIR(st.st_mode)) {
+        fprintf(stderr, "s3cachefs: mount point %s is not a directory\n", path);
+        return -1;
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    struct options opts;
+    struct awsconfig aws = {0};
+    struct s3_client *s3 = NULL;
+    struct fuse_session *session = NULL;
+    struct fuse_loop_config *loop_config = NULL;
+    struct fuse_ops_context context = {0};
+    bool mounted = false, handlers = false;
+    char errbuf[512];
+    int status = 1;
+
+    if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
+        fprintf(stderr, "s3cachefs: cannot initialise libcurl\n");
+        return 1;
+    }
+    if (options_parse(argc, argv, &opts, errbuf, sizeof(errbuf)) != 0) {
+        fprintf(stderr, "s3cachefs: %s\n", errbuf);
+        goto out;
+    }
+    if (opts.show_help) {
+        options_print_help(stdout, "s3cachefs");
+        status = 0;
+        goto out;
+    }
+    if (opts.show_version) {
+        printf("s3cachefs %s\n", PACKAGE_VERSION);
+        printf("libfuse %s, %s\n", fuse_pkgversion(), curl_version());
+        status = 0;
+        goto out;
+    }
+    log_set_level(opts.debug ? LOG_LEVEL_DEBUG : LOG_LEVEL_INFO);
+
+    char fsname[300];
+    snprintf(fsname, sizeof(fsname), "%s%s%s", opts.bucket,
+             opts.prefix[0] ? ":" : "", opts.prefix);
+    if (add_fuse_default(&opts.fuse_args, "fsname", fsname) != 0 ||
+        add_fuse_default(&opts.fuse_args, "subtype", "s3cachefs") != 0 ||
+        add_fuse_default(&opts.fuse_args, "default_permissions", NULL) != 0) {
+        fprintf(stderr, "s3cachefs: out of memory\n");
+        goto out;
+    }
+    /* libfuse validates its own options here, before any network I/O */
+    session = fuse_session_new(&opts.fuse_args, fuse_ops_table(),
+                               sizeof(*fuse_ops_table()), &context);
+    if (session == NULL) {
+        fprintf(stderr, "s3cachefs: unknown or invalid mount option (see the "
+                        "line above and s3cachefs --help)\n");
+        goto out;
+    }
+
+
+    struct awsconfig_options aws_opts = {
+        .profile = opts.profile,
+        .credentials_file = opts.credentials_file,
+        .region = opts.region,
+        .endpoint = opts.endpoint,
+        .no_sign = opts.no_sign,
+    };
+    if (awsconfig_resolve(&aws_opts, &aws, errbuf, sizeof(errbuf)) != 0) {
+        fprintf(stderr, "s3cachefs: %s\n", errbuf);
+        goto out;
+    }
+    if (check_mountpoint(opts.mountpoint) != 0)
+        goto out;
+
+    struct s3_conf s3_conf = {
+        .endpoint = aws.endpoint,
+        .region = aws.region,
+        .bucket = opts.bucket,
+        .path_style = opts.path_style,
+        .access_key = aws.access_key,
+        .secret_key = aws.secret_key,
+        .session_token = aws.session_token,
+        .ca_bundle = getenv("AWS_CA_BUNDLE"),
+        .max_connections = opts.connections,
+        .max_retries = opts.retries,
+    };
+    errbuf[0] = '\0';
+    if (s3_client_create(&s3_conf, &s3, errbuf, sizeof(errbuf)) != 0) {
+        fprintf(stderr, "s3cachefs: %s\n", errbuf[0] ? errbuf : "cannot create the S3 client");
+        goto out;
+    }
+    struct s3_failure why;
+    if (s3_check_bucket(s3, opts.prefix, &why) != 0) {
+        report_check_failure(&opts, &aws, &why);
+        goto out;
+    }
+
+    if (fuse_set_signal_handlers(session) != 0)
+        goto out;
+    handlers = true;
+    if (fuse_session_mount(session, opts.mountpoint) != 0) {
+        fprintf(stderr, "s3cachefs: cannot mount on %s\n", opts.mountpoint);
+        goto out;
+    }
+    mounted = true;
+    if (fuse_daemonize(opts.foreground) != 0)
+        goto out;
+    if (!opts.foreground)
+        log_use_syslog();
+
+    struct fs_conf fs_conf = {
+        .root_key = opts.prefix,
+        .uid = opts.uid,
+        .gid = opts.gid,
+        .uid_forced = opts.uid_set,
+        .gid_forced = opts.gid_set,
+        .file_mode = opts.file_mode,
+        .dir_mode = opts.dir_mode,
+        .attr_ttl = opts.attr_ttl,
+        .dir_ttl = opts.dir_ttl,
+        .read_ahead = opts.read_ahead,
+        .connections = opts.connections,
+    };
+    int err = fs_create(&fs_conf, s3, &context.fs);
+    if (err != 0) {
+        log_error("cannot start: %s", strerror(err));
+        goto out;
+    }
+    log_info("mounted bucket '%s'%s%s at %s", opts.bucket,
+             opts.prefix[0] ? " prefix " : "", opts.prefix, opts.mountpoint);
+
+    loop_config = fuse_loop_cfg_create();
+    if (loop_config == NULL)
+        goto out;
+    fuse_loop_cfg_set_max_threads(loop_config, opts.connections * 2 + 4);
+    fuse_loop_cfg_set_idle_threads(loop_config, 8);
+    status = fuse_session_loop_mt(session, loop_config) == 0 ? 0 : 1;
+    log_info("unmounting %s", opts.mountpoint);
+out:
+    if (mounted)
+        fuse_session_unmount(session);
+    if (handlers)
+        fuse_remove_signal_handlers(session);
+    if (session != NULL)
+        fuse_session_destroy(session);
+    if (loop_config != NULL)
+        fuse_loop_cfg_destroy(loop_config);
+    fs_destroy(&context.fs);
+    s3_client_destroy(&s3);
+    awsconfig_clear(&aws);
+    options_free(&opts);
+    curl_global_cleanup();
+    return status;
+}

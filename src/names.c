@@ -1,0 +1,67 @@
+/*
+ * names.c - S3 key <-> file name mapping (see names.h).
+ */
+#include "config.h"
+
+#include "names.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+bool names_is_valid(const char *name, size_t len)
+{
+    if (len == 0 || len > NAMES_NAME_MAX)
+        return false;
+    if (memchr(name, '/', len) != NULL || memchr(name, '\0', len) != NULL)
+        return false;
+    if (name[0] == '.' && (len == 1 || (len == 2 && name[1] == '.')))
+        return false;
+    return true;
+}
+
+enum names_entry_kind names_classify(const char *dir_prefix, const char *key,
+                                     const char **name, size_t *name_len)
+{
+    size_t prefix_len = strlen(dir_prefix);
+    size_t key_len = strlen(key);
+
+    *name = key + (key_len >= prefix_len ? prefix_len : key_len);
+    *name_len = 0;
+    if (key_len < prefix_len || memcmp(key, dir_prefix, prefix_len) != 0)
+        return NAMES_ENTRY_INVALID;
+    if (key_len == prefix_len)
+        return NAMES_ENTRY_SELF;
+
+    const char *rest = key + prefix_len;
+    size_t rest_len = key_len - prefix_len;
+    const char *slash = memchr(rest, '/', rest_len);
+    if (slash == NULL) {
+        *name_len = rest_len;
+        return names_is_valid(rest, rest_len) ? NAMES_ENTRY_FILE
+                                              : NAMES_ENTRY_INVALID;
+    }
+    /* A directory only when the slash is the last byte: "name/". Anything
+     * deeper cannot come back from a delimiter listing of this prefix. */
+    *name_len = (size_t)(slash - rest);
+    if (slash != rest + rest_len - 1)
+        return NAMES_ENTRY_INVALID;
+    return names_is_valid(rest, *name_len) ? NAMES_ENTRY_DIR
+                                           : NAMES_ENTRY_INVALID;
+}
+
+char *names_child_key(const char *dir_prefix, const char *name, size_t name_len,
+                      bool as_dir)
+{
+    size_t prefix_len = strlen(dir_prefix);
+    char *key = malloc(prefix_len + name_len + 2);
+
+    if (key == NULL)
+        return NULL;
+    memcpy(key, dir_prefix, prefix_len);
+    memcpy(key + prefix_len, name, name_len);
+    size_t end = prefix_len + name_len;
+    if (as_dir)
+        key[end++] = '/';
+    key[end] = '\0';
+    return key;
+}

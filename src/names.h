@@ -1,0 +1,45 @@
+/*
+ * names.h - the mapping between S3 keys and file names (pure).
+ *
+ * A directory's key prefix is "" (the bucket root) or ends in '/'. A child
+ * called NAME of a directory with prefix P is the object P+NAME (file or
+ * symlink) or the prefix P+NAME+"/" (directory). Keys that cannot be file
+ * names (empty components, "." or "..", components over NAME_MAX bytes) are
+ * reported so the caller can skip them with one log line.
+ */
+#ifndef S3CFS_NAMES_H
+#define S3CFS_NAMES_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+/* Longest file name component, as Linux. */
+#define NAMES_NAME_MAX 255
+
+/* Whether LEN bytes of NAME can be a file name: 1..255 bytes, no '/' or
+ * NUL, not "." or "..". */
+bool names_is_valid(const char *name, size_t len);
+
+enum names_entry_kind {
+    NAMES_ENTRY_FILE,      /* an object directly under the prefix */
+    NAMES_ENTRY_DIR,       /* a common prefix, or a "name/" marker object */
+    NAMES_ENTRY_SELF,      /* the prefix's own "dir/" marker object */
+    NAMES_ENTRY_INVALID,   /* cannot be shown as a file name */
+};
+
+/*
+ * Classify KEY (an object key or a common prefix from a delimiter listing of
+ * DIR_PREFIX, which KEY must start with). On return *name points into KEY
+ * at the child's name and *name_len is its length (without a trailing '/').
+ */
+enum names_entry_kind names_classify(const char *dir_prefix, const char *key,
+                                     const char **name, size_t *name_len);
+
+/*
+ * The key of child NAME of DIR_PREFIX: P+NAME, or P+NAME+"/" when AS_DIR.
+ * Returns a malloc'd string (caller frees) or NULL when out of memory.
+ */
+char *names_child_key(const char *dir_prefix, const char *name, size_t name_len,
+                      bool as_dir);
+
+#endif /* S3CFS_NAMES_H */

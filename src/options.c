@@ -1,0 +1,469 @@
+/*
+ * options.c - command-line parsing (see options.h).
+ *
+ * fuse_opt does the splitting: our own -o options are matched by template
+ * into a struct of strings, then validated and converted in one place so
+ * every error message has the same shape ("option 'X': ..."). Everything
+ * we do not know goes on to libfuse, which rejects what it does not know
+ * either.
+ */
+#include "config.h"
+
+#include "options.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define DEFAULT_ATTR_TTL 1.0
+#define DEFAULT_DIR_TTL 1.0
+#define DEFAULT_READ_AHEAD (64u << 20)
+#define DEFAULT_CONNECTIONS 16
+#define DEFAULT_RETRIES 6
+#define MAX_CONNECTIONS 256
+
+/* Raw option strings as fuse_opt stores them. */
+struct raw_options {
+    char *endpoint, *region, *profile, *credentials_file;
+    char *uid, *gid, *file_mode, *dir_mode;
+    char *attr_ttl, *dir_ttl, *read_ahead, *connections, *retries;
+    int no_sign, path_style, allow_other, read_only;
+};
+
+enum option_key {
+    KEY_HELP,
+    KEY_VERSION,
+    KEY_FOREGROUND,
+    KEY_DEBUG,
+    KEY_SECRET,
+};
+
+/* fuse_opt hands one pointer to templates and to process_arg alike. */
+struct parse_state {
+    struct raw_options raw;
+    struct options *opts;
+    int positional;
+    char *error;          /* first error, malloc'd */
+};
+
+#define RAW(templ, field) {templ, offsetof(struct parse_state, raw.field), 0}
+#define FLAG(templ, field) {templ, offsetof(struct parse_state, raw.field), 1}
+
+static const struct fuse_opt option_spec[] = {
+    RAW("endpoint=%s", endpoint),
+    RAW("region=%s", region),
+    RAW("profile=%s", profile),
+    RAW("credentials_file=%s", credentials_file),
+    RAW("uid=%s", uid),
+    RAW("gid=%s", gid),
+    RAW("file_mode=%s", file_mode),
+    RAW("dir_mode=%s", dir_mode),
+    RAW("attr_ttl=%s", attr_ttl),
+    RAW("dir_ttl=%s", dir_ttl),
+    RAW("read_ahead=%s", read_ahead),
+    RAW("connections=%s", connections),
+    RAW("retries=%s", retries),
+    FLAG("no_sign", no_sign),
+    FLAG("path_style", path_style),
+    /* Kept for libfuse as well (the kernel enforces them). */
+    FLAG("allow_other", allow_other),
+    FLAG("ro", read_only),
+    FUSE_OPT_KEY("allow_other", FUSE_OPT_KEY_KEEP),
+    FUSE_OPT_KEY("ro", FUSE_OPT_KEY_KEEP),
+    /* Secrets are never taken from argv (visible in ps and fstab). */
+    FUSE_OPT_KEY("access_key=", KEY_SECRET),
+    FUSE_OPT_KEY("secret_key=", KEY_SECRET),
+    FUSE_OPT_KEY("session_token=", KEY_SECRET),
+    FUSE_OPT_KEY("-h", KEY_HELP),
+    FUSE_OPT_KEY("--help", KEY_HELP),
+    FUSE_OPT_KEY("-V", KEY_VERSION),
+    FUSE_OPT_KEY("--version", KEY_VERSION),
+    FUSE_OPT_KEY("-f", KEY_FOREGROUND),
+    FUSE_OPT_KEY("-d", KEY_DEBUG),
+    FUSE_OPT_KEY("debug", KEY_DEBUG),
+    FUSE_OPT_END,
+};
+
+
+__attribute__((format(printf, 2, 3)))
+static void set_error(struct parse_state *state, const char *fmt, ...)
+{
+    va_list ap;
+
+    if (state->error != NULL)
+        return;
+    va_start(ap, fmt);
+    if (vasprintf(&state->error, fmt, ap) < 0)
+        state->error = NULL;
+    va_end(ap);
+}
+
+static int process_arg(void *data, const char *arg, int key,
+                       struct fuse_args *outargs)
+{
+    struct parse_state *state = data;
+    struct options *opts = state->opts;
+
+    switch (key) {
+    case KEY_HELP:
+        opts->show_help = true;
+        return 0;
+    case KEY_VERSION:
+        opts->show_version = true;
+        return 0;
+    case KEY_FOREGROUND:
+        opts->foreground = true;
+        return 0;
+    case KEY_DEBUG:
+        opts->debug = true;
+        opts->foreground = true;
+        return 0;
+    case KEY_SECRET:
+        set_error(state,
+                  "option '%.*s': credentials are never taken from the command "
+                  "line; use the environment, a profile or -o credentials_file",
+                  (int)strcspn(arg, "="), arg);
+        return -1;
+    case FUSE_OPT_KEY_NONOPT:
+        if (state->positional == 0) {
+            const char *colon = strchr(arg, ':');
+            size_t bucket_len = colon ? (size_t)(colon - arg) : strlen(arg);
+            opts->bucket = strndup(arg, bucket_len);
+            opts->prefix = strdup(colon ? colon + 1 : "");
+        } else if (state->positional == 1) {
+            opts->mountpoint = strdup(arg);
+        } else {
+            set_error(state, "unexpected argument '%s'", arg);
+            return -1;
+        }
+        state->positional++;
+        return 0;
+    default:
+        return 1; /* FUSE_OPT_KEY_OPT and the rest: pass on to libfuse */
+    }
+    (void)outargs;
+}
+
+int options_parse_size(const char *text, uint64_t *out)
+{
+    char *end = NULL;
+    double value;
+    double multiplier = 1;
+
+    if (text == NULL || text[0] == '\0' || text[0] == '-')
+        return EINVAL;
+    errno = 0;
+    value = strtod(text, &end);
+    if (errno != 0 || end == text || !isfinite(value) || value < 0)
+        return EINVAL;
+    switch (*end) {
+    case '\0': break;
+    case 'k': case 'K': multiplier = 1024.0; end++; break;
+    case 'm': case 'M': multiplier = 1024.0 * 1024; end++; break;
+    case 'g': case 'G': multiplier = 1024.0 * 1024 * 1024; end++; break;
+    case 't': case 'T': multiplier = 1024.0 * 1024 * 1024 * 1024; end++; break;
+    default: return EINVAL;
+    }
+    /* Accept "64KiB"/"64KB" as well as "64K". */
+    if (multiplier > 1 && (end[0] == 'i' || end[0] == 'I'))
+        end++;
+    if (multiplier > 1 && (end[0] == 'b' || end[0] == 'B'))
+        end++;
+    if (*end != '\0')
+        return EINVAL;
+    value *= multiplier;
+    if (value >= 18446744073709551616.0)
+        return EINVAL;
+    *out = (uint64_t)value;
+    return 0;
+}
+
+int options_parse_mode(const char *text, mode_t *out)
+{
+    char *end = NULL;
+    unsigned long value;
+
+    if (text == NULL || text[0] == '\0' || text[0] == '-' || text[0] == '+')
+        return EINVAL;
+    errno = 0;
+    value = strtoul(text, &end, 8);
+    if (errno != 0 || *end != '\0' || value > 07777)
+        return EINVAL;
+    *out = (mode_t)value;
+    return 0;
+}
+
+int options_parse_seconds(const char *text, double *out)
+{
+    char *end = NULL;
+    double value;
+
+    if (text == NULL || text[0] == '\0')
+        return EINVAL;
+    errno = 0;
+    value = strtod(text, &end);
+    if (errno != 0 || end == text || *end != '\0' || !isfinite(value) ||
+        value < 0 || value > 365.0 * 86400)
+        return EINVAL;
+    *out = value;
+    return 0;
+}
+
+static int parse_id(const char *text, unsigned long *out)
+{
+    char *end = NULL;
+
+    if (text == NULL || text[0] < '0' || text[0] > '9')
+        return EINVAL;
+    errno = 0;
+    *out = strtoul(text, &end, 10);
+    if (errno != 0 || *end != '\0' || *out >= 0xffffffffUL)
+        return EINVAL;
+    return 0;
+}
+
+static int parse_count(const char *text, unsigned min, unsigned max,
+                       unsigned *out)
+{
+    unsigned long value;
+
+    if (parse_id(text, &value) != 0 || value < min || value > max)
+        return EINVAL;
+    *out = (unsigned)value;
+    return 0;
+}
+
+/* S3 bucket names: 3-63 of [a-z0-9.-]; other S3 servers allow upper case
+ * and underscores, so accept those too, but nothing that needs escaping. */
+static bool bucket_name_ok(const char *name)
+{
+    size_t len = strlen(name);
+
+    if (len < 3 || len > 255)
+        return false;
+    for (size_t i = 0; i < len; i++) {
+        char c = name[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+              (c >= '0' && c <= '9') || c == '.' || c == '-' || c == '_'))
+            return false;
+    }
+    return true;
+}
+
+/* "a/b", "/a/b/", "a/b/" -> "a/b/"; "" or "/" -> "". EINVAL on an empty
+ * or dot component. */
+static int normalize_prefix(char **prefix)
+{
+    const char *in = *prefix;
+    size_t len;
+    char *out;
+
+    while (*in == '/')
+        in++;
+    len = strlen(in);
+    while (len > 0 && in[len - 1] == '/')
+        len--;
+    out = malloc(len + 2);
+    if (out == NULL)
+        return ENOMEM;
+    memcpy(out, in, len);
+    out[len] = '\0';
+    for (const char *part = out; len > 0 && part != NULL;) {
+        const char *slash = strchr(part, '/');
+        size_t part_len = slash ? (size_t)(slash - part) : strlen(part);
+        if (part_len == 0 || (part_len == 1 && part[0] == '.') ||
+            (part_len == 2 && part[0] == '.' && part[1] == '.')) {
+            free(out);
+            return EINVAL;
+        }
+        part = slash ? slash + 1 : NULL;
+    }
+    if (len > 0) {
+        out[len] = '/';
+        out[len + 1] = '\0';
+    }
+    free(*prefix);
+    *prefix = out;
+    return 0;
+}
+
+static void set_defaults(struct options *opts)
+{
+    opts->uid = getuid();
+    opts->gid = getgid();
+    opts->file_mode = 0644;
+    opts->dir_mode = 0755;
+    opts->read_only = true;
+    opts->attr_ttl = DEFAULT_ATTR_TTL;
+    opts->dir_ttl = DEFAULT_DIR_TTL;
+    opts->read_ahead = DEFAULT_READ_AHEAD;
+    opts->connections = DEFAULT_CONNECTIONS;
+    opts->retries = DEFAULT_RETRIES;
+}
+
+/* Check and convert the raw strings; the first error wins. */
+static void convert_raw(const struct raw_options *raw, struct options *opts,
+                        struct parse_state *state)
+{
+    unsigned long id;
+
+    opts->no_sign = raw->no_sign;
+    opts->path_style = raw->path_style;
+    opts->allow_other = raw->allow_other;
+    if (raw->uid != NULL) {
+        if (parse_id(raw->uid, &id) != 0)
+            set_error(state, "option 'uid=%s': expected a numeric user id", raw->uid);
+        opts->uid = (uid_t)id;
+        opts->uid_set = true;
+    }
+    if (raw->gid != NULL) {
+        if (parse_id(raw->gid, &id) != 0)
+            set_error(state, "option 'gid=%s': expected a numeric group id", raw->gid);
+        opts->gid = (gid_t)id;
+        opts->gid_set = true;
+    }
+    if (raw->file_mode != NULL && options_parse_mode(raw->file_mode, &opts->file_mode) != 0)
+        set_error(state, "option 'file_mode=%s': expected octal permission bits such as 0644", raw->file_mode);
+    if (raw->dir_mode != NULL && options_parse_mode(raw->dir_mode, &opts->dir_mode) != 0)
+        set_error(state, "option 'dir_mode=%s': expected octal permission bits such as 0755", raw->dir_mode);
+    if (raw->attr_ttl != NULL && options_parse_seconds(raw->attr_ttl, &opts->attr_ttl) != 0)
+        set_error(state, "option 'attr_ttl=%s': expected seconds, such as 1 or 0.5", raw->attr_ttl);
+    if (raw->dir_ttl != NULL && options_parse_seconds(raw->dir_ttl, &opts->dir_ttl) != 0)
+        set_error(state, "option 'dir_ttl=%s': expected seconds, such as 1 or 0.5", raw->dir_ttl);
+    if (raw->read_ahead != NULL &&
+        (options_parse_size(raw->read_ahead, &opts->read_ahead) != 0 ||
+         opts->read_ahead > (1ull << 30)))
+        set_error(state, "option 'read_ahead=%s': expected a size up to 1G, such as 64M", raw->read_ahead);
+    if (raw->connections != NULL &&
+        parse_count(raw->connections, 1, MAX_CONNECTIONS, &opts->connections) != 0)
+        set_error(state, "option 'connections=%s': expected a number from 1 to 256", raw->connections);
+    if (raw->retries != NULL && parse_count(raw->retries, 0, 100, &opts->retries) != 0)
+        set_error(state, "option 'retries=%s': expected a number from 0 to 100", raw->retries);
+}
+
+static void free_raw(struct raw_options *raw)
+{
+    char **fields[] = {&raw->endpoint, &raw->region, &raw->profile,
+                       &raw->credentials_file, &raw->uid, &raw->gid, &raw->file_mode, &raw->dir_mode,
+                       &raw->attr_ttl, &raw->dir_ttl, &raw->read_ahead,
+                       &raw->connections, &raw->retries};
+    for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++) {
+        free(*fields[i]);
+        *fields[i] = NULL;
+    }
+}
+
+int options_parse(int argc, char **argv, struct options *out, char *errbuf,
+                  size_t errlen)
+{
+    struct parse_state state = {.opts = out};
+    struct raw_options *raw = &state.raw;
+    int err = 0;
+
+    memset(out, 0, sizeof(*out));
+    set_defaults(out);
+    out->fuse_args = (struct fuse_args)FUSE_ARGS_INIT(argc, argv);
+    /* fuse_opt_parse copies what it keeps, so outargs never alias argv */
+    if (fuse_opt_parse(&out->fuse_args, &state, option_spec, process_arg) != 0) {
+        err = EINVAL;
+        if (state.error == NULL)
+            set_error(&state, "%s", "invalid command line (see --help)");
+        goto out;
+    }
+    /* Strings we keep move into the options struct. */
+    out->endpoint = raw->endpoint;
+    out->region = raw->region;
+    out->profile = raw->profile;
+    out->credentials_file = raw->credentials_file;
+    raw->endpoint = raw->region = raw->profile = raw->credentials_file = NULL;
+    convert_raw(raw, out, &state);
+    if (state.error != NULL) {
+        err = EINVAL;
+        goto out;
+    }
+    if (out->show_help || out->show_version)
+        goto out;
+    if (out->bucket == NULL || out->mountpoint == NULL) {
+        set_error(&state, "%s", "usage: s3cachefs [options] BUCKET[:PREFIX] MOUNTPOINT (see --help)");
+        err = EINVAL;
+        goto out;
+    }
+    if (!bucket_name_ok(out->bucket)) {
+        set_error(&state, "invalid bucket name '%s': expected 3 to 255 characters of letters, digits, '.', '-' and '_'", out->bucket);
+        err = EINVAL;
+        goto out;
+    }
+    err = normalize_prefix(&out->prefix);
+    if (err == EINVAL)
+        set_error(&state, "invalid prefix '%s': it has an empty, '.' or '..' component", out->prefix);
+    if (err != 0)
+        goto out;
+    /* The write path is not there yet: the mount is always read-only. */
+    if (!raw->read_only && fuse_opt_add_arg(&out->fuse_args, "-oro") != 0)
+        err = ENOMEM;
+out:
+    if (err != 0 && errbuf != NULL && errlen > 0)
+        snprintf(errbuf, errlen, "%s", state.error ? state.error : strerror(err));
+    free(state.error);
+    free_raw(raw);
+    return err;
+}
+
+void options_free(struct options *opts)
+{
+    char **fields[] = {&opts->bucket, &opts->prefix, &opts->mountpoint,
+                       &opts->endpoint, &opts->region, &opts->profile,
+                       &opts->credentials_file};
+    for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++) {
+        free(*fields[i]);
+        *fields[i] = NULL;
+    }
+    fuse_opt_free_args(&opts->fuse_args);
+}
+
+void options_print_help(FILE *fp, const char *progname)
+{
+    fprintf(fp,
+"usage: %s [-f] [-d] [-o OPTION[,OPTION...]] BUCKET[:PREFIX] MOUNTPOINT\n"
+"\n"
+"Mount an S3-compatible bucket (or the keys under PREFIX) at MOUNTPOINT.\n"
+"Credentials come from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY/\n"
+"AWS_SESSION_TOKEN, a profile in ~/.aws, or -o credentials_file=PATH.\n"
+"\n"
+"  -f                     stay in the foreground, log to stderr\n"
+"  -d                     debug log (implies -f)\n"
+"  -h, --help             this help\n"
+"  -V, --version          print the version\n"
+"\n"
+"S3 options:\n"
+"  -o endpoint=URL        S3 endpoint (default: AWS for the region)\n"
+"  -o region=NAME         signing region (default: us-east-1)\n"
+"  -o profile=NAME        profile in ~/.aws/credentials and ~/.aws/config\n"
+"  -o credentials_file=PATH  credentials in ~/.aws/credentials format\n"
+"                         (must not be readable by group or others)\n"
+"  -o no_sign             send unsigned requests (public buckets)\n"
+"  -o path_style          path-style addressing (default for endpoint=)\n"
+"  -o connections=N       parallel requests to the bucket (default %d)\n"
+"  -o retries=N           retries of a failed request (default %d)\n"
+"\n"
+"File attributes (for objects without s3fs metadata headers):\n"
+"  -o uid=N, -o gid=N     owner (default: the user mounting)\n"
+"  -o file_mode=OCTAL     file permissions (default 0644)\n"
+"  -o dir_mode=OCTAL      directory permissions (default 0755)\n"
+"  -o allow_other         let other users access the mount\n"
+"  -o ro                  read-only (this version is always read-only)\n"
+"\n"
+"Caching and reading:\n"
+"  -o attr_ttl=SECONDS    trust file attributes this long (default %g)\n"
+"  -o dir_ttl=SECONDS     trust directory listings this long (default %g)\n"
+"  -o read_ahead=SIZE     largest read-ahead window per file (default 64M)\n"
+"\n"
+"See s3cachefs(1) for details.\n",
+            progname, DEFAULT_CONNECTIONS, DEFAULT_RETRIES, DEFAULT_ATTR_TTL,
+            DEFAULT_DIR_TTL);
+}

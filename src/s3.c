@@ -1,0 +1,1299 @@
+/*
+ * s3.c - S3 client over libcurl (see s3.h).
+ *
+ * Structure: public calls build a struct s3_request (method, key, query,
+ * extra headers, body source, response sink) and hand it to s3_perform(),
+ * which borrows a curl easy handle from the pool, signs, sends, classifies
+ * the outcome with errmap, and retries when that is safe.
+ *
+ * Concurrency: the handle pool is the only shared mutable state besides the
+ * atomic counters. pool.lock guards pool.idle/pool.idle_count/pool.created;
+ * handle_free is signalled when a handle returns to the pool. No lock is
+ * held during a transfer. Each easy handle keeps its own keep-alive
+ * connection; a curl share object (with its own lock) shares DNS answers
+ * and TLS sessions between handles.
+ */
+#include "config.h"
+
+#include "s3.h"
+
+#include <curl/curl.h>
+#include <errno.h>
+#include <openssl/evp.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "errmap.h"
+#include "log.h"
+#include "sigv4.h"
+
+#define ERROR_BODY_MAX (64u << 10)      /* error documents */
+#define LIST_BODY_MAX (32u << 20)       /* one ListObjectsV2 page */
+#define SMALL_BODY_MAX (1u << 20)       /* multipart/copy results */
+#define BACKOFF_BASE_MS 100
+#define BACKOFF_CAP_MS 10000
+#define CONNECT_TIMEOUT_S 10
+#define LOW_SPEED_TIME_S 30             /* abort a transfer stalled this long */
+#define PART_ETAGS_XML_MAX (10000u * 200u)
+
+struct s3_client {
+    char *bucket;
+    char *region;
+    char *access_key;
+    char *secret_key;
+    char *session_token;
+    char *ca_bundle;
+    char *url_base;        /* "https://host[:port]" or "https://bucket.host" */
+    char *path_base;       /* "/bucket" (path style) or "" */
+    char *host_header;     /* what curl sends as Host */
+    unsigned max_retries;
+
+    CURLSH *share;
+    pthread_mutex_t share_lock;
+
+    struct {
+        pthread_mutex_t lock;
+        pthread_cond_t handle_free;
+        CURL **idle;
+        unsigned idle_count;
+        unsigned created;
+        unsigned max;
+    } pool;
+
+    _Atomic uint64_t requests[S3_OP_COUNT];
+    _Atomic uint64_t bytes_received;
+    _Atomic uint64_t bytes_sent;
+    _Atomic uint64_t retries;
+    _Atomic uint64_t failures;
+};
+
+/* A growable buffer with a hard cap (anything bigger fails the transfer). */
+struct capped_buf {
+    char *data;
+    size_t len;
+    size_t cap;
+};
+
+struct s3_request {
+    enum s3_op op;
+    const char *method;
+    const char *key;              /* NULL: the bucket itself */
+    const char *query;            /* encoded and sorted, or NULL */
+    const char *extra_headers[12];/* "name: value", signed when x-amz-* or
+                                     content-*; NULL-terminated */
+    const char *range;            /* "first-last" or NULL */
+    bool idempotent;
+    bool quiet;                   /* the caller reports failures itself */
+
+    /* request body: at most one of these */
+    const struct s3_body *body;   /* streamed upload */
+    const char *post_data;        /* small POST body (XML) */
+    size_t post_len;
+
+    /* response sinks */
+    void *recv_buf;               /* object data of a GET */
+    size_t recv_cap;
+    size_t recv_len;
+    struct capped_buf *xml;       /* XML answer (list, multipart, copy) */
+    struct capped_buf error_body; /* error document, always capped */
+    struct s3_object_info *info;  /* headers, may be NULL */
+    uint64_t body_pos;            /* upload progress */
+
+    long status;                  /* final HTTP status */
+    char s3_code[64];             /* <Code> of the error body */
+};
+
+/* ------------------------------------------------------------- helpers */
+
+static void capped_buf_free(struct capped_buf *buf)
+{
+    free(buf->data);
+    buf->data = NULL;
+    buf->len = 0;
+}
+
+/* Append; false when the cap would be exceeded or memory ran out. */
+static bool capped_buf_append(struct capped_buf *buf, const char *data,
+                              size_t len)
+{
+    if (len > buf->cap - buf->len)
+        return false;
+    char *grown = realloc(buf->data, buf->len + len + 1);
+    if (grown == NULL)
+        return false;
+    memcpy(grown + buf->len, data, len);
+    buf->data = grown;
+    buf->len += len;
+    buf->data[buf->len] = '\0';
+    return true;
+}
+
+static void wipe_free(char **secret)
+{
+    if (*secret != NULL) {
+        explicit_bzero(*secret, strlen(*secret));
+        free(*secret);
+        *secret = NULL;
+    }
+}
+
+static char *strdup_or_null(const char *text)
+{
+    return text != NULL ? strdup(text) : NULL;
+}
+
+static void base64(const unsigned char *in, size_t len, char *out, size_t cap)
+{
+    if (cap < 4 * ((len + 2) / 3) + 1) {
+        out[0] = '\0';
+        return;
+    }
+    EVP_EncodeBlock((unsigned char *)out, in, (int)len);
+}
+
+/* ------------------------------------------------------ curl callbacks */
+
+static size_t on_body(char *data, size_t size, size_t count, void *userp)
+{
+    struct s3_request *req = userp;
+    size_t len = size * count;
+
+    if (req->status == 0 || req->status >= 300) {
+        /* error document: keep what fits, ignore the rest */
+        size_t room = req->error_body.cap - req->error_body.len;
+        capped_buf_append(&req->error_body, data, len < room ? len : room);
+        return len;
+    }
+    if (req->recv_buf != NULL) {
+        if (len > req->recv_cap - req->recv_len)
+            return 0; /* more than asked for: fail (CURLE_WRITE_ERROR) */
+        memcpy((char *)req->recv_buf + req->recv_len, data, len);
+        req->recv_len += len;
+        return len;
+    }
+    if (req->xml != NULL)
+        return capped_buf_append(req->xml, data, len) ? len : 0;
+    return len; /* body not wanted */
+}
+
+/* Case-insensitive "Name:" match; returns the trimmed value or NULL. */
+static const char *header_value(const char *line, size_t len, const char *name,
+                                size_t *value_len)
+{
+    size_t name_len = strlen(name);
+
+    if (len <= name_len || line[name_len] != ':' ||
+        strncasecmp(line, name, name_len) != 0)
+        return NULL;
+    const char *value = line + name_len + 1;
+    const char *end = line + len;
+    while (value < end && (*value == ' ' || *value == '\t'))
+        value++;
+    while (end > value && (end[-1] == '\r' || end[-1] == '\n' ||
+                           end[-1] == ' ' || end[-1] == '\t'))
+        end--;
+    *value_len = (size_t)(end - value);
+    return value;
+}
+
+static bool parse_u64(const char *text, size_t len, uint64_t *out)
+{
+    uint64_t value = 0;
+
+    if (len == 0 || len > 20)
+        return false;
+    for (size_t i = 0; i < len; i++) {
+        if (text[i] < '0' || text[i] > '9')
+            return false;
+        uint64_t digit = (uint64_t)(text[i] - '0');
+        if (value > (UINT64_MAX - digit) / 10)
+            return false;
+        value = value * 10 + digit;
+    }
+    *out = value;
+    return true;
+}
+
+/* s3fs writes mtime as whole seconds; accept a fraction too. */
+static bool parse_epoch(const char *text, size_t len, struct timespec *out)
+{
+    const char *dot = memchr(text, '.', len);
+    size_t int_len = dot != NULL ? (size_t)(dot - text) : len;
+    uint64_t seconds;
+
+    if (!parse_u64(text, int_len, &seconds) || seconds > INT64_MAX / 2)
+        return false;
+    out->tv_sec = (time_t)seconds;
+    out->tv_nsec = 0;
+    if (dot != NULL) {
+        long scale = 100000000;
+        for (size_t i = int_len + 1; i < len; i++) {
+            if (text[i] < '0' || text[i] > '9')
+                return false;
+            out->tv_nsec += (text[i] - '0') * scale;
+            scale /= 10;
+        }
+    }
+    return true;
+}
+
+static void copy_header(char *dst, size_t cap, const char *value, size_t len)
+{
+    if (len >= cap)
+        len = cap - 1;
+    memcpy(dst, value, len);
+    dst[len] = '\0';
+}
+
+static void parse_info_header(struct s3_object_info *info, const char *line,
+                              size_t len)
+{
+    const char *value;
+    size_t vlen;
+    uint64_t number;
+    char text[64];
+
+    if ((value = header_value(line, len, "ETag", &vlen)) != NULL) {
+        copy_header(info->etag, sizeof(info->etag), value, vlen);
+    } else if ((value = header_value(line, len, "Content-Range", &vlen))) {
+        /* "bytes 0-9/1234": the total is the object size */
+        const char *slash = memchr(value, '/', vlen);
+        if (slash != NULL &&
+            parse_u64(slash + 1, vlen - (size_t)(slash + 1 - value), &number))
+            info->size = number;
+    } else if ((value = header_value(line, len, "Content-Length", &vlen))) {
+        if (info->size == 0 && parse_u64(value, vlen, &number))
+            info->size = number;
+    } else if ((value = header_value(line, len, "Last-Modified", &vlen))) {
+        copy_header(text, sizeof(text), value, vlen);
+        time_t when = curl_getdate(text, NULL);
+        if (when != -1)
+            info->last_modified = (struct timespec){.tv_sec = when};
+    } else if ((value = header_value(line, len, "Content-Type", &vlen))) {
+        copy_header(info->content_type, sizeof(info->content_type), value,
+                    vlen);
+    } else if ((value = header_value(line, len, "x-amz-meta-mode", &vlen))) {
+        info->has_mode = parse_u64(value, vlen, &number) && number <= 0xffffffffu;
+        info->mode = (uint32_t)number;
+    } else if ((value = header_value(line, len, "x-amz-meta-uid", &vlen))) {
+        info->has_uid = parse_u64(value, vlen, &number) && number < 0xffffffffu;
+        info->uid = (uint32_t)number;
+    } else if ((value = header_value(line, len, "x-amz-meta-gid", &vlen))) {
+        info->has_gid = parse_u64(value, vlen, &number) && number < 0xffffffffu;
+        info->gid = (uint32_t)number;
+    } else if ((value = header_value(line, len, "x-amz-meta-mtime", &vlen))) {
+        info->has_mtime = parse_epoch(value, vlen, &info->mtime);
+    }
+}
+
+static size_t on_header(char *data, size_t size, size_t count, void *userp)
+{
+    struct s3_request *req = userp;
+    size_t len = size * count;
+
+    if (len >= 5 && memcmp(data, "HTTP/", 5) == 0) {
+        /* a new response (after 100 Continue or a redirect): start over */
+        const char *space = memchr(data, ' ', len);
+        req->status = space != NULL ? strtol(space + 1, NULL, 10) : 0;
+        if (req->info != NULL)
+            memset(req->info, 0, sizeof(*req->info));
+        return len;
+    }
+    if (req->info != NULL && req->status >= 200 && req->status < 300)
+        parse_info_header(req->info, data, len);
+    return len;
+}
+
+static size_t on_upload_read(char *buffer, size_t size, size_t count,
+                             void *userp)
+{
+    struct s3_request *req = userp;
+    const struct s3_body *body = req->body;
+    uint64_t left = body->length - req->body_pos;
+    size_t want = size * count;
+
+    if (want > left)
+        want = (size_t)left;
+    if (want == 0)
+        return 0;
+    if (body->data != NULL) {
+        memcpy(buffer, (const char *)body->data + req->body_pos, want);
+    } else {
+        ssize_t got = pread(body->fd, buffer, want,
+                            (off_t)(body->offset + req->body_pos));
+        if (got <= 0)
+            return CURL_READFUNC_ABORT;
+        want = (size_t)got;
+    }
+    req->body_pos += want;
+    return want;
+}
+
+/* ------------------------------------------------------------ the pool */
+
+static void share_lock_cb(CURL *handle, curl_lock_data data,
+                          curl_lock_access access, void *userp)
+{
+    struct s3_client *client = userp;
+    pthread_mutex_lock(&client->share_lock);
+    (void)handle; (void)data; (void)access;
+}
+
+static void share_unlock_cb(CURL *handle, curl_lock_data data, void *userp)
+{
+    struct s3_client *client = userp;
+    pthread_mutex_unlock(&client->share_lock);
+    (void)handle; (void)data;
+}
+
+static CURL *pool_new_handle(struct s3_client *client)
+{
+    CURL *curl = curl_easy_init();
+
+    if (curl == NULL)
+        return NULL;
+    curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(curl, CURLOPT_SHARE, client->share);
+    curl_easy_setopt(curl, CURLOPT_TCP_KEEPALIVE, 1L);
+    curl_easy_setopt(curl, CURLOPT_TCP_NODELAY, 1L);
+    curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT, (long)CONNECT_TIMEOUT_S);
+    curl_easy_setopt(curl, CURLOPT_LOW_SPEED_LIMIT, 1L);
+    curl_easy_setopt(curl, CURLOPT_LOW_SPEED_TIME, (long)LOW_SPEED_TIME_S);
+    curl_easy_setopt(curl, CURLOPT_PROTOCOLS_STR, "http,https");
+    curl_easy_setopt(curl, CURLOPT_SSL_VERIFYPEER, 1L);
+    curl_easy_setopt(curl, CURLOPT_SSL_VERIFYHOST, 2L);
+    if (client->ca_bundle != NULL)
+        curl_easy_setopt(curl, CURLOPT_CAINFO, client->ca_bundle);
+    curl_easy_setopt(curl, CURLOPT_USERAGENT, PACKAGE_NAME "/" PACKAGE_VERSION);
+    return curl;
+}
+
+static CURL *pool_get(struct s3_client *client)
+{
+    CURL *curl = NULL;
+
+    pthread_mutex_lock(&client->pool.lock);
+    while (client->pool.idle_count == 0 &&
+           client->pool.created >= client->pool.max)
+        pthread_cond_wait(&client->pool.handle_free, &client->pool.lock);
+    if (client->pool.idle_count > 0)
+        curl = client->pool.idle[--client->pool.idle_count];
+    else
+        client->pool.created++;
+    pthread_mutex_unlock(&client->pool.lock);
+
+    if (curl == NULL) {
+        curl = pool_new_handle(client);
+        if (curl == NULL) {
+            pthread_mutex_lock(&client->pool.lock);
+            client->pool.created--;
+            pthread_cond_signal(&client->pool.handle_free);
+            pthread_mutex_unlock(&client->pool.lock);
+        }
+    }
+    return curl;
+}
+
+static void pool_put(struct s3_client *client, CURL *curl)
+{
+    pthread_mutex_lock(&client->pool.lock);
+    client->pool.idle[client->pool.idle_count++] = curl;
+    pthread_cond_signal(&client->pool.handle_free);
+    pthread_mutex_unlock(&client->pool.lock);
+}
+
+/* ------------------------------------------------------ request engine */
+
+static void backoff_sleep(unsigned attempt)
+{
+    unsigned ceiling = BACKOFF_BASE_MS;
+    for (unsigned i = 0; i < attempt && ceiling < BACKOFF_CAP_MS; i++)
+        ceiling *= 2;
+    if (ceiling > BACKOFF_CAP_MS)
+        ceiling = BACKOFF_CAP_MS;
+    /* "full jitter": anywhere between 0 and the ceiling */
+    unsigned ms = arc4random_uniform(ceiling + 1);
+    struct timespec pause = {.tv_sec = ms / 1000,
+                             .tv_nsec = (long)(ms % 1000) * 1000000L};
+    nanosleep(&pause, NULL);
+}
+
+/* Build URL path (encoded) for the request. Returns malloc'd or NULL. */
+static char *request_path(const struct s3_client *client, const char *key)
+{
+    char *encoded = sigv4_uri_encode(key ? key : "", key ? strlen(key) : 0, true);
+    char *path = NULL;
+
+    if (encoded == NULL)
+        return NULL;
+    size_t len = strlen(client->path_base) + strlen(encoded) + 3;
+    path = malloc(len);
+    if (path != NULL)
+        snprintf(path, len, "%s/%s", client->path_base, encoded);
+    free(encoded);
+    return path;
+}
+
+static bool is_signed_header(const char *line)
+{
+    return strncasecmp(line, "x-amz-", 6) == 0 ||
+           strncasecmp(line, "content-md5:", 12) == 0 ||
+           strncasecmp(line, "content-type:", 13) == 0;
+}
+
+/*
+ * Add the SigV4 headers to HEADERS for one attempt (the date changes
+ * between retries). Returns 0 or an errno.
+ */
+static int sign_request(const struct s3_client *client,
+                        const struct s3_request *req, const char *path,
+                        const char *payload_hash, struct curl_slist **headers)
+{
+    char amz_date[17];
+    char line[512];
+    struct sigv4_header signed_headers[16];
+    char names[16][64];
+    size_t count = 0;
+    char *authorization = NULL;
+    int err = 0;
+    time_t now = time(NULL);
+    struct tm tm;
+
+    gmtime_r(&now, &tm);
+    strftime(amz_date, sizeof(amz_date), "%Y%m%dT%H%M%SZ", &tm);
+
+    snprintf(line, sizeof(line), "x-amz-date: %s", amz_date);
+    *headers = curl_slist_append(*headers, line);
+    snprintf(line, sizeof(line), "x-amz-content-sha256: %s", payload_hash);
+    *headers = curl_slist_append(*headers, line);
+    if (*headers == NULL)
+        return ENOMEM;
+    if (client->access_key == NULL)
+        return 0; /* no_sign */
+
+    signed_headers[count++] = (struct sigv4_header){"host", client->host_header};
+    signed_headers[count++] = (struct sigv4_header){"x-amz-date", amz_date};
+    signed_headers[count++] = (struct sigv4_header){"x-amz-content-sha256", payload_hash};
+    if (client->session_token != NULL) {
+        signed_headers[count++] = (struct sigv4_header){"x-amz-security-token",
+                                                        client->session_token};
+    }
+    for (size_t i = 0; req->extra_headers[i] != NULL && count < 16; i++) {
+        const char *colon = strchr(req->extra_headers[i], ':');
+        size_t name_len = (size_t)(colon - req->extra_headers[i]);
+        if (colon == NULL || !is_signed_header(req->extra_headers[i]) ||
+            name_len >= sizeof(names[0]))
+            continue;
+        memcpy(names[count], req->extra_headers[i], name_len);
+        names[count][name_len] = '\0';
+        const char *value = colon + 1;
+        while (*value == ' ')
+            value++;
+        signed_headers[count] = (struct sigv4_header){names[count], value};
+        count++;
+    }
+    struct sigv4_request sig_req = {
+        .method = req->method,
+        .path = path,
+        .query = req->query,
+        .headers = signed_headers,
+        .header_count = count,
+        .payload_hash = payload_hash,
+    };
+    struct sigv4_scope scope = {amz_date, client->region, "s3"};
+    err = sigv4_authorization(&sig_req, &scope, client->access_key,
+                              client->secret_key, &authorization);
+    if (err != 0)
+        return err;
+    size_t len = strlen(authorization) + 32;
+    char *auth_line = malloc(len);
+    if (auth_line == NULL) {
+        err = ENOMEM;
+        goto out;
+    }
+    snprintf(auth_line, len, "Authorization: %s", authorization);
+    *headers = curl_slist_append(*headers, auth_line);
+    explicit_bzero(auth_line, len);
+    free(auth_line);
+    if (*headers == NULL)
+        err = ENOMEM;
+out:
+    free(authorization);
+    return err;
+}
+
+/* Set up CURL for one attempt of REQ. */
+static int prepare_attempt(struct s3_client *client, CURL *curl,
+                           struct s3_request *req, const char *url,
+                           const char *path, struct curl_slist **headers)
+{
+    char line[256];
+    char payload_hash[SIGV4_HEX_LEN + 1];
+
+    curl_easy_setopt(curl, CURLOPT_URL, url);
+    curl_easy_setopt(curl, CURLOPT_CUSTOMREQUEST, NULL);
+    curl_easy_setopt(curl, CURLOPT_NOBODY, 0L);
+    curl_easy_setopt(curl, CURLOPT_HTTPGET, 1L);
+    if (strcmp(req->method, "HEAD") == 0) {
+        curl_easy_setopt(curl, CURLOPT_NOBODY, 1L);
+    } else if (strcmp(req->method, "PUT") == 0) {
+        curl_easy_setopt(curl, CURLOPT_UPLOAD, 1L);
+        curl_easy_setopt(curl, CURLOPT_INFILESIZE_LARGE,
+                         (curl_off_t)(req->body ? req->body->length : 0));
+    } else if (strcmp(req->method, "POST") == 0) {
+        curl_easy_setopt(curl, CURLOPT_POST, 1L);
+        curl_easy_setopt(curl, CURLOPT_POSTFIELDS, req->post_data ? req->post_data : "");
+        curl_easy_setopt(curl, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)req->post_len);
+    } else if (strcmp(req->method, "GET") != 0) {
+        curl_easy_setopt(curl, CURLOPT_CUSTOMREQUEST, req->method);
+    }
+    curl_easy_setopt(curl, CURLOPT_RANGE, req->range);
+    curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(curl, CURLOPT_WRITEDATA, req);
+    curl_easy_setopt(curl, CURLOPT_HEADERFUNCTION, on_header);
+    curl_easy_setopt(curl, CURLOPT_HEADERDATA, req);
+    curl_easy_setopt(curl, CURLOPT_READFUNCTION, on_upload_read);
+    curl_easy_setopt(curl, CURLOPT_READDATA, req);
+
+    /* No "Expect: 100-continue" round trip; the body follows at once. */
+    *headers = curl_slist_append(NULL, "Expect:");
+    if (req->post_data != NULL && req->post_len > 0)
+        sigv4_sha256_hex(req->post_data, req->post_len, payload_hash);
+    else if (req->body != NULL && req->body->length > 0)
+        snprintf(payload_hash, sizeof(payload_hash), "%s", SIGV4_UNSIGNED_PAYLOAD);
+    else
+        snprintf(payload_hash, sizeof(payload_hash), "%s", SIGV4_EMPTY_SHA256);
+    for (size_t i = 0; req->extra_headers[i] != NULL; i++)
+        *headers = curl_slist_append(*headers, req->extra_headers[i]);
+    if (client->session_token != NULL) {
+        size_t len = strlen(client->session_token) + 32;
+        char *token_line = malloc(len);
+        if (token_line == NULL)
+            return ENOMEM;
+        snprintf(token_line, len, "x-amz-security-token: %s", client->session_token);
+        *headers = curl_slist_append(*headers, token_line);
+        explicit_bzero(token_line, len);
+        free(token_line);
+    }
+    if (*headers == NULL)
+        return ENOMEM;
+    int err = sign_request(client, req, path, payload_hash, headers);
+    if (err != 0)
+        return err;
+    curl_easy_setopt(curl, CURLOPT_HTTPHEADER, *headers);
+    (void)line;
+    return 0;
+}
+
+static void reset_attempt(struct s3_request *req)
+{
+    req->status = 0;
+    req->recv_len = 0;
+    req->body_pos = 0;
+    req->s3_code[0] = '\0';
+    req->error_body.len = 0;
+    if (req->error_body.data != NULL)
+        req->error_body.data[0] = '\0';
+    if (req->xml != NULL) {
+        req->xml->len = 0;
+        if (req->xml->data != NULL)
+            req->xml->data[0] = '\0';
+    }
+    if (req->info != NULL)
+        memset(req->info, 0, sizeof(*req->info));
+}
+
+/*
+ * Run REQ to completion: returns 0 when the server answered 2xx, else the
+ * errno; FAILURE (may be NULL) receives the description of the last error.
+ */
+static int s3_perform(struct s3_client *client, struct s3_request *req,
+                      struct s3_failure *failure)
+{
+    char *path = NULL;
+    char *url = NULL;
+    CURL *curl = NULL;
+    int err = 0;
+    char description[256] = "";
+
+    req->error_body.cap = ERROR_BODY_MAX;
+    path = request_path(client, req->key);
+    if (path == NULL) {
+        err = ENOMEM;
+        goto out;
+    }
+    size_t url_len = strlen(client->url_base) + strlen(path) +
+                     (req->query ? strlen(req->query) : 0) + 2;
+    url = malloc(url_len);
+    if (url == NULL) {
+        err = ENOMEM;
+        goto out;
+    }
+    snprintf(url, url_len, "%s%s%s%s", client->url_base, path,
+             req->query && req->query[0] ? "?" : "",
+             req->query ? req->query : "");
+    curl = pool_get(client);
+    if (curl == NULL) {
+        err = ENOMEM;
+        goto out;
+    }
+
+    for (unsigned attempt = 0;; attempt++) {
+        struct curl_slist *headers = NULL;
+        reset_attempt(req);
+        err = prepare_attempt(client, curl, req, url, path, &headers);
+        CURLcode rc = CURLE_OK;
+        if (err == 0) {
+            atomic_fetch_add(&client->requests[req->op], 1);
+            rc = curl_easy_perform(curl);
+        }
+        curl_easy_setopt(curl, CURLOPT_HTTPHEADER, NULL);
+        curl_slist_free_all(headers);
+        if (err != 0)
+            goto out;
+        if (rc == CURLE_OK) {
+            long status = 0;
+            curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &status);
+            req->status = status;
+        }
+        if (req->status >= 300 && req->error_body.len > 0) {
+            struct s3xml_error parsed;
+            if (s3xml_parse_error(req->error_body.data, req->error_body.len,
+                                  &parsed) == 0)
+                snprintf(req->s3_code, sizeof(req->s3_code), "%s", parsed.code);
+        }
+        struct errmap_result result = {
+            .curl_code = (int)rc,
+            .http_status = rc == CURLE_OK ? req->status : 0,
+            .s3_code = req->s3_code,
+        };
+        err = errmap_errno(&result);
+        if (err == 0)
+            break;
+        bool may_have_run = false;
+        bool retry = errmap_retryable(&result, &may_have_run);
+        errmap_describe(&result, description, sizeof(description));
+        if (!retry || attempt >= client->max_retries ||
+            (!req->idempotent && may_have_run))
+            break;
+        atomic_fetch_add(&client->retries, 1);
+        log_debug("%s %s: %s; retry %u", req->method, req->key ? req->key : "/",
+                  description, attempt + 1);
+        backoff_sleep(attempt);
+    }
+    if (err == 0) {
+        if (req->recv_buf != NULL)
+            atomic_fetch_add(&client->bytes_received, req->recv_len);
+        if (req->body != NULL)
+            atomic_fetch_add(&client->bytes_sent, req->body->length);
+    } else {
+        atomic_fetch_add(&client->failures, 1);
+        /* A missing key is an ordinary answer, not worth a log line. */
+        if (err != ENOENT && !req->quiet)
+            log_warn("%s %s: %s", req->method, req->key ? req->key : "/",
+                     description);
+    }
+out:
+    if (curl != NULL)
+        pool_put(client, curl);
+    if (failure != NULL) {
+        failure->err = err;
+        snprintf(failure->description, sizeof(failure->description), "%s",
+                 description[0] ? description : strerror(err));
+    }
+    capped_buf_free(&req->error_body);
+    free(url);
+    free(path);
+    return err;
+}
+
+/* --------------------------------------------------------- client life */
+
+/* Derive url_base, path_base and host_header from the configuration. */
+static int setup_addressing(struct s3_client *client, const struct s3_conf *conf,
+                            char *errbuf, size_t errlen)
+{
+    CURLU *url = curl_url();
+    char *scheme = NULL, *host = NULL, *port = NULL, *path = NULL;
+    char *aws_endpoint = NULL;
+    const char *endpoint = conf->endpoint;
+    bool path_style = conf->path_style || conf->endpoint != NULL ||
+                      strchr(conf->bucket, '.') != NULL;
+    int err = 0;
+
+    if (url == NULL)
+        return ENOMEM;
+    if (endpoint == NULL) {
+        size_t len = strlen(conf->region) + 40;
+        aws_endpoint = malloc(len);
+        if (aws_endpoint == NULL) {
+            err = ENOMEM;
+            goto out;
+        }
+        snprintf(aws_endpoint, len, "https://s3.%s.amazonaws.com", conf->region);
+        endpoint = aws_endpoint;
+    }
+    if (curl_url_set(url, CURLUPART_URL, endpoint, 0) != CURLUE_OK ||
+        curl_url_get(url, CURLUPART_SCHEME, &scheme, 0) != CURLUE_OK ||
+        curl_url_get(url, CURLUPART_HOST, &host, 0) != CURLUE_OK ||
+        (strcmp(scheme, "http") != 0 && strcmp(scheme, "https") != 0)) {
+        snprintf(errbuf, errlen, "invalid endpoint URL '%s': expected http://HOST[:PORT] or https://HOST[:PORT]", endpoint);
+        err = EINVAL;
+        goto out;
+    }
+    if (curl_url_get(url, CURLUPART_PATH, &path, 0) == CURLUE_OK &&
+        strcmp(path, "/") != 0 && path[0] != '\0') {
+        snprintf(errbuf, errlen, "invalid endpoint URL '%s': it must not have a path", endpoint);
+        err = EINVAL;
+        goto out;
+    }
+    curl_url_get(url, CURLUPART_PORT, &port, 0); /* NULL unless explicit */
+
+    size_t len = strlen(host) + strlen(conf->bucket) + (port ? strlen(port) : 0) + 4;
+    client->host_header = malloc(len);
+    client->url_base = malloc(len + strlen(scheme) + 4);
+    client->path_base = malloc(strlen(conf->bucket) + 2);
+    if (!client->host_header || !client->url_base || !client->path_base) {
+        err = ENOMEM;
+        goto out;
+    }
+    snprintf(client->host_header, len, "%s%s%s%s%s",
+             path_style ? "" : conf->bucket, path_style ? "" : ".", host,
+             port ? ":" : "", port ? port : "");
+    snprintf(client->url_base, len + strlen(scheme) + 4, "%s://%s", scheme,
+             client->host_header);
+    if (path_style)
+        snprintf(client->path_base, strlen(conf->bucket) + 2, "/%s", conf->bucket);
+    else
+        client->path_base[0] = '\0';
+out:
+    curl_free(scheme);
+    curl_free(host);
+    curl_free(port);
+    curl_free(path);
+    curl_url_cleanup(url);
+    free(aws_endpoint);
+    return err;
+}
+
+int s3_client_create(const struct s3_conf *conf, struct s3_client **out,
+                     char *errbuf, size_t errlen)
+{
+    struct s3_client *client = calloc(1, sizeof(*client));
+    int err = 0;
+
+    *out = NULL;
+    if (client == NULL)
+        return ENOMEM;
+    pthread_mutex_init(&client->share_lock, NULL);
+    pthread_mutex_init(&client->pool.lock, NULL);
+    pthread_cond_init(&client->pool.handle_free, NULL);
+    client->pool.max = conf->max_connections > 0 ? conf->max_connections : 1;
+    client->max_retries = conf->max_retries;
+    client->bucket = strdup(conf->bucket);
+    client->region = strdup(conf->region ? conf->region : "us-east-1");
+    client->access_key = strdup_or_null(conf->access_key);
+    client->secret_key = strdup_or_null(conf->secret_key);
+    client->session_token = strdup_or_null(conf->session_token);
+    client->ca_bundle = strdup_or_null(conf->ca_bundle);
+    client->pool.idle = calloc(client->pool.max, sizeof(CURL *));
+    client->share = curl_share_init();
+    if (!client->bucket || !client->region || !client->pool.idle ||
+        !client->share || (conf->access_key && !client->access_key) ||
+        (conf->secret_key && !client->secret_key) ||
+        (conf->session_token && !client->session_token) ||
+        (conf->ca_bundle && !client->ca_bundle)) {
+        err = ENOMEM;
+        goto out;
+    }
+    if (conf->access_key != NULL && conf->secret_key == NULL) {
+        snprintf(errbuf, errlen, "an access key was given without a secret key");
+        err = EINVAL;
+        goto out;
+    }
+    curl_share_setopt(client->share, CURLSHOPT_LOCKFUNC, share_lock_cb);
+    curl_share_setopt(client->share, CURLSHOPT_UNLOCKFUNC, share_unlock_cb);
+    curl_share_setopt(client->share, CURLSHOPT_USERDATA, client);
+    curl_share_setopt(client->share, CURLSHOPT_SHARE, CURL_LOCK_DATA_DNS);
+    curl_share_setopt(client->share, CURLSHOPT_SHARE, CURL_LOCK_DATA_SSL_SESSION);
+    err = setup_addressing(client, conf, errbuf, errlen);
+out:
+    if (err != 0)
+        s3_client_destroy(&client);
+    *out = client;
+    return err;
+}
+
+void s3_client_destroy(struct s3_client **clientp)
+{
+    struct s3_client *client = *clientp;
+
+    if (client == NULL)
+        return;
+    for (unsigned i = 0; i < client->pool.idle_count; i++)
+        curl_easy_cleanup(client->pool.idle[i]);
+    free(client->pool.idle);
+    if (client->share != NULL)
+        curl_share_cleanup(client->share);
+    pthread_mutex_destroy(&client->share_lock);
+    pthread_mutex_destroy(&client->pool.lock);
+    pthread_cond_destroy(&client->pool.handle_free);
+    wipe_free(&client->secret_key);
+    wipe_free(&client->session_token);
+    free(client->access_key);
+    free(client->bucket);
+    free(client->region);
+    free(client->ca_bundle);
+    free(client->url_base);
+    free(client->path_base);
+    free(client->host_header);
+    free(client);
+    *clientp = NULL;
+}
+
+void s3_client_stats(struct s3_client *client, struct s3_stats *out)
+{
+    for (int i = 0; i < S3_OP_COUNT; i++)
+        out->requests[i] = atomic_load(&client->requests[i]);
+    out->bytes_received = atomic_load(&client->bytes_received);
+    out->bytes_sent = atomic_load(&client->bytes_sent);
+    out->retries = atomic_load(&client->retries);
+    out->failures = atomic_load(&client->failures);
+}
+
+/* ------------------------------------------------------------ requests */
+
+/* Append "name=value" (value encoded) to a query being built in BUF. */
+static bool query_add(char *buf, size_t cap, const char *name, const char *value)
+{
+    char *encoded = sigv4_uri_encode(value, strlen(value), false);
+    size_t used = strlen(buf);
+    bool ok = false;
+
+    if (encoded == NULL)
+        return false;
+    int n = snprintf(buf + used, cap - used, "%s%s=%s", used ? "&" : "", name,
+                     encoded);
+    ok = n >= 0 && (size_t)n < cap - used;
+    free(encoded);
+    return ok;
+}
+
+int s3_check_bucket(struct s3_client *client, const char *prefix,
+                    struct s3_failure *why)
+{
+    char query[4096] = "";
+    struct capped_buf xml = {.cap = LIST_BODY_MAX};
+    struct s3_request req = {
+        .op = S3_OP_LIST, .method = "GET", .query = query, .xml = &xml,
+        .idempotent = true, .quiet = true,
+    };
+    int err;
+
+    if (!query_add(query, sizeof(query), "list-type", "2") ||
+        !query_add(query, sizeof(query), "max-keys", "1") ||
+        !query_add(query, sizeof(query), "prefix", prefix ? prefix : "")) {
+        why->err = ENAMETOOLONG;
+        snprintf(why->description, sizeof(why->description), "prefix too long");
+        return ENAMETOOLONG;
+    }
+    err = s3_perform(client, &req, why);
+    if (err == 0) {
+        struct s3xml_listing listing;
+        err = s3xml_parse_listing(xml.data ? xml.data : "", xml.len, &listing);
+        s3xml_listing_free(&listing);
+        if (err != 0) {
+            why->err = err;
+            snprintf(why->description, sizeof(why->description),
+                     "the endpoint's answer is not an S3 bucket listing");
+        }
+    }
+    capped_buf_free(&xml);
+    return err;
+}
+
+int s3_head_object(struct s3_client *client, const char *key,
+                   struct s3_object_info *info)
+{
+    struct s3_request req = {
+        .op = S3_OP_HEAD, .method = "HEAD", .key = key, .info = info,
+        .idempotent = true,
+    };
+    return s3_perform(client, &req, NULL);
+}
+
+int s3_get_object_range(struct s3_client *client, const char *key,
+                        uint64_t offset, size_t length, const char *if_match,
+                        void *buf, size_t *received,
+                        struct s3_object_info *info)
+{
+    char range[64];
+    char match_header[S3_ETAG_MAX + 16];
+    struct s3_object_info local_info;
+    struct s3_request req = {
+        .op = S3_OP_GET, .method = "GET", .key = key, .range = range,
+        .recv_buf = buf, .recv_cap = length,
+        .info = info ? info : &local_info, .idempotent = true,
+    };
+    int err;
+
+    *received = 0;
+    if (length == 0)
+        return EINVAL;
+    snprintf(range, sizeof(range), "%llu-%llu", (unsigned long long)offset,
+             (unsigned long long)(offset + length - 1));
+    if (if_match != NULL) {
+        snprintf(match_header, sizeof(match_header), "If-Match: %s", if_match);
+        req.extra_headers[0] = match_header;
+    }
+    err = s3_perform(client, &req, NULL);
+    if (err == 0 && req.status == 200 && offset != 0)
+        err = EIO; /* the server ignored the Range header */
+    if (err == 0)
+        *received = req.recv_len;
+    return err;
+}
+
+int s3_list_objects(struct s3_client *client, const char *prefix,
+                    const char *delimiter, const char *continuation_token,
+                    const char *start_after, unsigned max_keys,
+                    struct s3xml_listing *out)
+{
+    /* parameters in sorted order, as SigV4 canonicalises them */
+    char query[8192] = "";
+    char max_keys_text[16];
+    struct capped_buf xml = {.cap = LIST_BODY_MAX};
+    struct s3_request req = {
+        .op = S3_OP_LIST, .method = "GET", .query = query, .xml = &xml,
+        .idempotent = true,
+    };
+    bool ok = true;
+    int err;
+
+    memset(out, 0, sizeof(*out));
+    snprintf(max_keys_text, sizeof(max_keys_text), "%u",
+             max_keys < 1 ? 1 : max_keys > 1000 ? 1000 : max_keys);
+    if (continuation_token != NULL)
+        ok = ok && query_add(query, sizeof(query), "continuation-token", continuation_token);
+    if (delimiter != NULL)
+        ok = ok && query_add(query, sizeof(query), "delimiter", delimiter);
+    /* url-encoded keys survive XML (a raw CR in a key would not) */
+    ok = ok && query_add(query, sizeof(query), "encoding-type", "url");
+    ok = ok && query_add(query, sizeof(query), "list-type", "2");
+    ok = ok && query_add(query, sizeof(query), "max-keys", max_keys_text);
+    ok = ok && query_add(query, sizeof(query), "prefix", prefix ? prefix : "");
+    if (start_after != NULL && continuation_token == NULL)
+        ok = ok && query_add(query, sizeof(query), "start-after", start_after);
+    if (!ok)
+        return ENAMETOOLONG;
+    err = s3_perform(client, &req, NULL);
+    if (err == 0)
+        err = s3xml_parse_listing(xml.data ? xml.data : "", xml.len, out);
+    if (err == EPROTO || err == EOVERFLOW) {
+        log_warn("LIST %s: the answer is not a valid listing", prefix ? prefix : "");
+        err = EIO;
+    }
+    capped_buf_free(&xml);
+    return err;
+}
+
+/* Add the s3fs metadata headers of META to REQ starting at slot *slot,
+ * formatted into STORAGE (5 lines of 64 bytes). */
+static void add_meta_headers(struct s3_request *req, size_t *slot,
+                             const struct s3_put_meta *meta,
+                             char storage[5][160])
+{
+    size_t n = 0;
+    if (meta == NULL)
+        return;
+    snprintf(storage[n], sizeof(storage[n]), "Content-Type: %s",
+             meta->content_type ? meta->content_type : "application/octet-stream");
+    req->extra_headers[(*slot)++] = storage[n++];
+    if (meta->has_mode) {
+        snprintf(storage[n], sizeof(storage[n]), "x-amz-meta-mode: %u", meta->mode);
+        req->extra_headers[(*slot)++] = storage[n++];
+    }
+    if (meta->has_uid) {
+        snprintf(storage[n], sizeof(storage[n]), "x-amz-meta-uid: %u", meta->uid);
+        req->extra_headers[(*slot)++] = storage[n++];
+    }
+    if (meta->has_gid) {
+        snprintf(storage[n], sizeof(storage[n]), "x-amz-meta-gid: %u", meta->gid);
+        req->extra_headers[(*slot)++] = storage[n++];
+    }
+    if (meta->has_mtime) {
+        snprintf(storage[n], sizeof(storage[n]), "x-amz-meta-mtime: %lld",
+                 (long long)meta->mtime.tv_sec);
+        req->extra_headers[(*slot)++] = storage[n++];
+    }
+}
+
+/* Base64 MD5 of a body (memory or file range), for Content-MD5. */
+static int body_md5(const struct s3_body *body, char *out, size_t cap)
+{
+    unsigned char digest[16];
+    unsigned int digest_len = 0;
+    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+    char *chunk = NULL;
+    int err = 0;
+
+    if (ctx == NULL || EVP_DigestInit_ex(ctx, EVP_md5(), NULL) != 1) {
+        err = EIO;
+        goto out;
+    }
+    if (body->data != NULL) {
+        EVP_DigestUpdate(ctx, body->data, body->length);
+    } else {
+        chunk = malloc(1u << 20);
+        if (chunk == NULL) {
+            err = ENOMEM;
+            goto out;
+        }
+        for (uint64_t done = 0; done < body->length;) {
+            uint64_t want = body->length - done;
+            if (want > (1u << 20))
+                want = 1u << 20;
+            ssize_t got = pread(body->fd, chunk, (size_t)want,
+                                (off_t)(body->offset + done));
+            if (got <= 0) {
+                err = got < 0 ? errno : EIO;
+                goto out;
+            }
+            EVP_DigestUpdate(ctx, chunk, (size_t)got);
+            done += (uint64_t)got;
+        }
+    }
+    EVP_DigestFinal_ex(ctx, digest, &digest_len);
+    base64(digest, digest_len, out, cap);
+out:
+    free(chunk);
+    EVP_MD_CTX_free(ctx);
+    return err;
+}
+
+static void copy_etag(const struct s3_object_info *info, char *etag_out)
+{
+    if (etag_out != NULL)
+        snprintf(etag_out, S3_ETAG_MAX, "%s", info->etag);
+}
+
+int s3_put_object(struct s3_client *client, const char *key,
+                  const struct s3_body *body, const struct s3_put_meta *meta,
+                  char *etag_out)
+{
+    char md5[32];
+    char md5_header[64];
+    char meta_storage[5][160];
+    struct s3_object_info info;
+    struct s3_put_meta default_meta = {0};
+    struct s3_request req = {
+        .op = S3_OP_PUT, .method = "PUT", .key = key, .body = body,
+        .info = &info, .idempotent = true,
+    };
+    size_t slot = 0;
+    int err = body_md5(body, md5, sizeof(md5));
+
+    if (err != 0)
+        return err;
+    snprintf(md5_header, sizeof(md5_header), "Content-MD5: %s", md5);
+    req.extra_headers[slot++] = md5_header;
+    add_meta_headers(&req, &slot, meta ? meta : &default_meta, meta_storage);
+    err = s3_perform(client, &req, NULL);
+    if (err == 0)
+        copy_etag(&info, etag_out);
+    return err;
+}
+
+int s3_delete_object(struct s3_client *client, const char *key)
+{
+    struct s3_request req = {
+        .op = S3_OP_DELETE, .method = "DELETE", .key = key, .idempotent = true,
+    };
+    int err = s3_perform(client, &req, NULL);
+    return err == ENOENT ? 0 : err;
+}
+
+int s3_copy_object(struct s3_client *client, const char *src_key,
+                   const char *dst_key, const struct s3_put_meta *meta,
+                   char *etag_out)
+{
+    char meta_storage[5][160];
+    struct capped_buf xml = {.cap = SMALL_BODY_MAX};
+    struct s3_request req = {
+        .op = S3_OP_COPY, .method = "PUT", .key = dst_key, .xml = &xml,
+        .idempotent = true,
+    };
+    char *source = NULL;
+    char *source_header = NULL;
+    char *etag = NULL;
+    size_t slot = 0;
+    int err = 0;
+
+    /* x-amz-copy-source: /bucket/key, URL-encoded */
+    size_t len = strlen(client->bucket) + strlen(src_key) + 2;
+    source = malloc(len);
+    if (source == NULL) {
+        err = ENOMEM;
+        goto out;
+    }
+    snprintf(source, len, "%s/%s", client->bucket, src_key);
+    char *encoded = sigv4_uri_encode(source, strlen(source), true);
+    if (encoded == NULL) {
+        err = ENOMEM;
+        goto out;
+    }
+    len = strlen(encoded) + 32;
+    source_header = malloc(len);
+    if (source_header != NULL)
+        snprintf(source_header, len, "x-amz-copy-source: /%s", encoded);
+    free(encoded);
+    if (source_header == NULL) {
+        err = ENOMEM;
+        goto out;
+    }
+    req.extra_headers[slot++] = source_header;
+    if (meta != NULL) {
+        req.extra_headers[slot++] = "x-amz-metadata-directive: REPLACE";
+        add_meta_headers(&req, &slot, meta, meta_storage);
+    }
+    err = s3_perform(client, &req, NULL);
+    if (err == 0) {
+        struct s3xml_error body_error;
+        err = s3xml_parse_etag_result(xml.data ? xml.data : "", xml.len, &etag,
+                                      &body_error);
+        if (err == EIO)
+            log_warn("COPY %s -> %s: %s", src_key, dst_key, body_error.code);
+        if (err == 0 && etag_out != NULL)
+            snprintf(etag_out, S3_ETAG_MAX, "%s", etag);
+    }
+out:
+    free(etag);
+    free(source);
+    free(source_header);
+    capped_buf_free(&xml);
+    return err;
+}
+
+int s3_multipart_create(struct s3_client *client, const char *key,
+                        const struct s3_put_meta *meta, char **upload_id)
+{
+    char meta_storage[5][160];
+    struct s3_put_meta default_meta = {0};
+    struct capped_buf xml = {.cap = SMALL_BODY_MAX};
+    struct s3_request req = {
+        .op = S3_OP_MULTIPART, .method = "POST", .key = key, .query = "uploads=",
+        .xml = &xml, .idempotent = false,
+    };
+    size_t slot = 0;
+    int err;
+
+    *upload_id = NULL;
+    add_meta_headers(&req, &slot, meta ? meta : &default_meta, meta_storage);
+    err = s3_perform(client, &req, NULL);
+    if (err == 0)
+        err = s3xml_parse_upload_id(xml.data ? xml.data : "", xml.len, upload_id);
+    capped_buf_free(&xml);
+    return err;
+}
+
+int s3_multipart_upload_part(struct s3_client *client, const char *key,
+                             const char *upload_id, unsigned part_number,
+                             const struct s3_body *body, char *etag_out)
+{
+    char query[1024] = "";
+    char number[16];
+    char md5[32];
+    char md5_header[64];
+    struct s3_object_info info;
+    struct s3_request req = {
+        .op = S3_OP_MULTIPART, .method = "PUT", .key = key, .query = query,
+        .body = body, .info = &info, .idempotent = true,
+    };
+    int err;
+
+    if (part_number < 1 || part_number > 10000)
+        return EINVAL;
+    snprintf(number, sizeof(number), "%u", part_number);
+    if (!query_add(query, sizeof(query), "partNumber", number) ||
+        !query_add(query, sizeof(query), "uploadId", upload_id))
+        return EINVAL;
+    err = body_md5(body, md5, sizeof(md5));
+    if (err != 0)
+        return err;
+    snprintf(md5_header, sizeof(md5_header), "Content-MD5: %s", md5);
+    req.extra_headers[0] = md5_header;
+    err = s3_perform(client, &req, NULL);
+    if (err == 0)
+        copy_etag(&info, etag_out);
+    return err;
+}
+
+int s3_multipart_complete(struct s3_client *client, const char *key,
+                          const char *upload_id, const char *const *part_etags,
+                          unsigned part_count, char *etag_out)
+{
+    char query[1024] = "";
+    struct capped_buf body = {.cap = PART_ETAGS_XML_MAX};
+    struct capped_buf xml = {.cap = SMALL_BODY_MAX};
+    struct s3_request req = {
+        .op = S3_OP_MULTIPART, .method = "POST", .key = key, .query = query,
+        .xml = &xml, .idempotent = true,
+    };
+    char *etag = NULL;
+    char part[S3_ETAG_MAX + 96];
+    bool ok = capped_buf_append(&body, "<CompleteMultipartUpload>", 25);
+    int err = 0;
+
+    for (unsigned i = 0; ok && i < part_count; i++) {
+        int n = snprintf(part, sizeof(part),
+                         "<Part><PartNumber>%u</PartNumber><ETag>%s</ETag></Part>",
+                         i + 1, part_etags[i]);
+        ok = n > 0 && (size_t)n < sizeof(part) &&
+             capped_buf_append(&body, part, (size_t)n);
+    }
+    ok = ok && capped_buf_append(&body, "</CompleteMultipartUpload>", 26) &&
+         query_add(query, sizeof(query), "uploadId", upload_id);
+    if (!ok) {
+        err = ENOMEM;
+        goto out;
+    }
+    req.post_data = body.data;
+    req.post_len = body.len;
+    err = s3_perform(client, &req, NULL);
+    if (err == 0) {
+        struct s3xml_error body_error;
+        err = s3xml_parse_etag_result(xml.data ? xml.data : "", xml.len, &etag,
+                                      &body_error);
+        if (err == EIO)
+            log_warn("complete multipart %s: %s", key, body_error.code);
+        if (err == 0 && etag_out != NULL)
+            snprintf(etag_out, S3_ETAG_MAX, "%s", etag);
+    }
+out:
+    free(etag);
+    capped_buf_free(&body);
+    capped_buf_free(&xml);
+    return err;
+}
+
+int s3_multipart_abort(struct s3_client *client, const char *key,
+                       const char *upload_id)
+{
+    char query[1024] = "";
+    struct s3_request req = {
+        .op = S3_OP_MULTIPART, .method = "DELETE", .key = key, .query = query,
+        .idempotent = true,
+    };
+
+    if (!query_add(query, sizeof(query), "uploadId", upload_id))
+        return EINVAL;
+    int err = s3_perform(client, &req, NULL);
+    return err == ENOENT ? 0 : err;
+}

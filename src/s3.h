@@ -1,0 +1,187 @@
+/*
+ * s3.h - the S3 client: the only module that speaks HTTP.
+ *
+ * Every call is synchronous and thread-safe: many FUSE and worker threads
+ * call in at once, each request borrowing one pooled keep-alive connection
+ * (at most conf.max_connections at a time; callers beyond that wait).
+ * Requests are signed with SigV4 (sigv4.h), XML answers parsed by s3xml.h,
+ * and failures turned into errno by errmap.h. Idempotent requests are
+ * retried with jittered exponential backoff on throttling, server errors,
+ * timeouts and connection resets.
+ *
+ * Keys are passed as the raw UTF-8 object key; this module encodes them.
+ * Functions return 0 or a positive errno: ENOENT (no such key or bucket),
+ * EACCES (credentials, permissions), ESTALE (If-Match failed), EIO, ...
+ * Secrets never leave the client: logs name the method, key and status.
+ */
+#ifndef S3CFS_S3_H
+#define S3CFS_S3_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "s3xml.h"
+
+/* Longest ETag we keep (quotes included); S3's are 34 or ~40 bytes. */
+#define S3_ETAG_MAX 128
+
+struct s3_conf {
+    const char *endpoint;       /* "http://127.0.0.1:9000"; NULL: AWS */
+    const char *region;         /* signing region, e.g. "us-east-1" */
+    const char *bucket;
+    bool path_style;            /* forced on for custom endpoints */
+    const char *access_key;     /* NULL: unsigned requests (no_sign) */
+    const char *secret_key;
+    const char *session_token;  /* may be NULL */
+    const char *ca_bundle;      /* PEM file; NULL: the system's */
+    unsigned max_connections;   /* parallel requests, >= 1 */
+    unsigned max_retries;       /* retries after the first attempt */
+};
+
+/* Request types, for the counters. */
+enum s3_op {
+    S3_OP_GET,
+    S3_OP_HEAD,
+    S3_OP_LIST,
+    S3_OP_PUT,
+    S3_OP_DELETE,
+    S3_OP_COPY,
+    S3_OP_MULTIPART,   /* create, complete, abort, upload part */
+    S3_OP_COUNT,
+};
+
+/* Counters since the client was created; read with s3_client_stats(). */
+struct s3_stats {
+    uint64_t requests[S3_OP_COUNT]; /* attempts sent, retries included */
+    uint64_t bytes_received;        /* object data received (GET bodies) */
+    uint64_t bytes_sent;            /* object data sent (PUT bodies) */
+    uint64_t retries;
+    uint64_t failures;              /* requests that failed for good */
+};
+
+/* What HEAD or GET tells about an object. */
+struct s3_object_info {
+    uint64_t size;                  /* whole object size */
+    char etag[S3_ETAG_MAX];         /* quotes included */
+    struct timespec last_modified;
+    char content_type[128];
+    /* s3fs-compatible metadata (x-amz-meta-*); has_* false if absent or
+     * unparsable. mode includes the file type bits (S_IFLNK, S_IFDIR). */
+    bool has_mode, has_uid, has_gid, has_mtime;
+    uint32_t mode;
+    uint32_t uid, gid;
+    struct timespec mtime;
+};
+
+/* Data to upload: LENGTH bytes from memory (DATA) or from FD at OFFSET. */
+struct s3_body {
+    const void *data;
+    int fd;                         /* used when data is NULL */
+    uint64_t offset;
+    uint64_t length;
+};
+
+/* Metadata written with an object (s3fs conventions). */
+struct s3_put_meta {
+    const char *content_type;       /* NULL: application/octet-stream */
+    bool has_mode, has_uid, has_gid, has_mtime;
+    uint32_t mode, uid, gid;
+    struct timespec mtime;
+};
+
+/* Why a request failed, for messages to the user (no secrets inside). */
+struct s3_failure {
+    int err;                        /* errno */
+    char description[256];          /* from errmap_describe() */
+};
+
+struct s3_client;
+
+/*
+ * Create a client. Copies everything it needs from CONF (the caller may
+ * free CONF's strings afterwards). Returns 0, EINVAL (bad endpoint URL,
+ * with a sentence in ERRBUF) or ENOMEM. Call curl_global_init() before,
+ * while the process is single-threaded.
+ */
+int s3_client_create(const struct s3_conf *conf, struct s3_client **out,
+                     char *errbuf, size_t errlen);
+
+/* Free the client and its connections; *client becomes NULL. Safe twice. */
+void s3_client_destroy(struct s3_client **client);
+
+/* A snapshot of the counters. */
+void s3_client_stats(struct s3_client *client, struct s3_stats *out);
+
+/*
+ * One ListObjectsV2 request with max-keys=1 on PREFIX: proves the endpoint
+ * answers, the credentials are accepted and the bucket exists. On failure
+ * returns the errno and fills *why.
+ */
+int s3_check_bucket(struct s3_client *client, const char *prefix,
+                    struct s3_failure *why);
+
+/* HEAD KEY into *info. ENOENT if there is no such object. */
+int s3_head_object(struct s3_client *client, const char *key,
+                   struct s3_object_info *info);
+
+/*
+ * GET LENGTH bytes of KEY from OFFSET into BUF (LENGTH > 0). *received gets
+ * the number of bytes stored: less than LENGTH only when the object ends
+ * first. IF_MATCH, when not NULL, is the ETag the object must still have
+ * (ESTALE otherwise). INFO, when not NULL, receives the object's headers.
+ * Ranges past the end give EINVAL.
+ */
+int s3_get_object_range(struct s3_client *client, const char *key,
+                        uint64_t offset, size_t length, const char *if_match,
+                        void *buf, size_t *received,
+                        struct s3_object_info *info);
+
+/*
+ * One ListObjectsV2 page: keys under PREFIX, grouped by DELIMITER (NULL for
+ * none), at most MAX_KEYS (1..1000), continuing from CONTINUATION_TOKEN
+ * (NULL for the first page) or else after START_AFTER (may be NULL).
+ * Fills *out (free with s3xml_listing_free()).
+ */
+int s3_list_objects(struct s3_client *client, const char *prefix,
+                    const char *delimiter, const char *continuation_token,
+                    const char *start_after, unsigned max_keys,
+                    struct s3xml_listing *out);
+
+/* PUT an object in one request, with Content-MD5 checked by the server.
+ * ETAG_OUT (S3_ETAG_MAX bytes) may be NULL. */
+int s3_put_object(struct s3_client *client, const char *key,
+                  const struct s3_body *body, const struct s3_put_meta *meta,
+                  char *etag_out);
+
+/* DELETE KEY. Deleting a missing key succeeds, as in S3. */
+int s3_delete_object(struct s3_client *client, const char *key);
+
+/*
+ * Server-side copy of SRC_KEY to DST_KEY (objects up to 5 GiB). With META
+ * the metadata is replaced, otherwise copied. ETAG_OUT may be NULL.
+ */
+int s3_copy_object(struct s3_client *client, const char *src_key,
+                   const char *dst_key, const struct s3_put_meta *meta,
+                   char *etag_out);
+
+/* Start a multipart upload; *upload_id is malloc'd (caller frees). */
+int s3_multipart_create(struct s3_client *client, const char *key,
+                        const struct s3_put_meta *meta, char **upload_id);
+
+/* Upload part PART_NUMBER (1..10000); ETAG_OUT gets the part's ETag. */
+int s3_multipart_upload_part(struct s3_client *client, const char *key,
+                             const char *upload_id, unsigned part_number,
+                             const struct s3_body *body, char *etag_out);
+
+/* Complete with PART_COUNT parts whose ETags are PART_ETAGS[0..]. */
+int s3_multipart_complete(struct s3_client *client, const char *key,
+                          const char *upload_id, const char *const *part_etags,
+                          unsigned part_count, char *etag_out);
+
+/* Abort an upload; an upload already gone counts as success. */
+int s3_multipart_abort(struct s3_client *client, const char *key,
+                       const char *upload_id);
+
+#endif /* S3CFS_S3_H */
