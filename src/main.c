@@ -10,6 +10,7 @@
 
 #include <curl/curl.h>
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -233,7 +234,11 @@ int main(int argc, char **argv)
         goto out;
     fuse_loop_cfg_set_max_threads(loop_config, opts.connections * 2 + 4);
     fuse_loop_cfg_set_idle_threads(loop_config, 8);
-    status = fuse_session_loop_mt(session, loop_config) == 0 ? 0 : 1;
+    /* The loop returns the number of the signal that stopped it: being
+     * told to unmount is success. */
+    int loop_result = fuse_session_loop_mt(session, loop_config);
+    status = loop_result == 0 || loop_result == SIGTERM ||
+             loop_result == SIGINT || loop_result == SIGHUP ? 0 : 1;
     log_info("unmounting %s", opts.mountpoint);
 out:
     if (mounted)

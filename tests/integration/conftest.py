@@ -1,0 +1,193 @@
+"""Fixtures for the integration tests: real S3 servers, real FUSE mounts.
+
+Every test runs once per server (s3rver and OpenStack Swift s3api, started
+on loopback by tests/harness/servers.py; S3CACHEFS_SERVERS=s3rver limits
+the set). Data goes into the bucket through boto3, an independent client,
+and comes back through a real s3cachefs mount. Mounts are always unmounted,
+even when a test fails, and a sanitizer report in the daemon's log fails
+the test that produced it.
+"""
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+SRCDIR = Path(os.environ.get('S3CACHEFS_SRCDIR',
+                             Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(SRCDIR / 'tests' / 'harness'))
+import servers  # noqa: E402
+
+BINARY = os.environ.get('S3CACHEFS_BIN', str(SRCDIR / 'src' / 's3cachefs'))
+SERVER_KINDS = {'s3rver': servers.S3rverServer, 'swift': servers.SwiftServer}
+SELECTED = [k for k in os.environ.get('S3CACHEFS_SERVERS', 's3rver,swift').split(',') if k]
+MOUNT_TIMEOUT = 30.0
+UNMOUNT_TIMEOUT = 30.0
+SANITIZER_MARKERS = ('ERROR: AddressSanitizer', 'ERROR: LeakSanitizer',
+                     'runtime error:', 'SUMMARY: UndefinedBehaviorSanitizer')
+
+
+def wait_for(predicate, timeout, what, interval=0.02):
+    """Polls predicate until it is true; fails the test after timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f'timed out after {timeout}s waiting for {what}')
+        time.sleep(interval)
+
+
+def is_fuse_mount(path):
+    """True when /proc/mounts lists path as a FUSE mount."""
+    target = os.path.realpath(path)
+    with open('/proc/mounts') as mounts:
+        for line in mounts:
+            fields = line.split()
+            if len(fields) > 2 and fields[1] == target and fields[2].startswith('fuse'):
+                return True
+    return False
+
+
+def daemon_env(server, home, extra=None):
+    """The environment for s3cachefs: the server's credentials and nothing
+    inherited that could change how they are resolved."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith('AWS_')}
+    env.update(HOME=str(home), AWS_ACCESS_KEY_ID=server.access_key,
+               AWS_SECRET_ACCESS_KEY=server.secret_key)
+    env.update(extra or {})
+    return env
+
+
+def check_sanitizer_log(text):
+    for marker in SANITIZER_MARKERS:
+        if marker in text:
+            pytest.fail(f'sanitizer report in the daemon log:\n{text[-4000:]}')
+
+
+class Mount:
+    """One s3cachefs process in the foreground (-f) and its mount point."""
+
+    def __init__(self, server, bucket, mountpoint, log_path, home,
+                 options=(), env=None):
+        self.server = server
+        self.bucket = bucket
+        self.path = Path(mountpoint)
+        self.log_path = Path(log_path)
+        self.options = ['endpoint=' + server.endpoint, *options]
+        self.env = daemon_env(server, home, env)
+        self.process = None
+
+    def argv(self):
+        return [BINARY, '-f', self.bucket, str(self.path), '-o', ','.join(self.options)]
+
+    def start(self):
+        self.path.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, 'ab')
+        self.process = subprocess.Popen(self.argv(), env=self.env, stdout=log,
+                                        stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL)
+        log.close()
+
+        def mounted_or_exited():
+            return is_fuse_mount(self.path) or self.process.poll() is not None
+        wait_for(mounted_or_exited, MOUNT_TIMEOUT, f'the mount on {self.path}')
+        if self.process.poll() is not None:
+            pytest.fail(f's3cachefs exited with {self.process.returncode}:\n{self.log()}')
+        return self
+
+    def log(self):
+        try:
+            return self.log_path.read_text(errors='replace')
+        except FileNotFoundError:
+            return ''
+
+    def unmount(self):
+        """fusermount3 -u (retried while busy), then wait for the daemon."""
+        if self.process is None:
+            return
+        deadline = time.monotonic() + UNMOUNT_TIMEOUT
+        while is_fuse_mount(self.path) and time.monotonic() < deadline:
+            done = subprocess.run(['fusermount3', '-u', str(self.path)],
+                                  capture_output=True)
+            if done.returncode != 0:
+                time.sleep(0.1)
+        if is_fuse_mount(self.path):
+            subprocess.run(['fusermount3', '-uz', str(self.path)])
+        try:
+            self.process.wait(timeout=UNMOUNT_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            pytest.fail(f's3cachefs did not exit after unmount:\n{self.log()}')
+        code = self.process.returncode
+        self.process = None
+        check_sanitizer_log(self.log())
+        assert code == 0, f's3cachefs exited with {code}:\n{self.log()}'
+
+    def kill(self, signum=signal.SIGTERM):
+        self.process.send_signal(signum)
+
+
+@pytest.fixture(scope='session', params=SELECTED)
+def server(request, tmp_path_factory):
+    """A running S3 server of each kind, shared by the whole session."""
+    kind = request.param
+    instance = SERVER_KINDS[kind](tmp_path_factory.mktemp(f'server-{kind}'))
+    instance.start()
+    yield instance
+    instance.stop()
+
+
+@pytest.fixture(scope='session')
+def s3(server):
+    """A boto3 client for the server: the independent client."""
+    return server.client()
+
+
+def new_bucket_name(prefix='t'):
+    return f'{prefix}-{secrets.token_hex(6)}'
+
+
+@pytest.fixture
+def bucket(server, s3):
+    """A fresh empty bucket, deleted with its contents afterwards."""
+    name = new_bucket_name()
+    server.create_bucket(name)
+    yield name
+    server.delete_bucket_recursive(name)
+
+
+@pytest.fixture
+def home(tmp_path):
+    """An empty HOME, so no ~/.aws of the machine changes the outcome."""
+    path = tmp_path / 'home'
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def mount(server, tmp_path, home):
+    """Factory: mount(bucket, options=(...)) -> a started Mount. Every mount
+    made is unmounted at the end of the test, failing or not."""
+    made = []
+
+    def make(bucket_name, options=(), env=None, start=True, name='mnt'):
+        mnt = Mount(server, bucket_name, tmp_path / name,
+                    tmp_path / f'{name}-{len(made)}.log', home, options, env)
+        made.append(mnt)
+        return mnt.start() if start else mnt
+    yield make
+    failures = []
+    for mnt in made:
+        try:
+            mnt.unmount()
+        except BaseException as error:  # keep unmounting the others
+            failures.append(error)
+    if failures:
+        raise failures[0]
