@@ -39,6 +39,8 @@ static const struct code_row code_table[] = {
      "the server rejected the authorization header: check the region"},
     {"PermanentRedirect", EINVAL, false,
      "the bucket is in another region or needs another endpoint"},
+    {"TemporaryRedirect", EINVAL, false,
+     "the bucket is being redirected: check the region and endpoint"},
     {"InvalidBucketName", EINVAL, false, "invalid bucket name"},
     {"InvalidRange", EINVAL, false, "invalid range"},
     {"InvalidArgument", EINVAL, false, "invalid argument"},
@@ -69,6 +71,8 @@ struct status_row {
 };
 
 static const struct status_row status_table[] = {
+    {301, EINVAL, false, "moved: check the region and endpoint"},
+    {307, EINVAL, false, "redirected: check the region and endpoint"},
     {400, EINVAL, false, "bad request"},
     {401, EACCES, false, "unauthorized"},
     {403, EACCES, false, "access denied"},
@@ -158,7 +162,7 @@ int errmap_errno(const struct errmap_result *result)
         const struct curl_row *row = find_curl(result->curl_code);
         return row != NULL ? row->err : EIO;
     }
-    if (result->http_status >= 200 && result->http_status < 400)
+    if (result->http_status >= 200 && result->http_status < 300)
         return 0;
     const struct code_row *code = find_code(result->s3_code);
     if (code != NULL)
@@ -182,7 +186,7 @@ bool errmap_retryable(const struct errmap_result *result,
         *sent_request_may_have_run = row->may_have_run;
         return row->retry;
     }
-    if (result->http_status >= 200 && result->http_status < 400)
+    if (result->http_status >= 200 && result->http_status < 300)
         return false;
     /* The server answered: a throttled request was not carried out, an
      * internal error may have been. */

@@ -18,7 +18,8 @@ struct errmap_result {
     const char *s3_code;    /* <Code> of the error body, or NULL */
 };
 
-/* errno for a failed exchange (0 for 2xx/3xx with CURLE_OK). */
+/* errno for a failed exchange (0 only for 2xx with CURLE_OK; redirects
+ * are errors: the client never follows them). */
 int errmap_errno(const struct errmap_result *result);
 
 /*

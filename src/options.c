@@ -310,22 +310,26 @@ static void set_defaults(struct options *opts)
 static void convert_raw(const struct raw_options *raw, struct options *opts,
                         struct parse_state *state)
 {
-    unsigned long id;
+    unsigned long id = 0;
 
     opts->no_sign = raw->no_sign;
     opts->path_style = raw->path_style;
     opts->allow_other = raw->allow_other;
     if (raw->uid != NULL) {
-        if (parse_id(raw->uid, &id) != 0)
+        if (parse_id(raw->uid, &id) != 0) {
             set_error(state, "option 'uid=%s': expected a numeric user id", raw->uid);
-        opts->uid = (uid_t)id;
-        opts->uid_set = true;
+        } else {
+            opts->uid = (uid_t)id;
+            opts->uid_set = true;
+        }
     }
     if (raw->gid != NULL) {
-        if (parse_id(raw->gid, &id) != 0)
+        if (parse_id(raw->gid, &id) != 0) {
             set_error(state, "option 'gid=%s': expected a numeric group id", raw->gid);
-        opts->gid = (gid_t)id;
-        opts->gid_set = true;
+        } else {
+            opts->gid = (gid_t)id;
+            opts->gid_set = true;
+        }
     }
     if (raw->file_mode != NULL && options_parse_mode(raw->file_mode, &opts->file_mode) != 0)
         set_error(state, "option 'file_mode=%s': expected octal permission bits such as 0644", raw->file_mode);

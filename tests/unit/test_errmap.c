@@ -204,18 +204,9 @@ static void test_5xx_errors(void **state)
 }
 
 /*
- * BUG (src/errmap.c, errmap_errno() and errmap_retryable(): the
- * "http_status >= 200 && http_status < 400" early return; documented as
- * "0 for 2xx/3xx" in errmap.h): every 3xx response counts as success.
- * s3.c does not follow redirects, so S3's "301 PermanentRedirect" (bucket in
- * another region) and "307 TemporaryRedirect" come back as CURLE_OK + 3xx
- * with an error body; errmap_errno() returns 0 and s3.c treats the request
- * as done: a GET "succeeds" with an empty body, a HEAD with no attributes.
- * The PermanentRedirect row of code_table can never be reached.
- * Fix: return 0 only for 2xx (< 300) in both functions, map 3xx through
- * the code table (add TemporaryRedirect) and a status row (301/307 ->
- * EINVAL, not retried), and update the errmap.h comment.
- * Build with -DS3CFS_TEST_KNOWN_BUGS to run this test.
+ * Redirects are errors: the client does not follow them, so S3's
+ * "301 PermanentRedirect" (bucket in another region) and
+ * "307 TemporaryRedirect" must not count as a completed request.
  */
 static void test_redirect_is_an_error(void **state)
 {
@@ -228,9 +219,6 @@ static void test_redirect_is_an_error(void **state)
     };
 
     (void)state;
-#ifndef S3CFS_TEST_KNOWN_BUGS
-    skip(); /* BUG: errmap maps 3xx (301 PermanentRedirect) to success */
-#endif
     for (size_t i = 0; i < ARRAY_LEN(rows); i++) {
         struct errmap_result r = {
             .http_status = rows[i].status,
