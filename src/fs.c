@@ -294,8 +294,9 @@ static int fetch_listing(struct fs *fs, const char *dir_key,
     if (err != 0)
         goto out;
 
-    qsort(builder.entries, builder.count, sizeof(builder.entries[0]),
-          compare_entries);
+    if (builder.count > 0)
+        qsort(builder.entries, builder.count, sizeof(builder.entries[0]),
+              compare_entries);
     size_t kept = 0;
     for (size_t i = 0; i < builder.count; i++) {
         if (kept > 0 && strcmp(builder.entries[kept - 1].name,

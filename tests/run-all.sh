@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh Debian 12 machine (as root):
+#   1. installs what the build and the tests need (tests/install-deps.sh);
+#   2. builds s3cachefs twice, plain and with ASan+UBSan
+#      (./configure --enable-sanitizers), each in its own build directory;
+#   3. runs `make check` in both: cmocka unit tests, then the integration
+#      tests that mount for real against s3rver and OpenStack Swift s3api.
+# Prints the logs of failed tests and a closing "N passed, N failed" line.
+# Options: --quick (plain build only), --no-install (skip step 1).
+set -euo pipefail
+
+srcdir=$(cd "$(dirname "$0")/.." && pwd)
+builds=(plain sanitizers)
+install=yes
+for arg in "$@"; do
+    case $arg in
+    --quick) builds=(plain) ;;
+    --no-install) install=no ;;
+    *) echo "usage: $0 [--quick] [--no-install]" >&2; exit 2 ;;
+    esac
+done
+
+if [ "$install" = yes ]; then
+    "$srcdir/tests/install-deps.sh"
+fi
+
+cd "$srcdir"
+if [ ! -x configure ] || [ configure.ac -nt configure ] || [ Makefile.am -nt Makefile.in ]; then
+    autoreconf -fi
+fi
+
+passed=0
+failed=0
+for build in "${builds[@]}"; do
+    dir="$srcdir/build-$build"
+    flags=()
+    [ "$build" = sanitizers ] && flags=(--enable-sanitizers)
+    echo "=== $build build in $dir"
+    mkdir -p "$dir"
+    (cd "$dir" && [ -f Makefile ] || "$srcdir/configure" -q "${flags[@]}")
+    make -C "$dir" -j"$(nproc)" >/dev/null
+    status=0
+    # ASan's leak checker stays on; the integration tests read its reports
+    ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0} \
+    UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1} \
+        make -C "$dir" check || status=$?
+    # what the automake driver counted
+    for trs in "$dir"/tests/unit/*.trs "$dir"/tests/integration/*.trs; do
+        [ -f "$trs" ] || continue
+        result=$(sed -n 's/^:test-result: //p' "$trs")
+        case $result in
+        PASS|SKIP) passed=$((passed + 1)) ;;
+        *) failed=$((failed + 1))
+           echo "--- $build: ${trs%.trs}.log"; cat "${trs%.trs}.log" ;;
+        esac
+    done
+    [ "$status" -eq 0 ] || [ "$failed" -gt 0 ] || failed=$((failed + 1))
+done
+echo "test programs: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
