@@ -49,6 +49,7 @@ make -C "$build" -j"$(nproc)" >/dev/null
 
 echo "== starting a local S3 server with bucket '$bucket'"
 stop_demo
+rm -rf "$state/server"   # a fresh bucket every time
 mkdir -p "$state/server"
 /usr/bin/python3 "$srcdir/tests/harness/servers.py" start s3rver \
     --dir "$state/server" --bucket "$bucket" >/dev/null
@@ -59,6 +60,11 @@ import os, sys, boto3
 endpoint, key, secret, bucket = sys.argv[1:]
 s3 = boto3.client('s3', endpoint_url=endpoint, aws_access_key_id=key,
                   aws_secret_access_key=secret, region_name='us-east-1')
+# directory markers, as s3fs and s3cachefs write them (s3rver's listings
+# would otherwise miss directories nested two levels down)
+for marker in ('models/', 'models/tiny/', 'datasets/', 'datasets/shards/'):
+    s3.put_object(Bucket=bucket, Key=marker, Body=b'',
+                  ContentType='application/x-directory')
 s3.put_object(Bucket=bucket, Key='README.txt',
               Body=b'Hello from a bucket, served by s3cachefs.\n')
 s3.put_object(Bucket=bucket, Key='models/tiny/config.json',
