@@ -30,6 +30,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "endpoint.h"
 #include "errmap.h"
 #include "log.h"
 #include "sigv4.h"
@@ -50,9 +51,7 @@ struct s3_client {
     char *secret_key;
     char *session_token;
     char *ca_bundle;
-    char *url_base;        /* "https://host[:port]" or "https://bucket.host" */
-    char *path_base;       /* "/bucket" (path style) or "" */
-    char *host_header;     /* what curl sends as Host */
+    struct endpoint endpoint; /* base URL, Host header, path prefix */
     unsigned max_retries;
 
     CURLSH *share;
@@ -433,10 +432,10 @@ static char *request_path(const struct s3_client *client, const char *key)
 
     if (encoded == NULL)
         return NULL;
-    size_t len = strlen(client->path_base) + strlen(encoded) + 3;
+    size_t len = strlen(client->endpoint.path_base) + strlen(encoded) + 3;
     path = malloc(len);
     if (path != NULL)
-        snprintf(path, len, "%s/%s", client->path_base, encoded);
+        snprintf(path, len, "%s/%s", client->endpoint.path_base, encoded);
     free(encoded);
     return path;
 }
@@ -478,7 +477,7 @@ static int sign_request(const struct s3_client *client,
     if (client->access_key == NULL)
         return 0; /* no_sign */
 
-    signed_headers[count++] = (struct sigv4_header){"host", client->host_header};
+    signed_headers[count++] = (struct sigv4_header){"host", client->endpoint.host_header};
     signed_headers[count++] = (struct sigv4_header){"x-amz-date", amz_date};
     signed_headers[count++] = (struct sigv4_header){"x-amz-content-sha256", payload_hash};
     if (client->session_token != NULL) {
@@ -629,14 +628,14 @@ static int s3_perform(struct s3_client *client, struct s3_request *req,
         err = ENOMEM;
         goto out;
     }
-    size_t url_len = strlen(client->url_base) + strlen(path) +
+    size_t url_len = strlen(client->endpoint.url_base) + strlen(path) +
                      (req->query ? strlen(req->query) : 0) + 2;
     url = malloc(url_len);
     if (url == NULL) {
         err = ENOMEM;
         goto out;
     }
-    snprintf(url, url_len, "%s%s%s%s", client->url_base, path,
+    snprintf(url, url_len, "%s%s%s%s", client->endpoint.url_base, path,
              req->query && req->query[0] ? "?" : "",
              req->query ? req->query : "");
     curl = pool_get(client);
@@ -716,73 +715,6 @@ out:
 
 /* --------------------------------------------------------- client life */
 
-/* Derive url_base, path_base and host_header from the configuration. */
-static int setup_addressing(struct s3_client *client, const struct s3_conf *conf,
-                            char *errbuf, size_t errlen)
-{
-    CURLU *url = curl_url();
-    char *scheme = NULL, *host = NULL, *port = NULL, *path = NULL;
-    char *aws_endpoint = NULL;
-    const char *endpoint = conf->endpoint;
-    bool path_style = conf->path_style || conf->endpoint != NULL ||
-                      strchr(conf->bucket, '.') != NULL;
-    int err = 0;
-
-    if (url == NULL)
-        return ENOMEM;
-    if (endpoint == NULL) {
-        size_t len = strlen(conf->region) + 40;
-        aws_endpoint = malloc(len);
-        if (aws_endpoint == NULL) {
-            err = ENOMEM;
-            goto out;
-        }
-        snprintf(aws_endpoint, len, "https://s3.%s.amazonaws.com", conf->region);
-        endpoint = aws_endpoint;
-    }
-    if (curl_url_set(url, CURLUPART_URL, endpoint, 0) != CURLUE_OK ||
-        curl_url_get(url, CURLUPART_SCHEME, &scheme, 0) != CURLUE_OK ||
-        curl_url_get(url, CURLUPART_HOST, &host, 0) != CURLUE_OK ||
-        (strcmp(scheme, "http") != 0 && strcmp(scheme, "https") != 0)) {
-        snprintf(errbuf, errlen, "invalid endpoint URL '%s': expected http://HOST[:PORT] or https://HOST[:PORT]", endpoint);
-        err = EINVAL;
-        goto out;
-    }
-    if (curl_url_get(url, CURLUPART_PATH, &path, 0) == CURLUE_OK &&
-        strcmp(path, "/") != 0 && path[0] != '\0') {
-        snprintf(errbuf, errlen, "invalid endpoint URL '%s': it must not have a path", endpoint);
-        err = EINVAL;
-        goto out;
-    }
-    curl_url_get(url, CURLUPART_PORT, &port, 0); /* NULL unless explicit */
-
-    size_t len = strlen(host) + strlen(conf->bucket) + (port ? strlen(port) : 0) + 4;
-    client->host_header = malloc(len);
-    client->url_base = malloc(len + strlen(scheme) + 4);
-    client->path_base = malloc(strlen(conf->bucket) + 2);
-    if (!client->host_header || !client->url_base || !client->path_base) {
-        err = ENOMEM;
-        goto out;
-    }
-    snprintf(client->host_header, len, "%s%s%s%s%s",
-             path_style ? "" : conf->bucket, path_style ? "" : ".", host,
-             port ? ":" : "", port ? port : "");
-    snprintf(client->url_base, len + strlen(scheme) + 4, "%s://%s", scheme,
-             client->host_header);
-    if (path_style)
-        snprintf(client->path_base, strlen(conf->bucket) + 2, "/%s", conf->bucket);
-    else
-        client->path_base[0] = '\0';
-out:
-    curl_free(scheme);
-    curl_free(host);
-    curl_free(port);
-    curl_free(path);
-    curl_url_cleanup(url);
-    free(aws_endpoint);
-    return err;
-}
-
 int s3_client_create(const struct s3_conf *conf, struct s3_client **out,
                      char *errbuf, size_t errlen)
 {
@@ -823,7 +755,8 @@ int s3_client_create(const struct s3_conf *conf, struct s3_client **out,
     curl_share_setopt(client->share, CURLSHOPT_USERDATA, client);
     curl_share_setopt(client->share, CURLSHOPT_SHARE, CURL_LOCK_DATA_DNS);
     curl_share_setopt(client->share, CURLSHOPT_SHARE, CURL_LOCK_DATA_SSL_SESSION);
-    err = setup_addressing(client, conf, errbuf, errlen);
+    err = endpoint_resolve(conf->endpoint, client->region, conf->bucket,
+                           conf->path_style, &client->endpoint, errbuf, errlen);
 out:
     if (err != 0)
         s3_client_destroy(&client);
@@ -851,9 +784,7 @@ void s3_client_destroy(struct s3_client **clientp)
     free(client->bucket);
     free(client->region);
     free(client->ca_bundle);
-    free(client->url_base);
-    free(client->path_base);
-    free(client->host_header);
+    endpoint_clear(&client->endpoint);
     free(client);
     *clientp = NULL;
 }
