@@ -257,6 +257,12 @@ def test_unusable_keys_are_skipped(server, s3, bucket, mount):
     assert all(len(name.encode()) <= 255 and name not in ('', '.', '..')
                for name in listing)
     assert (mnt.path / 'odd/ok.txt').read_bytes() == b'ok'
+    for _ in range(2):  # relisting logs nothing new
+        for dirpath, _, _ in os.walk(mnt.path / 'odd'):
+            pass
+    skipped = [line for line in mnt.log().splitlines() if 'is not shown' in line]
+    assert skipped, 'no log line for the skipped keys'
+    assert len(set(skipped)) == len(skipped), skipped  # once per key
 
 
 def test_implicit_nested_directories(server, s3, bucket, mount):
