@@ -15,7 +15,6 @@ import os
 import random
 import stat
 
-import botocore.exceptions
 import pytest
 
 from conftest import new_bucket_name, wait_for
@@ -239,18 +238,12 @@ def test_pagination(server, s3, bucket, mount):
 
 def test_unusable_keys_are_skipped(server, s3, bucket, mount):
     """Keys that cannot be names are left out; the rest still lists."""
+    if server.name == 's3rver':
+        pytest.skip('s3rver stores objects as files: it refuses or '
+                    'normalises keys that cannot be file names')
     s3.put_object(Bucket=bucket, Key='odd/ok.txt', Body=b'ok')
-    wanted = ['odd//empty-component', 'odd/dot/./x']
-    if server.name == 'swift':  # s3rver cannot store long names
-        wanted.append('odd/' + 'n' * 300)
-    stored = 0
-    for key in wanted:
-        try:
-            s3.put_object(Bucket=bucket, Key=key, Body=b'bad')
-            stored += 1
-        except botocore.exceptions.ClientError:
-            pass  # s3rver keeps objects as files and refuses some of these
-    assert stored > 0
+    for key in ['odd//empty-component', 'odd/dot/./x', 'odd/' + 'n' * 300]:
+        s3.put_object(Bucket=bucket, Key=key, Body=b'bad')
     mnt = mount(bucket)
     listing = os.listdir(mnt.path / 'odd')
     assert 'ok.txt' in listing
