@@ -71,6 +71,8 @@ static void report_check_failure(const struct options *opts,
                 opts->bucket, endpoint_name(aws));
         return;
     case EACCES:
+        if (!why->server_answered)
+            break; /* TLS verification, not the credentials */
         fprintf(stderr,
                 "s3cachefs: %s refused access to bucket '%s' with credentials "
                 "from %s: %s\n",
@@ -91,16 +93,42 @@ static void report_check_failure(const struct options *opts,
             opts->bucket, endpoint_name(aws), why->description, hint);
 }
 
-static int check_mountpoint(const char *path)
+/* The mount point must be a directory; it is made absolute, since the
+ * daemon runs in "/" (libfuse unmounts by that path on a signal). */
+static int check_mountpoint(char **path)
 {
     struct stat st;
+    char *absolute;
 
-    if (stat(path, &st) != 0) {
-        fprintf(stderr, "s3cachefs: mount point %s: %s\n", path, strerror(errno));
+    if (stat(*path, &st) != 0) {
+        fprintf(stderr, "s3cachefs: mount point %s: %s\n", *path, strerror(errno));
         return -1;
     }
     if (!S_ISDIR(st.st_mode)) {
-        fprintf(stderr, "s3cachefs: mount point %s is not a directory\n", path);
+        fprintf(stderr, "s3cachefs: mount point %s is not a directory\n", *path);
+        return -1;
+    }
+    absolute = realpath(*path, NULL);
+    if (absolute == NULL) {
+        fprintf(stderr, "s3cachefs: mount point %s: %s\n", *path, strerror(errno));
+        return -1;
+    }
+    free(*path);
+    *path = absolute;
+    return 0;
+}
+
+/* AWS_CA_BUNDLE, made absolute for the same reason; NULL if unset. */
+static int resolve_ca_bundle(char **out)
+{
+    const char *bundle = getenv("AWS_CA_BUNDLE");
+
+    *out = NULL;
+    if (bundle == NULL || bundle[0] == '\0')
+        return 0;
+    *out = realpath(bundle, NULL);
+    if (*out == NULL) {
+        fprintf(stderr, "s3cachefs: AWS_CA_BUNDLE %s: %s\n", bundle, strerror(errno));
         return -1;
     }
     return 0;
@@ -116,6 +144,7 @@ int main(int argc, char **argv)
     struct fuse_ops_context context = {0};
     bool mounted = false, handlers = false;
     char errbuf[512];
+    char *ca_bundle = NULL;
     int status = 1;
 
     if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
@@ -169,7 +198,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "s3cachefs: %s\n", errbuf);
         goto out;
     }
-    if (check_mountpoint(opts.mountpoint) != 0)
+    if (check_mountpoint(&opts.mountpoint) != 0 ||
+        resolve_ca_bundle(&ca_bundle) != 0)
         goto out;
 
     struct s3_conf s3_conf = {
@@ -180,7 +210,7 @@ int main(int argc, char **argv)
         .access_key = aws.access_key,
         .secret_key = aws.secret_key,
         .session_token = aws.session_token,
-        .ca_bundle = getenv("AWS_CA_BUNDLE"),
+        .ca_bundle = ca_bundle,
         .max_connections = opts.connections,
         .max_retries = opts.retries,
     };
@@ -252,6 +282,7 @@ out:
     fs_destroy(&context.fs);
     s3_client_destroy(&s3);
     awsconfig_clear(&aws);
+    free(ca_bundle);
     options_free(&opts);
     curl_global_cleanup();
     return status;

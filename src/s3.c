@@ -704,6 +704,7 @@ out:
         pool_put(client, curl);
     if (failure != NULL) {
         failure->err = err;
+        failure->server_answered = req->status != 0;
         snprintf(failure->description, sizeof(failure->description), "%s",
                  description[0] ? description : strerror(err));
     }

@@ -94,6 +94,7 @@ struct s3_put_meta {
 /* Why a request failed, for messages to the user (no secrets inside). */
 struct s3_failure {
     int err;                        /* errno */
+    bool server_answered;           /* false: transport (connect, TLS...) */
     char description[256];          /* from errmap_describe() */
 };
 

@@ -162,9 +162,9 @@ def test_daemon_mode(server, bucket, s3, home, tmp_path):
 
 
 def test_fstab_style_mount(server, bucket, s3, home, tmp_path):
-    """The way /etc/fstab mounts it: mount(8) runs mount.fuse3 with a clean
-    environment, which runs `s3cachefs BUCKET MNT -o OPTIONS` from PATH.
-    Credentials therefore come from a file, not the environment."""
+    """The way /etc/fstab mounts it: mount(8) runs mount.fuse3, which runs
+    `s3cachefs BUCKET MNT -o OPTIONS` from PATH. At boot the environment is
+    minimal, so credentials come from a file, as here."""
     s3.put_object(Bucket=bucket, Key='fstab.txt', Body=b'fstab works')
     mountpoint = tmp_path / 'mnt'
     mountpoint.mkdir()
