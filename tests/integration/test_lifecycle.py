@@ -192,3 +192,27 @@ def test_fstab_style_mount(server, bucket, s3, home, tmp_path):
     finally:
         subprocess.run(['umount', str(mountpoint)])
     wait_for(lambda: not is_fuse_mount(mountpoint), 30, 'the unmount')
+
+
+def test_relative_mountpoint_unmounts_on_signal(server, bucket, home, tmp_path):
+    """The daemon runs in /, so it must hold the mount point as an absolute
+    path to unmount it when a signal arrives."""
+    (tmp_path / 'rel').mkdir()
+    proc = subprocess.Popen([BINARY, '-f', bucket, 'rel', '-o',
+                             f'endpoint={server.endpoint}'], cwd=tmp_path,
+                            env=daemon_env(server, home), stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        wait_for(lambda: is_fuse_mount(tmp_path / 'rel') or proc.poll() is not None,
+                 30, 'the mount')
+        assert is_fuse_mount(tmp_path / 'rel')
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+        assert proc.returncode == 0
+        assert not is_fuse_mount(tmp_path / 'rel')
+    finally:
+        if is_fuse_mount(tmp_path / 'rel'):
+            subprocess.run(['fusermount3', '-uz', str(tmp_path / 'rel')])
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
