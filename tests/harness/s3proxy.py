@@ -1,0 +1,605 @@
+#!/usr/bin/python3
+"""A counting, fault-injecting HTTP proxy for S3 tests, standard library only.
+
+S3Proxy listens on 127.0.0.1 (a free port) and forwards every request to
+one upstream S3 server, byte for byte: method, target, headers (the Host
+header included) and body go on unchanged, so a SigV4 signature the client
+made for the proxy's host:port is what the upstream server checks. Point
+the client at S3Proxy.endpoint as if it were the server.
+
+It also works as a forward proxy (http_proxy=http://127.0.0.1:PORT): a
+request line with an absolute URI ("GET http://127.0.0.1:9000/b/k
+HTTP/1.1") goes to that host:port in origin form, but only when the host
+is a loopback address; anything else is refused with 403 and never
+contacted. CONNECT is refused (501).
+
+    with S3Proxy(server.endpoint) as proxy:        # or tls=(cert, key)
+        ... client uses proxy.endpoint ...
+        proxy.inject('slowdown', 3, match='GET')   # next 3 object GETs
+        proxy.counts['GET'], proxy.bytes_to_client, proxy.records()
+
+Request kinds (PROXY.counts, Record.kind, inject's match):
+    GET     GET of an object (with or without Range)
+    LIST    GET on a bucket with list-type in the query
+    HEAD, PUT, DELETE, POST
+    OTHER   anything else (ListBuckets, GET bucket?location, ...)
+counts also has 'GET_RANGE': the object GETs that carried a Range header
+(a subset of 'GET').
+
+Faults (inject(kind, count, match=None, seconds=...)), applied in the order
+they were injected to the next COUNT requests that match:
+    slowdown  503 with an S3 <Error><Code>SlowDown</Code> document
+    internal  500 with an S3 <Error><Code>InternalError</Code> document
+    reset     the client connection is closed with SO_LINGER 0 (an RST),
+              no answer
+    stall     the request waits SECONDS (default 2) before it is forwarded
+The request body is always read before a fault is applied. MATCH is a
+kind string as above ('GET_RANGE' too), or a callable taking
+(method, path, query) and returning a bool; None matches every request.
+
+make_certificates(directory) writes a throwaway CA and a server certificate
+for 127.0.0.1 and localhost, for tls=.
+"""
+import collections
+import contextlib
+import http.client
+import http.server
+import ipaddress
+import shutil
+import socket
+import socketserver
+import ssl
+import struct
+import subprocess
+import threading
+import time
+import urllib.parse
+from pathlib import Path
+
+LOOPBACK = '127.0.0.1'
+FAULT_KINDS = ('slowdown', 'internal', 'reset', 'stall')
+REQUEST_KINDS = ('GET', 'GET_RANGE', 'LIST', 'HEAD', 'PUT', 'DELETE', 'POST',
+                 'OTHER')
+UPSTREAM_TIMEOUT = 60.0
+BLOCK = 64 * 1024
+MAX_HEADER_LINE = 65536
+
+ERROR_DOCUMENTS = {
+    'slowdown': (503, 'Slow Down', 'SlowDown', 'Please reduce your request rate.'),
+    'internal': (500, 'Internal Server Error', 'InternalError',
+                 'We encountered an internal error. Please try again.'),
+}
+
+# (method, path, query, kind, ranged, status, body_bytes, fault, absolute)
+Record = collections.namedtuple(
+    'Record', 'method path query kind ranged status body_bytes fault absolute')
+
+
+class ProxyError(RuntimeError):
+    """The proxy could not be started or was misused."""
+
+
+def classify(method, path, query, ranged=False):
+    """The request kind of a path-style S3 request (see the module doc)."""
+    parts = path.lstrip('/').split('/', 1)
+    bucket = parts[0]
+    key = parts[1] if len(parts) > 1 else ''
+    params = urllib.parse.parse_qs(query, keep_blank_values=True)
+    if method == 'GET':
+        if bucket and key:
+            return 'GET'
+        if bucket and 'list-type' in params:
+            return 'LIST'
+        return 'OTHER'
+    if method in ('HEAD', 'PUT', 'DELETE', 'POST'):
+        return method
+    return 'OTHER'
+
+
+def is_loopback_host(host):
+    if host == 'localhost':
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class _Fault:
+    def __init__(self, kind, count, match, seconds):
+        self.kind = kind
+        self.remaining = count
+        self.match = match
+        self.seconds = seconds
+
+    def matches(self, method, path, query, kind, ranged):
+        if self.match is None:
+            return True
+        if callable(self.match):
+            return bool(self.match(method, path, query))
+        if self.match == 'GET_RANGE':
+            return kind == 'GET' and ranged
+        return self.match == kind
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = 'HTTP/1.1'
+    server_version = 's3proxy'
+
+    # The proxy object is reached through the server.
+    @property
+    def proxy(self):
+        return self.server.proxy
+
+    def setup(self):
+        self.proxy._track(self.request, True)
+        context = self.server.ssl_context
+        if context is not None:
+            raw = self.request
+            raw.settimeout(10)
+            try:
+                self.request = context.wrap_socket(raw, server_side=True)
+            except (ssl.SSLError, OSError) as error:
+                # A client that rejects the certificate ends up here.
+                self.proxy._note_tls_failure(error)
+                raise _Abandon() from error
+            finally:
+                self.proxy._track(raw, False)
+            self.request.settimeout(None)
+            self.proxy._track(self.request, True)
+        super().setup()
+
+    def handle(self):
+        try:
+            super().handle()
+        except Exception:  # noqa: BLE001 - the connection just ends
+            if self.proxy.verbose:
+                raise
+
+    def finish(self):
+        with contextlib.suppress(OSError):
+            super().finish()
+        self.proxy._track(self.request, False)
+        if isinstance(self.request, ssl.SSLSocket):
+            # socketserver closes the accepted socket, not this wrapper
+            with contextlib.suppress(OSError):
+                self.request.close()
+
+    def log_message(self, format, *args):  # noqa: A002 - quiet by default
+        if self.proxy.verbose:
+            super().log_message(format, *args)
+
+    # Every method goes through one place. (Expect: 100-continue is
+    # answered here by BaseHTTPRequestHandler, and forwarded as well.)
+    def __getattr__(self, name):
+        if name.startswith('do_'):
+            return self._proxy_request
+        raise AttributeError(name)
+
+    def _proxy_request(self):
+        proxy = self.proxy
+        method = self.command
+        target = self.path
+        absolute = False
+        upstream = proxy.upstream
+        if method == 'CONNECT':
+            self._read_body()
+            self._answer_plain(501, 'CONNECT is not supported by this proxy')
+            return
+        if not target.startswith('/'):
+            split = urllib.parse.urlsplit(target)
+            host = split.hostname or ''
+            if split.scheme != 'http' or not is_loopback_host(host):
+                self._read_body()
+                proxy._count_refused()
+                self._answer_plain(403, f'refusing to forward to {target!r}: '
+                                        f'only http:// on loopback')
+                return
+            absolute = True
+            upstream = (host, split.port or 80)
+            target = split.path or '/'
+            if split.query:
+                target += '?' + split.query
+        path, _, query = target.partition('?')
+        path = urllib.parse.unquote(path)
+        ranged = self.headers.get('Range') is not None
+        kind = classify(method, path, query, ranged)
+        body = self._read_body()
+        fault = proxy._take_fault(method, path, query, kind, ranged)
+        index = proxy._record(Record(method, path, query, kind, ranged, None, 0,
+                                     fault.kind if fault else None, absolute))
+        if fault is not None and fault.kind == 'reset':
+            self._reset()
+            return
+        if fault is not None and fault.kind == 'stall':
+            if proxy._stopping.wait(fault.seconds):
+                self._reset()
+                return
+        if fault is not None and fault.kind in ERROR_DOCUMENTS:
+            self._answer_error(fault.kind, path, index)
+            return
+        self._forward(upstream, method, target, body, index, absolute)
+
+    def _read_body(self):
+        """The request body, raw (chunked framing kept), or b''."""
+        encoding = self.headers.get('Transfer-Encoding', '')
+        if 'chunked' in encoding.lower():
+            raw = bytearray()
+            while True:
+                line = self.rfile.readline(MAX_HEADER_LINE)
+                raw += line
+                size = int(line.split(b';', 1)[0].strip() or b'0', 16)
+                if size == 0:
+                    while True:  # trailers, then an empty line
+                        trailer = self.rfile.readline(MAX_HEADER_LINE)
+                        raw += trailer
+                        if trailer in (b'\r\n', b'\n', b''):
+                            return bytes(raw)
+                raw += self._read_exact(size + 2)
+        length = self.headers.get('Content-Length')
+        if length is None:
+            return b''
+        return self._read_exact(int(length))
+
+    def _read_exact(self, size):
+        data = self.rfile.read(size)
+        if len(data) != size:
+            raise ConnectionError('the client closed mid-body')
+        return data
+
+    def _reset(self):
+        """Close the client connection with an RST, answering nothing."""
+        sock = self.request
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                            struct.pack('ii', 1, 0))
+        self.close_connection = True
+        self.proxy._track(sock, False)
+        # makefile() objects keep the socket open past close(): detach the
+        # descriptor and close that, so the RST goes out now.
+        with contextlib.suppress(OSError):
+            fd = sock.detach()
+            if fd >= 0:
+                socket.close(fd)
+
+    def _answer_plain(self, status, text, index=None):
+        body = (text + '\n').encode()
+        if index is not None:
+            self.proxy._finish_record(index, status, len(body))
+        self.proxy._add_bytes(len(body))
+        self.send_response_only(status)
+        self.send_header('Content-Type', 'text/plain')
+        self.send_header('Content-Length', str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _answer_error(self, fault_kind, path, index):
+        status, reason, code, message = ERROR_DOCUMENTS[fault_kind]
+        request_id = f'{self.proxy._next_id():016X}'
+        body = (f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}'
+                f'</Code><Message>{message}</Message><Resource>'
+                f'{_xml_escape(path)}</Resource><RequestId>{request_id}'
+                f'</RequestId></Error>').encode()
+        if self.command == 'HEAD':
+            body = b''
+        # Counters first: a client that has its answer sees them updated.
+        self.proxy._finish_record(index, status, len(body))
+        self.proxy._add_bytes(len(body))
+        self.send_response_only(status, reason)
+        self.send_header('Content-Type', 'application/xml')
+        self.send_header('x-amz-request-id', request_id)
+        self.send_header('Content-Length', str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _forward(self, upstream, method, target, body, index, absolute):
+        connection = http.client.HTTPConnection(*upstream,
+                                                timeout=UPSTREAM_TIMEOUT)
+        try:
+            try:
+                connection.putrequest(method, target, skip_host=True,
+                                      skip_accept_encoding=True)
+                for name, value in self.headers.items():
+                    if absolute and name.lower().startswith('proxy-'):
+                        continue  # addressed to this proxy, not the server
+                    connection.putheader(name, value)
+                connection.endheaders()
+                if body:
+                    connection.send(body)
+                response = connection.getresponse()
+            except (OSError, http.client.HTTPException) as error:
+                self._answer_plain(502, f'upstream {upstream}: {error}', index)
+                return
+            self._relay_response(method, response, index)
+        finally:
+            connection.close()
+
+    def _relay_response(self, method, response, index):
+        """Copies RESPONSE to the client. The record is updated before the
+        bytes go out, so a client that got them sees them counted."""
+        proxy = self.proxy
+        proxy._finish_record(index, response.status, 0)
+        self.send_response_only(response.status, response.reason)
+        for name, value in response.getheaders():
+            self.send_header(name, value)
+        has_body = (method != 'HEAD' and response.status not in (204, 304)
+                    and not 100 <= response.status < 200)
+        until_close = (has_body and not response.chunked
+                       and response.length is None)
+        if until_close:
+            self.close_connection = True
+        self.end_headers()
+        sent = 0
+        if not has_body:
+            return
+        while True:
+            block = response.read1(BLOCK) if response.chunked else \
+                response.read(BLOCK)
+            if not block:
+                break
+            sent += len(block)
+            proxy._finish_record(index, response.status, sent)
+            proxy._add_bytes(len(block))
+            if response.chunked:
+                self.wfile.write(b'%x\r\n%s\r\n' % (len(block), block))
+            else:
+                self.wfile.write(block)
+        if response.chunked:
+            self.wfile.write(b'0\r\n\r\n')
+        elif response.length:  # the upstream body was cut short
+            self.close_connection = True
+
+
+class _Abandon(Exception):
+    """The connection is given up before any request (TLS failure)."""
+
+
+def _xml_escape(text):
+    return (text.replace('&', '&amp;').replace('<', '&lt;')
+            .replace('>', '&gt;'))
+
+
+class _Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
+    daemon_threads = True
+    block_on_close = False
+    allow_reuse_address = True
+    request_queue_size = 128
+
+    def handle_error(self, request, client_address):
+        if self.proxy.verbose:
+            super().handle_error(request, client_address)
+
+
+class S3Proxy:
+    """A reverse (and loopback-only forward) proxy in front of one S3
+    server; see the module documentation."""
+
+    def __init__(self, upstream_endpoint, tls=None, verbose=False):
+        split = urllib.parse.urlsplit(upstream_endpoint)
+        if split.scheme != 'http' or not split.hostname:
+            raise ProxyError(f'upstream must be http://HOST:PORT, not '
+                             f'{upstream_endpoint!r}')
+        if not is_loopback_host(split.hostname):
+            raise ProxyError(f'upstream {split.hostname} is not loopback')
+        self.upstream = (split.hostname, split.port or 80)
+        self.upstream_endpoint = upstream_endpoint
+        self.tls = tls
+        self.verbose = verbose
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._server = None
+        self._thread = None
+        self._sockets = set()
+        self._faults = []
+        self._ids = 0
+        self.reset_counters()
+
+    # ------------------------------------------------------------ life
+    @property
+    def port(self):
+        if self._server is None:
+            raise ProxyError('the proxy is not running')
+        return self._server.server_address[1]
+
+    @property
+    def endpoint(self):
+        scheme = 'https' if self.tls else 'http'
+        return f'{scheme}://{LOOPBACK}:{self.port}'
+
+    @property
+    def url(self):
+        """The proxy as an http_proxy value."""
+        return self.endpoint
+
+    def start(self):
+        """Listens (the port is bound and accepting when this returns) and
+        serves from a background thread."""
+        if self._server is not None:
+            raise ProxyError('the proxy is already running')
+        server = _Server((LOOPBACK, 0), _Handler)
+        server.proxy = self
+        server.ssl_context = None
+        if self.tls:
+            certfile, keyfile = self.tls
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(certfile, keyfile)
+            server.ssl_context = context
+        self._stopping.clear()
+        self._server = server
+        self._thread = threading.Thread(target=server.serve_forever,
+                                        kwargs={'poll_interval': 0.05},
+                                        name=f's3proxy-{self.port}',
+                                        daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self):
+        """Stops listening, wakes stalled requests and cuts every open
+        client connection; idempotent."""
+        server, self._server = self._server, None
+        if server is None:
+            return
+        self._stopping.set()
+        server.shutdown()
+        server.server_close()
+        self._thread.join()
+        with self._lock:
+            sockets, self._sockets = list(self._sockets), set()
+        for sock in sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    # -------------------------------------------------------- counters
+    def reset_counters(self):
+        with self._lock:
+            self._records = []
+            self.counts = collections.Counter()
+            self.faults_injected = collections.Counter()
+            self.bytes_to_client = 0
+            self.refused = 0
+            self.tls_failures = []
+
+    @property
+    def requests(self):
+        """(method, path, query) of each request seen, in order."""
+        with self._lock:
+            return [record[:3] for record in self._records]
+
+    def records(self, predicate=None):
+        """Records of the requests seen (see Record), optionally filtered."""
+        with self._lock:
+            records = list(self._records)
+        return [r for r in records if predicate is None or predicate(r)]
+
+    def body_bytes(self, predicate=None):
+        """Response body bytes sent for the requests PREDICATE accepts."""
+        return sum(r.body_bytes for r in self.records(predicate))
+
+    # ---------------------------------------------------------- faults
+    def inject(self, kind, count, match=None, seconds=2.0):
+        """Applies fault KIND to the next COUNT requests matching MATCH."""
+        if kind not in FAULT_KINDS:
+            raise ProxyError(f'unknown fault {kind!r}: one of {FAULT_KINDS}')
+        if isinstance(match, str) and match not in REQUEST_KINDS:
+            raise ProxyError(f'unknown request kind {match!r}: one of '
+                             f'{REQUEST_KINDS}')
+        if count < 1:
+            raise ProxyError('count must be at least 1')
+        with self._lock:
+            self._faults.append(_Fault(kind, count, match, seconds))
+
+    def pending_faults(self):
+        """Faults not applied yet, as a Counter by kind."""
+        with self._lock:
+            pending = collections.Counter()
+            for fault in self._faults:
+                pending[fault.kind] += fault.remaining
+            return pending
+
+    def clear_faults(self):
+        with self._lock:
+            self._faults = []
+
+    # ------------------------------------------------ handler interface
+    def _take_fault(self, method, path, query, kind, ranged):
+        with self._lock:
+            for fault in self._faults:
+                if fault.matches(method, path, query, kind, ranged):
+                    fault.remaining -= 1
+                    if fault.remaining == 0:
+                        self._faults.remove(fault)
+                    self.faults_injected[fault.kind] += 1
+                    return fault
+        return None
+
+    def _record(self, record):
+        with self._lock:
+            self._records.append(record)
+            self.counts[record.kind] += 1
+            if record.kind == 'GET' and record.ranged:
+                self.counts['GET_RANGE'] += 1
+            return len(self._records) - 1
+
+    def _finish_record(self, index, status, body_bytes):
+        with self._lock:
+            if index < len(self._records):
+                self._records[index] = self._records[index]._replace(
+                    status=status, body_bytes=body_bytes)
+
+    def _add_bytes(self, count):
+        with self._lock:
+            self.bytes_to_client += count
+
+    def _count_refused(self):
+        with self._lock:
+            self.refused += 1
+
+    def _note_tls_failure(self, error):
+        with self._lock:
+            self.tls_failures.append(str(error))
+
+    def _next_id(self):
+        with self._lock:
+            self._ids += 1
+            return self._ids
+
+    def _track(self, sock, add):
+        with self._lock:
+            if add:
+                self._sockets.add(sock)
+            else:
+                self._sockets.discard(sock)
+
+
+def make_certificates(directory, days=2):
+    """Writes a throwaway CA (ca.pem) and a server certificate for
+    127.0.0.1/localhost signed by it (server.pem, server.key) into
+    DIRECTORY; returns (ca, cert, key) paths. Uses the openssl command."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    openssl = shutil.which('openssl')
+    if openssl is None:
+        raise ProxyError('the openssl command is needed for certificates')
+    ca_key, ca = directory / 'ca.key', directory / 'ca.pem'
+    key, csr, cert = (directory / 'server.key', directory / 'server.csr',
+                      directory / 'server.pem')
+    extensions = directory / 'server.ext'
+    extensions.write_text(
+        'basicConstraints = critical, CA:FALSE\n'
+        'keyUsage = critical, digitalSignature, keyEncipherment\n'
+        'extendedKeyUsage = serverAuth\n'
+        'subjectAltName = IP:127.0.0.1, DNS:localhost\n')
+
+    def run(*args):
+        done = subprocess.run([openssl, *args], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise ProxyError(f'openssl {args[0]} failed: {done.stderr}')
+
+    run('req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-keyout', str(ca_key),
+        '-out', str(ca), '-days', str(days), '-subj',
+        '/CN=s3cachefs throwaway test CA',
+        '-addext', 'basicConstraints=critical,CA:TRUE',
+        '-addext', 'keyUsage=critical,keyCertSign,cRLSign')
+    run('req', '-newkey', 'rsa:2048', '-nodes', '-keyout', str(key),
+        '-out', str(csr), '-subj', '/CN=127.0.0.1')
+    run('x509', '-req', '-in', str(csr), '-CA', str(ca), '-CAkey', str(ca_key),
+        '-CAcreateserial', '-out', str(cert), '-days', str(days),
+        '-extfile', str(extensions))
+    for secret in (ca_key, key):
+        secret.chmod(0o600)
+    return ca, cert, key
+
+
+if __name__ == '__main__':  # a manual smoke run: proxy an endpoint
+    import sys
+    with S3Proxy(sys.argv[1], verbose=True) as running:
+        print(running.endpoint, flush=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            while True:
+                time.sleep(3600)
