@@ -366,6 +366,7 @@ struct head_batch {
 struct head_job {
     struct head_batch *batch;
     struct s3_client *s3;
+    size_t slot;                 /* which entry of the batch it is for */
     char *key;
     struct s3_object_info info;
     int err;
@@ -465,7 +466,10 @@ int fs_lookup(struct fs *fs, fuse_ino_t parent_ino, const char *name,
     out->entry_timeout = fs->conf.dir_ttl;
     if (parent == NULL)
         return ENOENT;
-    if (parent->attrs.kind != INODE_DIR) {
+    inode_table_lock(fs->inodes);
+    bool parent_is_dir = parent->attrs.kind == INODE_DIR;
+    inode_table_unlock(fs->inodes);
+    if (!parent_is_dir) {
         err = ENOTDIR;
         goto out;
     }
@@ -569,7 +573,10 @@ int fs_opendir(struct fs *fs, fuse_ino_t ino, struct fs_dir **out)
     *out = NULL;
     if (inode == NULL)
         return ENOENT;
-    if (inode->attrs.kind != INODE_DIR) {
+    inode_table_lock(fs->inodes);
+    bool is_dir = inode->attrs.kind == INODE_DIR;
+    inode_table_unlock(fs->inodes);
+    if (!is_dir) {
         err = ENOTDIR;
         goto out;
     }
@@ -616,6 +623,7 @@ int fs_dir_entries_plus(struct fs *fs, struct fs_dir *dir, size_t index,
     struct head_job *jobs = NULL;
     struct inode_attrs *attrs = NULL;
     size_t job_count = 0;
+    size_t failed_at = 0;
     int err = 0;
 
     if (dir_inode == NULL)
@@ -657,23 +665,15 @@ int fs_dir_entries_plus(struct fs *fs, struct fs_dir *dir, size_t index,
             continue;
         }
         jobs[job_count].key = key;
-        jobs[job_count].err = (int)i; /* remember the slot until it runs */
+        jobs[job_count].slot = i;
         job_count++;
     }
-    size_t *slots = calloc(job_count ? job_count : 1, sizeof(*slots));
-    if (slots == NULL) {
-        err = ENOMEM;
-        goto out;
-    }
-    for (size_t j = 0; j < job_count; j++)
-        slots[j] = (size_t)jobs[j].err;
     run_heads(fs, jobs, job_count);
     for (size_t j = 0; j < job_count; j++) {
         /* a failed HEAD leaves the listing's attributes: never fail readdir */
         if (jobs[j].err == 0)
-            head_file_attrs(fs, &jobs[j].info, &attrs[slots[j]]);
+            head_file_attrs(fs, &jobs[j].info, &attrs[jobs[j].slot]);
     }
-    free(slots);
 
     inode_table_lock(fs->inodes);
     for (size_t i = 0; i < count; i++) {
@@ -691,16 +691,17 @@ int fs_dir_entries_plus(struct fs *fs, struct fs_dir *dir, size_t index,
         struct inode *child = key ? inode_ref_locked(fs->inodes, key, &attrs[i]) : NULL;
         free(key);
         if (child == NULL) {
-            /* return the references taken so far */
-            for (size_t k = 0; k < i; k++)
-                if (index + k >= 2)
-                    out[k].ino = 0;
             err = ENOMEM;
+            failed_at = i;
             break;
         }
         fill_entry(fs, child, &out[i]);
     }
     inode_table_unlock(fs->inodes);
+    /* on failure the kernel gets none of them: return the references */
+    for (size_t k = 0; err != 0 && k < failed_at; k++)
+        if (index + k >= 2)
+            inode_forget(fs->inodes, out[k].ino, 1);
 out:
     for (size_t j = 0; j < job_count; j++)
         free(jobs[j].key);

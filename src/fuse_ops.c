@@ -13,15 +13,25 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Rough size of one readdirplus entry, to size a batch of lookups. */
-#define DIRENTPLUS_ESTIMATE 160
-
 static struct fs *request_fs(fuse_req_t req)
 {
     return ((struct fuse_ops_context *)fuse_req_userdata(req))->fs;
 }
 
-static void reply_entry(fuse_req_t req, const struct fs_entry *entry)
+/*
+ * Reply with an error the kernel and blocking callers read correctly: the
+ * kernel takes ENOSYS from open/opendir as "no such operation" for the
+ * whole mount, and EAGAIN (throttling that outlasted the retries) would
+ * make blocking readers spin.
+ */
+static void reply_error(fuse_req_t req, int err)
+{
+    if (err == ENOSYS || err == EAGAIN)
+        err = EIO;
+    fuse_reply_err(req, err);
+}
+
+static int reply_entry(fuse_req_t req, const struct fs_entry *entry)
 {
     struct fuse_entry_param param = {
         .ino = entry->ino,
@@ -29,7 +39,7 @@ static void reply_entry(fuse_req_t req, const struct fs_entry *entry)
         .attr_timeout = entry->attr_timeout,
         .entry_timeout = entry->entry_timeout,
     };
-    fuse_reply_entry(req, &param);
+    return fuse_reply_entry(req, &param);
 }
 
 static void op_init(void *userdata, struct fuse_conn_info *conn)
@@ -48,9 +58,9 @@ static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
     int err = fs_lookup(request_fs(req), parent, name, &entry);
 
     if (err != 0)
-        fuse_reply_err(req, err);
-    else
-        reply_entry(req, &entry); /* ino 0: a cacheable negative entry */
+        reply_error(req, err);
+    else if (reply_entry(req, &entry) != 0 && entry.ino != 0)
+        fs_forget(request_fs(req), entry.ino, 1); /* the kernel never saw it */
 }
 
 static void op_forget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup)
@@ -75,7 +85,7 @@ static void op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 
     (void)fi;
     if (err != 0)
-        fuse_reply_err(req, err);
+        reply_error(req, err);
     else
         fuse_reply_attr(req, &attr, timeout);
 }
@@ -86,7 +96,7 @@ static void op_readlink(fuse_req_t req, fuse_ino_t ino)
     int err = fs_readlink(request_fs(req), ino, &target);
 
     if (err != 0)
-        fuse_reply_err(req, err);
+        reply_error(req, err);
     else
         fuse_reply_readlink(req, target);
     free(target);
@@ -98,7 +108,7 @@ static void op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
     int err = fs_opendir(request_fs(req), ino, &dir);
 
     if (err != 0) {
-        fuse_reply_err(req, err);
+        reply_error(req, err);
         return;
     }
     fi->fh = (uint64_t)(uintptr_t)dir;
@@ -116,6 +126,11 @@ static void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset
     size_t used = 0;
 
     (void)ino;
+    if (dir == NULL) { /* never opened: cannot happen with a sane kernel */
+        free(buf);
+        fuse_reply_err(req, EBADF);
+        return;
+    }
     if (buf == NULL) {
         fuse_reply_err(req, ENOMEM);
         return;
@@ -138,22 +153,39 @@ static void op_readdirplus(fuse_req_t req, fuse_ino_t ino, size_t size,
 {
     struct fs *fs = request_fs(req);
     struct fs_dir *dir = (struct fs_dir *)(uintptr_t)fi->fh;
-    size_t count = size / DIRENTPLUS_ESTIMATE + 1;
-    struct fs_entry *entries = calloc(count, sizeof(*entries));
+    struct fs_entry *entries = NULL;
     char *buf = malloc(size);
     size_t used = 0;
     size_t index = (size_t)offset;
+    size_t count = 0;
     int err = 0;
 
     (void)ino;
-    if (entries == NULL || buf == NULL) {
+    if (dir == NULL) { /* never opened: cannot happen with a sane kernel */
+        free(buf);
+        fuse_reply_err(req, EBADF);
+        return;
+    }
+    if (buf == NULL) {
         err = ENOMEM;
         goto out;
     }
-    if (index >= fs_dir_count(dir))
+    /* How many entries fit? Ask exactly, so that no lookup (a HEAD, a
+     * kernel reference) is spent on an entry the kernel will not get. */
+    for (size_t need = 0; index + count < fs_dir_count(dir); count++) {
+        struct stat unused;
+        const char *name = fs_dir_entry(fs, dir, index + count, &unused);
+        need += fuse_add_direntry_plus(req, NULL, 0, name, NULL, 0);
+        if (need > size)
+            break;
+    }
+    if (count == 0)
         goto out;
-    if (count > fs_dir_count(dir) - index)
-        count = fs_dir_count(dir) - index;
+    entries = calloc(count, sizeof(*entries));
+    if (entries == NULL) {
+        err = ENOMEM;
+        goto out;
+    }
     err = fs_dir_entries_plus(fs, dir, index, count, entries);
     if (err != 0)
         goto out;
@@ -166,23 +198,18 @@ static void op_readdirplus(fuse_req_t req, fuse_ino_t ino, size_t size,
             .attr_timeout = entries[i].attr_timeout,
             .entry_timeout = entries[i].entry_timeout,
         };
-        size_t need = fuse_add_direntry_plus(req, buf + used, size - used, name,
-                                             &param, (off_t)(index + i) + 1);
-        if (need > size - used) {
-            /* Did not fit: give back the references of this and the rest
-             * ("." and ".." hold none). */
-            for (size_t k = i; k < count; k++)
-                if (index + k >= 2 && entries[k].ino != 0)
-                    fs_forget(fs, entries[k].ino, 1);
-            break;
-        }
-        used += need;
+        used += fuse_add_direntry_plus(req, buf + used, size - used, name,
+                                       &param, (off_t)(index + i) + 1);
     }
 out:
-    if (err != 0)
-        fuse_reply_err(req, err);
-    else
-        fuse_reply_buf(req, buf, used);
+    if (err != 0) {
+        reply_error(req, err);
+    } else if (fuse_reply_buf(req, buf, used) != 0) {
+        /* the kernel never saw them: give the references back */
+        for (size_t i = 0; i < count; i++)
+            if (index + i >= 2)
+                fs_forget(fs, entries[i].ino, 1);
+    }
     free(buf);
     free(entries);
 }
@@ -201,7 +228,7 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
     int err = fs_open(request_fs(req), ino, fi->flags, &file, &keep_cache);
 
     if (err != 0) {
-        fuse_reply_err(req, err);
+        reply_error(req, err);
         return;
     }
     fi->fh = (uint64_t)(uintptr_t)file;
@@ -219,13 +246,18 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset,
     int err;
 
     (void)ino;
+    if (file == NULL) {
+        free(buf);
+        fuse_reply_err(req, EBADF);
+        return;
+    }
     if (buf == NULL) {
         fuse_reply_err(req, ENOMEM);
         return;
     }
     err = fs_read(request_fs(req), file, (uint64_t)offset, size, buf, &got);
     if (err != 0)
-        fuse_reply_err(req, err);
+        reply_error(req, err);
     else
         fuse_reply_buf(req, buf, got);
     free(buf);
@@ -245,7 +277,7 @@ static void op_statfs(fuse_req_t req, fuse_ino_t ino)
 
     (void)ino;
     if (err != 0)
-        fuse_reply_err(req, err);
+        reply_error(req, err);
     else
         fuse_reply_statfs(req, &st);
 }

@@ -55,6 +55,10 @@ void log_msg(enum log_level level, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(line, sizeof(line), fmt, ap);
     va_end(ap);
+    /* keys may hold any byte: one message stays one line */
+    for (char *c = line; *c != '\0'; c++)
+        if ((unsigned char)*c < 0x20 || *c == 0x7f)
+            *c = '?';
 
     if (atomic_load(&log_to_syslog)) {
         syslog((int)level, "%s", line);

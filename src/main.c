@@ -26,31 +26,51 @@
 #include "options.h"
 #include "s3.h"
 
-/* Add "-oNAME=VALUE" to the FUSE arguments unless the user gave NAME. */
-static int add_fuse_default(struct fuse_args *args, const char *name,
-                            const char *value)
+/* Whether the user gave FUSE option NAME (as "-oNAME..." or "-o" "NAME..."). */
+static bool has_fuse_option(const struct fuse_args *args, const char *name)
 {
-    char option[512];
     size_t name_len = strlen(name);
 
     for (int i = 0; i < args->argc; i++) {
-        const char *arg = args->argv[i];
-        if (strncmp(arg, "-o", 2) == 0) {
-            for (const char *at = strstr(arg, name); at != NULL;
-                 at = strstr(at + 1, name)) {
-                bool starts = at == arg + 2 || at[-1] == ',';
-                bool ends = at[name_len] == '\0' || at[name_len] == '=' ||
-                            at[name_len] == ',';
-                if (starts && ends)
-                    return 0;
-            }
+        const char *opts = NULL;
+        if (strcmp(args->argv[i], "-o") == 0 && i + 1 < args->argc)
+            opts = args->argv[++i];
+        else if (strncmp(args->argv[i], "-o", 2) == 0)
+            opts = args->argv[i] + 2;
+        for (const char *at = opts ? strstr(opts, name) : NULL; at != NULL;
+             at = strstr(at + 1, name)) {
+            bool starts = at == opts || at[-1] == ',';
+            bool ends = at[name_len] == '\0' || at[name_len] == '=' ||
+                        at[name_len] == ',';
+            if (starts && ends)
+                return true;
         }
     }
-    if (value != NULL)
-        snprintf(option, sizeof(option), "-o%s=%s", name, value);
-    else
-        snprintf(option, sizeof(option), "-o%s", name);
-    return fuse_opt_add_arg(args, option);
+    return false;
+}
+
+/* Add NAME[=VALUE] to the FUSE arguments unless the user gave NAME; VALUE
+ * is escaped (a prefix may hold commas). Returns 0 or -1. */
+static int add_fuse_default(struct fuse_args *args, const char *name,
+                            const char *value)
+{
+    char *opts = NULL;
+    char *option = NULL;
+    int result = -1;
+
+    if (has_fuse_option(args, name))
+        return 0;
+    if (value == NULL) {
+        result = fuse_opt_add_opt(&opts, name);
+    } else if (asprintf(&option, "%s=%s", name, value) >= 0) {
+        result = fuse_opt_add_opt_escaped(&opts, option);
+        free(option);
+    }
+    if (result == 0)
+        result = fuse_opt_add_arg(args, "-o") == 0 &&
+                 fuse_opt_add_arg(args, opts) == 0 ? 0 : -1;
+    free(opts);
+    return result;
 }
 
 static const char *endpoint_name(const struct awsconfig *aws)

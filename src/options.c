@@ -135,8 +135,16 @@ static int process_arg(void *data, const char *arg, int key,
             size_t bucket_len = colon ? (size_t)(colon - arg) : strlen(arg);
             opts->bucket = strndup(arg, bucket_len);
             opts->prefix = strdup(colon ? colon + 1 : "");
+            if (opts->bucket == NULL || opts->prefix == NULL) {
+                set_error(state, "%s", "out of memory");
+                return -1;
+            }
         } else if (state->positional == 1) {
             opts->mountpoint = strdup(arg);
+            if (opts->mountpoint == NULL) {
+                set_error(state, "%s", "out of memory");
+                return -1;
+            }
         } else {
             set_error(state, "unexpected argument '%s'", arg);
             return -1;

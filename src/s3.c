@@ -41,7 +41,8 @@
 #define BACKOFF_BASE_MS 100
 #define BACKOFF_CAP_MS 10000
 #define CONNECT_TIMEOUT_S 10
-#define LOW_SPEED_TIME_S 30             /* abort a transfer stalled this long */
+#define LOW_SPEED_LIMIT 1024            /* bytes/s: slower than this ... */
+#define LOW_SPEED_TIME_S 30             /* ... this long aborts a transfer */
 #define PART_ETAGS_XML_MAX (10000u * 200u)
 
 struct s3_client {
@@ -363,7 +364,7 @@ static CURL *pool_new_handle(struct s3_client *client)
     curl_easy_setopt(curl, CURLOPT_TCP_KEEPALIVE, 1L);
     curl_easy_setopt(curl, CURLOPT_TCP_NODELAY, 1L);
     curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT, (long)CONNECT_TIMEOUT_S);
-    curl_easy_setopt(curl, CURLOPT_LOW_SPEED_LIMIT, 1L);
+    curl_easy_setopt(curl, CURLOPT_LOW_SPEED_LIMIT, (long)LOW_SPEED_LIMIT);
     curl_easy_setopt(curl, CURLOPT_LOW_SPEED_TIME, (long)LOW_SPEED_TIME_S);
     curl_easy_setopt(curl, CURLOPT_PROTOCOLS_STR, "http,https");
     curl_easy_setopt(curl, CURLOPT_SSL_VERIFYPEER, 1L);
@@ -486,9 +487,10 @@ static int sign_request(const struct s3_client *client,
     }
     for (size_t i = 0; req->extra_headers[i] != NULL && count < 16; i++) {
         const char *colon = strchr(req->extra_headers[i], ':');
+        if (colon == NULL || !is_signed_header(req->extra_headers[i]))
+            continue;
         size_t name_len = (size_t)(colon - req->extra_headers[i]);
-        if (colon == NULL || !is_signed_header(req->extra_headers[i]) ||
-            name_len >= sizeof(names[0]))
+        if (name_len >= sizeof(names[0]))
             continue;
         memcpy(names[count], req->extra_headers[i], name_len);
         names[count][name_len] = '\0';
@@ -533,7 +535,6 @@ static int prepare_attempt(struct s3_client *client, CURL *curl,
                            struct s3_request *req, const char *url,
                            const char *path, struct curl_slist **headers)
 {
-    char line[256];
     char payload_hash[SIGV4_HEX_LEN + 1];
 
     curl_easy_setopt(curl, CURLOPT_URL, url);
@@ -587,8 +588,7 @@ static int prepare_attempt(struct s3_client *client, CURL *curl,
     if (err != 0)
         return err;
     curl_easy_setopt(curl, CURLOPT_HTTPHEADER, *headers);
-    (void)line;
-    return 0;
+        return 0;
 }
 
 static void reset_attempt(struct s3_request *req)
@@ -653,7 +653,12 @@ static int s3_perform(struct s3_client *client, struct s3_request *req,
             atomic_fetch_add(&client->requests[req->op], 1);
             rc = curl_easy_perform(curl);
         }
+        /* nothing of this request may leak into the next one on this handle */
         curl_easy_setopt(curl, CURLOPT_HTTPHEADER, NULL);
+        curl_easy_setopt(curl, CURLOPT_POSTFIELDS, NULL);
+        curl_easy_setopt(curl, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)-1);
+        curl_easy_setopt(curl, CURLOPT_INFILESIZE_LARGE, (curl_off_t)-1);
+        curl_easy_setopt(curl, CURLOPT_UPLOAD, 0L);
         curl_slist_free_all(headers);
         if (err != 0)
             goto out;
@@ -685,7 +690,15 @@ static int s3_perform(struct s3_client *client, struct s3_request *req,
         atomic_fetch_add(&client->retries, 1);
         log_debug("%s %s: %s; retry %u", req->method, req->key ? req->key : "/",
                   description, attempt + 1);
+        /* let others use the connection while this request waits */
+        pool_put(client, curl);
+        curl = NULL;
         backoff_sleep(attempt);
+        curl = pool_get(client);
+        if (curl == NULL) {
+            err = ENOMEM;
+            goto out;
+        }
     }
     if (err == 0) {
         if (req->recv_buf != NULL)
@@ -937,7 +950,7 @@ int s3_list_objects(struct s3_client *client, const char *prefix,
 }
 
 /* Add the s3fs metadata headers of META to REQ starting at slot *slot,
- * formatted into STORAGE (5 lines of 64 bytes). */
+ * formatted into STORAGE (5 lines). */
 static void add_meta_headers(struct s3_request *req, size_t *slot,
                              const struct s3_put_meta *meta,
                              char storage[5][160])

@@ -317,14 +317,6 @@ def test_https_verifies_the_certificate(server, s3, bucket, via, home, tmp_path)
         assert tls_proxy.counts['LIST'] >= 1
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    'BUG: a certificate that fails verification is reported as "ENDPOINT '
-    'refused access to bucket B with credentials from environment '
-    '(AWS_ACCESS_KEY_ID): the server\'s TLS certificate could not be '
-    'verified": src/errmap.c:118 maps CURLE_PEER_FAILED_VERIFICATION to '
-    'EACCES and src/main.c:73-79 words every EACCES as the server refusing '
-    'the credentials, so the user is sent to check credentials that were '
-    'never sent'))
 def test_certificate_error_does_not_blame_credentials(server, bucket, home,
                                                       tmp_path):
     _, cert, key = s3proxy.make_certificates(tmp_path / 'certs')
