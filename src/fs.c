@@ -28,16 +28,18 @@
 
 #include "inode.h"
 #include "log.h"
+#include "metacache.h"
 #include "names.h"
 #include "reader.h"
 #include "workers.h"
 
 #define LIST_PAGE_KEYS 1000
-#define READ_AHEAD_BUDGET (128u << 20)   /* all open files together */
+#define MAX_REQUEST (8u << 20)           /* largest coalesced GET */
 #define LOGGED_KEYS_MAX 10000            /* "skipped key" lines, once each */
 #define STATFS_BLOCK 4096
 #define STATFS_BLOCKS (1ull << 38)       /* report 1 PiB, all free */
 #define UNKNOWN_INO 0xffffffffu          /* readdir: the kernel looks it up */
+#define RELIST_MAX 10000                 /* entries: relisting beats probing */
 
 struct fs {
     struct fs_conf conf;
@@ -48,6 +50,8 @@ struct fs {
     struct reader *reader;
     struct timespec mount_time;
 
+    pthread_cond_t listing_done;  /* with the inode table lock: a directory
+                                     listing finished (inode.listing_fetch) */
     pthread_mutex_t logged_lock;  /* guards logged_keys, logged_count */
     void *logged_keys;            /* tsearch set of char * */
     size_t logged_count;
@@ -329,30 +333,58 @@ out:
     return err;
 }
 
-/* The listing of directory INODE, fetched unless fresh; one reference for
- * the caller. */
+static double wall_seconds(void)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    return (double)now.tv_sec + (double)now.tv_nsec / 1e9;
+}
+
+/*
+ * The listing of directory DIR, one reference for the caller: the one in
+ * memory or in the metadata cache while younger than dir_ttl, else a new
+ * one from the bucket. One thread lists a directory at a time; the others
+ * wait for its listing.
+ */
 static int get_listing(struct fs *fs, struct inode *dir,
                        struct inode_listing **out)
 {
     struct inode_listing *listing = NULL;
-    double now = now_seconds();
+    int err = 0;
 
     inode_table_lock(fs->inodes);
-    if (dir->listing != NULL && now - dir->listing->fetched_at < fs->conf.dir_ttl)
-        listing = inode_listing_ref_locked(dir->listing);
-    inode_table_unlock(fs->inodes);
-    if (listing != NULL) {
-        *out = listing;
-        return 0;
+    for (;;) {
+        if (dir->listing != NULL &&
+            now_seconds() - dir->listing->fetched_at < fs->conf.dir_ttl) {
+            *out = inode_listing_ref_locked(dir->listing);
+            inode_table_unlock(fs->inodes);
+            return 0;
+        }
+        if (!dir->listing_fetch)
+            break;
+        inode_table_wait(fs->inodes, &fs->listing_done);
     }
-    int err = fetch_listing(fs, dir->key, &listing);
-    if (err != 0)
-        return err;
-    inode_table_lock(fs->inodes);
-    inode_set_listing_locked(fs->inodes, dir, listing);
-    *out = inode_listing_ref_locked(listing);
+    dir->listing_fetch = true;
     inode_table_unlock(fs->inodes);
-    return 0;
+
+    bool from_bucket = false;
+    if (metacache_get_listing(fs->conf.cache, dir->key, fs->conf.dir_ttl,
+                              &listing) != 0) {
+        err = fetch_listing(fs, dir->key, &listing);
+        from_bucket = err == 0;
+    }
+    if (from_bucket)
+        metacache_put_listing(fs->conf.cache, dir->key, listing, wall_seconds());
+
+    inode_table_lock(fs->inodes);
+    dir->listing_fetch = false;
+    pthread_cond_broadcast(&fs->listing_done);
+    if (err == 0) {
+        inode_set_listing_locked(fs->inodes, dir, listing);
+        *out = inode_listing_ref_locked(listing);
+    }
+    inode_table_unlock(fs->inodes);
+    return err;
 }
 
 /* ---------------------------------------------------- parallel HEADs */
@@ -426,10 +458,16 @@ static int resolve_file(struct fs *fs, const char *key,
         inode_table_unlock(fs->inodes);
         if (usable)
             return 0;
+        if (metacache_get_attrs(fs->conf.cache, key, listed->etag, out) == 0) {
+            out->size = listed->size;
+            return 0;
+        }
     }
     int err = s3_head_object(fs->s3, key, &info);
-    if (err == 0)
+    if (err == 0) {
         head_file_attrs(fs, &info, out);
+        metacache_put_attrs(fs->conf.cache, key, out);
+    }
     return err;
 }
 
@@ -486,11 +524,16 @@ int fs_lookup(struct fs *fs, fuse_ino_t parent_ino, const char *name,
         goto out;
     }
 
+    /* A directory listed before is listed again (one LIST per 1000 keys
+     * answers every lookup in it for dir_ttl); others are probed. */
     inode_table_lock(fs->inodes);
-    if (parent->listing != NULL &&
-        now_seconds() - parent->listing->fetched_at < fs->conf.dir_ttl)
-        listing = inode_listing_ref_locked(parent->listing);
+    bool listed = parent->listing != NULL && parent->listing->count <= RELIST_MAX;
     inode_table_unlock(fs->inodes);
+    if (listed) {
+        err = get_listing(fs, parent, &listing);
+        if (err != 0)
+            goto out;
+    }
 
     if (listing != NULL) {
         const struct inode_dirent *entry = inode_listing_find(listing, name);
@@ -532,6 +575,59 @@ void fs_forget(struct fs *fs, fuse_ino_t ino, uint64_t nlookup)
     inode_forget(fs->inodes, ino, nlookup);
 }
 
+/*
+ * Fresh attributes for file INODE whose ATTRS are older than attr_ttl:
+ * from its directory's listing when that directory is listed anyway (one
+ * LIST revalidates up to 1000 files), else from a HEAD. ENOENT if the
+ * object is gone.
+ */
+static int revalidate_file(struct fs *fs, struct inode *inode,
+                           struct inode_attrs *attrs)
+{
+    const char *slash = strrchr(inode->key, '/');
+    size_t parent_len = slash ? (size_t)(slash - inode->key) + 1 : 0;
+    char *parent_key = strndup(inode->key, parent_len);
+    struct inode *parent = NULL;
+    struct inode_listing *listing = NULL;
+    struct s3_object_info info;
+    int err = 0;
+
+    if (parent_key == NULL)
+        return ENOMEM;
+    inode_table_lock(fs->inodes);
+    parent = inode_find_locked(fs->inodes, parent_key);
+    if (parent != NULL && parent->listing != NULL &&
+        parent->listing->count <= RELIST_MAX)
+        inode_pin_locked(parent);
+    else
+        parent = NULL;
+    inode_table_unlock(fs->inodes);
+    free(parent_key);
+
+    if (parent != NULL && get_listing(fs, parent, &listing) == 0) {
+        const struct inode_dirent *entry =
+            inode_listing_find(listing, inode->key + parent_len);
+        if (entry == NULL || entry->attrs.kind == INODE_DIR) {
+            err = ENOENT;
+        } else if (strcmp(entry->attrs.etag, attrs->etag) == 0) {
+            attrs->size = entry->attrs.size;
+            attrs->fetched_at = entry->attrs.fetched_at;
+        } else {
+            err = resolve_file(fs, inode->key, &entry->attrs, attrs);
+        }
+        inode_listing_put(fs->inodes, listing);
+        inode_put(fs->inodes, parent);
+        return err;
+    }
+    inode_put(fs->inodes, parent);
+    err = s3_head_object(fs->s3, inode->key, &info);
+    if (err == 0) {
+        head_file_attrs(fs, &info, attrs);
+        metacache_put_attrs(fs->conf.cache, inode->key, attrs);
+    }
+    return err;
+}
+
 int fs_getattr(struct fs *fs, fuse_ino_t ino, struct stat *out, double *timeout)
 {
     struct inode *inode = inode_get(fs->inodes, ino);
@@ -545,10 +641,8 @@ int fs_getattr(struct fs *fs, fuse_ino_t ino, struct stat *out, double *timeout)
     inode_table_unlock(fs->inodes);
     if (attrs.kind != INODE_DIR &&
         now_seconds() - attrs.fetched_at >= fs->conf.attr_ttl) {
-        struct s3_object_info info;
-        err = s3_head_object(fs->s3, inode->key, &info);
+        err = revalidate_file(fs, inode, &attrs);
         if (err == 0) {
-            head_file_attrs(fs, &info, &attrs);
             inode_table_lock(fs->inodes);
             inode_update_attrs_locked(inode, &attrs);
             inode_table_unlock(fs->inodes);
@@ -660,6 +754,11 @@ int fs_dir_entries_plus(struct fs *fs, struct fs_dir *dir, size_t index,
             attrs[i].size = entry->attrs.size;
         }
         inode_table_unlock(fs->inodes);
+        if (!usable && metacache_get_attrs(fs->conf.cache, key, entry->attrs.etag,
+                                           &attrs[i]) == 0) {
+            attrs[i].size = entry->attrs.size;
+            usable = true;
+        }
         if (usable) {
             free(key);
             continue;
@@ -671,8 +770,10 @@ int fs_dir_entries_plus(struct fs *fs, struct fs_dir *dir, size_t index,
     run_heads(fs, jobs, job_count);
     for (size_t j = 0; j < job_count; j++) {
         /* a failed HEAD leaves the listing's attributes: never fail readdir */
-        if (jobs[j].err == 0)
+        if (jobs[j].err == 0) {
             head_file_attrs(fs, &jobs[j].info, &attrs[jobs[j].slot]);
+            metacache_put_attrs(fs->conf.cache, jobs[j].key, &attrs[jobs[j].slot]);
+        }
     }
 
     inode_table_lock(fs->inodes);
@@ -746,11 +847,9 @@ int fs_open(struct fs *fs, fuse_ino_t ino, int flags, struct fs_file **out,
     }
     /* close-to-open: revalidate what is older than the attribute TTL */
     if (now_seconds() - attrs.fetched_at >= fs->conf.attr_ttl) {
-        struct s3_object_info info;
-        err = s3_head_object(fs->s3, inode->key, &info);
+        err = revalidate_file(fs, inode, &attrs);
         if (err != 0)
             goto out;
-        head_file_attrs(fs, &info, &attrs);
     }
     inode_table_lock(fs->inodes);
     inode_update_attrs_locked(inode, &attrs);
@@ -877,6 +976,7 @@ int fs_create(const struct fs_conf *conf, struct s3_client *s3, struct fs **out)
     fs->conf = *conf;
     fs->s3 = s3;
     pthread_mutex_init(&fs->logged_lock, NULL);
+    pthread_cond_init(&fs->listing_done, NULL);
     clock_gettime(CLOCK_REALTIME, &fs->mount_time);
     fs->root_key = strdup(conf->root_key);
     if (fs->root_key == NULL) {
@@ -891,9 +991,10 @@ int fs_create(const struct fs_conf *conf, struct s3_client *s3, struct fs **out)
     if (err == 0) {
         struct reader_conf reader_conf = {
             .s3 = s3,
+            .cache = conf->cache,
             .workers = fs->workers,
             .read_ahead = conf->read_ahead,
-            .memory_budget = READ_AHEAD_BUDGET,
+            .max_request = MAX_REQUEST,
         };
         err = reader_create(&reader_conf, &fs->reader);
     }
@@ -910,11 +1011,14 @@ void fs_destroy(struct fs **fsp)
 
     if (fs == NULL)
         return;
+    if (fs->reader != NULL)
+        reader_stop(fs->reader); /* queued read-ahead ends at once */
     workers_destroy(&fs->workers);
     reader_destroy(&fs->reader);
     inode_table_destroy(&fs->inodes);
     tdestroy(fs->logged_keys, free);
     pthread_mutex_destroy(&fs->logged_lock);
+    pthread_cond_destroy(&fs->listing_done);
     free(fs->root_key);
     free(fs);
     *fsp = NULL;
@@ -926,8 +1030,62 @@ void fs_get_stats(struct fs *fs, struct fs_stats *out)
 
     memset(out, 0, sizeof(*out));
     s3_client_stats(fs->s3, &out->s3);
+    cache_get_stats(fs->conf.cache, &out->cache);
     reader_get_stats(fs->reader, &reader);
     out->bytes_read = reader.bytes_read;
-    out->read_ahead_memory = reader.memory_in_use;
+    out->direct_bytes = reader.direct_bytes;
     out->inodes = inode_table_count(fs->inodes);
+}
+
+int fs_stats_text(struct fs *fs, char **text)
+{
+    struct fs_stats st;
+    static const char *const op_names[S3_OP_COUNT] = {
+        [S3_OP_GET] = "get", [S3_OP_HEAD] = "head", [S3_OP_LIST] = "list",
+        [S3_OP_PUT] = "put", [S3_OP_DELETE] = "delete", [S3_OP_COPY] = "copy",
+        [S3_OP_MULTIPART] = "multipart",
+    };
+    char requests[512] = "";
+    size_t used = 0;
+
+    fs_get_stats(fs, &st);
+    for (int op = 0; op < S3_OP_COUNT; op++)
+        used += (size_t)snprintf(requests + used, sizeof(requests) - used,
+                                 "requests_%s %llu\n", op_names[op],
+                                 (unsigned long long)st.s3.requests[op]);
+    uint64_t served = st.cache.hit_bytes;
+    uint64_t fetched = st.s3.bytes_received;
+    double hit_ratio = served + fetched > 0
+                           ? (double)served / (double)(served + fetched) : 0;
+    int n = asprintf(text,
+        "bytes_read %llu\n"
+        "bytes_from_cache %llu\n"
+        "bytes_from_bucket %llu\n"
+        "bytes_to_bucket %llu\n"
+        "bytes_read_around_cache %llu\n"
+        "cache_hit_ratio %.4f\n"
+        "cache_used_bytes %llu\n"
+        "cache_size_bytes %llu\n"
+        "cache_blocks %llu\n"
+        "cache_evicted_blocks %llu\n"
+        "cache_corrupt_blocks %llu\n"
+        "%s"
+        "retries %llu\n"
+        "failures %llu\n"
+        "inodes %llu\n",
+        (unsigned long long)st.bytes_read, (unsigned long long)served,
+        (unsigned long long)fetched, (unsigned long long)st.s3.bytes_sent,
+        (unsigned long long)st.direct_bytes, hit_ratio,
+        (unsigned long long)st.cache.used_bytes,
+        (unsigned long long)st.cache.size_limit,
+        (unsigned long long)st.cache.blocks,
+        (unsigned long long)st.cache.evicted_blocks,
+        (unsigned long long)st.cache.corrupt_blocks, requests,
+        (unsigned long long)st.s3.retries, (unsigned long long)st.s3.failures,
+        (unsigned long long)st.inodes);
+    if (n < 0) {
+        *text = NULL;
+        return ENOMEM;
+    }
+    return 0;
 }

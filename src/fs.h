@@ -27,6 +27,7 @@
 
 #include <fuse_lowlevel.h>
 
+#include "cache.h"
 #include "s3.h"
 
 struct fs_conf {
@@ -41,6 +42,7 @@ struct fs_conf {
     double dir_ttl;
     uint64_t read_ahead;
     unsigned connections;     /* worker threads for parallel requests */
+    struct cache *cache;      /* the block cache; stays the caller's */
 };
 
 /* What lookup hands to the kernel: a referenced inode and its attributes. */
@@ -54,10 +56,14 @@ struct fs_entry {
 /* Statistics for the visibility interface. */
 struct fs_stats {
     struct s3_stats s3;
+    struct cache_stats cache;
     uint64_t bytes_read;      /* returned to readers */
+    uint64_t direct_bytes;    /* read around a full cache */
     uint64_t inodes;          /* inodes the kernel holds */
-    uint64_t read_ahead_memory;
 };
+
+/* The extended attribute of the mount root that holds the counters. */
+#define FS_STATS_XATTR "user.s3cachefs.stats"
 
 struct fs;
 struct fs_dir;      /* an open directory: a snapshot of its listing */
@@ -116,5 +122,11 @@ void fs_release(struct fs *fs, struct fs_file *file);
 int fs_readlink(struct fs *fs, fuse_ino_t ino, char **target);
 
 int fs_statfs(struct fs *fs, struct statvfs *out);
+
+/*
+ * The counters as text, one "name value" pair per line (the format is
+ * documented in s3cachefs(1)); malloc'd into *text. Returns 0 or ENOMEM.
+ */
+int fs_stats_text(struct fs *fs, char **text);
 
 #endif /* S3CFS_FS_H */

@@ -282,6 +282,46 @@ static void op_statfs(fuse_req_t req, fuse_ino_t ino)
         fuse_reply_statfs(req, &st);
 }
 
+/* Reply to getxattr/listxattr with VALUE: its size when SIZE is 0, else
+ * the bytes, or ERANGE when they do not fit. */
+static void reply_xattr_value(fuse_req_t req, const char *value, size_t len,
+                              size_t size)
+{
+    if (size == 0)
+        fuse_reply_xattr(req, len);
+    else if (len > size)
+        fuse_reply_err(req, ERANGE);
+    else
+        fuse_reply_buf(req, value, len);
+}
+
+/* The mount root carries the counters (fs.h: FS_STATS_XATTR); nothing
+ * else has extended attributes. */
+static void op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name,
+                        size_t size)
+{
+    char *text = NULL;
+
+    if (ino != FUSE_ROOT_ID || strcmp(name, FS_STATS_XATTR) != 0) {
+        fuse_reply_err(req, ENODATA);
+        return;
+    }
+    int err = fs_stats_text(request_fs(req), &text);
+    if (err != 0)
+        reply_error(req, err);
+    else
+        reply_xattr_value(req, text, strlen(text), size);
+    free(text);
+}
+
+static void op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
+{
+    if (ino == FUSE_ROOT_ID)
+        reply_xattr_value(req, FS_STATS_XATTR, sizeof(FS_STATS_XATTR), size);
+    else
+        reply_xattr_value(req, "", 0, size);
+}
+
 static const struct fuse_lowlevel_ops ops = {
     .init = op_init,
     .lookup = op_lookup,
@@ -297,6 +337,8 @@ static const struct fuse_lowlevel_ops ops = {
     .read = op_read,
     .release = op_release,
     .statfs = op_statfs,
+    .getxattr = op_getxattr,
+    .listxattr = op_listxattr,
 };
 
 const struct fuse_lowlevel_ops *fuse_ops_table(void)

@@ -149,6 +149,11 @@ void inode_table_unlock(struct inode_table *table)
     pthread_mutex_unlock(&table->lock);
 }
 
+void inode_table_wait(struct inode_table *table, pthread_cond_t *cond)
+{
+    pthread_cond_wait(cond, &table->lock);
+}
+
 struct inode *inode_get(struct inode_table *table, fuse_ino_t ino)
 {
     struct inode probe = {.ino = ino};
@@ -162,6 +167,11 @@ struct inode *inode_get(struct inode_table *table, fuse_ino_t ino)
     }
     pthread_mutex_unlock(&table->lock);
     return inode;
+}
+
+void inode_pin_locked(struct inode *inode)
+{
+    inode->pins++;
 }
 
 void inode_put(struct inode_table *table, struct inode *inode)

@@ -17,6 +17,7 @@
 #define S3CFS_INODE_H
 
 #include <fuse_lowlevel.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <time.h>
@@ -62,6 +63,7 @@ struct inode {
     unsigned pins;              /* (L) callers working on it */
     struct inode_attrs attrs;   /* (L) */
     struct inode_listing *listing; /* (L) directories: last listing */
+    bool listing_fetch;         /* (L) a thread is listing it now */
     char *symlink_target;       /* (L) symlinks: target for attrs.etag */
     char opened_etag[S3_ETAG_MAX]; /* (L) ETag at the last open, for
                                       keeping the kernel page cache */
@@ -79,8 +81,14 @@ void inode_table_destroy(struct inode_table **table);
 void inode_table_lock(struct inode_table *table);
 void inode_table_unlock(struct inode_table *table);
 
+/* Wait on COND with the table lock (held by the caller). */
+void inode_table_wait(struct inode_table *table, pthread_cond_t *cond);
+
 /* Pin inode INO; NULL (ENOENT) if the kernel has forgotten it. Unlocked. */
 struct inode *inode_get(struct inode_table *table, fuse_ino_t ino);
+
+/* Pin an inode found under the table lock (held). */
+void inode_pin_locked(struct inode *inode);
 
 /* Unpin. Unlocked. */
 void inode_put(struct inode_table *table, struct inode *inode);

@@ -15,11 +15,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <fuse_lowlevel.h>
 
 #include "awsconfig.h"
+#include "cache.h"
 #include "fs.h"
 #include "fuse_ops.h"
 #include "log.h"
@@ -71,6 +73,18 @@ static int add_fuse_default(struct fuse_args *args, const char *name,
                  fuse_opt_add_arg(args, opts) == 0 ? 0 : -1;
     free(opts);
     return result;
+}
+
+/* cache_size, or 80% of the cache directory's filesystem by default. */
+static uint64_t cache_size_limit(const struct options *opts)
+{
+    struct statvfs st;
+
+    if (opts->cache_size != 0)
+        return opts->cache_size;
+    if (statvfs(opts->cache_dir, &st) != 0)
+        return 10ull << 30;
+    return (uint64_t)((double)st.f_blocks * (double)st.f_frsize * 0.8);
 }
 
 static const char *endpoint_name(const struct awsconfig *aws)
@@ -165,6 +179,8 @@ int main(int argc, char **argv)
     bool mounted = false, handlers = false;
     char errbuf[512];
     char *ca_bundle = NULL;
+    struct cache *cache = NULL;
+    int cache_lock_fd = -1;
     int status = 1;
 
     if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
@@ -187,6 +203,19 @@ int main(int argc, char **argv)
         goto out;
     }
     log_set_level(opts.debug ? LOG_LEVEL_DEBUG : LOG_LEVEL_INFO);
+
+    if (cache_lock_dir(opts.cache_dir, &cache_lock_fd, errbuf, sizeof(errbuf)) != 0) {
+        fprintf(stderr, "s3cachefs: %s\n", errbuf);
+        goto out;
+    }
+    char *cache_dir = realpath(opts.cache_dir, NULL); /* the daemon runs in / */
+    if (cache_dir == NULL) {
+        fprintf(stderr, "s3cachefs: cache directory %s: %s\n", opts.cache_dir,
+                strerror(errno));
+        goto out;
+    }
+    free(opts.cache_dir);
+    opts.cache_dir = cache_dir;
 
     char fsname[300];
     snprintf(fsname, sizeof(fsname), "%s%s%s", opts.bucket,
@@ -258,7 +287,22 @@ int main(int argc, char **argv)
     if (!opts.foreground)
         log_use_syslog();
 
+    struct cache_conf cache_conf = {
+        .dir = opts.cache_dir,
+        .bucket = opts.bucket,
+        .size_limit = cache_size_limit(&opts),
+        .min_free_bytes = opts.cache_min_free,
+        .min_free_ratio = opts.cache_min_free_ratio,
+        .block_size = opts.block_size,
+    };
+    if (cache_open(&cache_conf, cache_lock_fd, &cache, errbuf, sizeof(errbuf)) != 0) {
+        log_error("cannot start: %s", errbuf);
+        goto out;
+    }
+    cache_lock_fd = -1; /* the cache owns it now */
+
     struct fs_conf fs_conf = {
+        .cache = cache,
         .root_key = opts.prefix,
         .uid = opts.uid,
         .gid = opts.gid,
@@ -300,6 +344,9 @@ out:
     if (loop_config != NULL)
         fuse_loop_cfg_destroy(loop_config);
     fs_destroy(&context.fs);
+    cache_close(&cache);
+    if (cache_lock_fd >= 0)
+        close(cache_lock_fd);
     s3_client_destroy(&s3);
     awsconfig_clear(&aws);
     free(ca_bundle);

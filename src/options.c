@@ -26,12 +26,18 @@
 #define DEFAULT_CONNECTIONS 16
 #define DEFAULT_RETRIES 6
 #define MAX_CONNECTIONS 256
+#define DEFAULT_MIN_FREE_RATIO 0.05
+#define DEFAULT_BLOCK_SIZE (1u << 20)
+#define MIN_BLOCK_SIZE (64u << 10)
+#define MAX_BLOCK_SIZE (64u << 20)
+#define MIN_CACHE_BLOCKS 16
 
 /* Raw option strings as fuse_opt stores them. */
 struct raw_options {
-    char *endpoint, *region, *profile, *credentials_file;
+    char *endpoint, *region, *profile, *credentials_file, *cache_dir;
     char *uid, *gid, *file_mode, *dir_mode;
     char *attr_ttl, *dir_ttl, *read_ahead, *connections, *retries;
+    char *cache_size, *cache_min_free, *block_size;
     int no_sign, path_style, allow_other, read_only;
 };
 
@@ -59,6 +65,7 @@ static const struct fuse_opt option_spec[] = {
     RAW("region=%s", region),
     RAW("profile=%s", profile),
     RAW("credentials_file=%s", credentials_file),
+    RAW("cache=%s", cache_dir),
     RAW("uid=%s", uid),
     RAW("gid=%s", gid),
     RAW("file_mode=%s", file_mode),
@@ -68,6 +75,9 @@ static const struct fuse_opt option_spec[] = {
     RAW("read_ahead=%s", read_ahead),
     RAW("connections=%s", connections),
     RAW("retries=%s", retries),
+    RAW("cache_size=%s", cache_size),
+    RAW("cache_min_free=%s", cache_min_free),
+    RAW("block_size=%s", block_size),
     FLAG("no_sign", no_sign),
     FLAG("path_style", path_style),
     /* Kept for libfuse as well (the kernel enforces them). */
@@ -300,6 +310,29 @@ static int normalize_prefix(char **prefix)
     return 0;
 }
 
+/* /var/cache/s3cachefs/BUCKET for root, else
+ * ${XDG_CACHE_HOME:-$HOME/.cache}/s3cachefs/BUCKET. */
+static int default_cache_dir(const char *bucket, char **out)
+{
+    const char *xdg = getenv("XDG_CACHE_HOME");
+    const char *home = getenv("HOME");
+    int n;
+
+    if (geteuid() == 0)
+        n = asprintf(out, "/var/cache/s3cachefs/%s", bucket);
+    else if (xdg != NULL && xdg[0] == '/')
+        n = asprintf(out, "%s/s3cachefs/%s", xdg, bucket);
+    else if (home != NULL && home[0] == '/')
+        n = asprintf(out, "%s/.cache/s3cachefs/%s", home, bucket);
+    else
+        return ENOENT;
+    if (n < 0) {
+        *out = NULL;
+        return ENOMEM;
+    }
+    return 0;
+}
+
 static void set_defaults(struct options *opts)
 {
     opts->uid = getuid();
@@ -312,6 +345,29 @@ static void set_defaults(struct options *opts)
     opts->read_ahead = DEFAULT_READ_AHEAD;
     opts->connections = DEFAULT_CONNECTIONS;
     opts->retries = DEFAULT_RETRIES;
+    opts->cache_min_free_ratio = DEFAULT_MIN_FREE_RATIO;
+    opts->block_size = DEFAULT_BLOCK_SIZE;
+}
+
+/* "20G" -> bytes (ratio 0), "10%" -> ratio 0.10 (bytes 0). */
+static int parse_size_or_percent(const char *text, uint64_t *bytes, double *ratio)
+{
+    size_t len = strlen(text);
+
+    if (len > 1 && text[len - 1] == '%') {
+        char *end = NULL;
+        errno = 0;
+        double percent = strtod(text, &end);
+        if (errno != 0 || end != text + len - 1 || !(percent >= 0 && percent <= 100))
+            return EINVAL;
+        *ratio = percent / 100;
+        *bytes = 0;
+        return 0;
+    }
+    if (options_parse_size(text, bytes) != 0)
+        return EINVAL;
+    *ratio = 0;
+    return 0;
 }
 
 /* Check and convert the raw strings; the first error wins. */
@@ -356,12 +412,35 @@ static void convert_raw(const struct raw_options *raw, struct options *opts,
         set_error(state, "option 'connections=%s': expected a number from 1 to 256", raw->connections);
     if (raw->retries != NULL && parse_count(raw->retries, 0, 100, &opts->retries) != 0)
         set_error(state, "option 'retries=%s': expected a number from 0 to 100", raw->retries);
+    if (raw->cache_min_free != NULL &&
+        parse_size_or_percent(raw->cache_min_free, &opts->cache_min_free,
+                              &opts->cache_min_free_ratio) != 0)
+        set_error(state, "option 'cache_min_free=%s': expected a size such as 20G or a percentage such as 10%%", raw->cache_min_free);
+    uint64_t block_size = 0;
+    if (raw->block_size != NULL) {
+        if (options_parse_size(raw->block_size, &block_size) != 0 ||
+            block_size < MIN_BLOCK_SIZE || block_size > MAX_BLOCK_SIZE ||
+            (block_size & (block_size - 1)) != 0)
+            set_error(state, "option 'block_size=%s': expected a power of two from 64K to 64M, such as 1M", raw->block_size);
+        else
+            opts->block_size = (uint32_t)block_size;
+    }
+    if (raw->cache_size != NULL &&
+        (options_parse_size(raw->cache_size, &opts->cache_size) != 0 ||
+         opts->cache_size < MIN_CACHE_BLOCKS * (uint64_t)opts->block_size))
+        set_error(state, "option 'cache_size=%s': expected a size of at least "
+                  "%u blocks (%uM with block_size=%uK), such as 100G",
+                  raw->cache_size, MIN_CACHE_BLOCKS,
+                  MIN_CACHE_BLOCKS * (opts->block_size >> 10) >> 10,
+                  opts->block_size >> 10);
 }
 
 static void free_raw(struct raw_options *raw)
 {
     char **fields[] = {&raw->endpoint, &raw->region, &raw->profile,
-                       &raw->credentials_file, &raw->uid, &raw->gid, &raw->file_mode, &raw->dir_mode,
+                       &raw->credentials_file, &raw->cache_dir,
+                       &raw->cache_size, &raw->cache_min_free, &raw->block_size,
+                       &raw->uid, &raw->gid, &raw->file_mode, &raw->dir_mode,
                        &raw->attr_ttl, &raw->dir_ttl, &raw->read_ahead,
                        &raw->connections, &raw->retries};
     for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++) {
@@ -392,7 +471,9 @@ int options_parse(int argc, char **argv, struct options *out, char *errbuf,
     out->region = raw->region;
     out->profile = raw->profile;
     out->credentials_file = raw->credentials_file;
+    out->cache_dir = raw->cache_dir;
     raw->endpoint = raw->region = raw->profile = raw->credentials_file = NULL;
+    raw->cache_dir = NULL;
     convert_raw(raw, out, &state);
     if (state.error != NULL) {
         err = EINVAL;
@@ -409,6 +490,13 @@ int options_parse(int argc, char **argv, struct options *out, char *errbuf,
         set_error(&state, "invalid bucket name '%s': expected 3 to 255 characters of letters, digits, '.', '-' and '_'", out->bucket);
         err = EINVAL;
         goto out;
+    }
+    if (out->cache_dir == NULL) {
+        err = default_cache_dir(out->bucket, &out->cache_dir);
+        if (err != 0) {
+            set_error(&state, "%s", "no cache directory: set -o cache=DIR (HOME is not set)");
+            goto out;
+        }
     }
     err = normalize_prefix(&out->prefix);
     if (err == EINVAL)
@@ -430,7 +518,7 @@ void options_free(struct options *opts)
 {
     char **fields[] = {&opts->bucket, &opts->prefix, &opts->mountpoint,
                        &opts->endpoint, &opts->region, &opts->profile,
-                       &opts->credentials_file};
+                       &opts->credentials_file, &opts->cache_dir};
     for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++) {
         free(*fields[i]);
         *fields[i] = NULL;
@@ -472,7 +560,16 @@ void options_print_help(FILE *fp, const char *progname)
 "  -o allow_other         let other users access the mount\n"
 "  -o ro                  read-only (this version is always read-only)\n"
 "\n"
-"Caching and reading:\n"
+"Block cache (data read once stays on local disk, across remounts):\n"
+"  -o cache=DIR           cache directory (default /var/cache/s3cachefs/BUCKET\n"
+"                         for root, ~/.cache/s3cachefs/BUCKET otherwise)\n"
+"  -o cache_size=SIZE     largest size of the cache (default 80%% of its\n"
+"                         filesystem)\n"
+"  -o cache_min_free=SIZE|PCT  free space to leave on that filesystem\n"
+"                         (default 5%%)\n"
+"  -o block_size=SIZE     unit of caching and fetching (default 1M)\n"
+"\n"
+"Metadata and reading:\n"
 "  -o attr_ttl=SECONDS    trust file attributes this long (default %g)\n"
 "  -o dir_ttl=SECONDS     trust directory listings this long (default %g)\n"
 "  -o read_ahead=SIZE     largest read-ahead window per file (default 64M)\n"

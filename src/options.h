@@ -47,6 +47,13 @@ struct options {
     bool read_only;           /* always true until the write path lands */
     bool allow_other;
 
+    /* the block cache */
+    char *cache_dir;          /* -o cache=DIR (default: see options_parse) */
+    uint64_t cache_size;      /* bytes; 0: 80% of the cache filesystem */
+    uint64_t cache_min_free;  /* bytes to keep free on it ... */
+    double cache_min_free_ratio; /* ... or this fraction of it */
+    uint32_t block_size;
+
     /* metadata and data fetching */
     double attr_ttl;          /* seconds attributes are trusted */
     double dir_ttl;           /* seconds a directory listing is trusted */

@@ -1,14 +1,16 @@
 /*
- * reader.c - ranged reads with sequential read-ahead (see reader.h).
+ * reader.c - reads through the block cache, fetches, read-ahead (see
+ * reader.h).
  *
- * Per file: lock guards slots[], window, next_offset and inflight; chunk_done is broadcast whenever a slot leaves FETCHING.
- * Slot states: EMPTY -> FETCHING -> READY | FAILED -> EMPTY (reused).
- * A FETCHING slot's buffer belongs to the thread fetching it; nobody else
- * touches it until the state changes under the lock. No lock is held
- * during a GET.
+ * In-flight table: reader->lock guards `inflight` (a tsearch tree of the
+ * blocks some thread is fetching, by object id and block) and `stopping`;
+ * block_done is broadcast whenever blocks leave the table. A thread that
+ * misses a block either registers it (with the blocks after it that it
+ * will fetch in the same GET) or waits until it leaves the table, then
+ * reads the cache again. No lock is held during a GET.
  *
- * The reader-wide budget (memory_in_use) is an atomic: read-ahead is
- * skipped, never waited for, when it is spent.
+ * Per file: file->lock guards the sequential-reader state (next_offset,
+ * window, last_block, prefetched_to).
  */
 #include "config.h"
 
@@ -16,6 +18,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <search.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -23,256 +26,289 @@
 
 #include "log.h"
 
-#define MAX_SLOTS 64
+#define INITIAL_WINDOW_BLOCKS 4
 
-enum slot_state { SLOT_EMPTY, SLOT_FETCHING, SLOT_READY, SLOT_FAILED };
-
-struct slot {
-    enum slot_state state;
-    uint64_t chunk;          /* chunk number: offset / READER_CHUNK_SIZE */
-    char *data;
-    size_t len;
-    int err;
+struct inflight {
+    uint64_t id;       /* the cache object */
+    uint64_t block;
 };
 
 struct reader {
     struct reader_conf conf;
-    _Atomic uint64_t memory_in_use;
+    uint32_t block_size;
+    pthread_mutex_t lock;
+    pthread_cond_t block_done;
+    void *inflight;              /* tsearch tree of struct inflight * */
+    bool stopping;
     _Atomic uint64_t bytes_read;
-    _Atomic uint64_t chunks_prefetched;
+    _Atomic uint64_t blocks_prefetched;
+    _Atomic uint64_t direct_bytes;
 };
 
 struct reader_file {
     struct reader *reader;
+    struct cache_object *object;
+    uint64_t object_id;
     char *key;
-    char *etag;
+    char *etag;                  /* NULL: no If-Match (no ETag known) */
     uint64_t size;
 
     pthread_mutex_t lock;
-    pthread_cond_t chunk_done;
-    struct slot slots[MAX_SLOTS];
-    unsigned slot_count;     /* slots usable: window + 2, <= MAX_SLOTS */
-    unsigned window;         /* chunks to keep ahead; 0 = random reader */
-    uint64_t next_offset;    /* where a sequential read would start */
-    unsigned inflight;       /* read-ahead jobs not yet finished */
+    uint64_t next_offset;        /* where a sequential read would start */
+    uint64_t window;             /* blocks to keep ahead; 0: random reader */
+    uint64_t last_block;         /* block of the previous read, + 1 (0: none) */
+    uint64_t prefetched_to;      /* blocks below this were scheduled */
 };
 
-struct fetch_job {
-    struct reader_file *file;
-    struct slot *slot;
-};
+/* ----------------------------------------------------------- in flight */
 
-int reader_create(const struct reader_conf *conf, struct reader **out)
+static int compare_inflight(const void *a, const void *b)
 {
-    struct reader *reader = calloc(1, sizeof(*reader));
-
-    *out = reader;
-    if (reader == NULL)
-        return ENOMEM;
-    reader->conf = *conf;
-    return 0;
+    const struct inflight *x = a, *y = b;
+    if (x->id != y->id)
+        return x->id < y->id ? -1 : 1;
+    return x->block < y->block ? -1 : x->block > y->block;
 }
 
-void reader_destroy(struct reader **reader)
+static bool inflight_has_locked(struct reader *reader, uint64_t id, uint64_t block)
 {
-    free(*reader);
-    *reader = NULL;
+    struct inflight probe = {id, block};
+    return tfind(&probe, &reader->inflight, compare_inflight) != NULL;
 }
 
-void reader_get_stats(struct reader *reader, struct reader_stats *out)
+static bool inflight_add_locked(struct reader *reader, uint64_t id, uint64_t block)
 {
-    out->bytes_read = atomic_load(&reader->bytes_read);
-    out->chunks_prefetched = atomic_load(&reader->chunks_prefetched);
-    out->memory_in_use = atomic_load(&reader->memory_in_use);
-}
+    struct inflight *entry = malloc(sizeof(*entry));
 
-int reader_open(struct reader *reader, const char *key, const char *etag,
-                uint64_t size, struct reader_file **out)
-{
-    struct reader_file *file = calloc(1, sizeof(*file));
-    uint64_t window_chunks = reader->conf.read_ahead / READER_CHUNK_SIZE;
-
-    *out = NULL;
-    if (file == NULL)
-        return ENOMEM;
-    file->key = strdup(key);
-    file->etag = etag[0] != '\0' ? strdup(etag) : NULL;
-    if (file->key == NULL || (etag[0] != '\0' && file->etag == NULL)) {
-        free(file->key);
-        free(file->etag);
-        free(file);
-        return ENOMEM;
+    if (entry == NULL)
+        return false;
+    *entry = (struct inflight){id, block};
+    if (tsearch(entry, &reader->inflight, compare_inflight) == NULL) {
+        free(entry);
+        return false;
     }
-    file->reader = reader;
-    file->size = size;
-    file->slot_count = (unsigned)(window_chunks + 2 > MAX_SLOTS ? MAX_SLOTS
-                                                                : window_chunks + 2);
-    pthread_mutex_init(&file->lock, NULL);
-    pthread_cond_init(&file->chunk_done, NULL);
-    *out = file;
-    return 0;
+    return true;
 }
 
-static size_t chunk_length(const struct reader_file *file, uint64_t chunk)
+static void inflight_remove(struct reader *reader, uint64_t id, uint64_t first,
+                            uint64_t count)
 {
-    uint64_t start = chunk * READER_CHUNK_SIZE;
-    uint64_t left = file->size - start;
-    return left < READER_CHUNK_SIZE ? (size_t)left : READER_CHUNK_SIZE;
-}
-
-/* GET one chunk into SLOT (state FETCHING, buffer allocated). Unlocked. */
-static void fetch_chunk(struct reader_file *file, struct slot *slot)
-{
-    size_t got = 0;
-    uint64_t chunk = slot->chunk;
-    size_t want = chunk_length(file, chunk);
-    int err = s3_get_object_range(file->reader->conf.s3, file->key,
-                                  chunk * READER_CHUNK_SIZE, want, file->etag,
-                                  slot->data, &got, NULL);
-    if (err == 0 && got != want)
-        err = EIO; /* the object is shorter than it was at open */
-    if (err == ESTALE)
-        log_warn("'%s' changed while open; reopen it to read the new version",
-                 file->key);
-
-    pthread_mutex_lock(&file->lock);
-    slot->len = got;
-    slot->err = err;
-    slot->state = err == 0 ? SLOT_READY : SLOT_FAILED;
-    pthread_cond_broadcast(&file->chunk_done);
-    pthread_mutex_unlock(&file->lock);
-}
-
-static void fetch_job_main(void *arg)
-{
-    struct fetch_job *job = arg;
-    struct reader_file *file = job->file;
-
-    fetch_chunk(file, job->slot);
-    free(job);
-    pthread_mutex_lock(&file->lock);
-    file->inflight--;
-    pthread_cond_broadcast(&file->chunk_done);
-    pthread_mutex_unlock(&file->lock);
-}
-
-static struct slot *find_slot_locked(struct reader_file *file, uint64_t chunk)
-{
-    for (unsigned i = 0; i < file->slot_count; i++)
-        if (file->slots[i].state != SLOT_EMPTY && file->slots[i].chunk == chunk)
-            return &file->slots[i];
-    return NULL;
-}
-
-static void release_slot_locked(struct reader_file *file, struct slot *slot)
-{
-    if (slot->data != NULL)
-        atomic_fetch_sub(&file->reader->memory_in_use, READER_CHUNK_SIZE);
-    free(slot->data);
-    slot->data = NULL;
-    slot->state = SLOT_EMPTY;
+    pthread_mutex_lock(&reader->lock);
+    for (uint64_t block = first; block < first + count; block++) {
+        struct inflight probe = {id, block};
+        void *found = tfind(&probe, &reader->inflight, compare_inflight);
+        if (found != NULL) {
+            struct inflight *entry = *(struct inflight **)found;
+            tdelete(entry, &reader->inflight, compare_inflight);
+            free(entry);
+        }
+    }
+    pthread_cond_broadcast(&reader->block_done);
+    pthread_mutex_unlock(&reader->lock);
 }
 
 /*
- * A slot for CHUNK, emptied of chunks behind BEHIND first (a sequential
- * reader has consumed them). NULL when every slot is busy.
+ * Register blocks FIRST.. (at most MAX, stopping at one cached or already
+ * in flight, or at the end of the object) as fetched by the caller.
+ * Returns how many were registered (0: FIRST is in flight already).
  */
-static struct slot *claim_slot_locked(struct reader_file *file, uint64_t chunk,
-                                      uint64_t behind)
-{
-    struct slot *victim = NULL;
-
-    for (unsigned i = 0; i < file->slot_count; i++) {
-        struct slot *slot = &file->slots[i];
-        if (slot->state == SLOT_EMPTY)
-            return slot;
-        if (slot->state == SLOT_FETCHING)
-            continue;
-        /* prefer a chunk the reader has passed, else the farthest ahead */
-        bool slot_passed = slot->chunk < behind;
-        bool victim_passed = victim != NULL && victim->chunk < behind;
-        if (victim == NULL || (slot_passed && !victim_passed) ||
-            (slot_passed == victim_passed && slot->chunk > victim->chunk))
-            victim = slot;
-    }
-    if (victim != NULL && victim->chunk != chunk)
-        release_slot_locked(file, victim);
-    return victim;
-}
-
-/* Start read-ahead of chunks after CURRENT, up to the window. */
-static void schedule_read_ahead_locked(struct reader_file *file, uint64_t current)
+static uint64_t claim_run(struct reader_file *file, uint64_t first, uint64_t max)
 {
     struct reader *reader = file->reader;
-    uint64_t last_chunk = file->size == 0 ? 0 : (file->size - 1) / READER_CHUNK_SIZE;
+    uint64_t blocks = cache_object_blocks(file->object);
+    uint64_t count = 0;
 
-    for (uint64_t chunk = current + 1;
-         chunk <= current + file->window && chunk <= last_chunk; chunk++) {
-        if (find_slot_locked(file, chunk) != NULL)
-            continue;
-        uint64_t used = atomic_fetch_add(&reader->memory_in_use, READER_CHUNK_SIZE);
-        if (used + READER_CHUNK_SIZE > reader->conf.memory_budget) {
-            atomic_fetch_sub(&reader->memory_in_use, READER_CHUNK_SIZE);
-            return;
-        }
-        struct slot *slot = claim_slot_locked(file, chunk, current);
-        struct fetch_job *job = slot ? malloc(sizeof(*job)) : NULL;
-        char *data = job ? malloc(READER_CHUNK_SIZE) : NULL;
-        if (data == NULL) {
-            free(job);
-            atomic_fetch_sub(&reader->memory_in_use, READER_CHUNK_SIZE);
-            return;
-        }
-        *slot = (struct slot){.state = SLOT_FETCHING, .chunk = chunk, .data = data};
-        *job = (struct fetch_job){.file = file, .slot = slot};
-        file->inflight++;
-        if (workers_submit(reader->conf.workers, fetch_job_main, job) != 0) {
-            file->inflight--;
-            release_slot_locked(file, slot);
-            free(job);
-            return;
-        }
-        atomic_fetch_add(&reader->chunks_prefetched, 1);
+    pthread_mutex_lock(&reader->lock);
+    while (count < max && first + count < blocks) {
+        uint64_t block = first + count;
+        if (inflight_has_locked(reader, file->object_id, block))
+            break;
+        /* the first block is known missing; the others are checked */
+        if (count > 0 && cache_block_present(reader->conf.cache, file->object, block))
+            break;
+        if (!inflight_add_locked(reader, file->object_id, block))
+            break;
+        count++;
     }
+    pthread_mutex_unlock(&reader->lock);
+    return count;
 }
 
-/* Make CHUNK available in a slot, fetching it in this thread if nobody is.
- * Returns the READY slot (locked), or NULL with *err set. */
-static struct slot *wait_chunk_locked(struct reader_file *file, uint64_t chunk,
-                                      int *err)
+/* ------------------------------------------------------------ fetching */
+
+/* Splits one GET's bytes into consecutive cache blocks. */
+struct run_sink {
+    struct reader_file *file;
+    uint64_t block;              /* block being filled */
+    uint64_t done_until;         /* blocks below this are committed */
+    struct cache_fill *fill;
+    uint32_t left;               /* bytes the current block still needs */
+};
+
+static int run_sink_write(void *arg, const void *data, size_t len)
 {
-    for (;;) {
-        struct slot *slot = find_slot_locked(file, chunk);
-        if (slot != NULL && slot->state == SLOT_READY)
-            return slot;
-        if (slot != NULL && slot->state == SLOT_FAILED) {
-            *err = slot->err;
-            release_slot_locked(file, slot); /* the next read tries again */
-            return NULL;
+    struct run_sink *run = arg;
+    struct cache *cache = run->file->reader->conf.cache;
+    const char *bytes = data;
+    int err = 0;
+
+    while (len > 0) {
+        if (run->fill == NULL) {
+            err = cache_fill_begin(cache, run->file->object, run->block, &run->fill);
+            if (err != 0)
+                return err;
+            run->left = cache_object_block_len(run->file->object, run->block);
         }
-        if (slot != NULL) { /* FETCHING: share that request */
-            pthread_cond_wait(&file->chunk_done, &file->lock);
+        size_t take = len < run->left ? len : run->left;
+        err = cache_fill_write(run->fill, bytes, take);
+        if (err != 0)
+            return err;
+        bytes += take;
+        len -= take;
+        run->left -= (uint32_t)take;
+        if (run->left == 0) {
+            err = cache_fill_commit(&run->fill);
+            if (err != 0)
+                return err;
+            run->block++;
+            run->done_until = run->block;
+            /* let waiters of finished blocks go as soon as they are in */
+            inflight_remove(run->file->reader, run->file->object_id,
+                            run->block - 1, 1);
+        }
+    }
+    return 0;
+}
+
+/* GET blocks FIRST..FIRST+COUNT-1 (registered in flight by the caller)
+ * into the cache; every one leaves the in-flight table, fetched or not. */
+static int fetch_run(struct reader_file *file, uint64_t first, uint64_t count)
+{
+    struct reader *reader = file->reader;
+    uint32_t block_size = reader->block_size;
+    uint64_t offset = first * block_size;
+    uint64_t end = (first + count) * block_size;
+    struct run_sink run = {.file = file, .block = first, .done_until = first};
+    struct s3_sink sink = {run_sink_write, &run};
+
+    if (end > file->size)
+        end = file->size;
+    int err = s3_get_object_stream(reader->conf.s3, file->key, offset,
+                                   end - offset, file->etag, &sink, NULL);
+    cache_fill_abort(&run.fill);
+    if (err == ESTALE)
+        log_warn("'%s' changed while open; reopen it to read the new version",
+                 file->key);
+    inflight_remove(reader, file->object_id, run.done_until,
+                    first + count - run.done_until);
+    return err;
+}
+
+struct prefetch_job {
+    struct reader_file *file;    /* a private copy: outlives the open file */
+    uint64_t first;
+    uint64_t count;
+};
+
+static void prefetch_job_main(void *arg)
+{
+    struct prefetch_job *job = arg;
+    struct reader *reader = job->file->reader;
+
+    pthread_mutex_lock(&reader->lock);
+    bool stopping = reader->stopping;
+    pthread_mutex_unlock(&reader->lock);
+    if (stopping)
+        inflight_remove(reader, job->file->object_id, job->first, job->count);
+    else
+        fetch_run(job->file, job->first, job->count);
+    reader_close(&job->file);
+    free(job);
+}
+
+/* A copy of FILE's identity for a background job (own object reference). */
+static struct reader_file *file_clone(struct reader_file *file)
+{
+    struct reader_file *copy = NULL;
+    if (reader_open(file->reader, file->key, file->etag ? file->etag : "",
+                    file->size, &copy) != 0)
+        return NULL;
+    return copy;
+}
+
+/* Make sure blocks up to UNTIL (exclusive) are cached or being fetched,
+ * in runs of up to max_request on the worker pool. */
+static void schedule_read_ahead(struct reader_file *file, uint64_t from,
+                                uint64_t until)
+{
+    struct reader *reader = file->reader;
+    uint64_t run_max = reader->conf.max_request / reader->block_size;
+    uint64_t blocks = cache_object_blocks(file->object);
+
+    if (run_max == 0)
+        run_max = 1;
+    if (until > blocks)
+        until = blocks;
+    for (uint64_t block = from; block < until;) {
+        if (cache_block_present(reader->conf.cache, file->object, block)) {
+            block++;
             continue;
         }
-        slot = claim_slot_locked(file, chunk, chunk);
-        if (slot == NULL) { /* all slots fetching: wait for one */
-            pthread_cond_wait(&file->chunk_done, &file->lock);
+        uint64_t count = claim_run(file, block, until - block < run_max
+                                                    ? until - block : run_max);
+        if (count == 0) { /* someone else is on it */
+            block++;
             continue;
         }
-        char *data = malloc(READER_CHUNK_SIZE);
-        if (data == NULL) {
-            *err = ENOMEM;
-            return NULL;
+        struct prefetch_job *job = malloc(sizeof(*job));
+        struct reader_file *copy = job ? file_clone(file) : NULL;
+        if (copy != NULL)
+            *job = (struct prefetch_job){copy, block, count};
+        if (copy == NULL || workers_submit(reader->conf.workers,
+                                           prefetch_job_main, job) != 0) {
+            inflight_remove(reader, file->object_id, block, count);
+            reader_close(&copy);
+            free(job);
+            return;
         }
-        atomic_fetch_add(&file->reader->memory_in_use, READER_CHUNK_SIZE);
-        *slot = (struct slot){.state = SLOT_FETCHING, .chunk = chunk, .data = data};
-        pthread_mutex_unlock(&file->lock);
-        fetch_chunk(file, slot);
-        pthread_mutex_lock(&file->lock);
+        atomic_fetch_add(&reader->blocks_prefetched, count);
+        block += count;
     }
 }
 
-/* A read not in sequence: fetch exactly the bytes asked for. */
+/* ------------------------------------------------------------- reading */
+
+/* The bytes of one block, from the cache, fetching the block when it is
+ * missing (or waiting for whoever fetches it). */
+static int read_block(struct reader_file *file, uint64_t block, uint32_t offset,
+                      uint32_t len, char *buf, bool first_touch)
+{
+    struct reader *reader = file->reader;
+
+    for (;;) {
+        int err = cache_block_read(reader->conf.cache, file->object, block,
+                                   offset, len, buf, first_touch);
+        if (err != ENOENT)
+            return err;
+        pthread_mutex_lock(&reader->lock);
+        bool waiting = false;
+        while (inflight_has_locked(reader, file->object_id, block)) {
+            waiting = true;
+            pthread_cond_wait(&reader->block_done, &reader->lock);
+        }
+        pthread_mutex_unlock(&reader->lock);
+        if (waiting)
+            continue; /* fetched by another thread: read the cache again */
+        if (claim_run(file, block, 1) == 0)
+            continue; /* another thread claimed it just now */
+        err = fetch_run(file, block, 1);
+        if (err != 0)
+            return err;
+    }
+}
+
+/* The cache cannot hold more (its disk is full of other data): read the
+ * bytes straight from the bucket. */
 static int read_direct(struct reader_file *file, uint64_t offset, size_t size,
                        char *buf, size_t *got)
 {
@@ -280,13 +316,59 @@ static int read_direct(struct reader_file *file, uint64_t offset, size_t size,
                                   size, file->etag, buf, got, NULL);
     if (err == 0 && *got != size)
         err = EIO;
+    if (err == 0)
+        atomic_fetch_add(&file->reader->direct_bytes, size);
     return err;
+}
+
+/* Update the sequential-reader state for a read of [OFFSET, OFFSET+SIZE)
+ * and return the block after which read-ahead should reach, or 0. */
+static uint64_t note_read(struct reader_file *file, uint64_t offset, size_t size,
+                          uint64_t *from)
+{
+    struct reader *reader = file->reader;
+    uint64_t block_size = reader->block_size;
+    uint64_t max_window = reader->conf.read_ahead / block_size;
+    uint64_t last_block = (offset + size - 1) / block_size;
+    uint64_t until = 0;
+
+    pthread_mutex_lock(&file->lock);
+    /* the kernel may send the reads of one stream slightly out of order */
+    bool sequential = offset <= file->next_offset + block_size &&
+                      offset + block_size >= file->next_offset &&
+                      file->last_block != 0;
+    if (!sequential) {
+        file->window = 0;
+        file->prefetched_to = 0;
+    } else if (max_window > 0 && last_block + 1 != file->last_block) {
+        /* entering a new block: grow the window */
+        if (file->window == 0)
+            file->window = INITIAL_WINDOW_BLOCKS < max_window
+                               ? INITIAL_WINDOW_BLOCKS : max_window;
+        else if (file->window * 2 <= max_window)
+            file->window *= 2;
+        else
+            file->window = max_window;
+    }
+    if (offset + size > file->next_offset || !sequential)
+        file->next_offset = offset + size;
+    file->last_block = last_block + 1;
+    if (file->window > 0 && last_block + 1 + file->window > file->prefetched_to) {
+        *from = last_block + 1 > file->prefetched_to ? last_block + 1
+                                                     : file->prefetched_to;
+        until = last_block + 1 + file->window;
+        file->prefetched_to = until;
+    }
+    pthread_mutex_unlock(&file->lock);
+    return until;
 }
 
 int reader_read(struct reader_file *file, uint64_t offset, size_t size,
                 char *buf, size_t *got)
 {
     struct reader *reader = file->reader;
+    uint64_t block_size = reader->block_size;
+    uint64_t from = 0;
     int err = 0;
 
     *got = 0;
@@ -296,46 +378,106 @@ int reader_read(struct reader_file *file, uint64_t offset, size_t size,
         size = (size_t)(file->size - offset);
 
     pthread_mutex_lock(&file->lock);
-    uint64_t first_chunk = offset / READER_CHUNK_SIZE;
-    uint64_t last_chunk = (offset + size - 1) / READER_CHUNK_SIZE;
-    bool sequential = offset == file->next_offset;
-    bool cached = find_slot_locked(file, first_chunk) != NULL &&
-                  find_slot_locked(file, last_chunk) != NULL;
-    if (sequential) {
-        /* grow the window each time the reader enters a new chunk */
-        uint64_t max_window = file->slot_count - 2;
-        if (file->window == 0)
-            file->window = 1;
-        else if (offset % READER_CHUNK_SIZE < size && file->window < max_window)
-            file->window = file->window * 2 > max_window ? (unsigned)max_window
-                                                         : file->window * 2;
-    } else if (!cached) {
-        file->window = 0;
-    }
-    file->next_offset = offset + size;
-
-    if (file->window == 0 && !cached) {
-        pthread_mutex_unlock(&file->lock);
-        err = read_direct(file, offset, size, buf, got);
-        goto out;
-    }
-    schedule_read_ahead_locked(file, last_chunk);
-    for (uint64_t chunk = first_chunk; chunk <= last_chunk && err == 0; chunk++) {
-        struct slot *slot = wait_chunk_locked(file, chunk, &err);
-        if (slot == NULL)
-            break;
-        uint64_t chunk_start = chunk * READER_CHUNK_SIZE;
-        uint64_t from = offset + *got - chunk_start;
-        size_t take = size - *got;
-        if (take > slot->len - from)
-            take = (size_t)(slot->len - from);
-        memcpy(buf + *got, slot->data + from, take);
-        *got += take;
-    }
+    uint64_t previous_block = file->last_block;
     pthread_mutex_unlock(&file->lock);
-out:
+    uint64_t until = note_read(file, offset, size, &from);
+    if (until > 0)
+        schedule_read_ahead(file, from, until);
+
+    while (*got < size) {
+        uint64_t at = offset + *got;
+        uint64_t block = at / block_size;
+        uint32_t in_block = (uint32_t)(at % block_size);
+        uint32_t len = (uint32_t)(block_size - in_block);
+        if (len > size - *got)
+            len = (uint32_t)(size - *got);
+        err = read_block(file, block, in_block, len, buf + *got,
+                         block + 1 != previous_block);
+        if (err == ENOSPC) {
+            size_t direct = 0;
+            err = read_direct(file, at, size - *got, buf + *got, &direct);
+            if (err == 0)
+                *got += direct;
+            break;
+        }
+        if (err != 0)
+            break;
+        *got += len;
+        previous_block = block + 1;
+    }
     if (err == 0)
         atomic_fetch_add(&reader->bytes_read, *got);
+    return err;
+}
+
+/* ----------------------------------------------------------- lifecycle */
+
+int reader_create(const struct reader_conf *conf, struct reader **out)
+{
+    struct reader *reader = calloc(1, sizeof(*reader));
+
+    *out = reader;
+    if (reader == NULL)
+        return ENOMEM;
+    reader->conf = *conf;
+    reader->block_size = cache_block_size(conf->cache);
+    pthread_mutex_init(&reader->lock, NULL);
+    pthread_cond_init(&reader->block_done, NULL);
+    return 0;
+}
+
+void reader_stop(struct reader *reader)
+{
+    pthread_mutex_lock(&reader->lock);
+    reader->stopping = true;
+    pthread_mutex_unlock(&reader->lock);
+}
+
+void reader_destroy(struct reader **readerp)
+{
+    struct reader *reader = *readerp;
+
+    if (reader == NULL)
+        return;
+    tdestroy(reader->inflight, free);
+    pthread_mutex_destroy(&reader->lock);
+    pthread_cond_destroy(&reader->block_done);
+    free(reader);
+    *readerp = NULL;
+}
+
+void reader_get_stats(struct reader *reader, struct reader_stats *out)
+{
+    out->bytes_read = atomic_load(&reader->bytes_read);
+    out->blocks_prefetched = atomic_load(&reader->blocks_prefetched);
+    out->direct_bytes = atomic_load(&reader->direct_bytes);
+}
+
+int reader_open(struct reader *reader, const char *key, const char *etag,
+                uint64_t size, struct reader_file **out)
+{
+    struct reader_file *file = calloc(1, sizeof(*file));
+    int err = 0;
+
+    *out = NULL;
+    if (file == NULL)
+        return ENOMEM;
+    file->reader = reader;
+    file->size = size;
+    file->key = strdup(key);
+    file->etag = etag[0] != '\0' ? strdup(etag) : NULL;
+    pthread_mutex_init(&file->lock, NULL);
+    if (file->key == NULL || (etag[0] != '\0' && file->etag == NULL)) {
+        err = ENOMEM;
+        goto out;
+    }
+    err = cache_object_open(reader->conf.cache, key, etag, size, &file->object);
+    if (err == 0)
+        file->object_id = cache_object_id(file->object);
+out:
+    if (err != 0)
+        reader_close(&file);
+    *out = file;
     return err;
 }
 
@@ -345,15 +487,8 @@ void reader_close(struct reader_file **filep)
 
     if (file == NULL)
         return;
-    pthread_mutex_lock(&file->lock);
-    while (file->inflight > 0)
-        pthread_cond_wait(&file->chunk_done, &file->lock);
-    for (unsigned i = 0; i < file->slot_count; i++)
-        if (file->slots[i].state != SLOT_EMPTY)
-            release_slot_locked(file, &file->slots[i]);
-    pthread_mutex_unlock(&file->lock);
+    cache_object_close(file->reader->conf.cache, &file->object);
     pthread_mutex_destroy(&file->lock);
-    pthread_cond_destroy(&file->chunk_done);
     free(file->key);
     free(file->etag);
     free(file);

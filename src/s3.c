@@ -88,7 +88,10 @@ struct s3_request {
     const char *query;            /* encoded and sorted, or NULL */
     const char *extra_headers[12];/* "name: value", signed when x-amz-* or
                                      content-*; NULL-terminated */
-    const char *range;            /* "first-last" or NULL */
+    bool has_range;               /* send Range: bytes=range_offset-... */
+    uint64_t range_offset;
+    uint64_t range_length;
+    char range[64];               /* formatted for the current attempt */
     bool idempotent;
     bool quiet;                   /* the caller reports failures itself */
 
@@ -98,6 +101,9 @@ struct s3_request {
     size_t post_len;
 
     /* response sinks */
+    const struct s3_sink *sink;   /* streamed object data of a GET */
+    uint64_t delivered;           /* bytes the sink accepted, all attempts */
+    int sink_err;                 /* why the sink refused data */
     void *recv_buf;               /* object data of a GET */
     size_t recv_cap;
     size_t recv_len;
@@ -169,6 +175,25 @@ static size_t on_body(char *data, size_t size, size_t count, void *userp)
         /* error document: keep what fits, ignore the rest */
         size_t room = req->error_body.cap - req->error_body.len;
         capped_buf_append(&req->error_body, data, len < room ? len : room);
+        return len;
+    }
+    if (req->sink != NULL) {
+        /* a server that ignored Range would resend from byte 0 */
+        if (req->status != 206 &&
+            !(req->status == 200 && req->range_offset == 0 && req->delivered == 0)) {
+            req->sink_err = EIO;
+            return 0;
+        }
+        if (len > req->range_length - req->delivered) {
+            req->sink_err = EIO; /* more than asked for */
+            return 0;
+        }
+        int err = req->sink->write(req->sink->arg, data, len);
+        if (err != 0) {
+            req->sink_err = err;
+            return 0;
+        }
+        req->delivered += len;
         return len;
     }
     if (req->recv_buf != NULL) {
@@ -554,7 +579,14 @@ static int prepare_attempt(struct s3_client *client, CURL *curl,
     } else if (strcmp(req->method, "GET") != 0) {
         curl_easy_setopt(curl, CURLOPT_CUSTOMREQUEST, req->method);
     }
-    curl_easy_setopt(curl, CURLOPT_RANGE, req->range);
+    if (req->has_range) {
+        /* a streamed GET resumes after what the sink already has */
+        uint64_t first = req->range_offset + (req->sink ? req->delivered : 0);
+        snprintf(req->range, sizeof(req->range), "%llu-%llu",
+                 (unsigned long long)first,
+                 (unsigned long long)(req->range_offset + req->range_length - 1));
+    }
+    curl_easy_setopt(curl, CURLOPT_RANGE, req->has_range ? req->range : NULL);
     curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, on_body);
     curl_easy_setopt(curl, CURLOPT_WRITEDATA, req);
     curl_easy_setopt(curl, CURLOPT_HEADERFUNCTION, on_header);
@@ -594,6 +626,7 @@ static int prepare_attempt(struct s3_client *client, CURL *curl,
 static void reset_attempt(struct s3_request *req)
 {
     req->status = 0;
+    req->sink_err = 0;
     req->recv_len = 0;
     req->body_pos = 0;
     req->s3_code[0] = '\0';
@@ -673,6 +706,11 @@ static int s3_perform(struct s3_client *client, struct s3_request *req,
                                   &parsed) == 0)
                 snprintf(req->s3_code, sizeof(req->s3_code), "%s", parsed.code);
         }
+        if (req->sink_err != 0) {
+            err = req->sink_err;
+            snprintf(description, sizeof(description), "%s", strerror(err));
+            break;
+        }
         struct errmap_result result = {
             .curl_code = (int)rc,
             .http_status = rc == CURLE_OK ? req->status : 0,
@@ -700,6 +738,8 @@ static int s3_perform(struct s3_client *client, struct s3_request *req,
             goto out;
         }
     }
+    if (req->sink != NULL)
+        atomic_fetch_add(&client->bytes_received, req->delivered);
     if (err == 0) {
         if (req->recv_buf != NULL)
             atomic_fetch_add(&client->bytes_received, req->recv_len);
@@ -879,11 +919,11 @@ int s3_get_object_range(struct s3_client *client, const char *key,
                         void *buf, size_t *received,
                         struct s3_object_info *info)
 {
-    char range[64];
     char match_header[S3_ETAG_MAX + 16];
     struct s3_object_info local_info;
     struct s3_request req = {
-        .op = S3_OP_GET, .method = "GET", .key = key, .range = range,
+        .op = S3_OP_GET, .method = "GET", .key = key, .has_range = true,
+        .range_offset = offset, .range_length = length,
         .recv_buf = buf, .recv_cap = length,
         .info = info ? info : &local_info, .idempotent = true,
     };
@@ -892,8 +932,6 @@ int s3_get_object_range(struct s3_client *client, const char *key,
     *received = 0;
     if (length == 0)
         return EINVAL;
-    snprintf(range, sizeof(range), "%llu-%llu", (unsigned long long)offset,
-             (unsigned long long)(offset + length - 1));
     if (if_match != NULL) {
         snprintf(match_header, sizeof(match_header), "If-Match: %s", if_match);
         req.extra_headers[0] = match_header;
@@ -903,6 +941,32 @@ int s3_get_object_range(struct s3_client *client, const char *key,
         err = EIO; /* the server ignored the Range header */
     if (err == 0)
         *received = req.recv_len;
+    return err;
+}
+
+int s3_get_object_stream(struct s3_client *client, const char *key,
+                         uint64_t offset, uint64_t length, const char *if_match,
+                         const struct s3_sink *sink, uint64_t *delivered)
+{
+    char match_header[S3_ETAG_MAX + 16];
+    struct s3_request req = {
+        .op = S3_OP_GET, .method = "GET", .key = key, .has_range = true,
+        .range_offset = offset, .range_length = length, .sink = sink,
+        .idempotent = true,
+    };
+    int err;
+
+    if (length == 0)
+        return EINVAL;
+    if (if_match != NULL) {
+        snprintf(match_header, sizeof(match_header), "If-Match: %s", if_match);
+        req.extra_headers[0] = match_header;
+    }
+    err = s3_perform(client, &req, NULL);
+    if (err == 0 && req.delivered != length)
+        err = EIO; /* the object ended early: it is not the size we know */
+    if (delivered != NULL)
+        *delivered = req.delivered;
     return err;
 }
 

@@ -139,6 +139,24 @@ int s3_get_object_range(struct s3_client *client, const char *key,
                         void *buf, size_t *received,
                         struct s3_object_info *info);
 
+/* Where the data of a streamed GET goes, in order. WRITE returns 0, or an
+ * errno that ends the request (and is returned by it). */
+struct s3_sink {
+    int (*write)(void *arg, const void *data, size_t len);
+    void *arg;
+};
+
+/*
+ * GET LENGTH bytes of KEY from OFFSET into SINK, with If-Match IF_MATCH
+ * when not NULL (ESTALE if the object changed). A retry resumes where the
+ * data stopped, so SINK sees every byte exactly once, in order.
+ * *delivered (may be NULL) gets how many bytes SINK accepted, also on
+ * failure. No buffer of the object's size is ever held.
+ */
+int s3_get_object_stream(struct s3_client *client, const char *key,
+                         uint64_t offset, uint64_t length, const char *if_match,
+                         const struct s3_sink *sink, uint64_t *delivered);
+
 /*
  * One ListObjectsV2 page: keys under PREFIX, grouped by DELIMITER (NULL for
  * none), at most MAX_KEYS (1..1000), continuing from CONTINUATION_TOKEN

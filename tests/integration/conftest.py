@@ -177,9 +177,17 @@ def mount(server, tmp_path, home):
     made is unmounted at the end of the test, failing or not."""
     made = []
 
-    def make(bucket_name, options=(), env=None, start=True, name='mnt'):
+    def make(bucket_name, options=(), env=None, start=True, name='mnt',
+             cache=None, endpoint=None):
+        """cache: the cache directory (default: one per mount point);
+        endpoint: another way to the server (a proxy)."""
+        cache_dir = cache or tmp_path / f'cache-{name}'
+        options = [f'cache={cache_dir}', *options]
         mnt = Mount(server, bucket_name, tmp_path / name,
                     tmp_path / f'{name}-{len(made)}.log', home, options, env)
+        if endpoint is not None:
+            mnt.options[0] = 'endpoint=' + endpoint
+        mnt.cache_dir = Path(cache_dir)
         made.append(mnt)
         return mnt.start() if start else mnt
     yield make
@@ -191,3 +199,17 @@ def mount(server, tmp_path, home):
             failures.append(error)
     if failures:
         raise failures[0]
+
+
+def drop_caches():
+    """Empty the kernel's page cache, so reads reach the filesystem."""
+    subprocess.run(['sync'], check=True)
+    with open('/proc/sys/vm/drop_caches', 'w') as control:
+        control.write('3\n')
+
+
+def read_stats(mountpoint):
+    """The counters of a mount (the user.s3cachefs.stats attribute)."""
+    text = os.getxattr(mountpoint, 'user.s3cachefs.stats').decode()
+    return {name: float(value) if '.' in value else int(value)
+            for name, value in (line.split() for line in text.splitlines())}

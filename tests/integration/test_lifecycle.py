@@ -21,7 +21,8 @@ def run_mount(server, home, mountpoint, bucket, options=(), env=None,
               endpoint=None, timeout=60):
     """Runs s3cachefs in the foreground, expecting it to fail at once."""
     mountpoint.mkdir(exist_ok=True)
-    opts = ['endpoint=' + (endpoint or server.endpoint), *options]
+    opts = ['endpoint=' + (endpoint or server.endpoint),
+            f'cache={mountpoint.parent / "cache"}', *options]
     done = subprocess.run([BINARY, '-f', bucket, str(mountpoint), '-o', ','.join(opts)],
                           env=daemon_env(server, home, env), capture_output=True,
                           text=True, timeout=timeout, stdin=subprocess.DEVNULL)
@@ -106,7 +107,8 @@ def test_credentials_file(server, home, tmp_path, bucket):
     creds.chmod(0o600)
     mountpoint = tmp_path / 'mnt'
     proc = subprocess.Popen([BINARY, '-f', bucket, str(mountpoint), '-o',
-                             f'endpoint={server.endpoint},credentials_file={creds}'],
+                             f'endpoint={server.endpoint},credentials_file={creds},'
+                             f'cache={tmp_path / "cache"}'],
                             env=daemon_env(server, home, env),
                             stderr=subprocess.PIPE, text=True)
     try:
@@ -149,7 +151,7 @@ def test_daemon_mode(server, bucket, s3, home, tmp_path):
     mountpoint = tmp_path / 'mnt'
     mountpoint.mkdir()
     done = subprocess.run([BINARY, bucket, str(mountpoint), '-o',
-                           f'endpoint={server.endpoint}'],
+                           f'endpoint={server.endpoint},cache={tmp_path / "cache"}'],
                           env=daemon_env(server, home), capture_output=True,
                           text=True, timeout=60)
     try:
@@ -177,7 +179,8 @@ def test_fstab_style_mount(server, bucket, s3, home, tmp_path):
     creds.chmod(0o600)
     env = {'PATH': f'{bindir}:/usr/sbin:/usr/bin:/sbin:/bin', 'HOME': str(home)}
     options = (f'ro,nodev,nosuid,_netdev,nofail,allow_other,'
-               f'endpoint={server.endpoint},credentials_file={creds}')
+               f'endpoint={server.endpoint},credentials_file={creds},'
+               f'cache={tmp_path / "cache"}')
     done = subprocess.run(['/sbin/mount.fuse3', bucket, str(mountpoint), '-t',
                            'fuse.s3cachefs', '-o', options],
                           env=env, capture_output=True, text=True, timeout=60)
@@ -199,7 +202,7 @@ def test_relative_mountpoint_unmounts_on_signal(server, bucket, home, tmp_path):
     path to unmount it when a signal arrives."""
     (tmp_path / 'rel').mkdir()
     proc = subprocess.Popen([BINARY, '-f', bucket, 'rel', '-o',
-                             f'endpoint={server.endpoint}'], cwd=tmp_path,
+                             f'endpoint={server.endpoint},cache=cache'], cwd=tmp_path,
                             env=daemon_env(server, home), stderr=subprocess.PIPE,
                             text=True)
     try:

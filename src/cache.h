@@ -1,0 +1,155 @@
+/*
+ * cache.h - the block cache: object data on local disk, indexed in LMDB.
+ *
+ * Layout of the cache directory (see HACKING.md for the reasons):
+ *   lock            flock()ed by the mount using the directory; holds its pid
+ *   index/          LMDB environment (db.h): versions, blocks, recency
+ *   data/XX/ID      one sparse file per object version; block N of the
+ *                   object lives at offset N * block_size
+ *
+ * An object version is (bucket, key, ETag, size): a new ETag for a key gets
+ * a new version and the old one's blocks are dropped, so data of an old
+ * ETag is never served for a new one. Each block is recorded with its
+ * length and one XXH3-64 checksum per 64 KiB piece; every read verifies the
+ * pieces it touches, so bit rot, a truncated or deleted data file, or a
+ * block half-written before a crash is noticed, logged, dropped and fetched
+ * again: wrong bytes never reach a reader.
+ *
+ * Bounds: the bytes recorded (rounded up to 4 KiB) stay under cache_size
+ * and the filesystem's free space over min_free; room is made before a
+ * block is written, by evicting the least recently used blocks. Eviction
+ * resists scans: blocks enter a probation segment and move to a protected
+ * one when read again from the cache; probation is evicted first, and the
+ * protected segment is held to 80% of cache_size.
+ *
+ * Crash safety: the index is written without fsync (MDB_NOSYNC), so a kill
+ * -9 loses nothing committed. After a system crash the index may be
+ * damaged; the cache records the boot it was last opened in and whether it
+ * was closed cleanly, and rebuilds itself empty when both say it may be.
+ *
+ * Threads: every function may be called from any thread. Index
+ * transactions are short and never span network I/O; block data is
+ * written and read with pwrite/pread outside any lock.
+ */
+#ifndef S3CFS_CACHE_H
+#define S3CFS_CACHE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct db;
+
+/* Checksummed unit inside a block. */
+#define CACHE_PIECE_SIZE (64u << 10)
+#define CACHE_MIN_BLOCK_SIZE CACHE_PIECE_SIZE
+#define CACHE_MAX_BLOCK_SIZE (64u << 20)
+#define CACHE_DEFAULT_BLOCK_SIZE (1u << 20)
+
+struct cache_conf {
+    const char *dir;          /* created if missing */
+    const char *bucket;       /* namespace of keys in the index */
+    uint64_t size_limit;      /* cache_size, bytes */
+    uint64_t min_free_bytes;  /* keep this much free on the filesystem ... */
+    double min_free_ratio;    /* ... and this fraction of it (0..1) */
+    uint32_t block_size;      /* power of two, 64 KiB .. 64 MiB */
+};
+
+struct cache_stats {
+    uint64_t used_bytes;          /* recorded, rounded to 4 KiB */
+    uint64_t size_limit;
+    uint64_t blocks;              /* blocks recorded */
+    uint64_t hit_bytes;           /* bytes served from the cache */
+    uint64_t stored_bytes;        /* bytes written into the cache */
+    uint64_t evicted_blocks;
+    uint64_t corrupt_blocks;      /* failed a checksum or short read */
+};
+
+struct cache;
+struct cache_object;  /* an open object version, reference-counted */
+struct cache_fill;    /* a block being written */
+
+/*
+ * Take the directory's lock (EWOULDBLOCK when another mount holds it, with
+ * the holder in ERRBUF). Call before daemonizing: the lock is kept across
+ * fork. Returns 0 and an open lock in *lock_fd, or an errno + sentence.
+ */
+int cache_lock_dir(const char *dir, int *lock_fd, char *errbuf, size_t errlen);
+
+/*
+ * Open the cache in CONF->dir, whose lock LOCK_FD this process holds
+ * (ownership passes to the cache). Opens the index after daemonizing
+ * (LMDB must not cross fork). A changed block size empties the cache.
+ * Returns 0, or an errno with a sentence in ERRBUF.
+ */
+int cache_open(const struct cache_conf *conf, int lock_fd, struct cache **out,
+               char *errbuf, size_t errlen);
+
+/* Record a clean shutdown, close everything; *cache = NULL. Safe twice. */
+void cache_close(struct cache **cache);
+
+void cache_get_stats(struct cache *cache, struct cache_stats *out);
+
+uint32_t cache_block_size(const struct cache *cache);
+
+/*
+ * The version (KEY, ETAG, SIZE): found, or created (dropping blocks of any
+ * other version of KEY). Returns 0 and a reference in *out, or an errno.
+ */
+int cache_object_open(struct cache *cache, const char *key, const char *etag,
+                      uint64_t size, struct cache_object **out);
+
+/* Drop a reference; *object = NULL. Safe on NULL. */
+void cache_object_close(struct cache *cache, struct cache_object **object);
+
+/* The version's id in the index (stable while the version is cached). */
+uint64_t cache_object_id(const struct cache_object *object);
+
+/* Number of blocks of the object (0 for an empty object). */
+uint64_t cache_object_blocks(const struct cache_object *object);
+
+/* Length of block BLOCK of the object (the last one may be short). */
+uint32_t cache_object_block_len(const struct cache_object *object,
+                                uint64_t block);
+
+/* Whether BLOCK is recorded (not verified: for planning fetches only). */
+bool cache_block_present(struct cache *cache, struct cache_object *object,
+                         uint64_t block);
+
+/*
+ * Copy LEN bytes at OFFSET inside block BLOCK into BUF, verifying the
+ * checksums of the pieces read. Returns 0 (a hit: recency is updated),
+ * ENOENT (not cached, or it was corrupt and has been dropped), or an I/O
+ * errno. FIRST_TOUCH says this reader had not read the block before: a hit
+ * then counts as a re-use for the eviction policy.
+ */
+int cache_block_read(struct cache *cache, struct cache_object *object,
+                     uint64_t block, uint32_t offset, uint32_t len, char *buf,
+                     bool first_touch);
+
+/*
+ * Start writing block BLOCK: makes room first (evicting, or ENOSPC when
+ * nothing can be evicted). Data then arrives in order through
+ * cache_fill_write() and is recorded by cache_fill_commit() once the whole
+ * block is there; cache_fill_abort() forgets it.
+ */
+int cache_fill_begin(struct cache *cache, struct cache_object *object,
+                     uint64_t block, struct cache_fill **out);
+int cache_fill_write(struct cache_fill *fill, const void *data, size_t len);
+int cache_fill_commit(struct cache_fill **fill);
+void cache_fill_abort(struct cache_fill **fill);
+
+/* The index environment, for the metadata cache that shares it
+ * (metacache.h); owned by the cache. */
+struct db *cache_index(struct cache *cache);
+
+/* SHA-256 of "BUCKET NUL NAME" into OUT (32 bytes): how the index names
+ * keys and prefixes. 0, ENOMEM or EIO. */
+int cache_name_hash(const struct cache *cache, const char *name,
+                    unsigned char *out);
+
+/* Write recency updates and flush the index (the background flusher
+ * calls this every second; tests call it directly). */
+int cache_flush(struct cache *cache);
+
+#endif /* S3CFS_CACHE_H */

@@ -1,0 +1,236 @@
+/*
+ * db.c - LMDB environment and tables (see db.h).
+ */
+#include "config.h"
+
+#include "db.h"
+
+#include <errno.h>
+#include <lmdb.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+
+static const char *const table_names[DB_TABLE_COUNT] = {
+    [DB_META] = "meta",
+    [DB_KEYS] = "keys",
+    [DB_OBJECTS] = "objects",
+    [DB_BLOCKS] = "blocks",
+    [DB_RECENCY] = "recency",
+    [DB_ATTRS] = "attrs",
+    [DB_DIRS] = "dirs",
+};
+
+struct db {
+    MDB_env *env;
+    MDB_dbi tables[DB_TABLE_COUNT];
+};
+
+struct db_txn {
+    struct db *db;
+    MDB_txn *txn;
+};
+
+/* The one place LMDB results become errno values. */
+static int mdb_errno(int rc, const char *what)
+{
+    switch (rc) {
+    case MDB_SUCCESS:
+        return 0;
+    case MDB_NOTFOUND:
+        return ENOENT;
+    case MDB_MAP_FULL:
+    case MDB_TXN_FULL:
+        log_error("cache index: %s: %s", what, mdb_strerror(rc));
+        return ENOSPC;
+    case MDB_READERS_FULL:
+        log_error("cache index: %s: %s", what, mdb_strerror(rc));
+        return EAGAIN;
+    case MDB_CORRUPTED:
+    case MDB_PAGE_NOTFOUND:
+    case MDB_INVALID:
+    case MDB_VERSION_MISMATCH:
+    case MDB_INCOMPATIBLE:
+    case MDB_BAD_TXN:
+    case MDB_PANIC:
+        log_error("cache index: %s: %s", what, mdb_strerror(rc));
+        return EIO;
+    default:
+        if (rc > 0)
+            return rc; /* a system errno */
+        log_error("cache index: %s: %s", what, mdb_strerror(rc));
+        return EIO;
+    }
+}
+
+int db_open(const char *path, uint64_t map_size, bool durable, struct db **out,
+            char *errbuf, size_t errlen)
+{
+    struct db *db = calloc(1, sizeof(*db));
+    MDB_txn *txn = NULL;
+    unsigned flags = MDB_NOTLS | MDB_NORDAHEAD | (durable ? 0 : MDB_NOSYNC);
+    int rc;
+
+    *out = NULL;
+    if (db == NULL)
+        return ENOMEM;
+    rc = mdb_env_create(&db->env);
+    if (rc == 0)
+        rc = mdb_env_set_mapsize(db->env, (size_t)map_size);
+    if (rc == 0)
+        rc = mdb_env_set_maxdbs(db->env, DB_TABLE_COUNT);
+    if (rc == 0)
+        rc = mdb_env_set_maxreaders(db->env, 512);
+    if (rc == 0)
+        rc = mdb_env_open(db->env, path, flags, 0600);
+    if (rc == 0)
+        rc = mdb_txn_begin(db->env, NULL, 0, &txn);
+    for (int i = 0; rc == 0 && i < DB_TABLE_COUNT; i++)
+        rc = mdb_dbi_open(txn, table_names[i], MDB_CREATE, &db->tables[i]);
+    if (rc == 0) {
+        rc = mdb_txn_commit(txn);
+        txn = NULL;
+    }
+    if (rc != 0) {
+        snprintf(errbuf, errlen, "cannot open the cache index in %s: %s", path,
+                 mdb_strerror(rc));
+        if (txn != NULL)
+            mdb_txn_abort(txn);
+        if (db->env != NULL)
+            mdb_env_close(db->env);
+        free(db);
+        return rc > 0 ? rc : EIO;
+    }
+    *out = db;
+    return 0;
+}
+
+void db_close(struct db **dbp)
+{
+    struct db *db = *dbp;
+
+    if (db == NULL)
+        return;
+    mdb_env_sync(db->env, 1);
+    mdb_env_close(db->env);
+    free(db);
+    *dbp = NULL;
+}
+
+int db_sync(struct db *db)
+{
+    return mdb_errno(mdb_env_sync(db->env, 1), "sync");
+}
+
+int db_txn_begin(struct db *db, bool write, struct db_txn **out)
+{
+    struct db_txn *txn = malloc(sizeof(*txn));
+    int rc;
+
+    *out = NULL;
+    if (txn == NULL)
+        return ENOMEM;
+    txn->db = db;
+    rc = mdb_txn_begin(db->env, NULL, write ? 0 : MDB_RDONLY, &txn->txn);
+    if (rc != 0) {
+        free(txn);
+        return mdb_errno(rc, "begin transaction");
+    }
+    *out = txn;
+    return 0;
+}
+
+int db_txn_commit(struct db_txn **txnp)
+{
+    struct db_txn *txn = *txnp;
+    int rc = mdb_txn_commit(txn->txn);
+
+    free(txn);
+    *txnp = NULL;
+    return mdb_errno(rc, "commit");
+}
+
+void db_txn_abort(struct db_txn **txnp)
+{
+    if (*txnp == NULL)
+        return;
+    mdb_txn_abort((*txnp)->txn);
+    free(*txnp);
+    *txnp = NULL;
+}
+
+int db_get(struct db_txn *txn, enum db_table table, const void *key,
+           size_t key_len, const void **value, size_t *value_len)
+{
+    MDB_val k = {key_len, (void *)key};
+    MDB_val v;
+    int rc = mdb_get(txn->txn, txn->db->tables[table], &k, &v);
+
+    if (rc != 0)
+        return mdb_errno(rc, "read");
+    *value = v.mv_data;
+    *value_len = v.mv_size;
+    return 0;
+}
+
+int db_put(struct db_txn *txn, enum db_table table, const void *key,
+           size_t key_len, const void *value, size_t value_len)
+{
+    MDB_val k = {key_len, (void *)key};
+    MDB_val v = {value_len, (void *)value};
+    return mdb_errno(mdb_put(txn->txn, txn->db->tables[table], &k, &v, 0),
+                     "write");
+}
+
+int db_del(struct db_txn *txn, enum db_table table, const void *key,
+           size_t key_len)
+{
+    MDB_val k = {key_len, (void *)key};
+    return mdb_errno(mdb_del(txn->txn, txn->db->tables[table], &k, NULL),
+                     "delete");
+}
+
+int db_clear(struct db_txn *txn, enum db_table table)
+{
+    return mdb_errno(mdb_drop(txn->txn, txn->db->tables[table], 0), "clear");
+}
+
+int db_scan(struct db_txn *txn, enum db_table table, const void *start,
+            size_t start_len, db_visit_fn visit, void *arg)
+{
+    MDB_cursor *cursor = NULL;
+    MDB_val k = {start_len, (void *)start};
+    MDB_val v;
+    int rc = mdb_cursor_open(txn->txn, txn->db->tables[table], &cursor);
+    int err = 0;
+
+    if (rc != 0)
+        return mdb_errno(rc, "cursor");
+    rc = mdb_cursor_get(cursor, &k, &v, start_len > 0 ? MDB_SET_RANGE : MDB_FIRST);
+    while (rc == 0) {
+        int result = visit(arg, k.mv_data, k.mv_size, v.mv_data, v.mv_size);
+        if (result != 0) {
+            err = result > 0 ? result : 0;
+            goto out;
+        }
+        rc = mdb_cursor_get(cursor, &k, &v, MDB_NEXT);
+    }
+    if (rc != MDB_NOTFOUND)
+        err = mdb_errno(rc, "scan");
+out:
+    mdb_cursor_close(cursor);
+    return err;
+}
+
+int db_count(struct db_txn *txn, enum db_table table, uint64_t *count)
+{
+    MDB_stat stat;
+    int rc = mdb_stat(txn->txn, txn->db->tables[table], &stat);
+
+    if (rc != 0)
+        return mdb_errno(rc, "stat");
+    *count = stat.ms_entries;
+    return 0;
+}

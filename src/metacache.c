@@ -1,0 +1,271 @@
+/*
+ * metacache.c - attributes and listings in the cache index (see
+ * metacache.h).
+ *
+ * Records (host byte order, like the rest of the index):
+ *   DB_ATTRS  hash(key) -> struct attrs_record + ETag
+ *   DB_DIRS   hash(prefix) -> struct listing_header, then per entry a
+ *             struct entry_header + ETag + name
+ */
+#include "config.h"
+
+#include "metacache.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "db.h"
+
+#define HASH_LEN 32
+
+struct attrs_record {
+    uint8_t kind;
+    uint8_t pad[3];
+    uint32_t mode, uid, gid;
+    uint64_t size;
+    int64_t mtime_sec;
+    uint32_t mtime_nsec;
+    uint16_t etag_len;
+    uint16_t pad2;
+};
+
+struct listing_header {
+    double fetched_at_wall;
+    uint64_t count;
+};
+
+struct entry_header {
+    uint8_t kind;
+    uint8_t pad;
+    uint16_t etag_len;
+    uint16_t name_len;
+    uint16_t pad2;
+    uint32_t mtime_nsec;
+    uint64_t size;
+    int64_t mtime_sec;
+};
+
+static double wall_seconds(void)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    return (double)now.tv_sec + (double)now.tv_nsec / 1e9;
+}
+
+static double monotonic_seconds(void)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (double)now.tv_sec + (double)now.tv_nsec / 1e9;
+}
+
+int metacache_get_attrs(struct cache *cache, const char *key, const char *etag,
+                        struct inode_attrs *out)
+{
+    unsigned char hash[HASH_LEN];
+    struct db_txn *txn = NULL;
+    struct attrs_record record;
+    const void *value;
+    size_t len;
+    size_t etag_len = strlen(etag);
+    int err = cache_name_hash(cache, key, hash);
+
+    if (err == 0)
+        err = db_txn_begin(cache_index(cache), false, &txn);
+    if (err == 0)
+        err = db_get(txn, DB_ATTRS, hash, sizeof(hash), &value, &len);
+    if (err == 0) {
+        memcpy(&record, value, len < sizeof(record) ? len : sizeof(record));
+        if (len != sizeof(record) + record.etag_len || record.etag_len != etag_len ||
+            memcmp((const char *)value + sizeof(record), etag, etag_len) != 0)
+            err = ENOENT;
+    }
+    if (err == 0) {
+        *out = (struct inode_attrs){
+            .kind = (enum inode_kind)record.kind,
+            .size = record.size,
+            .mtime = {.tv_sec = (time_t)record.mtime_sec,
+                      .tv_nsec = (long)record.mtime_nsec},
+            .mode = record.mode,
+            .uid = record.uid,
+            .gid = record.gid,
+            .headers_known = true,
+            .fetched_at = monotonic_seconds(),
+        };
+        memcpy(out->etag, etag, etag_len + 1);
+    }
+    db_txn_abort(&txn);
+    return err;
+}
+
+int metacache_put_attrs(struct cache *cache, const char *key,
+                        const struct inode_attrs *attrs)
+{
+    unsigned char hash[HASH_LEN];
+    size_t etag_len = strlen(attrs->etag);
+    struct attrs_record *record = calloc(1, sizeof(*record) + etag_len);
+    struct db_txn *txn = NULL;
+    int err;
+
+    if (record == NULL)
+        return ENOMEM;
+    *record = (struct attrs_record){
+        .kind = (uint8_t)attrs->kind,
+        .mode = attrs->mode,
+        .uid = attrs->uid,
+        .gid = attrs->gid,
+        .size = attrs->size,
+        .mtime_sec = (int64_t)attrs->mtime.tv_sec,
+        .mtime_nsec = (uint32_t)attrs->mtime.tv_nsec,
+        .etag_len = (uint16_t)etag_len,
+    };
+    memcpy(record + 1, attrs->etag, etag_len);
+    err = cache_name_hash(cache, key, hash);
+    if (err == 0)
+        err = db_txn_begin(cache_index(cache), true, &txn);
+    if (err == 0)
+        err = db_put(txn, DB_ATTRS, hash, sizeof(hash), record,
+                     sizeof(*record) + etag_len);
+    if (err == 0)
+        err = db_txn_commit(&txn);
+    db_txn_abort(&txn);
+    free(record);
+    return err;
+}
+
+int metacache_put_listing(struct cache *cache, const char *dir_key,
+                          const struct inode_listing *listing,
+                          double fetched_at_wall)
+{
+    unsigned char hash[HASH_LEN];
+    struct listing_header header = {fetched_at_wall, listing->count};
+    size_t total = sizeof(header);
+    struct db_txn *txn = NULL;
+    char *blob = NULL;
+    int err;
+
+    for (size_t i = 0; i < listing->count; i++)
+        total += sizeof(struct entry_header) + strlen(listing->entries[i].attrs.etag) +
+                 strlen(listing->entries[i].name);
+    blob = malloc(total);
+    if (blob == NULL)
+        return ENOMEM;
+    char *at = blob;
+    memcpy(at, &header, sizeof(header));
+    at += sizeof(header);
+    for (size_t i = 0; i < listing->count; i++) {
+        const struct inode_dirent *entry = &listing->entries[i];
+        struct entry_header eh = {
+            .kind = (uint8_t)entry->attrs.kind,
+            .etag_len = (uint16_t)strlen(entry->attrs.etag),
+            .name_len = (uint16_t)strlen(entry->name),
+            .mtime_nsec = (uint32_t)entry->attrs.mtime.tv_nsec,
+            .size = entry->attrs.size,
+            .mtime_sec = (int64_t)entry->attrs.mtime.tv_sec,
+        };
+        memcpy(at, &eh, sizeof(eh));
+        at += sizeof(eh);
+        memcpy(at, entry->attrs.etag, eh.etag_len);
+        at += eh.etag_len;
+        memcpy(at, entry->name, eh.name_len);
+        at += eh.name_len;
+    }
+    err = cache_name_hash(cache, dir_key, hash);
+    if (err == 0)
+        err = db_txn_begin(cache_index(cache), true, &txn);
+    if (err == 0)
+        err = db_put(txn, DB_DIRS, hash, sizeof(hash), blob, total);
+    if (err == 0)
+        err = db_txn_commit(&txn);
+    db_txn_abort(&txn);
+    free(blob);
+    return err;
+}
+
+/* Decode a stored listing; EIO when it does not parse. */
+static int decode_listing(const char *blob, size_t len, double max_age,
+                          struct inode_listing **out)
+{
+    struct listing_header header;
+    struct inode_listing *listing = NULL;
+    double now_wall = wall_seconds();
+    const char *at = blob + sizeof(header);
+    const char *end = blob + len;
+    int err = 0;
+
+    if (len < sizeof(header))
+        return EIO;
+    memcpy(&header, blob, sizeof(header));
+    double age = now_wall - header.fetched_at_wall;
+    if (!(age >= 0 && age < max_age))
+        return ENOENT;
+    if (header.count > len / sizeof(struct entry_header))
+        return EIO;
+    listing = calloc(1, sizeof(*listing));
+    if (listing == NULL)
+        return ENOMEM;
+    listing->entries = calloc(header.count ? header.count : 1,
+                              sizeof(*listing->entries));
+    if (listing->entries == NULL) {
+        free(listing);
+        return ENOMEM;
+    }
+    listing->fetched_at = monotonic_seconds() - age;
+    for (uint64_t i = 0; i < header.count && err == 0; i++) {
+        struct entry_header eh;
+        if ((size_t)(end - at) < sizeof(eh)) {
+            err = EIO;
+            break;
+        }
+        memcpy(&eh, at, sizeof(eh));
+        at += sizeof(eh);
+        if ((size_t)(end - at) < (size_t)eh.etag_len + eh.name_len ||
+            eh.etag_len >= S3_ETAG_MAX || eh.name_len == 0) {
+            err = EIO;
+            break;
+        }
+        struct inode_dirent *entry = &listing->entries[i];
+        entry->attrs = (struct inode_attrs){
+            .kind = (enum inode_kind)eh.kind,
+            .size = eh.size,
+            .mtime = {.tv_sec = (time_t)eh.mtime_sec, .tv_nsec = (long)eh.mtime_nsec},
+            .fetched_at = listing->fetched_at,
+        };
+        memcpy(entry->attrs.etag, at, eh.etag_len);
+        entry->attrs.etag[eh.etag_len] = '\0';
+        at += eh.etag_len;
+        entry->name = strndup(at, eh.name_len);
+        at += eh.name_len;
+        if (entry->name == NULL)
+            err = ENOMEM;
+        listing->count = i + 1;
+    }
+    if (err != 0) {
+        inode_listing_free(listing);
+        return err;
+    }
+    *out = listing;
+    return 0;
+}
+
+int metacache_get_listing(struct cache *cache, const char *dir_key,
+                          double max_age, struct inode_listing **out)
+{
+    unsigned char hash[HASH_LEN];
+    struct db_txn *txn = NULL;
+    const void *value;
+    size_t len;
+    int err = cache_name_hash(cache, dir_key, hash);
+
+    *out = NULL;
+    if (err == 0)
+        err = db_txn_begin(cache_index(cache), false, &txn);
+    if (err == 0)
+        err = db_get(txn, DB_DIRS, hash, sizeof(hash), &value, &len);
+    if (err == 0)
+        err = decode_listing(value, len, max_age, out);
+    db_txn_abort(&txn);
+    return err == EIO ? ENOENT : err;
+}

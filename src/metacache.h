@@ -1,0 +1,43 @@
+/*
+ * metacache.h - object attributes and directory listings, persisted in the
+ * cache's LMDB index so that a remount does not pay for them again.
+ *
+ * Attributes are stored with the ETag they were read for: a listing that
+ * shows the same ETag later (one LIST covers 1000 keys) proves them still
+ * valid, so `ls -l` after a remount costs LIST requests, not one HEAD per
+ * file. Listings are stored with the wall-clock time they were fetched and
+ * are used while younger than dir_ttl.
+ *
+ * Thread-safe; each call is one short index transaction. Failures are
+ * logged by the index layer and reported as errno, and callers treat them
+ * as cache misses: this is an optimisation, never a source of truth.
+ */
+#ifndef S3CFS_METACACHE_H
+#define S3CFS_METACACHE_H
+
+#include "cache.h"
+#include "inode.h"
+
+/* Attributes of KEY known for ETAG: 0 and *out filled (headers_known
+ * true), or ENOENT (unknown, or known for another ETag). */
+int metacache_get_attrs(struct cache *cache, const char *key, const char *etag,
+                        struct inode_attrs *out);
+
+/* Remember ATTRS (from a HEAD: headers_known) of KEY. */
+int metacache_put_attrs(struct cache *cache, const char *key,
+                        const struct inode_attrs *attrs);
+
+/* Remember LISTING of directory prefix DIR_KEY (fetched_at_wall: when). */
+int metacache_put_listing(struct cache *cache, const char *dir_key,
+                          const struct inode_listing *listing,
+                          double fetched_at_wall);
+
+/*
+ * The listing of DIR_KEY stored less than MAX_AGE seconds ago: 0 and a new
+ * listing in *out (refs 0, caller owns; attributes have headers_known
+ * false), or ENOENT.
+ */
+int metacache_get_listing(struct cache *cache, const char *dir_key,
+                          double max_age, struct inode_listing **out);
+
+#endif /* S3CFS_METACACHE_H */

@@ -1,0 +1,212 @@
+"""The block cache: each byte fetched once, across remounts and crashes;
+never a wrong byte; bounded.
+
+Requests are counted by a proxy between the mount and the server
+(tests/harness/s3proxy.py), so "no data fetched" means the server saw no
+GET for the object, not that the daemon says so.
+"""
+import hashlib
+import mmap
+import os
+import random
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+import s3proxy
+from conftest import (BINARY, daemon_env, drop_caches, is_fuse_mount,
+                      read_stats, wait_for)
+
+MiB = 1 << 20
+RNG = random.Random(3)
+
+
+def sha(data):
+    return hashlib.sha256(data).hexdigest()
+
+
+@pytest.fixture
+def proxy(server):
+    with s3proxy.S3Proxy(server.endpoint) as running:
+        yield running
+
+
+def object_gets(proxy, bucket, key):
+    path = f'/{bucket}/{key}'
+    return proxy.records(lambda r: r.kind == 'GET' and r.path == path)
+
+
+def fetched_bytes(proxy, bucket, key):
+    return sum(r.body_bytes for r in object_gets(proxy, bucket, key))
+
+
+def data_files(cache_dir):
+    return [p for p in (Path(cache_dir) / 'data').glob('*/*') if p.is_file()]
+
+
+def test_read_once_then_from_cache(server, s3, bucket, mount, proxy, tmp_path):
+    """Cold read fetches every byte once; re-reads, a remount and a second
+    mount of the same cache fetch nothing."""
+    body = RNG.randbytes(12 * MiB + 777)
+    s3.put_object(Bucket=bucket, Key='data.bin', Body=body)
+    cache = tmp_path / 'cache'
+    mnt = mount(bucket, endpoint=proxy.endpoint, cache=cache)
+    assert sha((mnt.path / 'data.bin').read_bytes()) == sha(body)
+    assert fetched_bytes(proxy, bucket, 'data.bin') == len(body)
+
+    proxy.reset_counters()
+    drop_caches()
+    assert sha((mnt.path / 'data.bin').read_bytes()) == sha(body)
+    assert object_gets(proxy, bucket, 'data.bin') == []
+    stats = read_stats(mnt.path)
+    assert stats['bytes_from_cache'] >= len(body)
+    assert stats['cache_used_bytes'] >= len(body)
+    mnt.unmount()
+
+    again = mount(bucket, endpoint=proxy.endpoint, cache=cache, name='again')
+    proxy.reset_counters()
+    assert sha((again.path / 'data.bin').read_bytes()) == sha(body)
+    assert object_gets(proxy, bucket, 'data.bin') == []
+    assert read_stats(again.path)['bytes_from_bucket'] == 0
+
+
+def test_kill_9_then_remount(server, s3, bucket, mount, proxy, tmp_path):
+    """What was cached before a kill -9 is served by the next mount."""
+    body = RNG.randbytes(5 * MiB)
+    s3.put_object(Bucket=bucket, Key='survivor.bin', Body=body)
+    cache = tmp_path / 'cache'
+    mnt = mount(bucket, endpoint=proxy.endpoint, cache=cache)
+    assert (mnt.path / 'survivor.bin').read_bytes() == body
+    mnt.kill(signal.SIGKILL)
+    mnt.process.wait(timeout=30)
+    mnt.process = None
+    subprocess.run(['fusermount3', '-uz', str(mnt.path)])
+    wait_for(lambda: not is_fuse_mount(mnt.path), 30, 'the dead mount to go')
+
+    again = mount(bucket, endpoint=proxy.endpoint, cache=cache, name='again')
+    proxy.reset_counters()
+    assert (again.path / 'survivor.bin').read_bytes() == body
+    assert object_gets(proxy, bucket, 'survivor.bin') == []
+
+
+def test_new_etag_is_never_served_old_blocks(server, s3, bucket, mount, proxy,
+                                             tmp_path):
+    old = RNG.randbytes(3 * MiB)
+    new = RNG.randbytes(3 * MiB)  # same size: only the ETag tells them apart
+    s3.put_object(Bucket=bucket, Key='model.bin', Body=old)
+    mnt = mount(bucket, endpoint=proxy.endpoint, cache=tmp_path / 'cache',
+                options=['attr_ttl=0.2', 'dir_ttl=0.2'])
+    assert (mnt.path / 'model.bin').read_bytes() == old
+    s3.put_object(Bucket=bucket, Key='model.bin', Body=new)
+    proxy.reset_counters()
+    wait_for(lambda: (mnt.path / 'model.bin').read_bytes() == new, 10,
+             'the new version')
+    assert fetched_bytes(proxy, bucket, 'model.bin') >= len(new)
+    # and the old version's blocks are gone from the cache
+    wait_for(lambda: read_stats(mnt.path)['cache_used_bytes'] <= len(new) + MiB,
+             10, 'the old blocks to be dropped')
+
+
+def corrupt(path, offset):
+    with open(path, 'r+b') as data:
+        data.seek(offset)
+        byte = data.read(1)
+        data.seek(offset)
+        data.write(bytes([byte[0] ^ 0xff]))
+
+
+@pytest.mark.parametrize('damage', ['flip', 'truncate', 'delete'])
+def test_damaged_cache_never_serves_wrong_bytes(server, s3, bucket, mount, proxy,
+                                                tmp_path, damage):
+    body = RNG.randbytes(4 * MiB)
+    s3.put_object(Bucket=bucket, Key='precious.bin', Body=body)
+    cache = tmp_path / 'cache'
+    mnt = mount(bucket, endpoint=proxy.endpoint, cache=cache)
+    assert (mnt.path / 'precious.bin').read_bytes() == body
+    mnt.unmount()
+    [data_file] = data_files(cache)
+    if damage == 'flip':
+        corrupt(data_file, 2 * MiB + 12345)  # inside block 2
+    elif damage == 'truncate':
+        os.truncate(data_file, 3 * MiB + 5)  # block 3 cut short
+    else:
+        data_file.unlink()
+
+    again = mount(bucket, endpoint=proxy.endpoint, cache=cache, name='again')
+    proxy.reset_counters()
+    assert sha((again.path / 'precious.bin').read_bytes()) == sha(body)
+    refetched = fetched_bytes(proxy, bucket, 'precious.bin')
+    expected = {'flip': MiB, 'truncate': MiB, 'delete': len(body)}[damage]
+    assert refetched == expected
+    assert 'is damaged' in again.log()
+    assert read_stats(again.path)['cache_corrupt_blocks'] >= 1
+
+
+def test_cache_stays_bounded(server, s3, bucket, mount, proxy, tmp_path):
+    """Reading three times the cache's size: it works, and the cache never
+    holds more than its size plus a block or two."""
+    limit = 16 * MiB
+    body = RNG.randbytes(3 * limit)
+    s3.put_object(Bucket=bucket, Key='large.bin', Body=body)
+    cache = tmp_path / 'cache'
+    mnt = mount(bucket, endpoint=proxy.endpoint, cache=cache,
+                options=[f'cache_size={limit}'])
+    digest = hashlib.sha256()
+    peak = 0
+    with open(mnt.path / 'large.bin', 'rb') as f:
+        while chunk := f.read(MiB):
+            digest.update(chunk)
+            on_disk = sum(p.stat().st_blocks * 512 for p in data_files(cache))
+            peak = max(peak, on_disk, read_stats(mnt.path)['cache_used_bytes'])
+    assert digest.hexdigest() == sha(body)
+    assert peak <= limit + 2 * MiB, peak
+    assert read_stats(mnt.path)['cache_evicted_blocks'] > 0
+
+
+def test_second_mount_on_the_same_cache_is_refused(server, bucket, mount,
+                                                    tmp_path, home):
+    cache = tmp_path / 'cache'
+    mount(bucket, cache=cache)
+    other = tmp_path / 'other'
+    other.mkdir()
+    done = subprocess.run([BINARY, '-f', bucket, str(other), '-o',
+                           f'endpoint={server.endpoint},cache={cache}'],
+                          env=daemon_env(server, home), capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode != 0
+    assert 'in use by another s3cachefs mount' in done.stderr, done.stderr
+    assert not is_fuse_mount(other)
+
+
+def test_mmap_of_a_cached_file(server, s3, bucket, mount, proxy, tmp_path):
+    body = RNG.randbytes(6 * MiB + 99)
+    s3.put_object(Bucket=bucket, Key='weights.safetensors', Body=body)
+    cache = tmp_path / 'cache'
+    mnt = mount(bucket, endpoint=proxy.endpoint, cache=cache)
+    (mnt.path / 'weights.safetensors').read_bytes()
+    mnt.unmount()
+    again = mount(bucket, endpoint=proxy.endpoint, cache=cache, name='again')
+    proxy.reset_counters()
+    with open(again.path / 'weights.safetensors', 'rb') as f:
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as view:
+            for offset in random.Random(5).sample(range(len(body) - 4096), 50):
+                assert view[offset:offset + 4096] == body[offset:offset + 4096]
+            assert sha(view[:]) == sha(body)
+    assert object_gets(proxy, bucket, 'weights.safetensors') == []
+
+
+def test_concurrent_readers_share_requests(server, s3, bucket, mount, proxy):
+    """Eight readers of one cold file: every byte crosses the network once."""
+    body = RNG.randbytes(8 * MiB)
+    s3.put_object(Bucket=bucket, Key='shared.bin', Body=body)
+    mnt = mount(bucket, endpoint=proxy.endpoint)
+    proxy.reset_counters()
+    import concurrent.futures
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda _: (mnt.path / 'shared.bin').read_bytes(),
+                                range(8)))
+    assert all(r == body for r in results)
+    assert fetched_bytes(proxy, bucket, 'shared.bin') == len(body)
