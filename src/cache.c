@@ -109,6 +109,14 @@ struct cache_fill {
     uint64_t *sums;
 };
 
+/* A block-sized read buffer per reading thread, listed in the cache so
+ * that cache_close() frees those of threads still alive. */
+struct bounce {
+    struct cache *cache;
+    struct bounce *next, *prev;
+    char data[];
+};
+
 struct cache {
     char *dir;
     char *bucket;
@@ -131,7 +139,8 @@ struct cache {
     pthread_t flusher;
     bool flusher_started;
     pthread_mutex_t evict_lock;
-    pthread_key_t bounce_key; /* per-thread read buffer */
+    pthread_key_t bounce_key; /* per-thread read buffer (struct bounce) */
+    struct bounce *bounces;   /* under lock: every live one */
 
     _Atomic uint64_t hit_bytes;
     _Atomic uint64_t stored_bytes;
@@ -247,6 +256,19 @@ static int usage_get(struct db_txn *txn, struct usage_record *out)
 static int usage_put(struct db_txn *txn, const struct usage_record *usage)
 {
     return db_put(txn, DB_META, "usage", 5, usage, sizeof(*usage));
+}
+
+/* After a commit, move the in-memory mirror of the usage record by what
+ * the transaction changed (BEFORE -> AFTER). Applying differences keeps
+ * the mirror right whatever order committed transactions report in. */
+static void usage_mirror(struct cache *cache, const struct usage_record *before,
+                         const struct usage_record *after)
+{
+    pthread_mutex_lock(&cache->lock);
+    for (int i = 0; i < 2; i++)
+        cache->usage.bytes[i] += after->bytes[i] - before->bytes[i];
+    cache->usage.blocks += after->blocks - before->blocks;
+    pthread_mutex_unlock(&cache->lock);
 }
 
 static int next_tick(struct db_txn *txn, uint64_t *tick)
@@ -521,11 +543,6 @@ static void remove_index(const struct cache *cache)
 
 /* ------------------------------------------------------------- opening */
 
-static void free_bounce(void *buf)
-{
-    free(buf);
-}
-
 static int check_format(struct cache *cache)
 {
     struct db_txn *txn = NULL;
@@ -562,6 +579,7 @@ out:
 }
 
 static void *flusher_main(void *arg);
+static void free_bounce(void *arg);
 
 int cache_open(const struct cache_conf *conf, int lock_fd, struct cache **out,
                char *errbuf, size_t errlen)
@@ -670,7 +688,12 @@ void cache_close(struct cache **cachep)
     tdestroy(cache->open_objects, no_free);
     if (cache->lock_fd >= 0)
         close(cache->lock_fd);
-    pthread_key_delete(cache->bounce_key);
+    pthread_key_delete(cache->bounce_key); /* runs no destructors: */
+    while (cache->bounces != NULL) {
+        struct bounce *next = cache->bounces->next;
+        free(cache->bounces);
+        cache->bounces = next;
+    }
     pthread_mutex_destroy(&cache->lock);
     pthread_mutex_destroy(&cache->evict_lock);
     pthread_cond_destroy(&cache->flusher_wake);
@@ -816,7 +839,7 @@ static int resolve_version(struct cache *cache, const char *key,
     unsigned char hash[KEY_HASH_LEN];
     unsigned char id_key[8];
     struct db_txn *txn = NULL;
-    struct usage_record usage;
+    struct usage_record usage, before;
     const void *value;
     size_t len;
     size_t etag_len = strlen(etag);
@@ -829,6 +852,7 @@ static int resolve_version(struct cache *cache, const char *key,
     if (err != 0)
         return err;
     err = usage_get(txn, &usage);
+    before = usage;
     if (err == 0)
         err = db_get(txn, DB_KEYS, hash, sizeof(hash), &value, &len);
     if (err == 0 && len == sizeof(uint64_t)) {
@@ -876,9 +900,7 @@ static int resolve_version(struct cache *cache, const char *key,
     if (err == 0)
         err = db_txn_commit(&txn);
     if (err == 0) {
-        pthread_mutex_lock(&cache->lock);
-        cache->usage = usage;
-        pthread_mutex_unlock(&cache->lock);
+        usage_mirror(cache, &before, &usage);
     }
 out:
     db_txn_abort(&txn);
@@ -1031,7 +1053,7 @@ static void drop_damaged_block(struct cache *cache, struct cache_object *object,
 {
     struct db_txn *txn = NULL;
     struct block_key key = block_key(object->id, block);
-    struct usage_record usage;
+    struct usage_record usage, before;
     const void *value;
     size_t len;
     uint32_t dropped_len = 0;
@@ -1039,16 +1061,22 @@ static void drop_damaged_block(struct cache *cache, struct cache_object *object,
 
     if (db_txn_begin(cache->db, true, &txn) != 0)
         return;
-    if (usage_get(txn, &usage) == 0 &&
-        db_get(txn, DB_BLOCKS, key.bytes, sizeof(key.bytes), &value, &len) == 0 &&
-        len >= sizeof(struct block_record) &&
-        ((const struct block_record *)value)->tick == tick &&
-        drop_block_txn(txn, object->id, block, &usage, &dropped_len) == 0 &&
-        usage_put(txn, &usage) == 0 && db_txn_commit(&txn) == 0) {
+    int err = usage_get(txn, &usage);
+    before = usage;
+    if (err == 0)
+        err = db_get(txn, DB_BLOCKS, key.bytes, sizeof(key.bytes), &value, &len);
+    if (err == 0 && (len < sizeof(struct block_record) ||
+                     ((const struct block_record *)value)->tick != tick))
+        err = ESTALE; /* replaced since: not ours to drop */
+    if (err == 0)
+        err = drop_block_txn(txn, object->id, block, &usage, &dropped_len);
+    if (err == 0)
+        err = usage_put(txn, &usage);
+    if (err == 0)
+        err = db_txn_commit(&txn);
+    if (err == 0) {
         dropped = true;
-        pthread_mutex_lock(&cache->lock);
-        cache->usage = usage;
-        pthread_mutex_unlock(&cache->lock);
+        usage_mirror(cache, &before, &usage);
     }
     db_txn_abort(&txn);
     if (dropped) {
@@ -1058,16 +1086,41 @@ static void drop_damaged_block(struct cache *cache, struct cache_object *object,
     }
 }
 
+static void free_bounce(void *arg)
+{
+    struct bounce *bounce = arg;
+    struct cache *cache = bounce->cache;
+
+    pthread_mutex_lock(&cache->lock);
+    if (bounce->prev != NULL)
+        bounce->prev->next = bounce->next;
+    else
+        cache->bounces = bounce->next;
+    if (bounce->next != NULL)
+        bounce->next->prev = bounce->prev;
+    pthread_mutex_unlock(&cache->lock);
+    free(bounce);
+}
+
 static char *bounce_buffer(struct cache *cache)
 {
-    char *buf = pthread_getspecific(cache->bounce_key);
+    struct bounce *bounce = pthread_getspecific(cache->bounce_key);
 
-    if (buf == NULL) {
-        buf = malloc(cache->block_size);
-        if (buf != NULL)
-            pthread_setspecific(cache->bounce_key, buf);
+    if (bounce == NULL) {
+        bounce = malloc(sizeof(*bounce) + cache->block_size);
+        if (bounce == NULL)
+            return NULL;
+        bounce->cache = cache;
+        bounce->prev = NULL;
+        pthread_mutex_lock(&cache->lock);
+        bounce->next = cache->bounces;
+        if (cache->bounces != NULL)
+            cache->bounces->prev = bounce;
+        cache->bounces = bounce;
+        pthread_mutex_unlock(&cache->lock);
+        pthread_setspecific(cache->bounce_key, bounce);
     }
-    return buf;
+    return bounce->data;
 }
 
 static void add_touch(struct cache *cache, uint64_t id, uint64_t block, bool reuse)
@@ -1243,7 +1296,7 @@ static uint64_t evict_some(struct cache *cache, uint64_t want, int *err)
     uint64_t retired[EVICT_BATCH];
     size_t retired_count = 0;
     struct db_txn *txn = NULL;
-    struct usage_record usage;
+    struct usage_record usage, before;
     uint64_t freed = 0;
     size_t dropped = 0;
 
@@ -1251,6 +1304,7 @@ static uint64_t evict_some(struct cache *cache, uint64_t want, int *err)
     if (*err != 0)
         return 0;
     *err = usage_get(txn, &usage);
+    before = usage;
     if (*err == 0)
         *err = db_scan(txn, DB_RECENCY, NULL, 0, collect_victim, &scan);
     for (size_t i = 0; *err == 0 && i < scan.count && freed < want; i++) {
@@ -1278,9 +1332,7 @@ static uint64_t evict_some(struct cache *cache, uint64_t want, int *err)
     db_txn_abort(&txn);
     if (*err != 0)
         return 0;
-    pthread_mutex_lock(&cache->lock);
-    cache->usage = usage;
-    pthread_mutex_unlock(&cache->lock);
+    usage_mirror(cache, &before, &usage);
 
     for (size_t i = 0; i < dropped; i++) {
         bool gone = false;
@@ -1454,7 +1506,7 @@ int cache_fill_commit(struct cache_fill **fillp)
     size_t record_len = sizeof(struct block_record) + pieces * sizeof(uint64_t);
     struct block_record *record = NULL;
     struct db_txn *txn = NULL;
-    struct usage_record usage;
+    struct usage_record usage, before;
     uint32_t old_len;
     uint64_t tick = 0;
     int err = 0;
@@ -1472,6 +1524,7 @@ int cache_fill_commit(struct cache_fill **fillp)
     err = db_txn_begin(cache->db, true, &txn);
     if (err == 0)
         err = usage_get(txn, &usage);
+    before = usage;
     if (err == 0) {
         err = drop_block_txn(txn, id, fill->block, &usage, &old_len);
         if (err == ENOENT)
@@ -1501,9 +1554,7 @@ int cache_fill_commit(struct cache_fill **fillp)
     if (err == 0)
         err = db_txn_commit(&txn);
     if (err == 0) {
-        pthread_mutex_lock(&cache->lock);
-        cache->usage = usage;
-        pthread_mutex_unlock(&cache->lock);
+        usage_mirror(cache, &before, &usage);
         atomic_fetch_add(&cache->stored_bytes, fill->len);
     }
 out:
@@ -1612,7 +1663,7 @@ int cache_flush(struct cache *cache)
     struct touch *touches = NULL;
     size_t count;
     struct db_txn *txn = NULL;
-    struct usage_record usage;
+    struct usage_record usage, before;
     char *scratch = NULL;
     int err = 0;
 
@@ -1639,6 +1690,7 @@ int cache_flush(struct cache *cache)
     err = db_txn_begin(cache->db, true, &txn);
     if (err == 0)
         err = usage_get(txn, &usage);
+    before = usage;
     for (size_t i = 0; err == 0 && i < count; i++)
         err = apply_touch_txn(txn, &touches[i], &usage, scratch);
     if (err == 0)
@@ -1648,9 +1700,7 @@ int cache_flush(struct cache *cache)
     if (err == 0)
         err = db_txn_commit(&txn);
     if (err == 0) {
-        pthread_mutex_lock(&cache->lock);
-        cache->usage = usage;
-        pthread_mutex_unlock(&cache->lock);
+        usage_mirror(cache, &before, &usage);
     }
 out:
     db_txn_abort(&txn);

@@ -118,10 +118,11 @@ bool cache_block_present(struct cache *cache, struct cache_object *object,
 
 /*
  * Copy LEN bytes at OFFSET inside block BLOCK into BUF, verifying the
- * checksums of the pieces read. Returns 0 (a hit: recency is updated),
+ * checksums of the pieces read. Returns 0 (a hit),
  * ENOENT (not cached, or it was corrupt and has been dropped), or an I/O
- * errno. FIRST_TOUCH says this reader had not read the block before: a hit
- * then counts as a re-use for the eviction policy.
+ * errno. Recency is updated when FIRST_TOUCH says this reader had not
+ * read the block just before (once per reader and block, not per read):
+ * such a hit also counts as a re-use for the eviction policy.
  */
 int cache_block_read(struct cache *cache, struct cache_object *object,
                      uint64_t block, uint32_t offset, uint32_t len, char *buf,

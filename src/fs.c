@@ -33,13 +33,13 @@
 #include "reader.h"
 #include "workers.h"
 
-#define LIST_PAGE_KEYS 1000
 #define MAX_REQUEST (8u << 20)           /* largest coalesced GET */
 #define LOGGED_KEYS_MAX 10000            /* "skipped key" lines, once each */
 #define STATFS_BLOCK 4096
 #define STATFS_BLOCKS (1ull << 38)       /* report 1 PiB, all free */
 #define UNKNOWN_INO 0xffffffffu          /* readdir: the kernel looks it up */
-#define RELIST_MAX 10000                 /* entries: relisting beats probing */
+#define LIST_PAGE 1000                   /* keys per LIST */
+#define RELIST_PAGES_MAX 10              /* see worth_relisting() */
 
 struct fs {
     struct fs_conf conf;
@@ -278,7 +278,7 @@ static int fetch_listing(struct fs *fs, const char *dir_key,
     *out = NULL;
     do {
         struct s3xml_listing page;
-        err = s3_list_objects(fs->s3, dir_key, "/", token, NULL, LIST_PAGE_KEYS,
+        err = s3_list_objects(fs->s3, dir_key, "/", token, NULL, LIST_PAGE,
                               &page);
         free(token);
         token = NULL;
@@ -385,6 +385,21 @@ static int get_listing(struct fs *fs, struct inode *dir,
     }
     inode_table_unlock(fs->inodes);
     return err;
+}
+
+/*
+ * Whether to answer a lookup or a revalidation in directory DIR by listing
+ * it again rather than asking about one name. One page (up to 1000 keys)
+ * never costs more than a probe; a few pages pay off when the listing then
+ * serves the lookups of dir_ttl seconds, but not when dir_ttl is tiny.
+ * Call with the table lock held.
+ */
+static bool worth_relisting_locked(const struct fs *fs, const struct inode *dir)
+{
+    if (dir->listing == NULL)
+        return false;
+    size_t pages = (dir->listing->count + LIST_PAGE - 1) / LIST_PAGE;
+    return pages <= 1 || (fs->conf.dir_ttl >= 1.0 && pages <= RELIST_PAGES_MAX);
 }
 
 /* ---------------------------------------------------- parallel HEADs */
@@ -527,7 +542,7 @@ int fs_lookup(struct fs *fs, fuse_ino_t parent_ino, const char *name,
     /* A directory listed before is listed again (one LIST per 1000 keys
      * answers every lookup in it for dir_ttl); others are probed. */
     inode_table_lock(fs->inodes);
-    bool listed = parent->listing != NULL && parent->listing->count <= RELIST_MAX;
+    bool listed = worth_relisting_locked(fs, parent);
     inode_table_unlock(fs->inodes);
     if (listed) {
         err = get_listing(fs, parent, &listing);
@@ -596,8 +611,7 @@ static int revalidate_file(struct fs *fs, struct inode *inode,
         return ENOMEM;
     inode_table_lock(fs->inodes);
     parent = inode_find_locked(fs->inodes, parent_key);
-    if (parent != NULL && parent->listing != NULL &&
-        parent->listing->count <= RELIST_MAX)
+    if (parent != NULL && worth_relisting_locked(fs, parent))
         inode_pin_locked(parent);
     else
         parent = NULL;
