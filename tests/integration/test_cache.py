@@ -210,3 +210,20 @@ def test_concurrent_readers_share_requests(server, s3, bucket, mount, proxy):
                                 range(8)))
     assert all(r == body for r in results)
     assert fetched_bytes(proxy, bucket, 'shared.bin') == len(body)
+
+
+def test_page_cache_kept_while_etag_unchanged(server, s3, bucket, mount):
+    """A second open of an unchanged object is served by the kernel's page
+    cache: the filesystem sees no read at all. A new version is read anew."""
+    body = RNG.randbytes(2 * MiB)
+    s3.put_object(Bucket=bucket, Key='kept.bin', Body=body)
+    mnt = mount(bucket, options=['attr_ttl=0.2', 'dir_ttl=0.2'])
+    assert (mnt.path / 'kept.bin').read_bytes() == body
+    assert (mnt.path / 'kept.bin').read_bytes() == body  # now keep_cache
+    read_before = read_stats(mnt.path)['bytes_read']
+    assert (mnt.path / 'kept.bin').read_bytes() == body
+    assert read_stats(mnt.path)['bytes_read'] == read_before
+    changed = RNG.randbytes(2 * MiB)
+    s3.put_object(Bucket=bucket, Key='kept.bin', Body=changed)
+    wait_for(lambda: (mnt.path / 'kept.bin').read_bytes() == changed, 10,
+             'the new version')
