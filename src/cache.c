@@ -114,6 +114,7 @@ struct cache_fill {
 struct bounce {
     struct cache *cache;
     struct bounce *next, *prev;
+    size_t size;
     char data[];
 };
 
@@ -142,7 +143,7 @@ struct cache {
     pthread_key_t bounce_key; /* per-thread read buffer (struct bounce) */
     struct bounce *bounces;   /* under lock: every live one */
 
-    _Atomic uint64_t hit_bytes;
+    _Atomic uint64_t served_bytes;
     _Atomic uint64_t stored_bytes;
     _Atomic uint64_t evicted_blocks;
     _Atomic uint64_t corrupt_blocks;
@@ -709,10 +710,11 @@ void cache_get_stats(struct cache *cache, struct cache_stats *out)
 {
     pthread_mutex_lock(&cache->lock);
     out->used_bytes = cache->usage.bytes[0] + cache->usage.bytes[1];
+    out->protected_bytes = cache->usage.bytes[SEGMENT_PROTECTED];
     out->blocks = cache->usage.blocks;
     pthread_mutex_unlock(&cache->lock);
     out->size_limit = cache->size_limit;
-    out->hit_bytes = atomic_load(&cache->hit_bytes);
+    out->served_bytes = atomic_load(&cache->served_bytes);
     out->stored_bytes = atomic_load(&cache->stored_bytes);
     out->evicted_blocks = atomic_load(&cache->evicted_blocks);
     out->corrupt_blocks = atomic_load(&cache->corrupt_blocks);
@@ -1102,25 +1104,39 @@ static void free_bounce(void *arg)
     free(bounce);
 }
 
-static char *bounce_buffer(struct cache *cache)
+/* This thread's read buffer, at least LEN bytes (it grows to the largest
+ * read the thread makes: FUSE reads are at most 1 MiB whatever the block
+ * size). */
+static char *bounce_buffer(struct cache *cache, size_t len)
 {
     struct bounce *bounce = pthread_getspecific(cache->bounce_key);
 
-    if (bounce == NULL) {
-        bounce = malloc(sizeof(*bounce) + cache->block_size);
-        if (bounce == NULL)
-            return NULL;
-        bounce->cache = cache;
-        bounce->prev = NULL;
-        pthread_mutex_lock(&cache->lock);
-        bounce->next = cache->bounces;
-        if (cache->bounces != NULL)
-            cache->bounces->prev = bounce;
-        cache->bounces = bounce;
-        pthread_mutex_unlock(&cache->lock);
-        pthread_setspecific(cache->bounce_key, bounce);
+    if (bounce != NULL && bounce->size >= len)
+        return bounce->data;
+    size_t size = len < CACHE_PIECE_SIZE * 4 ? CACHE_PIECE_SIZE * 4 : len;
+    struct bounce *fresh = malloc(sizeof(*fresh) + size);
+    if (fresh == NULL)
+        return NULL;
+    fresh->cache = cache;
+    fresh->size = size;
+    fresh->prev = NULL;
+    pthread_mutex_lock(&cache->lock);
+    if (bounce != NULL) { /* replace the smaller one in the list */
+        if (bounce->prev != NULL)
+            bounce->prev->next = bounce->next;
+        else
+            cache->bounces = bounce->next;
+        if (bounce->next != NULL)
+            bounce->next->prev = bounce->prev;
     }
-    return bounce->data;
+    fresh->next = cache->bounces;
+    if (cache->bounces != NULL)
+        cache->bounces->prev = fresh;
+    cache->bounces = fresh;
+    pthread_mutex_unlock(&cache->lock);
+    free(bounce);
+    pthread_setspecific(cache->bounce_key, fresh);
+    return fresh->data;
 }
 
 static void add_touch(struct cache *cache, uint64_t id, uint64_t block, bool reuse)
@@ -1133,7 +1149,7 @@ static void add_touch(struct cache *cache, uint64_t id, uint64_t block, bool reu
 
 int cache_block_read(struct cache *cache, struct cache_object *object,
                      uint64_t block, uint32_t offset, uint32_t len, char *buf,
-                     bool first_touch)
+                     bool reuse)
 {
     struct db_txn *txn = NULL;
     struct block_key key = block_key(object->id, block);
@@ -1141,11 +1157,9 @@ int cache_block_read(struct cache *cache, struct cache_object *object,
     uint64_t sums[CACHE_MAX_BLOCK_SIZE / CACHE_PIECE_SIZE];
     const void *value;
     size_t value_len;
-    char *bounce = bounce_buffer(cache);
+    char *bounce = NULL;
     int err;
 
-    if (bounce == NULL)
-        return ENOMEM;
     if (len == 0)
         return 0;
     err = db_txn_begin(cache->db, false, &txn);
@@ -1179,6 +1193,9 @@ int cache_block_read(struct cache *cache, struct cache_object *object,
     uint32_t span_end = (last_piece + 1) * CACHE_PIECE_SIZE;
     if (span_end > record.len)
         span_end = record.len;
+    bounce = bounce_buffer(cache, span_end - span_start);
+    if (bounce == NULL)
+        return ENOMEM;
     ssize_t got = pread(object->fd, bounce, span_end - span_start,
                         (off_t)(block * cache->block_size + span_start));
     if (got < 0)
@@ -1197,8 +1214,8 @@ int cache_block_read(struct cache *cache, struct cache_object *object,
         }
     }
     memcpy(buf, bounce + (offset - span_start), len);
-    atomic_fetch_add(&cache->hit_bytes, len);
-    if (first_touch)
+    atomic_fetch_add(&cache->served_bytes, len);
+    if (reuse)
         add_touch(cache, object->id, block, true);
     return 0;
 }

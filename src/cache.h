@@ -57,9 +57,11 @@ struct cache_conf {
 
 struct cache_stats {
     uint64_t used_bytes;          /* recorded, rounded to 4 KiB */
+    uint64_t protected_bytes;     /* of which read again (kept longest) */
     uint64_t size_limit;
     uint64_t blocks;              /* blocks recorded */
-    uint64_t hit_bytes;           /* bytes served from the cache */
+    uint64_t served_bytes;        /* bytes read from the cache (fetched
+                                     ones included) */
     uint64_t stored_bytes;        /* bytes written into the cache */
     uint64_t evicted_blocks;
     uint64_t corrupt_blocks;      /* failed a checksum or short read */
@@ -118,15 +120,16 @@ bool cache_block_present(struct cache *cache, struct cache_object *object,
 
 /*
  * Copy LEN bytes at OFFSET inside block BLOCK into BUF, verifying the
- * checksums of the pieces read. Returns 0 (a hit),
- * ENOENT (not cached, or it was corrupt and has been dropped), or an I/O
- * errno. Recency is updated when FIRST_TOUCH says this reader had not
- * read the block just before (once per reader and block, not per read):
- * such a hit also counts as a re-use for the eviction policy.
+ * checksums of the pieces read. Returns 0, ENOENT (not cached, or it was
+ * corrupt and has been dropped), or an I/O errno. REUSE says the block is
+ * being read again: the reader did not fetch it and had not read it just
+ * before. Such a read updates the block's recency and moves it to the
+ * protected segment; data read right after its fetch stays in probation,
+ * which is what lets one pass over a big dataset evict only itself.
  */
 int cache_block_read(struct cache *cache, struct cache_object *object,
                      uint64_t block, uint32_t offset, uint32_t len, char *buf,
-                     bool first_touch);
+                     bool reuse);
 
 /*
  * Start writing block BLOCK: makes room first (evicting, or ENOSPC when

@@ -1047,6 +1047,7 @@ void fs_get_stats(struct fs *fs, struct fs_stats *out)
     cache_get_stats(fs->conf.cache, &out->cache);
     reader_get_stats(fs->reader, &reader);
     out->bytes_read = reader.bytes_read;
+    out->hit_bytes = reader.hit_bytes;
     out->direct_bytes = reader.direct_bytes;
     out->inodes = inode_table_count(fs->inodes);
 }
@@ -1067,7 +1068,7 @@ int fs_stats_text(struct fs *fs, char **text)
         used += (size_t)snprintf(requests + used, sizeof(requests) - used,
                                  "requests_%s %llu\n", op_names[op],
                                  (unsigned long long)st.s3.requests[op]);
-    uint64_t served = st.cache.hit_bytes;
+    uint64_t served = st.hit_bytes;
     uint64_t fetched = st.s3.bytes_received;
     double hit_ratio = served + fetched > 0
                            ? (double)served / (double)(served + fetched) : 0;
@@ -1079,6 +1080,7 @@ int fs_stats_text(struct fs *fs, char **text)
         "bytes_read_around_cache %llu\n"
         "cache_hit_ratio %.4f\n"
         "cache_used_bytes %llu\n"
+        "cache_protected_bytes %llu\n"
         "cache_size_bytes %llu\n"
         "cache_blocks %llu\n"
         "cache_evicted_blocks %llu\n"
@@ -1091,6 +1093,7 @@ int fs_stats_text(struct fs *fs, char **text)
         (unsigned long long)fetched, (unsigned long long)st.s3.bytes_sent,
         (unsigned long long)st.direct_bytes, hit_ratio,
         (unsigned long long)st.cache.used_bytes,
+        (unsigned long long)st.cache.protected_bytes,
         (unsigned long long)st.cache.size_limit,
         (unsigned long long)st.cache.blocks,
         (unsigned long long)st.cache.evicted_blocks,

@@ -58,6 +58,7 @@ struct fs_stats {
     struct s3_stats s3;
     struct cache_stats cache;
     uint64_t bytes_read;      /* returned to readers */
+    uint64_t hit_bytes;       /* of which already cached */
     uint64_t direct_bytes;    /* read around a full cache */
     uint64_t inodes;          /* inodes the kernel holds */
 };

@@ -204,19 +204,6 @@ int main(int argc, char **argv)
     }
     log_set_level(opts.debug ? LOG_LEVEL_DEBUG : LOG_LEVEL_INFO);
 
-    if (cache_lock_dir(opts.cache_dir, &cache_lock_fd, errbuf, sizeof(errbuf)) != 0) {
-        fprintf(stderr, "s3cachefs: %s\n", errbuf);
-        goto out;
-    }
-    char *cache_dir = realpath(opts.cache_dir, NULL); /* the daemon runs in / */
-    if (cache_dir == NULL) {
-        fprintf(stderr, "s3cachefs: cache directory %s: %s\n", opts.cache_dir,
-                strerror(errno));
-        goto out;
-    }
-    free(opts.cache_dir);
-    opts.cache_dir = cache_dir;
-
     char fsname[300];
     snprintf(fsname, sizeof(fsname), "%s%s%s", opts.bucket,
              opts.prefix[0] ? ":" : "", opts.prefix);
@@ -273,6 +260,20 @@ int main(int argc, char **argv)
         report_check_failure(&opts, &aws, &why);
         goto out;
     }
+
+    if (cache_lock_dir(opts.cache_dir, &cache_lock_fd, errbuf, sizeof(errbuf)) != 0) {
+        fprintf(stderr, "s3cachefs: %s\n", errbuf);
+        goto out;
+    }
+    char *cache_dir = realpath(opts.cache_dir, NULL); /* the daemon runs in / */
+    if (cache_dir == NULL) {
+        fprintf(stderr, "s3cachefs: cache directory %s: %s\n", opts.cache_dir,
+                strerror(errno));
+        goto out;
+    }
+    free(opts.cache_dir);
+    opts.cache_dir = cache_dir;
+
 
     if (fuse_set_signal_handlers(session) != 0)
         goto out;

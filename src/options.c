@@ -494,7 +494,7 @@ int options_parse(int argc, char **argv, struct options *out, char *errbuf,
     if (out->cache_dir == NULL) {
         err = default_cache_dir(out->bucket, &out->cache_dir);
         if (err != 0) {
-            set_error(&state, "%s", "no cache directory: set -o cache=DIR (HOME is not set)");
+            set_error(&state, "%s", "no cache directory: set -o cache=DIR (HOME is not an absolute path)");
             goto out;
         }
     }
@@ -562,7 +562,8 @@ void options_print_help(FILE *fp, const char *progname)
 "\n"
 "Block cache (data read once stays on local disk, across remounts):\n"
 "  -o cache=DIR           cache directory (default /var/cache/s3cachefs/BUCKET\n"
-"                         for root, ~/.cache/s3cachefs/BUCKET otherwise)\n"
+"                         for root, else $XDG_CACHE_HOME/s3cachefs/BUCKET\n"
+"                         or ~/.cache/s3cachefs/BUCKET)\n"
 "  -o cache_size=SIZE     largest size of the cache (default 80%% of its\n"
 "                         filesystem)\n"
 "  -o cache_min_free=SIZE|PCT  free space to leave on that filesystem\n"

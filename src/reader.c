@@ -27,6 +27,7 @@
 #include "log.h"
 
 #define INITIAL_WINDOW_BLOCKS 4
+#define CLAIMED_RING 128              /* blocks a file remembers fetching */
 
 struct inflight {
     uint64_t id;       /* the cache object */
@@ -43,6 +44,7 @@ struct reader {
     _Atomic uint64_t bytes_read;
     _Atomic uint64_t blocks_prefetched;
     _Atomic uint64_t direct_bytes;
+    _Atomic uint64_t hit_bytes;
 };
 
 struct reader_file {
@@ -58,6 +60,8 @@ struct reader_file {
     uint64_t window;             /* blocks to keep ahead; 0: random reader */
     uint64_t last_block;         /* block of the previous read, + 1 (0: none) */
     uint64_t prefetched_to;      /* blocks below this were scheduled */
+    uint64_t claimed[CLAIMED_RING]; /* blocks this file fetched, + 1 */
+    unsigned claimed_next;
 };
 
 /* ----------------------------------------------------------- in flight */
@@ -131,7 +135,26 @@ static uint64_t claim_run(struct reader_file *file, uint64_t first, uint64_t max
         count++;
     }
     pthread_mutex_unlock(&reader->lock);
+    pthread_mutex_lock(&file->lock);
+    for (uint64_t block = first; block < first + count; block++) {
+        file->claimed[file->claimed_next] = block + 1;
+        file->claimed_next = (file->claimed_next + 1) % CLAIMED_RING;
+    }
+    pthread_mutex_unlock(&file->lock);
     return count;
+}
+
+/* Whether this file fetched BLOCK recently (then reading it is not a
+ * re-use of cached data). */
+static bool claimed_by(struct reader_file *file, uint64_t block)
+{
+    bool found = false;
+
+    pthread_mutex_lock(&file->lock);
+    for (unsigned i = 0; i < CLAIMED_RING && !found; i++)
+        found = file->claimed[i] == block + 1;
+    pthread_mutex_unlock(&file->lock);
+    return found;
 }
 
 /* ------------------------------------------------------------ fetching */
@@ -286,8 +309,11 @@ static int read_block(struct reader_file *file, uint64_t block, uint32_t offset,
     struct reader *reader = file->reader;
 
     for (;;) {
+        bool fetched_here = claimed_by(file, block);
         int err = cache_block_read(reader->conf.cache, file->object, block,
-                                   offset, len, buf, first_touch);
+                                   offset, len, buf, first_touch && !fetched_here);
+        if (err == 0 && !fetched_here)
+            atomic_fetch_add(&reader->hit_bytes, len);
         if (err != ENOENT)
             return err;
         pthread_mutex_lock(&reader->lock);
@@ -451,6 +477,7 @@ void reader_get_stats(struct reader *reader, struct reader_stats *out)
     out->bytes_read = atomic_load(&reader->bytes_read);
     out->blocks_prefetched = atomic_load(&reader->blocks_prefetched);
     out->direct_bytes = atomic_load(&reader->direct_bytes);
+    out->hit_bytes = atomic_load(&reader->hit_bytes);
 }
 
 int reader_open(struct reader *reader, const char *key, const char *etag,

@@ -42,6 +42,8 @@ struct reader_stats {
     uint64_t bytes_read;         /* bytes returned to readers */
     uint64_t blocks_prefetched;  /* read-ahead blocks requested */
     uint64_t direct_bytes;       /* read without the cache (it was full) */
+    uint64_t hit_bytes;          /* returned from blocks already cached
+                                    (not fetched for this open file) */
 };
 
 struct reader;

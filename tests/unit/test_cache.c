@@ -133,13 +133,13 @@ static int store_raw(struct cache *cache, struct cache_object *o,
  */
 static int read_raw(struct cache *cache, struct cache_object *o,
                     uint64_t block, uint32_t off, uint32_t len, uint32_t seed,
-                    bool first_touch, char *buf, char *expect)
+                    bool reuse, char *buf, char *expect)
 {
     uint64_t base = block * cache_block_size(cache);
     int rc;
 
     memset(buf, 0x5a, len);
-    rc = cache_block_read(cache, o, block, off, len, buf, first_touch);
+    rc = cache_block_read(cache, o, block, off, len, buf, reuse);
     if (rc != 0)
         return rc;
     make_bytes(expect, seed, base + off, len);
@@ -451,7 +451,7 @@ static void test_round_trip(void **state)
     assert_int_equal(s.blocks, 3);
     assert_int_equal(s.stored_bytes, size);
     assert_int_equal(s.used_bytes, 2ull * bs + rounded(tail));
-    assert_int_equal(s.hit_bytes, 0);
+    assert_int_equal(s.served_bytes, 0);
     assert_int_equal(s.evicted_blocks, 0);
     assert_int_equal(s.corrupt_blocks, 0);
 
@@ -488,7 +488,7 @@ static void test_round_trip(void **state)
     assert_null(again);
 
     s = stats(f);
-    assert_int_equal(s.hit_bytes, hits);
+    assert_int_equal(s.served_bytes, hits);
     assert_int_equal(s.blocks, 3);
     assert_int_equal(s.corrupt_blocks, 0);
 
