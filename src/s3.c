@@ -745,10 +745,10 @@ static int s3_perform(struct s3_client *client, struct s3_request *req,
             atomic_fetch_add(&client->bytes_received, req->recv_len);
         if (req->body != NULL)
             atomic_fetch_add(&client->bytes_sent, req->body->length);
-    } else {
+    } else if (err != ENOENT) {
+        /* (a missing key is an ordinary answer: no failure, no log line) */
         atomic_fetch_add(&client->failures, 1);
-        /* A missing key is an ordinary answer, not worth a log line. */
-        if (err != ENOENT && !req->quiet)
+        if (!req->quiet)
             log_warn("%s %s: %s", req->method, req->key ? req->key : "/",
                      description);
     }

@@ -58,7 +58,8 @@ struct s3_stats {
     uint64_t bytes_received;        /* object data received (GET bodies) */
     uint64_t bytes_sent;            /* object data sent (PUT bodies) */
     uint64_t retries;
-    uint64_t failures;              /* requests that failed for good */
+    uint64_t failures;              /* requests that failed for good (a
+                                       missing key is an answer, not one) */
 };
 
 /* What HEAD or GET tells about an object. */
