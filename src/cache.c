@@ -832,6 +832,30 @@ static int drop_version_txn(struct db_txn *txn, uint64_t id,
     return err;
 }
 
+/* Whether the key with HASH is cached as version (ETAG, SIZE); its id in
+ * *id if so. */
+static bool version_matches_txn(struct db_txn *txn, const unsigned char *hash,
+                                const char *etag, uint64_t size, uint64_t *id)
+{
+    struct object_record record;
+    unsigned char id_key[8];
+    const void *value;
+    size_t len;
+    size_t etag_len = strlen(etag);
+
+    if (db_get(txn, DB_KEYS, hash, KEY_HASH_LEN, &value, &len) != 0 ||
+        len != sizeof(*id))
+        return false;
+    memcpy(id, value, sizeof(*id));
+    put_be64(id_key, *id);
+    if (db_get(txn, DB_OBJECTS, id_key, sizeof(id_key), &value, &len) != 0 ||
+        len != sizeof(record) + etag_len)
+        return false;
+    memcpy(&record, value, sizeof(record));
+    return record.size == size && record.etag_len == etag_len &&
+           memcmp((const char *)value + sizeof(record), etag, etag_len) == 0;
+}
+
 /* Find or create the version's id in the index. *stale_id gets the id of
  * a replaced version (0 if none), whose data file the caller removes. */
 static int resolve_version(struct cache *cache, const char *key,
@@ -849,8 +873,16 @@ static int resolve_version(struct cache *cache, const char *key,
 
     *stale_id = 0;
     err = key_hash(cache->bucket, key, hash);
-    if (err == 0)
-        err = db_txn_begin(cache->db, true, &txn);
+    if (err != 0)
+        return err;
+    /* the common case, a version already cached: a read transaction */
+    if (db_txn_begin(cache->db, false, &txn) == 0) {
+        bool cached = version_matches_txn(txn, hash, etag, size, id);
+        db_txn_abort(&txn);
+        if (cached)
+            return 0;
+    }
+    err = db_txn_begin(cache->db, true, &txn);
     if (err != 0)
         return err;
     err = usage_get(txn, &usage);
@@ -989,6 +1021,15 @@ out:
     return err;
 }
 
+struct cache_object *cache_object_ref(struct cache *cache,
+                                      struct cache_object *object)
+{
+    pthread_mutex_lock(&cache->lock);
+    object->refs++;
+    pthread_mutex_unlock(&cache->lock);
+    return object;
+}
+
 void cache_object_close(struct cache *cache, struct cache_object **objectp)
 {
     struct cache_object *object = *objectp;
@@ -1067,8 +1108,8 @@ static void drop_damaged_block(struct cache *cache, struct cache_object *object,
     before = usage;
     if (err == 0)
         err = db_get(txn, DB_BLOCKS, key.bytes, sizeof(key.bytes), &value, &len);
-    if (err == 0 && (len < sizeof(struct block_record) ||
-                     ((const struct block_record *)value)->tick != tick))
+    if (err == 0 && len >= sizeof(struct block_record) &&
+        ((const struct block_record *)value)->tick != tick)
         err = ESTALE; /* replaced since: not ours to drop */
     if (err == 0)
         err = drop_block_txn(txn, object->id, block, &usage, &dropped_len);
@@ -1082,6 +1123,8 @@ static void drop_damaged_block(struct cache *cache, struct cache_object *object,
     }
     db_txn_abort(&txn);
     if (dropped) {
+        if (dropped_len > 0)
+            punch_block(cache, object->id, block, dropped_len);
         atomic_fetch_add(&cache->corrupt_blocks, 1);
         log_warn("cache: block %llu of '%s' is damaged (%s); fetching it again",
                  (unsigned long long)block, object->key, why);
@@ -1166,18 +1209,21 @@ int cache_block_read(struct cache *cache, struct cache_object *object,
     if (err != 0)
         return err;
     err = db_get(txn, DB_BLOCKS, key.bytes, sizeof(key.bytes), &value, &value_len);
-    if (err == 0) {
+    memset(&record, 0, sizeof(record));
+    bool damaged = false;
+    if (err == 0 && value_len >= sizeof(record)) {
         memcpy(&record, value, sizeof(record));
         uint32_t pieces = pieces_of(record.len);
-        if (value_len != sizeof(record) + pieces * sizeof(uint64_t) ||
-            record.len > cache->block_size)
-            err = EIO;
-        else
+        damaged = value_len != sizeof(record) + pieces * sizeof(uint64_t) ||
+                  record.len != cache_object_block_len(object, block);
+        if (!damaged)
             memcpy(sums, (const char *)value + sizeof(record),
                    pieces * sizeof(uint64_t));
+    } else if (err == 0) {
+        damaged = true;
     }
     db_txn_abort(&txn);
-    if (err == EIO) {
+    if (damaged) {
         drop_damaged_block(cache, object, block, record.tick, "bad index record");
         return ENOENT;
     }
@@ -1510,6 +1556,9 @@ void cache_fill_abort(struct cache_fill **fillp)
 {
     if (*fillp == NULL)
         return;
+    if ((*fillp)->written > 0) /* give back what was written */
+        punch_block((*fillp)->cache, (*fillp)->object->id, (*fillp)->block,
+                    (*fillp)->written);
     fill_free(*fillp);
     *fillp = NULL;
 }

@@ -101,6 +101,10 @@ uint32_t cache_block_size(const struct cache *cache);
 int cache_object_open(struct cache *cache, const char *key, const char *etag,
                       uint64_t size, struct cache_object **out);
 
+/* Another reference to OBJECT (for a background job). */
+struct cache_object *cache_object_ref(struct cache *cache,
+                                      struct cache_object *object);
+
 /* Drop a reference; *object = NULL. Safe on NULL. */
 void cache_object_close(struct cache *cache, struct cache_object **object);
 

@@ -28,6 +28,7 @@
 
 #define INITIAL_WINDOW_BLOCKS 4
 #define CLAIMED_RING 128              /* blocks a file remembers fetching */
+#define MAX_FETCHES_PER_READ 3
 
 struct inflight {
     uint64_t id;       /* the cache object */
@@ -37,6 +38,9 @@ struct inflight {
 struct reader {
     struct reader_conf conf;
     uint32_t block_size;
+    uint64_t max_window;         /* blocks: read_ahead, at most a quarter of
+                                    the cache so read-ahead is not evicted
+                                    before it is read */
     pthread_mutex_t lock;
     pthread_cond_t block_done;
     void *inflight;              /* tsearch tree of struct inflight * */
@@ -127,8 +131,8 @@ static uint64_t claim_run(struct reader_file *file, uint64_t first, uint64_t max
         uint64_t block = first + count;
         if (inflight_has_locked(reader, file->object_id, block))
             break;
-        /* the first block is known missing; the others are checked */
-        if (count > 0 && cache_block_present(reader->conf.cache, file->object, block))
+        /* another thread may have just finished it */
+        if (cache_block_present(reader->conf.cache, file->object, block))
             break;
         if (!inflight_add_locked(reader, file->object_id, block))
             break;
@@ -249,13 +253,25 @@ static void prefetch_job_main(void *arg)
     free(job);
 }
 
-/* A copy of FILE's identity for a background job (own object reference). */
+/* A copy of FILE for a background job: the same cache object (another
+ * reference), so the job fills exactly the version and id it claimed. */
 static struct reader_file *file_clone(struct reader_file *file)
 {
-    struct reader_file *copy = NULL;
-    if (reader_open(file->reader, file->key, file->etag ? file->etag : "",
-                    file->size, &copy) != 0)
+    struct reader_file *copy = calloc(1, sizeof(*copy));
+
+    if (copy == NULL)
         return NULL;
+    copy->reader = file->reader;
+    copy->size = file->size;
+    copy->object_id = file->object_id;
+    copy->key = strdup(file->key);
+    copy->etag = file->etag ? strdup(file->etag) : NULL;
+    pthread_mutex_init(&copy->lock, NULL);
+    if (copy->key == NULL || (file->etag != NULL && copy->etag == NULL)) {
+        reader_close(&copy);
+        return NULL;
+    }
+    copy->object = cache_object_ref(file->reader->conf.cache, file->object);
     return copy;
 }
 
@@ -307,6 +323,7 @@ static int read_block(struct reader_file *file, uint64_t block, uint32_t offset,
                       uint32_t len, char *buf, bool first_touch)
 {
     struct reader *reader = file->reader;
+    unsigned fetches = 0;
 
     for (;;) {
         bool fetched_here = claimed_by(file, block);
@@ -326,10 +343,14 @@ static int read_block(struct reader_file *file, uint64_t block, uint32_t offset,
         if (waiting)
             continue; /* fetched by another thread: read the cache again */
         if (claim_run(file, block, 1) == 0)
-            continue; /* another thread claimed it just now */
+            continue; /* another thread claimed or finished it just now */
         err = fetch_run(file, block, 1);
         if (err != 0)
             return err;
+        /* evicted again before we could read it (a cache far too small
+         * for the readers at work): the caller reads around the cache */
+        if (++fetches == MAX_FETCHES_PER_READ)
+            return ENOSPC;
     }
 }
 
@@ -354,7 +375,7 @@ static uint64_t note_read(struct reader_file *file, uint64_t offset, size_t size
 {
     struct reader *reader = file->reader;
     uint64_t block_size = reader->block_size;
-    uint64_t max_window = reader->conf.read_ahead / block_size;
+    uint64_t max_window = reader->max_window;
     uint64_t last_block = (offset + size - 1) / block_size;
     uint64_t until = 0;
 
@@ -379,7 +400,8 @@ static uint64_t note_read(struct reader_file *file, uint64_t offset, size_t size
     if (offset + size > file->next_offset || !sequential)
         file->next_offset = offset + size;
     file->last_block = last_block + 1;
-    if (file->window > 0 && last_block + 1 + file->window > file->prefetched_to) {
+    /* refill when half the window is used, so GETs stay large */
+    if (file->window > 0 && last_block + 1 + file->window / 2 >= file->prefetched_to) {
         *from = last_block + 1 > file->prefetched_to ? last_block + 1
                                                      : file->prefetched_to;
         until = last_block + 1 + file->window;
@@ -403,6 +425,12 @@ int reader_read(struct reader_file *file, uint64_t offset, size_t size,
     if (size > file->size - offset)
         size = (size_t)(file->size - offset);
 
+    if (file->object == NULL) { /* not cached: see reader_open() */
+        err = read_direct(file, offset, size, buf, got);
+        if (err == 0)
+            atomic_fetch_add(&reader->bytes_read, *got);
+        return err;
+    }
     pthread_mutex_lock(&file->lock);
     uint64_t previous_block = file->last_block;
     pthread_mutex_unlock(&file->lock);
@@ -447,6 +475,12 @@ int reader_create(const struct reader_conf *conf, struct reader **out)
         return ENOMEM;
     reader->conf = *conf;
     reader->block_size = cache_block_size(conf->cache);
+    struct cache_stats stats;
+    cache_get_stats(conf->cache, &stats);
+    uint64_t window_bytes = conf->read_ahead;
+    if (window_bytes > stats.size_limit / 4)
+        window_bytes = stats.size_limit / 4;
+    reader->max_window = window_bytes / reader->block_size;
     pthread_mutex_init(&reader->lock, NULL);
     pthread_cond_init(&reader->block_done, NULL);
     return 0;
@@ -498,9 +532,21 @@ int reader_open(struct reader *reader, const char *key, const char *etag,
         err = ENOMEM;
         goto out;
     }
-    err = cache_object_open(reader->conf.cache, key, etag, size, &file->object);
-    if (err == 0)
-        file->object_id = cache_object_id(file->object);
+    /* Without an ETag a changed object could not be told from the cached
+     * one; an empty object has nothing to cache; and a cache that cannot
+     * take the object (its disk or index full) must not stop the read:
+     * such files are read straight from the bucket. */
+    if (etag[0] != '\0' && size > 0) {
+        int cache_err = cache_object_open(reader->conf.cache, key, etag, size,
+                                          &file->object);
+        if (cache_err == 0)
+            file->object_id = cache_object_id(file->object);
+        else if (cache_err != ENOMEM)
+            log_warn("cache: cannot cache '%s' (%s); reading it directly",
+                     key, strerror(cache_err));
+        else
+            err = ENOMEM;
+    }
 out:
     if (err != 0)
         reader_close(&file);

@@ -102,8 +102,13 @@ struct s3_request {
 
     /* response sinks */
     const struct s3_sink *sink;   /* streamed object data of a GET */
+    const char *if_match;         /* the ETag the answer must carry */
     uint64_t delivered;           /* bytes the sink accepted, all attempts */
     int sink_err;                 /* why the sink refused data */
+    bool answer_checked;          /* this attempt's headers were checked */
+    bool range_seen;              /* this attempt's Content-Range ... */
+    uint64_t range_first, range_last;
+    char answer_etag[S3_ETAG_MAX];/* ... and ETag */
     void *recv_buf;               /* object data of a GET */
     size_t recv_cap;
     size_t recv_len;
@@ -166,6 +171,34 @@ static void base64(const unsigned char *in, size_t len, char *out, size_t cap)
 
 /* ------------------------------------------------------ curl callbacks */
 
+/*
+ * Before a streamed GET's first byte reaches the sink: the answer must be
+ * the bytes asked for (a 206 whose Content-Range starts where the sink
+ * stopped and ends where the request does; a plain 200 only when the
+ * whole object was asked for from byte 0) and of the version asked for
+ * (a server that ignores If-Match still sends its ETag).
+ */
+static int check_stream_answer(const struct s3_request *req)
+{
+    uint64_t first = req->range_offset + req->delivered;
+    uint64_t last = req->range_offset + req->range_length - 1;
+
+    if (req->status == 206) {
+        if (!req->range_seen || req->range_first != first || req->range_last != last) {
+            log_warn("GET %s: the server sent another range than asked for",
+                     req->key);
+            return EIO;
+        }
+    } else if (!(req->status == 200 && first == 0)) {
+        log_warn("GET %s: the server ignored the range asked for", req->key);
+        return EIO;
+    }
+    if (req->if_match != NULL && req->answer_etag[0] != '\0' &&
+        strcmp(req->answer_etag, req->if_match) != 0)
+        return ESTALE;
+    return 0;
+}
+
 static size_t on_body(char *data, size_t size, size_t count, void *userp)
 {
     struct s3_request *req = userp;
@@ -178,11 +211,11 @@ static size_t on_body(char *data, size_t size, size_t count, void *userp)
         return len;
     }
     if (req->sink != NULL) {
-        /* a server that ignored Range would resend from byte 0 */
-        if (req->status != 206 &&
-            !(req->status == 200 && req->range_offset == 0 && req->delivered == 0)) {
-            req->sink_err = EIO;
-            return 0;
+        if (!req->answer_checked) {
+            req->sink_err = check_stream_answer(req);
+            req->answer_checked = true;
+            if (req->sink_err != 0)
+                return 0;
         }
         if (len > req->range_length - req->delivered) {
             req->sink_err = EIO; /* more than asked for */
@@ -318,6 +351,23 @@ static void parse_info_header(struct s3_object_info *info, const char *line,
     }
 }
 
+/* "bytes FIRST-LAST/TOTAL" -> FIRST, LAST. */
+static bool parse_content_range(const char *value, size_t len, uint64_t *first,
+                                uint64_t *last)
+{
+    const char *dash, *slash;
+
+    if (len < 6 || strncasecmp(value, "bytes ", 6) != 0)
+        return false;
+    value += 6;
+    len -= 6;
+    dash = memchr(value, '-', len);
+    slash = memchr(value, '/', len);
+    return dash != NULL && slash != NULL && dash < slash &&
+           parse_u64(value, (size_t)(dash - value), first) &&
+           parse_u64(dash + 1, (size_t)(slash - dash - 1), last);
+}
+
 static size_t on_header(char *data, size_t size, size_t count, void *userp)
 {
     struct s3_request *req = userp;
@@ -327,12 +377,23 @@ static size_t on_header(char *data, size_t size, size_t count, void *userp)
         /* a new response (after 100 Continue or a redirect): start over */
         const char *space = memchr(data, ' ', len);
         req->status = space != NULL ? strtol(space + 1, NULL, 10) : 0;
+        req->range_seen = false;
+        req->answer_etag[0] = '\0';
         if (req->info != NULL)
             memset(req->info, 0, sizeof(*req->info));
         return len;
     }
-    if (req->info != NULL && req->status >= 200 && req->status < 300)
-        parse_info_header(req->info, data, len);
+    if (req->status >= 200 && req->status < 300) {
+        const char *value;
+        size_t vlen;
+        if (req->info != NULL)
+            parse_info_header(req->info, data, len);
+        if ((value = header_value(data, len, "ETag", &vlen)) != NULL)
+            copy_header(req->answer_etag, sizeof(req->answer_etag), value, vlen);
+        else if ((value = header_value(data, len, "Content-Range", &vlen)) != NULL)
+            req->range_seen = parse_content_range(value, vlen, &req->range_first,
+                                                  &req->range_last);
+    }
     return len;
 }
 
@@ -627,6 +688,9 @@ static void reset_attempt(struct s3_request *req)
 {
     req->status = 0;
     req->sink_err = 0;
+    req->answer_checked = false;
+    req->range_seen = false;
+    req->answer_etag[0] = '\0';
     req->recv_len = 0;
     req->body_pos = 0;
     req->s3_code[0] = '\0';
@@ -952,7 +1016,7 @@ int s3_get_object_stream(struct s3_client *client, const char *key,
     struct s3_request req = {
         .op = S3_OP_GET, .method = "GET", .key = key, .has_range = true,
         .range_offset = offset, .range_length = length, .sink = sink,
-        .idempotent = true,
+        .if_match = if_match, .idempotent = true,
     };
     int err;
 
