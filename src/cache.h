@@ -30,6 +30,10 @@
  * Threads: every function may be called from any thread. Index
  * transactions are short and never span network I/O; block data is
  * written and read with pwrite/pread outside any lock.
+ *
+ * Implemented in cache.c (objects, reading, filling), cache_dir.c (the
+ * directory, cache_open/cache_close) and cache_policy.c (room, eviction,
+ * recency, the flusher); cache_internal.h is what they share.
  */
 #ifndef S3CFS_CACHE_H
 #define S3CFS_CACHE_H

@@ -1,0 +1,387 @@
+/*
+ * cache_dir.c - the block cache on its directory (see cache.h for the
+ * layout): creating it, its lock, the state file that records the boot the
+ * index was last opened in and whether it was closed cleanly, emptying the
+ * index and data files when they may be damaged or were written for
+ * another block size or format; and cache_open()/cache_close(), which
+ * start and stop the flusher (cache_policy.c) and free what the data path
+ * (cache.c) left. cache_lock_dir() runs before daemonizing, the rest
+ * after; cache_open() and cache_close() run while no other thread uses
+ * the cache.
+ */
+#include "config.h"
+
+#include "cache_internal.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <search.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "log.h"
+
+/* ------------------------------------------------------------- emptying */
+
+/* Remove every file under DIR (one level of fan-out directories). */
+static void remove_data_files(const char *dir)
+{
+    DIR *top = opendir(dir);
+    struct dirent *entry;
+
+    if (top == NULL)
+        return;
+    while ((entry = readdir(top)) != NULL) {
+        if (entry->d_name[0] == '.')
+            continue;
+        char *sub = NULL;
+        if (asprintf(&sub, "%s/%s", dir, entry->d_name) < 0)
+            continue;
+        DIR *inner = opendir(sub);
+        struct dirent *file;
+        while (inner != NULL && (file = readdir(inner)) != NULL) {
+            if (file->d_name[0] == '.')
+                continue;
+            char *path = NULL;
+            if (asprintf(&path, "%s/%s", sub, file->d_name) >= 0)
+                unlink(path);
+            free(path);
+        }
+        if (inner != NULL)
+            closedir(inner);
+        rmdir(sub);
+        free(sub);
+    }
+    closedir(top);
+}
+
+static void remove_index(const struct cache *cache)
+{
+    char *path = NULL;
+    const char *files[] = {"data.mdb", "lock.mdb"};
+
+    for (size_t i = 0; i < 2; i++) {
+        if (asprintf(&path, "%s/index/%s", cache->dir, files[i]) >= 0) {
+            unlink(path);
+            free(path);
+        }
+    }
+}
+
+/* ------------------------------------------------------------- locking */
+
+/* mkdir -p DIR (mode 0700 for what it creates). */
+static int make_dirs(const char *dir)
+{
+    char *path = strdup(dir);
+    int err = 0;
+
+    if (path == NULL)
+        return ENOMEM;
+    for (char *slash = strchr(path + 1, '/'); ; slash = strchr(slash + 1, '/')) {
+        if (slash != NULL)
+            *slash = '\0';
+        if (mkdir(path, 0700) != 0 && errno != EEXIST) {
+            err = errno;
+            break;
+        }
+        if (slash == NULL)
+            break;
+        *slash = '/';
+    }
+    free(path);
+    return err;
+}
+
+int cache_lock_dir(const char *dir, int *lock_fd, char *errbuf, size_t errlen)
+{
+    char *path = NULL;
+    char holder[32] = "";
+    int fd = -1;
+    int err = 0;
+
+    *lock_fd = -1;
+    err = make_dirs(dir);
+    if (err != 0) {
+        snprintf(errbuf, errlen, "cannot create the cache directory %s: %s",
+                 dir, strerror(err));
+        return err;
+    }
+    if (asprintf(&path, "%s/lock", dir) < 0)
+        return ENOMEM;
+    fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        err = errno;
+        snprintf(errbuf, errlen, "cannot use the cache directory %s: %s", dir,
+                 strerror(err));
+        goto out;
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        err = errno == EWOULDBLOCK ? EWOULDBLOCK : errno;
+        ssize_t n = pread(fd, holder, sizeof(holder) - 1, 0);
+        holder[n > 0 ? n : 0] = '\0';
+        holder[strcspn(holder, "\n")] = '\0';
+        if (err == EWOULDBLOCK)
+            snprintf(errbuf, errlen, "the cache directory %s is in use by "
+                     "another s3cachefs mount (pid %s); use another -o cache=",
+                     dir, holder[0] ? holder : "unknown");
+        else
+            snprintf(errbuf, errlen, "cannot lock the cache directory %s: %s",
+                     dir, strerror(err));
+        goto out;
+    }
+    /* the pid is rewritten after daemonizing too (see cache_open) */
+    snprintf(holder, sizeof(holder), "%ld\n", (long)getpid());
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, holder, strlen(holder), 0) < 0) {
+        /* only informative */
+    }
+    *lock_fd = fd;
+    fd = -1;
+out:
+    if (fd >= 0)
+        close(fd);
+    free(path);
+    return err;
+}
+
+/* --------------------------------------------------- session and boot */
+
+static void read_boot_id(char *out, size_t len)
+{
+    FILE *fp = fopen("/proc/sys/kernel/random/boot_id", "r");
+
+    out[0] = '\0';
+    if (fp != NULL) {
+        if (fgets(out, (int)len, fp) == NULL)
+            out[0] = '\0';
+        fclose(fp);
+    }
+    out[strcspn(out, "\n")] = '\0';
+}
+
+/* The state file says "BOOT_ID clean|open": written (and fsynced) when the
+ * index is opened and when it is closed cleanly. */
+static int write_state(const struct cache *cache, const char *boot_id,
+                       bool clean)
+{
+    char *path = NULL, *tmp = NULL;
+    int err = 0;
+
+    if (asprintf(&path, "%s/state", cache->dir) < 0) {
+        path = NULL;
+        return ENOMEM;
+    }
+    if (asprintf(&tmp, "%s/state.tmp", cache->dir) < 0) {
+        free(path);
+        return ENOMEM;
+    }
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        err = errno;
+        goto out;
+    }
+    char line[128];
+    int n = snprintf(line, sizeof(line), "%s %s\n", boot_id, clean ? "clean" : "open");
+    if (write(fd, line, (size_t)n) != n || fsync(fd) != 0)
+        err = errno ? errno : EIO;
+    close(fd);
+    if (err == 0 && rename(tmp, path) != 0)
+        err = errno;
+out:
+    free(path);
+    free(tmp);
+    return err;
+}
+
+/* Whether the index may be damaged: left open (not closed cleanly) by a
+ * boot that is not this one, i.e. the machine crashed while it was open. */
+static bool index_may_be_damaged(const struct cache *cache, const char *boot_id)
+{
+    char *path = NULL;
+    char line[128] = "";
+    bool damaged = false;
+
+    if (asprintf(&path, "%s/state", cache->dir) < 0)
+        return false;
+    FILE *fp = fopen(path, "r");
+    if (fp != NULL) {
+        if (fgets(line, sizeof(line), fp) != NULL) {
+            char *space = strchr(line, ' ');
+            if (space != NULL) {
+                *space = '\0';
+                damaged = strncmp(space + 1, "open", 4) == 0 &&
+                          strcmp(line, boot_id) != 0;
+            }
+        }
+        fclose(fp);
+    }
+    free(path);
+    return damaged;
+}
+
+/* ------------------------------------------------------------- opening */
+
+static int check_format(struct cache *cache)
+{
+    struct db_txn *txn = NULL;
+    uint64_t stored_block_size = 0, format = 0;
+    int err = db_txn_begin(cache->db, true, &txn);
+
+    if (err == 0)
+        err = cache_meta_get_u64(txn, "format", &format);
+    if (err == 0)
+        err = cache_meta_get_u64(txn, "block_size", &stored_block_size);
+    if (err != 0)
+        goto out;
+    if ((format != 0 && format != FORMAT_VERSION) ||
+        (stored_block_size != 0 && stored_block_size != cache->block_size)) {
+        log_warn("cache: %s holds blocks of %llu bytes (format %llu); "
+                 "emptying it for blocks of %u bytes", cache->dir,
+                 (unsigned long long)stored_block_size,
+                 (unsigned long long)format, cache->block_size);
+        for (int table = 0; table < DB_TABLE_COUNT && err == 0; table++)
+            err = db_clear(txn, (enum db_table)table);
+        remove_data_files(cache->data_dir);
+    }
+    if (err == 0)
+        err = cache_meta_put_u64(txn, "format", FORMAT_VERSION);
+    if (err == 0)
+        err = cache_meta_put_u64(txn, "block_size", cache->block_size);
+    if (err == 0)
+        err = cache_usage_get(txn, &cache->usage);
+    if (err == 0)
+        err = db_txn_commit(&txn);
+out:
+    db_txn_abort(&txn);
+    return err;
+}
+
+int cache_open(const struct cache_conf *conf, int lock_fd, struct cache **out,
+               char *errbuf, size_t errlen)
+{
+    struct cache *cache = calloc(1, sizeof(*cache));
+    char boot_id[64];
+    char *index_dir = NULL;
+    int err = 0;
+
+    *out = NULL;
+    if (cache == NULL)
+        return ENOMEM;
+    cache->lock_fd = lock_fd;
+    cache->size_limit = conf->size_limit;
+    cache->min_free_bytes = conf->min_free_bytes;
+    cache->min_free_ratio = conf->min_free_ratio;
+    cache->block_size = conf->block_size;
+    pthread_mutex_init(&cache->lock, NULL);
+    pthread_mutex_init(&cache->evict_lock, NULL);
+    pthread_cond_init(&cache->flusher_wake, NULL);
+    pthread_key_create(&cache->bounce_key, cache_free_bounce);
+    cache->dir = strdup(conf->dir);
+    cache->bucket = strdup(conf->bucket);
+    cache->touches = calloc(TOUCHES_MAX, sizeof(*cache->touches));
+    if (cache->dir == NULL || cache->bucket == NULL || cache->touches == NULL ||
+        asprintf(&cache->data_dir, "%s/data", conf->dir) < 0 ||
+        asprintf(&index_dir, "%s/index", conf->dir) < 0) {
+        err = ENOMEM;
+        goto out;
+    }
+    /* the daemon's pid, now that it has forked */
+    char pid[32];
+    int n = snprintf(pid, sizeof(pid), "%ld\n", (long)getpid());
+    if (ftruncate(lock_fd, 0) != 0 || pwrite(lock_fd, pid, (size_t)n, 0) < 0) {
+        /* only informative */
+    }
+    if ((mkdir(cache->data_dir, 0700) != 0 && errno != EEXIST) ||
+        (mkdir(index_dir, 0700) != 0 && errno != EEXIST)) {
+        err = errno;
+        snprintf(errbuf, errlen, "cannot create %s: %s", index_dir, strerror(err));
+        goto out;
+    }
+    read_boot_id(boot_id, sizeof(boot_id));
+    if (index_may_be_damaged(cache, boot_id)) {
+        log_warn("cache: %s was in use when the machine stopped; its index "
+                 "may be damaged, starting it empty", cache->dir);
+        remove_index(cache);
+        remove_data_files(cache->data_dir);
+    }
+    err = write_state(cache, boot_id, false);
+    if (err != 0) {
+        snprintf(errbuf, errlen, "cannot write to the cache directory %s: %s",
+                 cache->dir, strerror(err));
+        goto out;
+    }
+    err = db_open(index_dir, INDEX_MAP_SIZE, false, &cache->db, errbuf, errlen);
+    if (err != 0)
+        goto out;
+    err = check_format(cache);
+    if (err != 0) {
+        snprintf(errbuf, errlen, "cannot read the cache index in %s: %s",
+                 index_dir, strerror(err));
+        goto out;
+    }
+    err = pthread_create(&cache->flusher, NULL, cache_flusher_main, cache);
+    if (err != 0) {
+        snprintf(errbuf, errlen, "cannot start the cache flusher: %s", strerror(err));
+        goto out;
+    }
+    cache->flusher_started = true;
+out:
+    free(index_dir);
+    if (err != 0) {
+        cache->lock_fd = -1; /* stays the caller's on failure */
+        cache_close(&cache);
+    }
+    *out = cache;
+    return err;
+}
+
+static void no_free(void *node)
+{
+    (void)node;
+}
+
+void cache_close(struct cache **cachep)
+{
+    struct cache *cache = *cachep;
+    char boot_id[64];
+
+    if (cache == NULL)
+        return;
+    if (cache->flusher_started) {
+        pthread_mutex_lock(&cache->lock);
+        cache->stopping = true;
+        pthread_cond_signal(&cache->flusher_wake);
+        pthread_mutex_unlock(&cache->lock);
+        pthread_join(cache->flusher, NULL);
+    }
+    if (cache->db != NULL) {
+        cache_flush(cache);
+        db_close(&cache->db);
+        read_boot_id(boot_id, sizeof(boot_id));
+        write_state(cache, boot_id, true);
+    }
+    tdestroy(cache->open_objects, no_free);
+    if (cache->lock_fd >= 0)
+        close(cache->lock_fd);
+    pthread_key_delete(cache->bounce_key); /* runs no destructors: */
+    while (cache->bounces != NULL) {
+        struct bounce *next = cache->bounces->next;
+        free(cache->bounces);
+        cache->bounces = next;
+    }
+    pthread_mutex_destroy(&cache->lock);
+    pthread_mutex_destroy(&cache->evict_lock);
+    pthread_cond_destroy(&cache->flusher_wake);
+    free(cache->touches);
+    free(cache->dir);
+    free(cache->bucket);
+    free(cache->data_dir);
+    free(cache);
+    *cachep = NULL;
+}

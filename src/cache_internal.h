@@ -1,0 +1,269 @@
+/*
+ * cache_internal.h - what the files of the block cache share, and nothing
+ * else includes: the in-memory and stored layouts, the tuning constants,
+ * and the helpers one part calls in another. The public API is cache.h.
+ *
+ *   cache.c         objects (versions, open/close), reading and filling
+ *                   blocks, statistics; the index accessors (meta values,
+ *                   the usage record) and the data files
+ *   cache_dir.c     the directory: lock, state file and boot id, format
+ *                   check, cache_open/cache_close
+ *   cache_policy.c  room and eviction, recency (touches, promotion,
+ *                   demotion), cache_flush and the flusher thread
+ *
+ * Index records (host byte order: a cache directory never moves between
+ * machines; keys are big-endian so they sort numerically):
+ *   DB_META     "format" u64, "block_size" u64, "next_id" u64, "tick" u64,
+ *               "usage" struct usage_record
+ *   DB_KEYS     sha256(bucket NUL key) -> u64 id of the cached version
+ *   DB_OBJECTS  id -> struct object_record (with the key hash) + etag
+ *   DB_BLOCKS   id | block -> struct block_record + one XXH3 per piece
+ *   DB_RECENCY  segment | tick | id | block -> (empty); oldest first
+ * The record structs below are stored as they are: changing one changes
+ * the format (bump FORMAT_VERSION, which empties old caches on open).
+ *
+ * Locks: `lock` guards open_objects, touches, reserved, usage (the
+ * in-memory mirror of the committed usage record), bounces and stopping,
+ * and each cache_object's refs and replaced; flusher_wake is signalled
+ * under it to stop the flusher. `evict_lock` lets one thread at a time
+ * choose and drop victims and reserve room; it is held across a whole
+ * eviction (its write transaction, then the holes and unlinks).
+ * Order: evict_lock, then an index transaction, then `lock`. The rule is
+ * never to begin an index transaction while holding `lock` (LMDB's writer
+ * lock would then be taken in the opposite order); `lock` may be taken
+ * briefly inside one, as retire_object_txn (cache_policy.c) does to ask
+ * whether an object is open. `lock` is never held across disk I/O, and
+ * block data is read and written outside any transaction.
+ * Each cache_object's fd, id, size, block_size and key are immutable.
+ */
+#ifndef S3CFS_CACHE_INTERNAL_H
+#define S3CFS_CACHE_INTERNAL_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <xxhash.h>
+
+#include "cache.h"
+#include "db.h"
+
+#define FORMAT_VERSION 1
+#define INDEX_MAP_SIZE (64ull << 30)   /* address space, not disk */
+#define ACCOUNT_UNIT 4096u             /* disk blocks: usage rounds to this */
+#define TOUCHES_MAX 16384              /* recency updates waiting for a flush */
+#define PROTECTED_SHARE 0.8            /* of size_limit */
+#define EVICT_BATCH 256                /* victims per eviction transaction */
+#define FLUSH_INTERVAL_S 1
+#define SEGMENT_PROBATION 0
+#define SEGMENT_PROTECTED 1
+#define KEY_HASH_LEN 32                /* SHA-256 */
+
+struct usage_record {
+    uint64_t bytes[2];        /* per segment, rounded to ACCOUNT_UNIT */
+    uint64_t blocks;
+};
+
+struct object_record {
+    uint64_t size;
+    uint64_t reserved;        /* always 0 (was blocks_present, never
+                                 used); kept so the stored layout, and
+                                 FORMAT_VERSION, stay as they are */
+    unsigned char key_hash[KEY_HASH_LEN];
+    uint16_t etag_len;        /* the ETag follows */
+};
+
+struct block_record {
+    uint32_t len;
+    uint8_t segment;
+    uint8_t pad[3];
+    uint64_t tick;
+    /* uint64_t sums[pieces] follow */
+};
+
+struct block_key {
+    unsigned char bytes[16];  /* id, block: big-endian */
+};
+
+struct recency_key {
+    unsigned char bytes[25];  /* segment, tick, id, block */
+};
+
+struct touch {
+    uint64_t id;
+    uint64_t block;
+    bool reuse;
+};
+
+struct cache_object {
+    uint64_t id;
+    uint64_t size;
+    uint32_t block_size;
+    int fd;
+    unsigned refs;            /* under cache->lock */
+    bool replaced;            /* under cache->lock: a newer version took
+                                 its place; its file goes at last close */
+    char *key;                /* for log lines */
+};
+
+struct cache_fill {
+    struct cache *cache;
+    struct cache_object *object;
+    uint64_t block;
+    uint32_t len;             /* the block's full length */
+    uint32_t written;
+    uint32_t reserved;        /* bytes of room reserved */
+    XXH3_state_t *piece_state;
+    uint64_t *sums;
+};
+
+/* A block-sized read buffer per reading thread, listed in the cache so
+ * that cache_close() frees those of threads still alive. */
+struct bounce {
+    struct cache *cache;
+    struct bounce *next, *prev;
+    size_t size;
+    char data[];
+};
+
+struct cache {
+    char *dir;
+    char *bucket;
+    char *data_dir;
+    uint64_t size_limit;
+    uint64_t min_free_bytes;
+    double min_free_ratio;
+    uint32_t block_size;
+    int lock_fd;
+    struct db *db;
+
+    pthread_mutex_t lock;
+    void *open_objects;       /* tsearch tree of struct cache_object * by id */
+    struct touch *touches;
+    size_t touch_count;
+    uint64_t reserved;
+    struct usage_record usage;
+    bool stopping;
+    pthread_cond_t flusher_wake;
+    pthread_t flusher;
+    bool flusher_started;
+    pthread_mutex_t evict_lock;
+    pthread_key_t bounce_key; /* per-thread read buffer (struct bounce) */
+    struct bounce *bounces;   /* under lock: every live one */
+
+    _Atomic uint64_t served_bytes;
+    _Atomic uint64_t stored_bytes;
+    _Atomic uint64_t evicted_blocks;
+    _Atomic uint64_t corrupt_blocks;
+};
+
+/* ------------------------------------------------------------ encoding */
+
+static inline void put_be64(unsigned char *out, uint64_t value)
+{
+    for (int i = 7; i >= 0; i--) {
+        out[i] = (unsigned char)value;
+        value >>= 8;
+    }
+}
+
+static inline uint64_t get_be64(const unsigned char *in)
+{
+    uint64_t value = 0;
+    for (int i = 0; i < 8; i++)
+        value = (value << 8) | in[i];
+    return value;
+}
+
+static inline struct block_key block_key(uint64_t id, uint64_t block)
+{
+    struct block_key key;
+    put_be64(key.bytes, id);
+    put_be64(key.bytes + 8, block);
+    return key;
+}
+
+static inline struct recency_key recency_key(uint8_t segment, uint64_t tick,
+                                             uint64_t id, uint64_t block)
+{
+    struct recency_key key;
+    key.bytes[0] = segment;
+    put_be64(key.bytes + 1, tick);
+    put_be64(key.bytes + 9, id);
+    put_be64(key.bytes + 17, block);
+    return key;
+}
+
+static inline uint64_t account(uint64_t len)
+{
+    return (len + ACCOUNT_UNIT - 1) / ACCOUNT_UNIT * ACCOUNT_UNIT;
+}
+
+static inline uint32_t pieces_of(uint32_t len)
+{
+    return (len + CACHE_PIECE_SIZE - 1) / CACHE_PIECE_SIZE;
+}
+
+/* Take BYTES off segment SEGMENT's usage, stopping at 0. */
+static inline void usage_sub(struct usage_record *usage, uint8_t segment,
+                             uint64_t bytes)
+{
+    usage->bytes[segment] -= bytes < usage->bytes[segment]
+                                 ? bytes : usage->bytes[segment];
+}
+
+/* ------------------------------------------- cache.c: index accessors */
+
+/* A u64 in DB_META (0 when absent). */
+int cache_meta_get_u64(struct db_txn *txn, const char *name, uint64_t *out);
+int cache_meta_put_u64(struct db_txn *txn, const char *name, uint64_t value);
+
+/* The stored usage record (zeros when absent). */
+int cache_usage_get(struct db_txn *txn, struct usage_record *out);
+int cache_usage_put(struct db_txn *txn, const struct usage_record *usage);
+
+/* After a commit, move cache->usage by AFTER - BEFORE (takes `lock`). */
+void cache_usage_mirror(struct cache *cache, const struct usage_record *before,
+                        const struct usage_record *after);
+
+/* The next recency tick, stored in TXN. */
+int cache_next_tick(struct db_txn *txn, uint64_t *tick);
+
+/* Remove block BLOCK of object ID from the index in TXN, updating USAGE;
+ * *len gets its length. ENOENT if it was not recorded. */
+int cache_drop_block_txn(struct db_txn *txn, uint64_t id, uint64_t block,
+                         struct usage_record *usage, uint32_t *len);
+
+/* Whether object ID has an open handle; call with `lock` held. */
+bool cache_object_is_open_locked(struct cache *cache, uint64_t id);
+
+/* ---------------------------------------------- cache.c: data files */
+
+/* Remove the data file of object ID (a missing one is fine). */
+void cache_unlink_data_file(const struct cache *cache, uint64_t id);
+
+/* Give the disk space of block BLOCK (LEN bytes) of object ID back. */
+void cache_punch_block(const struct cache *cache, uint64_t id, uint64_t block,
+                       uint32_t len);
+
+/* The destructor of bounce_key: frees a thread's read buffer. */
+void cache_free_bounce(void *arg);
+
+/* --------------------------------------------------- cache_policy.c */
+
+/* Evict until NEED more bytes fit under both bounds, then reserve them;
+ * ENOSPC if they cannot fit. */
+int cache_make_room(struct cache *cache, uint64_t need);
+
+/* Give back BYTES reserved by cache_make_room(). */
+void cache_release_room(struct cache *cache, uint64_t bytes);
+
+/* Note that block BLOCK of object ID was read (REUSE: read again), for
+ * the next cache_flush(). Best effort: dropped when too many wait. */
+void cache_add_touch(struct cache *cache, uint64_t id, uint64_t block,
+                     bool reuse);
+
+/* The flusher thread: cache_flush() every FLUSH_INTERVAL_S until
+ * cache->stopping. */
+void *cache_flusher_main(void *arg);
+
+#endif /* S3CFS_CACHE_INTERNAL_H */
