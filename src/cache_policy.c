@@ -337,7 +337,9 @@ static int demote_protected_txn(struct cache *cache, struct db_txn *txn,
             size_t len;
             err = load_block_record_txn(txn, victims[i].id, victims[i].block,
                                         scratch, &len);
-            if (err != 0 || len == 0)
+            if (err == 0 && len == 0)
+                err = EIO; /* a damaged record: stop rather than rescan it forever */
+            if (err != 0)
                 break;
             err = move_block_txn(txn, victims[i].id, victims[i].block,
                                  SEGMENT_PROTECTED, SEGMENT_PROBATION, usage,
