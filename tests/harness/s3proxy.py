@@ -37,6 +37,12 @@ The request body is always read before a fault is applied. MATCH is a
 kind string as above ('GET_RANGE' too), or a callable taking
 (method, path, query) and returning a bool; None matches every request.
 
+Latency (S3Proxy(upstream, latency=SECONDS)) delays every request by a
+constant SECONDS before it is forwarded (or faulted), as a remote server
+would. The wait happens in the handler thread of that request's
+connection, so requests on parallel connections wait at the same time,
+as they would on a real network.
+
 make_certificates(directory) writes a throwaway CA and a server certificate
 for 127.0.0.1 and localhost, for tls=.
 """
@@ -125,6 +131,11 @@ class _Fault:
 class _Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = 'HTTP/1.1'
     server_version = 's3proxy'
+    # Answers go out in several writes (headers, then body blocks). With
+    # Nagle's algorithm a short body waits for the client's delayed ACK of
+    # the headers, up to 40 ms more per request: far more than a simulated
+    # latency, and only for some answers.
+    disable_nagle_algorithm = True
 
     # The proxy object is reached through the server.
     @property
@@ -205,6 +216,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         ranged = self.headers.get('Range') is not None
         kind = classify(method, path, query, ranged)
         body = self._read_body()
+        if proxy.latency and proxy._stopping.wait(proxy.latency):
+            self._reset()
+            return
         fault = proxy._take_fault(method, path, query, kind, ranged)
         index = proxy._record(Record(method, path, query, kind, ranged, None, 0,
                                      fault.kind if fault else None, absolute))
@@ -374,7 +388,8 @@ class S3Proxy:
     """A reverse (and loopback-only forward) proxy in front of one S3
     server; see the module documentation."""
 
-    def __init__(self, upstream_endpoint, tls=None, verbose=False):
+    def __init__(self, upstream_endpoint, tls=None, verbose=False,
+                 latency=0.0):
         split = urllib.parse.urlsplit(upstream_endpoint)
         if split.scheme != 'http' or not split.hostname:
             raise ProxyError(f'upstream must be http://HOST:PORT, not '
@@ -383,8 +398,11 @@ class S3Proxy:
             raise ProxyError(f'upstream {split.hostname} is not loopback')
         self.upstream = (split.hostname, split.port or 80)
         self.upstream_endpoint = upstream_endpoint
+        if latency < 0:
+            raise ProxyError(f'latency must not be negative, not {latency}')
         self.tls = tls
         self.verbose = verbose
+        self.latency = latency
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._server = None
