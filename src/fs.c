@@ -40,6 +40,7 @@
 #define UNKNOWN_INO 0xffffffffu          /* readdir: the kernel looks it up */
 #define LIST_PAGE 1000                   /* keys per LIST */
 #define RELIST_PAGES_MAX 10              /* see worth_relisting() */
+#define PROBES_BEFORE_LISTING 8          /* see fs_lookup() */
 
 struct fs {
     struct fs_conf conf;
@@ -267,12 +268,14 @@ static int add_page(struct fs *fs, const char *dir_key,
     return err;
 }
 
-/* LIST every page of DIR_KEY into a new sorted, de-duplicated listing. */
-static int fetch_listing(struct fs *fs, const char *dir_key,
+/* LIST every page of DIR_KEY into a new sorted, de-duplicated listing.
+ * EFBIG when it has more than MAX_PAGES pages (0: no limit). */
+static int fetch_listing(struct fs *fs, const char *dir_key, unsigned max_pages,
                          struct inode_listing **out)
 {
     struct listing_builder builder = {0};
     char *token = NULL;
+    unsigned pages = 0;
     int err = 0;
 
     *out = NULL;
@@ -284,7 +287,9 @@ static int fetch_listing(struct fs *fs, const char *dir_key,
         token = NULL;
         if (err == 0)
             err = add_page(fs, dir_key, &page, &builder);
-        if (err == 0 && page.truncated) {
+        if (err == 0 && page.truncated && max_pages > 0 && ++pages >= max_pages) {
+            err = EFBIG;
+        } else if (err == 0 && page.truncated) {
             if (page.next_token == NULL || page.next_token[0] == '\0') {
                 log_warn("LIST %s: truncated page without a continuation token",
                          dir_key);
@@ -343,10 +348,10 @@ static double wall_seconds(void)
 /*
  * The listing of directory DIR, one reference for the caller: the one in
  * memory or in the metadata cache while younger than dir_ttl, else a new
- * one from the bucket. One thread lists a directory at a time; the others
- * wait for its listing.
+ * one from the bucket (EFBIG past MAX_PAGES pages, 0: any number). One
+ * thread lists a directory at a time; the others wait for its listing.
  */
-static int get_listing(struct fs *fs, struct inode *dir,
+static int get_listing(struct fs *fs, struct inode *dir, unsigned max_pages,
                        struct inode_listing **out)
 {
     struct inode_listing *listing = NULL;
@@ -370,7 +375,7 @@ static int get_listing(struct fs *fs, struct inode *dir,
     bool from_bucket = false;
     if (metacache_get_listing(fs->conf.cache, dir->key, fs->conf.dir_ttl,
                               &listing) != 0) {
-        err = fetch_listing(fs, dir->key, &listing);
+        err = fetch_listing(fs, dir->key, max_pages, &listing);
         from_bucket = err == 0;
     }
     if (from_bucket)
@@ -541,11 +546,26 @@ int fs_lookup(struct fs *fs, fuse_ino_t parent_ino, const char *name,
 
     /* A directory listed before is listed again (one LIST per 1000 keys
      * answers every lookup in it for dir_ttl); others are probed. */
+    /* Many lookups in a directory never listed (a data loader opening files
+     * by name) are cheaper answered by listing it once, if that takes a
+     * few pages: after PROBES_BEFORE_LISTING probes (two requests each) it
+     * is tried. */
     inode_table_lock(fs->inodes);
-    bool listed = worth_relisting_locked(fs, parent);
+    if (parent->listing != NULL &&
+        now_seconds() - parent->listing->fetched_at < fs->conf.dir_ttl)
+        listing = inode_listing_ref_locked(parent->listing); /* fresh */
+    bool listed = listing == NULL && worth_relisting_locked(fs, parent);
+    bool try_listing = listing == NULL && !listed && !parent->too_big_to_list &&
+                       ++parent->probes >= PROBES_BEFORE_LISTING;
     inode_table_unlock(fs->inodes);
-    if (listed) {
-        err = get_listing(fs, parent, &listing);
+    if (listed || try_listing) {
+        err = get_listing(fs, parent, RELIST_PAGES_MAX, &listing);
+        if (err == EFBIG) {
+            inode_table_lock(fs->inodes);
+            parent->too_big_to_list = true;
+            inode_table_unlock(fs->inodes);
+            err = 0;
+        }
         if (err != 0)
             goto out;
     }
@@ -618,7 +638,7 @@ static int revalidate_file(struct fs *fs, struct inode *inode,
     inode_table_unlock(fs->inodes);
     free(parent_key);
 
-    if (parent != NULL && get_listing(fs, parent, &listing) == 0) {
+    if (parent != NULL && get_listing(fs, parent, RELIST_PAGES_MAX, &listing) == 0) {
         const struct inode_dirent *entry =
             inode_listing_find(listing, inode->key + parent_len);
         if (entry == NULL || entry->attrs.kind == INODE_DIR) {
@@ -694,7 +714,7 @@ int fs_opendir(struct fs *fs, fuse_ino_t ino, struct fs_dir **out)
         goto out;
     }
     dir->ino = ino;
-    err = get_listing(fs, inode, &dir->listing);
+    err = get_listing(fs, inode, 0, &dir->listing);
     if (err != 0) {
         free(dir);
         dir = NULL;

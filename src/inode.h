@@ -64,6 +64,8 @@ struct inode {
     struct inode_attrs attrs;   /* (L) */
     struct inode_listing *listing; /* (L) directories: last listing */
     bool listing_fetch;         /* (L) a thread is listing it now */
+    unsigned probes;            /* (L) lookups answered without a listing */
+    bool too_big_to_list;       /* (L) more pages than a lookup may list */
     char *symlink_target;       /* (L) symlinks: target for attrs.etag */
     char opened_etag[S3_ETAG_MAX]; /* (L) ETag at the last open, for
                                       keeping the kernel page cache */
