@@ -49,6 +49,10 @@ static void op_init(void *userdata, struct fuse_conn_info *conn)
     conn->max_readahead = 1u << 20;
     if (conn->capable & FUSE_CAP_READDIRPLUS)
         conn->want |= FUSE_CAP_READDIRPLUS;
+    /* Lookups in one directory may run in parallel (the kernel serialises
+     * them otherwise): a data loader's workers open files side by side. */
+    if (conn->capable & FUSE_CAP_PARALLEL_DIROPS)
+        conn->want |= FUSE_CAP_PARALLEL_DIROPS;
     conn->want &= ~(unsigned)FUSE_CAP_READDIRPLUS_AUTO;
 }
 
