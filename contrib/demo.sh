@@ -91,6 +91,8 @@ at $mountpoint. Try:
   cat $mountpoint/README.txt
   sha256sum $mountpoint/models/tiny/weights.bin
   ls -l $mountpoint/latest/          # an s3fs-style symlink
+  getfattr -n user.s3cachefs.stats --only-values $mountpoint   # the counters:
+                                     # read a file twice, see bytes_from_cache
 
 Mount your own bucket (credentials from the environment or ~/.aws):
 
