@@ -458,31 +458,38 @@ static void run_heads(struct fs *fs, struct head_job *jobs, size_t count)
 
 /* --------------------------------------------------------------- lookup */
 
+/* The attributes of file KEY whose listing said LISTED, if its s3fs
+ * headers are already known for that ETag (in the inode table or the
+ * metadata cache): no request needed. */
+static bool known_file_attrs(struct fs *fs, const char *key,
+                             const struct inode_attrs *listed,
+                             struct inode_attrs *out)
+{
+    inode_table_lock(fs->inodes);
+    struct inode *known = inode_find_locked(fs->inodes, key);
+    bool usable = known != NULL && known->attrs.headers_known &&
+                  strcmp(known->attrs.etag, listed->etag) == 0;
+    if (usable)
+        *out = known->attrs;
+    inode_table_unlock(fs->inodes);
+    if (!usable)
+        usable = metacache_get_attrs(fs->conf.cache, key, listed->etag, out) == 0;
+    if (usable) {
+        out->size = listed->size;
+        out->fetched_at = listed->fetched_at;
+    }
+    return usable;
+}
+
 /* Attributes of file KEY whose listing said LISTED (may be NULL): the
- * known headers of the same ETag, or a HEAD. */
+ * known headers of the same ETag, or a HEAD (remembered by ETag). */
 static int resolve_file(struct fs *fs, const char *key,
                         const struct inode_attrs *listed, struct inode_attrs *out)
 {
     struct s3_object_info info;
 
-    if (listed != NULL) {
-        inode_table_lock(fs->inodes);
-        struct inode *known = inode_find_locked(fs->inodes, key);
-        bool usable = known != NULL && known->attrs.headers_known &&
-                      strcmp(known->attrs.etag, listed->etag) == 0;
-        if (usable) {
-            *out = known->attrs;
-            out->size = listed->size;
-            out->fetched_at = listed->fetched_at;
-        }
-        inode_table_unlock(fs->inodes);
-        if (usable)
-            return 0;
-        if (metacache_get_attrs(fs->conf.cache, key, listed->etag, out) == 0) {
-            out->size = listed->size;
-            return 0;
-        }
-    }
+    if (listed != NULL && known_file_attrs(fs, key, listed, out))
+        return 0;
     int err = s3_head_object(fs->s3, key, &info);
     if (err == 0) {
         head_file_attrs(fs, &info, out);
@@ -624,7 +631,6 @@ static int revalidate_file(struct fs *fs, struct inode *inode,
     char *parent_key = strndup(inode->key, parent_len);
     struct inode *parent = NULL;
     struct inode_listing *listing = NULL;
-    struct s3_object_info info;
     int err = 0;
 
     if (parent_key == NULL)
@@ -654,12 +660,7 @@ static int revalidate_file(struct fs *fs, struct inode *inode,
         return err;
     }
     inode_put(fs->inodes, parent);
-    err = s3_head_object(fs->s3, inode->key, &info);
-    if (err == 0) {
-        head_file_attrs(fs, &info, attrs);
-        metacache_put_attrs(fs->conf.cache, inode->key, attrs);
-    }
-    return err;
+    return resolve_file(fs, inode->key, NULL, attrs);
 }
 
 int fs_getattr(struct fs *fs, fuse_ino_t ino, struct stat *out, double *timeout)
@@ -779,21 +780,7 @@ int fs_dir_entries_plus(struct fs *fs, struct fs_dir *dir, size_t index,
             err = ENOMEM;
             goto out;
         }
-        inode_table_lock(fs->inodes);
-        struct inode *known = inode_find_locked(fs->inodes, key);
-        bool usable = known != NULL && known->attrs.headers_known &&
-                      strcmp(known->attrs.etag, entry->attrs.etag) == 0;
-        if (usable) {
-            attrs[i] = known->attrs;
-            attrs[i].size = entry->attrs.size;
-        }
-        inode_table_unlock(fs->inodes);
-        if (!usable && metacache_get_attrs(fs->conf.cache, key, entry->attrs.etag,
-                                           &attrs[i]) == 0) {
-            attrs[i].size = entry->attrs.size;
-            usable = true;
-        }
-        if (usable) {
+        if (known_file_attrs(fs, key, &entry->attrs, &attrs[i])) {
             free(key);
             continue;
         }
