@@ -164,4 +164,42 @@ int cache_name_hash(const struct cache *cache, const char *name,
  * calls this every second; tests call it directly). */
 int cache_flush(struct cache *cache);
 
+/* ------------------------------------------------ the write path's needs */
+
+/* The cache directory, as opened (staging files and the journal live in
+ * it: CACHE/staging, CACHE/journal; the cache never removes them, not
+ * even when it rebuilds its index). Valid until cache_close(). */
+const char *cache_dir_path(const struct cache *cache);
+
+/*
+ * Make sure BYTES more can be written to the cache's filesystem outside
+ * the block cache (staging files of writes) and still leave min_free
+ * free, evicting clean blocks as needed. ENOSPC when that cannot be done
+ * even by evicting every block.
+ */
+int cache_reserve_disk(struct cache *cache, uint64_t bytes);
+
+/*
+ * Enter the file at PATH (on the cache's filesystem), which holds the
+ * whole version KEY/ETAG of SIZE bytes laid out as the object, into the
+ * cache as that version: it is renamed into data/ and every block is
+ * recorded with its checksums, in probation, making room as fills do.
+ * Other versions of KEY are dropped. On failure (ENOSPC when cache_size
+ * cannot hold it, EIO) PATH stays where it was and the caller removes it.
+ */
+int cache_adopt_file(struct cache *cache, const char *key, const char *etag,
+                     uint64_t size, const char *path);
+
+/*
+ * The object KEY/ETAG was copied server-side to NEW_KEY with ETag
+ * NEW_ETAG (a rename): its cached blocks now belong to NEW_KEY/NEW_ETAG
+ * (no data is copied; other versions of NEW_KEY are dropped). 0, or
+ * ENOENT when KEY/ETAG is not cached.
+ */
+int cache_rename_object(struct cache *cache, const char *key, const char *etag,
+                        const char *new_key, const char *new_etag);
+
+/* Drop every cached block of KEY (the object was deleted). 0 or EIO. */
+int cache_forget_key(struct cache *cache, const char *key);
+
 #endif /* S3CFS_CACHE_H */

@@ -1,0 +1,69 @@
+/*
+ * journal.h - the durable record of writes not yet in the bucket.
+ *
+ * Every staged file that must reach the bucket (closed in writeback mode,
+ * or whose upload failed or is under way) has one entry here: the
+ * staging file it lives in (by id), its destination key and the metadata
+ * it is uploaded with. The journal is its own LMDB environment in
+ * CACHE/journal, opened durable (each commit is fsynced, unlike the
+ * cache index), so that an entry committed before close() returned
+ * survives kill -9 and power loss with the cache disk intact. The next
+ * mount scans it and uploads what it holds.
+ *
+ * Callers fsync the staging file before journal_put(): the entry must
+ * never point at data that is not on disk.
+ *
+ * Threads: every function may be called from any thread; concurrent
+ * journal_put/journal_del calls may share one fsync (group commit).
+ */
+#ifndef S3CFS_JOURNAL_H
+#define S3CFS_JOURNAL_H
+
+#include <stdint.h>
+#include <stddef.h>
+#include <time.h>
+
+struct journal_entry {
+    uint64_t id;                /* names the staging file (staging.h) */
+    const char *key;            /* destination key in the bucket */
+    uint64_t size;              /* bytes to upload */
+    uint32_t mode;              /* s3fs mode: file type bits included */
+    uint32_t uid, gid;
+    struct timespec mtime;
+    const char *upload_id;      /* multipart upload under way, or NULL */
+};
+
+struct journal;
+
+/*
+ * Open (creating if needed) the journal in directory PATH. Returns 0, or
+ * an errno with a sentence in ERRBUF (a damaged journal is an error, never
+ * silently emptied: it may hold the only copy of what users wrote).
+ */
+int journal_open(const char *path, struct journal **out, char *errbuf,
+                 size_t errlen);
+
+/* Close; *journal = NULL. Safe twice. */
+void journal_close(struct journal **journal);
+
+/* A new id, greater than every id the journal holds or has handed out. */
+uint64_t journal_next_id(struct journal *journal);
+
+/* Insert or replace the entry ENTRY->id; durable when it returns 0.
+ * ENOSPC, EIO, EINVAL (key empty or over 1024 bytes). */
+int journal_put(struct journal *journal, const struct journal_entry *entry);
+
+/* Remove entry ID (absent: 0); durable when it returns 0. */
+int journal_del(struct journal *journal, uint64_t id);
+
+/*
+ * Visit every entry in id order. The entry's strings are valid during the
+ * call only. VISIT returns 0 to go on or an errno to stop (returned).
+ */
+typedef int (*journal_visit_fn)(void *arg, const struct journal_entry *entry);
+int journal_scan(struct journal *journal, journal_visit_fn visit, void *arg);
+
+/* Number of entries. */
+uint64_t journal_count(struct journal *journal);
+
+#endif /* S3CFS_JOURNAL_H */
