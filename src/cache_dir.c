@@ -8,6 +8,10 @@
  * (cache.c) left. cache_lock_dir() runs before daemonizing, the rest
  * after; cache_open() and cache_close() run while no other thread uses
  * the cache.
+ *
+ * What emptying removes is exactly index/data.mdb, index/lock.mdb and
+ * files named like data/XX/ID: CACHE/staging and CACHE/journal (the write
+ * path's, cache.h) are never touched, whatever the reason for emptying.
  */
 #include "config.h"
 
@@ -29,7 +33,26 @@
 
 /* ------------------------------------------------------------- emptying */
 
-/* Remove every file under DIR (one level of fan-out directories). */
+/* Names in the cache directory that belong to the write path (cache.h):
+ * nothing here ever removes them or anything under them. */
+static const char *const protected_names[] = {"staging", "journal"};
+
+static bool is_protected_name(const char *name)
+{
+    for (size_t i = 0; i < sizeof(protected_names) / sizeof(protected_names[0]); i++)
+        if (strcmp(name, protected_names[i]) == 0)
+            return true;
+    return false;
+}
+
+/* Whether NAME is LEN lower-case hex digits, as data/XX/ID names are. */
+static bool is_hex_name(const char *name, size_t len)
+{
+    return strlen(name) == len && strspn(name, "0123456789abcdef") == len;
+}
+
+/* Remove the data files under DIR (the cache's data/): only what has the
+ * shape of one, XX/ID in hex, and never a protected name. */
 static void remove_data_files(const char *dir)
 {
     DIR *top = opendir(dir);
@@ -38,7 +61,7 @@ static void remove_data_files(const char *dir)
     if (top == NULL)
         return;
     while ((entry = readdir(top)) != NULL) {
-        if (entry->d_name[0] == '.')
+        if (!is_hex_name(entry->d_name, 2) || is_protected_name(entry->d_name))
             continue;
         char *sub = NULL;
         if (asprintf(&sub, "%s/%s", dir, entry->d_name) < 0)
@@ -46,7 +69,7 @@ static void remove_data_files(const char *dir)
         DIR *inner = opendir(sub);
         struct dirent *file;
         while (inner != NULL && (file = readdir(inner)) != NULL) {
-            if (file->d_name[0] == '.')
+            if (!is_hex_name(file->d_name, 16) || is_protected_name(file->d_name))
                 continue;
             char *path = NULL;
             if (asprintf(&path, "%s/%s", sub, file->d_name) >= 0)
@@ -55,7 +78,7 @@ static void remove_data_files(const char *dir)
         }
         if (inner != NULL)
             closedir(inner);
-        rmdir(sub);
+        rmdir(sub); /* fails, harmlessly, if anything else is in it */
         free(sub);
     }
     closedir(top);
@@ -72,6 +95,11 @@ static void remove_index(const struct cache *cache)
             free(path);
         }
     }
+}
+
+const char *cache_dir_path(const struct cache *cache)
+{
+    return cache->dir;
 }
 
 /* ------------------------------------------------------------- locking */
