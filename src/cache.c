@@ -287,8 +287,8 @@ static int collect_object_blocks(void *arg, const void *key, size_t key_len,
 }
 
 /* Forget version ID entirely (its blocks, its record) in TXN. */
-static int drop_version_txn(struct db_txn *txn, uint64_t id,
-                            struct usage_record *usage)
+int cache_drop_version_txn(struct db_txn *txn, uint64_t id,
+                           struct usage_record *usage)
 {
     struct block_list list = {.id = id};
     struct block_key start = block_key(id, 0);
@@ -396,7 +396,7 @@ static int resolve_version(struct cache *cache, const char *key,
         }
         /* another version of the key (or a broken record): drop it */
         *stale_id = *id;
-        err = drop_version_txn(txn, *stale_id, &usage);
+        err = cache_drop_version_txn(txn, *stale_id, &usage);
     } else if (err == ENOENT || err == 0) {
         err = 0;
     }
@@ -927,7 +927,7 @@ static int drop_key_version_txn(struct db_txn *txn, const unsigned char *hash,
     memcpy(&id, value, sizeof(id));
     if (id == keep)
         return 0;
-    err = drop_version_txn(txn, id, usage);
+    err = cache_drop_version_txn(txn, id, usage);
     if (err == 0)
         *dropped = id;
     return err;

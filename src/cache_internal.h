@@ -235,6 +235,11 @@ int cache_next_tick(struct db_txn *txn, uint64_t *tick);
 int cache_drop_block_txn(struct db_txn *txn, uint64_t id, uint64_t block,
                          struct usage_record *usage, uint32_t *len);
 
+/* Forget version ID in TXN: its blocks (updating USAGE) and its object
+ * record (the KEYS entry naming it, if any, stays). */
+int cache_drop_version_txn(struct db_txn *txn, uint64_t id,
+                           struct usage_record *usage);
+
 /* Whether object ID has an open handle; call with `lock` held. */
 bool cache_object_is_open_locked(struct cache *cache, uint64_t id);
 

@@ -16,7 +16,8 @@
  * multi-threaded smoke test and the size bound under concurrency. The
  * write path's needs: staging/ and journal/ survive every emptying,
  * cache_reserve_disk (bounds; eviction order, on /dev/shm), adopting a
- * staged file (contents, versions, room), re-keying, forgetting.
+ * staged file (contents, versions, room), re-keying, forgetting; data
+ * files left by a killed process swept at open.
  * TEST_CACHE_FILTER, a cmocka name pattern, runs a subset.
  */
 #ifdef HAVE_CONFIG_H
@@ -41,6 +42,7 @@
 #include <pthread.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "cache.h"
@@ -1861,6 +1863,79 @@ static void test_forget_key(void **state)
     assert_int_equal(stats(f).blocks, 1);
 }
 
+/* ------------------------------------------------------- orphan files */
+
+/*
+ * A process killed while a replaced version was still open (its file
+ * goes at the last close, which never came), or between an eviction's
+ * commit and its unlink, or during an adoption leaves data files whose
+ * version the index does not know: cache_open removes them, and only
+ * them.
+ */
+static void test_orphan_files_swept(void **state)
+{
+    struct fixture *f = *state;
+    uint32_t bs = f->conf.block_size;
+    char paths[4][256], orphan[256], foreign[256], keep_path[256];
+    struct cache_object *o;
+    struct cache_stats s;
+    pid_t child;
+    int status = 0;
+
+    o = open_object(f, "orphan/keep", ETAG, bs);
+    store(f, o, 0, 210);
+    cache_object_close(f->cache, &o);
+    only_data_file(f, keep_path);
+    make_write_path_files(f);
+    cache_stop(f);
+
+    /* the child dies holding a replaced version, as kill -9 would leave it */
+    child = fork();
+    assert_true(child >= 0);
+    if (child == 0) {
+        struct cache *cache = NULL;
+        struct cache_object *old = NULL, *cur = NULL;
+        char err[256], *scratch = malloc(bs);
+        int fd = -1;
+        if (scratch == NULL || cache_lock_dir(f->dir, &fd, err, sizeof(err)) != 0 ||
+            cache_open(&f->conf, fd, &cache, err, sizeof(err)) != 0 ||
+            cache_object_open(cache, "orphan/old", ETAG, 2ull * bs, &old) != 0 ||
+            store_raw(cache, old, 0, 211, scratch) != 0 ||
+            store_raw(cache, old, 1, 211, scratch) != 0 ||
+            cache_object_open(cache, "orphan/old", "\"v2\"", bs, &cur) != 0 ||
+            store_raw(cache, cur, 0, 212, scratch) != 0)
+            _exit(1);
+        _exit(0);
+    }
+    assert_int_equal(waitpid(child, &status, 0), child);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    assert_int_equal(data_files(f, paths, ARRAY_LEN(paths)), 3);
+
+    /* a file renamed in by an adoption that never got recorded, and one
+     * that is not named like a data file */
+    snprintf(orphan, sizeof(orphan), "%s/data/de", f->dir);
+    assert_true(mkdir(orphan, 0700) == 0 || errno == EEXIST);
+    snprintf(orphan, sizeof(orphan), "%s/data/de/00000000000abcde", f->dir);
+    write_text_file(orphan, "never recorded");
+    snprintf(foreign, sizeof(foreign), "%s/data/de/notes", f->dir);
+    write_text_file(foreign, "not ours");
+    assert_int_equal(data_files(f, paths, ARRAY_LEN(paths)), 5);
+
+    cache_start(f);
+    assert_int_equal(data_files(f, paths, ARRAY_LEN(paths)), 3); /* keep, v2, notes */
+    assert_false(file_exists(orphan));
+    assert_true(file_exists(foreign));
+    assert_true(file_exists(keep_path));
+    expect_write_path_files(f, "sweeping orphans");
+    s = stats(f);
+    assert_int_equal(s.blocks, 2);
+    assert_int_equal(s.used_bytes, 2ull * bs);
+    expect_object(f, "orphan/keep", ETAG, bs, 210);
+    expect_object(f, "orphan/old", "\"v2\"", bs, 212);
+    assert_int_equal(unlink(foreign), 0);
+}
+
 /* --------------------------------------------------------- concurrency */
 
 #define THREADS 4
@@ -2093,6 +2168,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_adopt_room, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rename_object, setup, teardown),
         cmocka_unit_test_setup_teardown(test_forget_key, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_orphan_files_swept, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_concurrency, setup, teardown),
         cmocka_unit_test_setup_teardown(test_concurrent_bound, setup,
                                         teardown),
