@@ -344,7 +344,6 @@ static const struct opt_case opt_cases[] = {
     OK_U("allow_other", "allow_other", F_ALLOW_OTHER, 1),
     OK_U("ro", "ro", F_READ_ONLY, 1),
     OK_U("writeback", "writeback", F_WRITEBACK, 1),
-    BAD("writeback with ro", "writeback,ro"),
 
     OK_U("uid 0", "uid=0", F_UID, 0),
     OK_U("uid 1000", "uid=1000", F_UID, 1000),
@@ -908,20 +907,20 @@ static const struct fuse_case fuse_cases[] = {
      {"no_such_option=1"}, {NULL}, {NULL}, false},
     {"fstab mount options", {"-o", "nosuid,nodev,noatime", "bucket", "/mnt",
                              NULL},
-     {"nosuid", "nodev", "noatime", "ro"}, {NULL}, {NULL}, false},
-    {"ro given: not added again", {"-o", "ro", "bucket", "/mnt", NULL},
+     {"nosuid", "nodev", "noatime"}, {NULL}, {"ro"}, false},
+    {"ro given: passed once", {"-o", "ro", "bucket", "/mnt", NULL},
      {"ro"}, {NULL}, {NULL}, false},
     {"ours mixed with libfuse's",
      {"-o", "uid=5,allow_other,endpoint=http://h:1,fsname=s3", "-o",
       "region=r,path_style,no_sign,retries=2", "bucket", "/mnt", NULL},
-     {"allow_other", "fsname=s3", "ro"}, {NULL},
+     {"allow_other", "fsname=s3"}, {NULL},
      {"uid=", "endpoint=", "region=", "path_style", "no_sign", "retries="},
      true},
     {"unknown dash option", {"-s", "bucket", "/mnt", NULL},
-     {"ro"}, {"-s"}, {NULL}, false},
+     {NULL}, {"-s"}, {NULL}, false},
     {"-f and -d stay here", {"-f", "-d", "-o", "debug", "bucket", "/mnt",
                              NULL},
-     {"ro"}, {NULL}, {"debug"}, false},
+     {NULL}, {NULL}, {"debug"}, false},
 };
 
 static void test_fuse_args_table(void **state)
@@ -966,10 +965,24 @@ static void test_fuse_args_table(void **state)
                          c->absent[j]);
         if (p.opts.allow_other != c->allow_other)
             fail_msg("%s: allow_other %d", c->name, p.opts.allow_other);
-        if (!p.opts.read_only)
-            fail_msg("%s: not read-only", c->name);
+        if (p.opts.read_only != (count_fuse_opt(fa, "ro") == 1))
+            fail_msg("%s: read_only %d", c->name, p.opts.read_only);
         parsed_free(&p);
     }
+}
+
+/* Writeback needs a read-write mount: a clear sentence otherwise. */
+static void test_writeback_with_ro(void **state)
+{
+    const char *args[] = {"-o", "writeback,ro", "bucket", "/mnt", NULL};
+    struct parsed p;
+
+    (void)state;
+    parse(&p, args);
+    assert_int_equal(p.rc, EINVAL);
+    assert_non_null(strstr(p.err, "writeback"));
+    assert_non_null(strstr(p.err, "ro"));
+    parsed_free(&p);
 }
 
 /* ---------------------------------------------- errors and freeing */
@@ -1088,6 +1101,7 @@ int main(void)
         cmocka_unit_test(test_flag_table),
         cmocka_unit_test(test_secret_table),
         cmocka_unit_test(test_fuse_args_table),
+        cmocka_unit_test(test_writeback_with_ro),
         cmocka_unit_test(test_error_buffer),
         cmocka_unit_test(test_free_twice),
         cmocka_unit_test(test_free_zeroed),
