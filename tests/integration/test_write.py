@@ -443,8 +443,8 @@ def test_rename_directory(server, s3, bucket, mount):
     assert keys(s3, bucket, 'tree/') == []
     moved = {'moved' + key[len('tree'):]: data for key, data in tree.items()}
     files = {k: v for k, v in moved.items() if not k.endswith('/')}
-    in_bucket = keys(s3, bucket, 'moved/')
-    assert sorted(k for k in in_bucket if not k.endswith('/')) == sorted(files)
+    # every key moves, the directory markers too (they hold the modes)
+    assert keys(s3, bucket, 'moved/') == sorted(moved)
     got = bodies(s3, bucket, files)
     assert {k: sha(v[0]) for k, v in got.items()} == \
         {k: sha(v) for k, v in files.items()}
@@ -817,14 +817,22 @@ def test_large_file_multipart(server, s3, bucket, mount):
         synced = time.monotonic()
         answer = head(s3, bucket, 'large.bin')
         assert answer['ContentLength'] == size
+        stats = read_stats(mnt.path)
+    if server.name == 's3rver':
+        # s3rver 3.7 gives multipart objects a plain MD5 ETag (checked:
+        # two 5 MiB parts, no "-2"), so there the counter tells: create,
+        # two parts or more, complete.
+        parts = stats['requests_multipart'] - 2
+    else:
         match = re.fullmatch(r'"[0-9a-f]{32}-(\d+)"', answer['ETag'])
-        assert match, answer['ETag']
+        assert match, f'not a multipart ETag: {answer["ETag"]}'
         parts = int(match.group(1))
-        assert 2 <= parts <= 10000, parts
-    stats = read_stats(mnt.path)
-    assert size <= stats['bytes_to_bucket'] < size + MiB, \
-        f'close() after fsync() uploaded again: {stats}'
-    assert stats['requests_multipart'] >= 2
+        assert stats['requests_multipart'] >= parts + 2, stats
+    assert 2 <= parts <= 10000, stats
+    after_close = read_stats(mnt.path)
+    assert size <= after_close['bytes_to_bucket'] < size + MiB, \
+        f'close() after fsync() uploaded again: {after_close}'
+    assert after_close['requests_multipart'] == stats['requests_multipart']
     assert bucket_sha(s3, bucket, 'large.bin') == (digest.hexdigest(), size)
     print(f'{LARGE_MB} MiB: written {written - started:.1f} s, fsync '
           f'{synced - written:.1f} s, {parts} parts')
