@@ -566,7 +566,7 @@ def zip_checkpoint(path, tensors):
 
 
 @pytest.mark.parametrize('mode', ['default', 'writeback'])
-def test_save_to_temporary_name_then_rename(server, s3, bucket, mount, proxy,
+def test_save_to_temporary_name_then_rename(server, s3, bucket, proxy, mount,
                                             mode, tmp_path):
     """torch.save-style: write ckpt.pt.tmp, rename it to ckpt.pt. In
     writeback mode the file is uploaded once, under its final name."""
