@@ -17,7 +17,7 @@
  * write path's needs: staging/ and journal/ survive every emptying,
  * cache_reserve_disk (bounds; eviction order, on /dev/shm), adopting a
  * staged file (contents, versions, room), re-keying, forgetting; data
- * files left by a killed process swept at open.
+ * files left by a killed process swept at open; the flusher thread.
  * TEST_CACHE_FILTER, a cmocka name pattern, runs a subset.
  */
 #ifdef HAVE_CONFIG_H
@@ -43,6 +43,7 @@
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cache.h"
@@ -1936,6 +1937,43 @@ static void test_orphan_files_swept(void **state)
     assert_int_equal(unlink(foreign), 0);
 }
 
+/* ------------------------------------------------------------- flusher */
+
+static double seconds(clockid_t clock)
+{
+    struct timespec now;
+
+    clock_gettime(clock, &now);
+    return (double)now.tv_sec + (double)now.tv_nsec / 1e9;
+}
+
+/*
+ * The flusher thread writes recency on its own about once a second, and
+ * sleeps in between: a timed wait whose deadline is read from another
+ * clock than the condition variable's would return at once and spin.
+ */
+static void test_flusher(void **state)
+{
+    struct fixture *f = *state;
+    uint32_t bs = f->conf.block_size;
+    struct cache_object *o = open_object(f, "flusher", ETAG, bs);
+    double start, cpu;
+
+    store(f, o, 0, 220);
+    assert_int_equal(cache_block_read(f->cache, o, 0, 0, bs, f->buf, true), 0);
+    cache_object_close(f->cache, &o);
+    start = seconds(CLOCK_MONOTONIC);
+    while (stats(f).protected_bytes == 0 && seconds(CLOCK_MONOTONIC) - start < 5)
+        usleep(20000);
+    assert_int_equal(stats(f).protected_bytes, bs);
+
+    cpu = seconds(CLOCK_PROCESS_CPUTIME_ID);
+    usleep(1500000);
+    cpu = seconds(CLOCK_PROCESS_CPUTIME_ID) - cpu;
+    if (cpu > 0.3)
+        fail_msg("%.2f s of CPU in 1.5 s with nothing to do", cpu);
+}
+
 /* --------------------------------------------------------- concurrency */
 
 #define THREADS 4
@@ -2170,6 +2208,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_forget_key, setup, teardown),
         cmocka_unit_test_setup_teardown(test_orphan_files_swept, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(test_flusher, setup, teardown),
         cmocka_unit_test_setup_teardown(test_concurrency, setup, teardown),
         cmocka_unit_test_setup_teardown(test_concurrent_bound, setup,
                                         teardown),
