@@ -24,7 +24,9 @@ Request kinds (PROXY.counts, Record.kind, inject's match):
     HEAD, PUT, DELETE, POST
     OTHER   anything else (ListBuckets, GET bucket?location, ...)
 counts also has 'GET_RANGE': the object GETs that carried a Range header
-(a subset of 'GET').
+(a subset of 'GET'), and 'COPY': the PUTs that carried x-amz-copy-source
+(server-side copies, a subset of 'PUT'). bytes_from_client counts the
+request bodies received (PUT and POST payloads, as sent on the wire).
 
 Faults (inject(kind, count, match=None, seconds=...)), applied in the order
 they were injected to the next COUNT requests that match:
@@ -65,7 +67,7 @@ from pathlib import Path
 LOOPBACK = '127.0.0.1'
 FAULT_KINDS = ('slowdown', 'internal', 'reset', 'stall')
 REQUEST_KINDS = ('GET', 'GET_RANGE', 'LIST', 'HEAD', 'PUT', 'DELETE', 'POST',
-                 'OTHER')
+                 'OTHER')  # inject() matches these; counts also has 'COPY'
 UPSTREAM_TIMEOUT = 60.0
 BLOCK = 64 * 1024
 MAX_HEADER_LINE = 65536
@@ -216,6 +218,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         ranged = self.headers.get('Range') is not None
         kind = classify(method, path, query, ranged)
         body = self._read_body()
+        proxy._add_request(kind, self.headers, len(body))
         if proxy.latency and proxy._stopping.wait(proxy.latency):
             self._reset()
             return
@@ -480,6 +483,7 @@ class S3Proxy:
             self.counts = collections.Counter()
             self.faults_injected = collections.Counter()
             self.bytes_to_client = 0
+            self.bytes_from_client = 0
             self.refused = 0
             self.tls_failures = []
 
@@ -543,6 +547,12 @@ class S3Proxy:
             if record.kind == 'GET' and record.ranged:
                 self.counts['GET_RANGE'] += 1
             return len(self._records) - 1
+
+    def _add_request(self, kind, headers, body_bytes):
+        with self._lock:
+            self.bytes_from_client += body_bytes
+            if kind == 'PUT' and headers.get('x-amz-copy-source') is not None:
+                self.counts['COPY'] += 1
 
     def _finish_record(self, index, status, body_bytes):
         with self._lock:
