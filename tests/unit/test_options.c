@@ -312,7 +312,7 @@ static void test_parse_seconds_table(void **state)
 enum field {
     F_NONE,
     F_ENDPOINT, F_REGION, F_PROFILE, F_CREDENTIALS_FILE,
-    F_NO_SIGN, F_PATH_STYLE, F_ALLOW_OTHER, F_READ_ONLY,
+    F_NO_SIGN, F_PATH_STYLE, F_ALLOW_OTHER, F_READ_ONLY, F_WRITEBACK,
     F_UID, F_GID, F_FILE_MODE, F_DIR_MODE,
     F_ATTR_TTL, F_DIR_TTL, F_READ_AHEAD, F_CONNECTIONS, F_RETRIES,
 };
@@ -343,6 +343,8 @@ static const struct opt_case opt_cases[] = {
     OK_U("path_style", "path_style", F_PATH_STYLE, 1),
     OK_U("allow_other", "allow_other", F_ALLOW_OTHER, 1),
     OK_U("ro", "ro", F_READ_ONLY, 1),
+    OK_U("writeback", "writeback", F_WRITEBACK, 1),
+    BAD("writeback with ro", "writeback,ro"),
 
     OK_U("uid 0", "uid=0", F_UID, 0),
     OK_U("uid 1000", "uid=1000", F_UID, 1000),
@@ -438,6 +440,7 @@ static void check_field(const struct opt_case *c, const struct options *o)
     case F_PATH_STYLE: u = o->path_style; break;
     case F_ALLOW_OTHER: u = o->allow_other; break;
     case F_READ_ONLY: u = o->read_only; break;
+    case F_WRITEBACK: u = o->writeback; break;
     case F_UID:
         u = o->uid;
         if (!o->uid_set)
@@ -557,7 +560,8 @@ static void test_defaults(void **state)
     assert_false(p.opts.gid_set);
     assert_int_equal(p.opts.file_mode, 0644);
     assert_int_equal(p.opts.dir_mode, 0755);
-    assert_true(p.opts.read_only);
+    assert_false(p.opts.read_only);
+    assert_false(p.opts.writeback);
     assert_false(p.opts.allow_other);
     assert_true(p.opts.attr_ttl == 1.0);
     assert_true(p.opts.dir_ttl == 1.0);
@@ -888,16 +892,20 @@ struct fuse_case {
 
 static const struct fuse_case fuse_cases[] = {
     {"nothing extra", {"bucket", "/mnt", NULL},
-     {"ro"}, {NULL}, {"bucket", "/mnt"}, false},
+     {NULL}, {NULL}, {"bucket", "/mnt", "ro", "writeback"}, false},
+    {"ro", {"-o", "ro", "bucket", "/mnt", NULL},
+     {"ro"}, {NULL}, {"bucket"}, false},
+    {"writeback is ours", {"-o", "writeback", "bucket", "/mnt", NULL},
+     {NULL}, {NULL}, {"writeback", "ro"}, false},
     {"allow_other", {"-o", "allow_other", "bucket", "/mnt", NULL},
-     {"allow_other", "ro"}, {NULL}, {"bucket"}, true},
+     {"allow_other"}, {NULL}, {"bucket"}, true},
     {"default_permissions", {"-o", "default_permissions", "bucket", "/mnt",
                              NULL},
-     {"default_permissions", "ro"}, {NULL}, {NULL}, false},
+     {"default_permissions"}, {NULL}, {NULL}, false},
     {"fsname=x", {"-o", "fsname=x", "bucket", "/mnt", NULL},
-     {"fsname=x", "ro"}, {NULL}, {NULL}, false},
+     {"fsname=x"}, {NULL}, {NULL}, false},
     {"unknown option", {"-o", "no_such_option=1", "bucket", "/mnt", NULL},
-     {"no_such_option=1", "ro"}, {NULL}, {NULL}, false},
+     {"no_such_option=1"}, {NULL}, {NULL}, false},
     {"fstab mount options", {"-o", "nosuid,nodev,noatime", "bucket", "/mnt",
                              NULL},
      {"nosuid", "nodev", "noatime", "ro"}, {NULL}, {NULL}, false},
