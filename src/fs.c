@@ -974,6 +974,7 @@ int fs_open(struct fs *fs, fuse_ino_t ino, int flags, struct fs_file **out,
         if (writing) {
             file->writable = true;
             file->append = (flags & O_APPEND) != 0;
+            writer_file_open_writer(file->wfile);
             inode_table_lock(fs->inodes);
             inode->write_handles++;
             inode_table_unlock(fs->inodes);
@@ -1025,6 +1026,8 @@ void fs_release(struct fs *fs, struct fs_file *file)
             inode->write_handles--;
             inode_table_unlock(fs->inodes);
         }
+        if (file->writable)
+            writer_file_close_writer(file->wfile);
         writer_file_put(&file->wfile);
         if (inode != NULL) {
             fs_maybe_detach(fs, inode);

@@ -85,8 +85,9 @@ int fs_stage_file(struct fs *fs, struct inode *inode, bool truncate,
 void fs_maybe_detach(struct fs *fs, struct inode *inode);
 
 /* Writer callback: an upload finished. */
-void fs_uploaded(void *arg, void *owner, const char *key, const char *etag,
-                 uint64_t size, const struct writer_meta *meta);
+void fs_uploaded(void *arg, struct writer_file *file, void *owner,
+                 const char *key, const char *etag, uint64_t size,
+                 const struct writer_meta *meta);
 
 /* Writer callback at mount: a journaled file waits for its upload. */
 void fs_recovered(void *arg, struct writer_file *file, const char *key,

@@ -232,12 +232,18 @@ void fs_uploaded(void *arg, struct writer_file *file, void *owner, const char *k
     snprintf(attrs.etag, sizeof(attrs.etag), "%s", etag);
     if (inode != NULL) {
         inode_table_lock(fs->inodes);
-        current = inode->wfile == file && !inode->unlinked &&
-                  strcmp(inode->key, key) == 0;
+        bool mine = inode->wfile == file && !inode->unlinked;
+        current = mine && strcmp(inode->key, key) == 0;
         if (current) {
             inode->attrs = attrs;
             /* the kernel's pages are what was uploaded */
             snprintf(inode->opened_etag, sizeof(inode->opened_etag), "%s", etag);
+        } else if (mine) {
+            /* renamed since: rename_file() knows the object's new ETag */
+            char renamed_etag[S3_ETAG_MAX];
+            snprintf(renamed_etag, sizeof(renamed_etag), "%s", inode->attrs.etag);
+            inode->attrs = attrs;
+            snprintf(inode->attrs.etag, sizeof(inode->attrs.etag), "%s", renamed_etag);
         }
         inode_table_unlock(fs->inodes);
     }
@@ -431,6 +437,7 @@ int fs_create_file(struct fs *fs, fuse_ino_t parent, const char *name,
         file->ino = inode->ino;
         file->writable = true;
         file->append = (flags & O_APPEND) != 0;
+        writer_file_open_writer(file->wfile);
         inode_table_lock(fs->inodes);
         inode->write_handles++;
         fs_fill_entry(fs, inode, entry);
@@ -999,18 +1006,21 @@ static int rename_file(struct fs *fs, struct inode *inode, const char *src_key,
     int err = 0;
 
     inode_table_lock(fs->inodes);
-    attrs = inode->attrs;
     if (inode->wfile != NULL)
         wfile = writer_file_ref(inode->wfile);
     inode_table_unlock(fs->inodes);
 
-    if (wfile != NULL) {
+    if (wfile != NULL)
         err = writer_file_rename(wfile, dst_key, &was_pending);
-        if (err == 0 && !was_pending) {
-            char etag[S3_ETAG_MAX];
-            if (writer_file_etag(wfile, etag))
-                snprintf(attrs.etag, sizeof(attrs.etag), "%s", etag);
-        }
+    inode_table_lock(fs->inodes);
+    attrs = inode->attrs;
+    if (inode->wfile != NULL)
+        fs_staged_attrs_locked(fs, inode, &attrs); /* what was uploaded */
+    inode_table_unlock(fs->inodes);
+    if (err == 0 && wfile != NULL && !was_pending) {
+        char etag[S3_ETAG_MAX];
+        if (writer_file_etag(wfile, etag))
+            snprintf(attrs.etag, sizeof(attrs.etag), "%s", etag);
     }
     if (err == 0 && was_pending) {
         /* not uploaded yet: only where it goes changes; an older version
@@ -1031,10 +1041,7 @@ static int rename_file(struct fs *fs, struct inode *inode, const char *src_key,
         }
         if (err == 0) {
             inode_table_lock(fs->inodes);
-            if (inode->wfile == NULL)
-                inode->attrs = attrs;
-            else
-                snprintf(inode->attrs.etag, sizeof(inode->attrs.etag), "%s", attrs.etag);
+            inode->attrs = attrs;
             inode_table_unlock(fs->inodes);
             if (attrs.headers_known)
                 metacache_put_attrs(fs->conf.cache, dst_key, &attrs);

@@ -119,7 +119,8 @@ static int record_encode(const struct journal_entry *entry,
     put_be(p, key_len, 2), p += 2;
     memcpy(p, entry->key, key_len), p += key_len;
     put_be(p, upload_id_len, 2), p += 2;
-    memcpy(p, entry->upload_id, upload_id_len), p += upload_id_len;
+    if (upload_id_len > 0)
+        memcpy(p, entry->upload_id, upload_id_len);
     *out = record;
     return 0;
 }

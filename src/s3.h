@@ -48,7 +48,7 @@ enum s3_op {
     S3_OP_PUT,
     S3_OP_DELETE,
     S3_OP_COPY,
-    S3_OP_MULTIPART,   /* create, complete, abort, upload part */
+    S3_OP_MULTIPART,   /* create, complete, abort, upload part, copy part */
     S3_OP_COUNT,
 };
 

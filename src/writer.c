@@ -41,6 +41,11 @@
 #define NEVER UINT64_MAX
 #define RESERVE_STEP (8ull << 20)   /* disk checked per 8 MiB of growth */
 #define MAX_FILE_SIZE (5ull << 40)  /* S3's largest object */
+#define SETTLE_SECONDS 0.2          /* writeback: wait this long after the
+                                       last close before uploading, so a
+                                       file reopened at once (the Hugging
+                                       Face hub appends in a second open)
+                                       is uploaded once */
 
 struct writer_file {
     struct writer *writer;
@@ -55,6 +60,8 @@ struct writer_file {
     uint64_t gen, uploaded_gen;
     bool queued, failed, journaled, unlinked, busy, uploaded;
     unsigned active_writes;
+    unsigned open_writers;        /* handles open for writing */
+    double due;                   /* writeback: upload not before (monotonic) */
     int last_error;
     char etag[S3_ETAG_MAX];
     struct writer_file *queue_next;
@@ -75,8 +82,16 @@ struct writer {
     unsigned thread_count;
     unsigned running;             /* background uploads under way */
     bool stopping;
+    bool draining;                /* upload everything now */
     struct writer_stats stats;
 };
+
+static double monotonic_now(void)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (double)now.tv_sec + (double)now.tv_nsec / 1e9;
+}
 
 static bool is_dirty(const struct writer_file *file)
 {
@@ -120,6 +135,7 @@ static void enqueue_locked(struct writer *writer, struct writer_file *file)
     if (file->queued)
         return;
     file->queued = true;
+    file->due = monotonic_now() + SETTLE_SECONDS;
     file->refs++;
     file->queue_next = NULL;
     if (writer->queue_tail != NULL)
@@ -311,14 +327,30 @@ static void *uploader_main(void *arg)
         struct writer_file *file = writer->queue_head;
         if (file == NULL)
             break; /* stopping, nothing left */
+        double wait = file->due - monotonic_now();
+        if (wait > 0 && !writer->stopping && !writer->draining) {
+            struct timespec until;
+            clock_gettime(CLOCK_MONOTONIC, &until);
+            until.tv_sec += (time_t)wait;
+            until.tv_nsec += (long)((wait - (double)(time_t)wait) * 1e9);
+            if (until.tv_nsec >= 1000000000L) {
+                until.tv_sec++;
+                until.tv_nsec -= 1000000000L;
+            }
+            pthread_cond_timedwait(&writer->work_queued, &writer->lock, &until);
+            continue;
+        }
         writer->queue_head = file->queue_next;
         if (writer->queue_head == NULL)
             writer->queue_tail = NULL;
         file->queued = false;
+        /* reopened for writing meanwhile: its last close queues it again */
+        bool skip = file->open_writers > 0 && !writer->draining;
         writer->running++;
         pthread_mutex_unlock(&writer->lock);
 
-        upload_now(writer, file);
+        if (!skip)
+            upload_now(writer, file);
         writer_file_put(&file);
 
         pthread_mutex_lock(&writer->lock);
@@ -618,11 +650,12 @@ int writer_file_flush(struct writer_file *file)
     file->busy = true;
     pthread_mutex_unlock(&writer->lock);
 
-    /* the promise of writeback mode: durable before close() returns */
+    /* the promise of writeback mode: durable before close() returns; the
+     * upload is queued when the last writer closes */
     int err = journal_file(writer, file, NULL);
 
     pthread_mutex_lock(&writer->lock);
-    if (err == 0)
+    if (file->open_writers == 0)
         enqueue_locked(writer, file);
     file->busy = false;
     pthread_cond_broadcast(&writer->file_idle);
@@ -633,6 +666,25 @@ int writer_file_flush(struct writer_file *file)
 int writer_file_sync(struct writer_file *file)
 {
     return upload_now(file->writer, file);
+}
+
+void writer_file_open_writer(struct writer_file *file)
+{
+    pthread_mutex_lock(&file->writer->lock);
+    file->open_writers++;
+    pthread_mutex_unlock(&file->writer->lock);
+}
+
+void writer_file_close_writer(struct writer_file *file)
+{
+    struct writer *writer = file->writer;
+
+    pthread_mutex_lock(&writer->lock);
+    if (file->open_writers > 0)
+        file->open_writers--;
+    if (file->open_writers == 0 && writer->conf.writeback && is_pending(file))
+        enqueue_locked(writer, file);
+    pthread_mutex_unlock(&writer->lock);
 }
 
 bool writer_file_pending(struct writer_file *file)
@@ -734,7 +786,11 @@ int writer_create(const struct writer_conf *conf, struct writer **out)
     };
     pthread_mutex_init(&writer->lock, NULL);
     pthread_cond_init(&writer->file_idle, NULL);
-    pthread_cond_init(&writer->work_queued, NULL);
+    pthread_condattr_t monotonic;
+    pthread_condattr_init(&monotonic);
+    pthread_condattr_setclock(&monotonic, CLOCK_MONOTONIC);
+    pthread_cond_init(&writer->work_queued, &monotonic);
+    pthread_condattr_destroy(&monotonic);
     pthread_cond_init(&writer->upload_done, NULL);
     if (asprintf(&writer->staging_dir, "%s/staging",
                  cache_dir_path(conf->cache)) < 0) {
@@ -804,9 +860,11 @@ uint64_t writer_drain(struct writer *writer)
     uint64_t left = 0;
 
     pthread_mutex_lock(&writer->lock);
+    writer->draining = true;
     for (struct writer_file *file = writer->all; file != NULL; file = file->all_next)
         if (is_pending(file))
             enqueue_locked(writer, file);
+    pthread_cond_broadcast(&writer->work_queued);
     while (writer->queue_head != NULL || writer->running > 0)
         pthread_cond_wait(&writer->upload_done, &writer->lock);
     for (struct writer_file *file = writer->all; file != NULL; file = file->all_next)

@@ -155,6 +155,11 @@ int writer_file_flush(struct writer_file *file);
 /* fsync(): returns once the file is in the bucket (or its upload failed). */
 int writer_file_sync(struct writer_file *file);
 
+/* A handle was opened for writing / closed (after its flush). In
+ * writeback mode the upload starts once the last one is closed. */
+void writer_file_open_writer(struct writer_file *file);
+void writer_file_close_writer(struct writer_file *file);
+
 /* Whether the file still has to reach the bucket (dirty, queued, being
  * uploaded or failed). */
 bool writer_file_pending(struct writer_file *file);
