@@ -22,10 +22,10 @@ import pytest
 
 from conftest import read_stats, wait_for
 from writehelp import (HANG_TIMEOUT, HOLD_ALL, KiB, MiB, MULTIPART_SIZE,
-                       assert_objects, bucket_keys, fsync_path, head, kill_9,
-                       object_bytes, payload, proxy, run_within, sha,
-                       small_tmpfs, start_in_thread, wait_stat, wait_stopped,
-                       write_file)
+                       assert_multipart, assert_objects, bucket_keys,
+                       fsync_path, head, kill_9, object_bytes, payload, proxy,
+                       run_within, sha, small_tmpfs, start_in_thread,
+                       wait_stat, wait_stopped, write_file)
 
 RELEASE_AFTER = 1.5   # seconds a hold lasts once the daemon is told to stop
 
@@ -115,9 +115,8 @@ def test_default_close_means_in_the_bucket(server, s3, bucket, mount):
         assert answer is not None, f'{name} not in the bucket after close()'
         assert answer['ContentLength'] == len(data), name
         assert sha(object_bytes(s3, bucket, name)) == sha(data), name
-    etag = head(s3, bucket, 'big.bin')['ETag'].strip('"')
-    assert etag.rsplit('-', 1)[-1].isdigit() and '-' in etag, etag
     stats = read_stats(mnt.path)
+    assert_multipart(server, s3, bucket, 'big.bin', stats)
     assert stats['bytes_written'] == sum(len(d) for d in files.values())
     assert stats['uploads_pending'] == 0
     assert stats['uploads_completed'] >= len(files)
@@ -259,8 +258,7 @@ def test_kill_9_then_remount_uploads_everything(server, s3, bucket, proxy, mount
     wait_stat(again, 'uploads_pending', lambda v: v == 0, timeout=60)
     assert_objects(s3, bucket, files)
     assert bucket_keys(s3, bucket) == sorted(files)
-    etag = head(s3, bucket, 'k9-big.bin')['ETag'].strip('"')
-    assert '-' in etag, f'{etag}: not a multipart upload'
+    assert_multipart(server, s3, bucket, 'k9-big.bin', read_stats(again.path))
     for name, data in files.items():
         assert sha((again.path / name).read_bytes()) == sha(data), name
     assert read_stats(again.path)['upload_failures'] == 0

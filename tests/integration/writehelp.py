@@ -100,6 +100,16 @@ def assert_objects(s3, bucket, expected):
         assert sha(got) == sha(data), f'{key}: wrong bytes'
 
 
+def assert_multipart(server, s3, bucket, key, stats):
+    """KEY went up as a multipart upload: the daemon counted the requests
+    of one (create, two parts at least, complete); on Swift the ETag also
+    has the "-N" of a multipart object (s3rver gives a plain MD5)."""
+    assert stats['requests_multipart'] >= 4, stats
+    if server.name == 'swift':
+        etag = head(s3, bucket, key)['ETag'].strip('"')
+        assert '-' in etag and etag.rsplit('-', 1)[1].isdigit(), etag
+
+
 def stat_value(mnt, name):
     return read_stats(mnt.path)[name]
 
