@@ -352,7 +352,8 @@ def test_mkdir_and_rmdir(server, s3, bucket, mount):
 
 def test_rmdir_of_a_prefix_only_directory(server, s3, bucket, mount):
     """A directory that exists only as the prefix of its files (no marker,
-    as aws s3 cp leaves it): once its files are removed it can be rmdir'ed."""
+    as aws s3 cp leaves it) does not vanish with its last file: it gets a
+    marker, and can then be rmdir'ed."""
     s3.put_object(Bucket=bucket, Key='p/a', Body=b'a')
     s3.put_object(Bucket=bucket, Key='p/b', Body=b'b')
     mnt = mount(bucket)
@@ -360,7 +361,10 @@ def test_rmdir_of_a_prefix_only_directory(server, s3, bucket, mount):
     expect_errno(errno.ENOTEMPTY, os.rmdir, mnt.path / 'p')
     os.unlink(mnt.path / 'p' / 'a')
     os.unlink(mnt.path / 'p' / 'b')
-    assert keys(s3, bucket) == []
+    assert keys(s3, bucket) == ['p/']
+    time.sleep(1.1)  # past dir_ttl: the directory is seen in the bucket again
+    assert os.listdir(mnt.path) == ['p']
+    assert os.listdir(mnt.path / 'p') == []
     os.rmdir(mnt.path / 'p')
     assert os.listdir(mnt.path) == []
     assert keys(s3, bucket) == []
@@ -817,10 +821,12 @@ def test_large_file_multipart(server, s3, bucket, mount):
         synced = time.monotonic()
         answer = head(s3, bucket, 'large.bin')
         assert answer['ContentLength'] == size
-        match = re.fullmatch(r'"[0-9a-f]{32}-(\d+)"', answer['ETag'])
-        assert match, answer['ETag']
-        parts = int(match.group(1))
-        assert 2 <= parts <= 10000, parts
+        # s3rver's multipart ETags have no -N (the counters show multipart)
+        if server.name != 's3rver':
+            match = re.fullmatch(r'"[0-9a-f]{32}-(\d+)"', answer['ETag'])
+            assert match, answer['ETag']
+            parts = int(match.group(1))
+            assert 2 <= parts <= 10000, parts
     stats = read_stats(mnt.path)
     assert size <= stats['bytes_to_bucket'] < size + MiB, \
         f'close() after fsync() uploaded again: {stats}'
