@@ -174,8 +174,10 @@ const char *cache_dir_path(const struct cache *cache);
 /*
  * Make sure BYTES more can be written to the cache's filesystem outside
  * the block cache (staging files of writes) and still leave min_free
- * free, evicting clean blocks as needed. ENOSPC when that cannot be done
- * even by evicting every block.
+ * free, evicting clean blocks as needed (least recently used first,
+ * probation before protected; nothing but cached blocks is ever removed).
+ * Nothing is reserved: call it before each step of a few MiB (it costs a
+ * statvfs). ENOSPC when that cannot be done even by evicting every block.
  */
 int cache_reserve_disk(struct cache *cache, uint64_t bytes);
 
@@ -183,9 +185,17 @@ int cache_reserve_disk(struct cache *cache, uint64_t bytes);
  * Enter the file at PATH (on the cache's filesystem), which holds the
  * whole version KEY/ETAG of SIZE bytes laid out as the object, into the
  * cache as that version: it is renamed into data/ and every block is
- * recorded with its checksums, in probation, making room as fills do.
- * Other versions of KEY are dropped. On failure (ENOSPC when cache_size
- * cannot hold it, EIO) PATH stays where it was and the caller removes it.
+ * recorded with its checksums, in probation, making room under
+ * cache_size as fills do (its bytes are on disk already, so min_free is
+ * not asked for them again). Other versions of KEY are dropped, the
+ * version KEY/ETAG itself too if it was cached (readers holding it get
+ * ENOENT and reopen). PATH must not change during the call. Returns 0
+ * (PATH is gone), or: EINVAL (PATH is not a regular file of SIZE bytes,
+ * or the ETag is too long), ENOSPC (cache_size cannot hold it), EXDEV,
+ * EIO... and then PATH stays where it was and the caller removes it.
+ * After a kill -9 during the call, PATH may be gone (the cache removes
+ * what it took at the next cache_open): call it only once the upload no
+ * longer needs the file.
  */
 int cache_adopt_file(struct cache *cache, const char *key, const char *etag,
                      uint64_t size, const char *path);
@@ -193,13 +203,17 @@ int cache_adopt_file(struct cache *cache, const char *key, const char *etag,
 /*
  * The object KEY/ETAG was copied server-side to NEW_KEY with ETag
  * NEW_ETAG (a rename): its cached blocks now belong to NEW_KEY/NEW_ETAG
- * (no data is copied; other versions of NEW_KEY are dropped). 0, or
- * ENOENT when KEY/ETAG is not cached.
+ * (no data is copied; other versions of NEW_KEY are dropped; KEY has
+ * nothing cached afterwards). A handle open on the version under KEY
+ * keeps reading the same blocks. 0, or ENOENT when KEY/ETAG is not
+ * cached, EINVAL for an ETag too long, EIO.
  */
 int cache_rename_object(struct cache *cache, const char *key, const char *etag,
                         const char *new_key, const char *new_etag);
 
-/* Drop every cached block of KEY (the object was deleted). 0 or EIO. */
+/* Drop every cached block of KEY (the object was deleted); handles open
+ * on it read ENOENT from now on. 0 (also when nothing was cached) or
+ * EIO. */
 int cache_forget_key(struct cache *cache, const char *key);
 
 #endif /* S3CFS_CACHE_H */

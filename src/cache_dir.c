@@ -3,11 +3,16 @@
  * layout): creating it, its lock, the state file that records the boot the
  * index was last opened in and whether it was closed cleanly, emptying the
  * index and data files when they may be damaged or were written for
- * another block size or format; and cache_open()/cache_close(), which
+ * another block size or format; sweeping data files whose version the
+ * index no longer knows; and cache_open()/cache_close(), which
  * start and stop the flusher (cache_policy.c) and free what the data path
  * (cache.c) left. cache_lock_dir() runs before daemonizing, the rest
  * after; cache_open() and cache_close() run while no other thread uses
  * the cache.
+ *
+ * What emptying removes is exactly index/data.mdb, index/lock.mdb and
+ * files named like data/XX/ID: CACHE/staging and CACHE/journal (the write
+ * path's, cache.h) are never touched, whatever the reason for emptying.
  */
 #include "config.h"
 
@@ -29,7 +34,26 @@
 
 /* ------------------------------------------------------------- emptying */
 
-/* Remove every file under DIR (one level of fan-out directories). */
+/* Names in the cache directory that belong to the write path (cache.h):
+ * nothing here ever removes them or anything under them. */
+static const char *const protected_names[] = {"staging", "journal"};
+
+static bool is_protected_name(const char *name)
+{
+    for (size_t i = 0; i < sizeof(protected_names) / sizeof(protected_names[0]); i++)
+        if (strcmp(name, protected_names[i]) == 0)
+            return true;
+    return false;
+}
+
+/* Whether NAME is LEN lower-case hex digits, as data/XX/ID names are. */
+static bool is_hex_name(const char *name, size_t len)
+{
+    return strlen(name) == len && strspn(name, "0123456789abcdef") == len;
+}
+
+/* Remove the data files under DIR (the cache's data/): only what has the
+ * shape of one, XX/ID in hex, and never a protected name. */
 static void remove_data_files(const char *dir)
 {
     DIR *top = opendir(dir);
@@ -38,7 +62,7 @@ static void remove_data_files(const char *dir)
     if (top == NULL)
         return;
     while ((entry = readdir(top)) != NULL) {
-        if (entry->d_name[0] == '.')
+        if (!is_hex_name(entry->d_name, 2) || is_protected_name(entry->d_name))
             continue;
         char *sub = NULL;
         if (asprintf(&sub, "%s/%s", dir, entry->d_name) < 0)
@@ -46,7 +70,7 @@ static void remove_data_files(const char *dir)
         DIR *inner = opendir(sub);
         struct dirent *file;
         while (inner != NULL && (file = readdir(inner)) != NULL) {
-            if (file->d_name[0] == '.')
+            if (!is_hex_name(file->d_name, 16) || is_protected_name(file->d_name))
                 continue;
             char *path = NULL;
             if (asprintf(&path, "%s/%s", sub, file->d_name) >= 0)
@@ -55,7 +79,7 @@ static void remove_data_files(const char *dir)
         }
         if (inner != NULL)
             closedir(inner);
-        rmdir(sub);
+        rmdir(sub); /* fails, harmlessly, if anything else is in it */
         free(sub);
     }
     closedir(top);
@@ -72,6 +96,11 @@ static void remove_index(const struct cache *cache)
             free(path);
         }
     }
+}
+
+const char *cache_dir_path(const struct cache *cache)
+{
+    return cache->dir;
 }
 
 /* ------------------------------------------------------------- locking */
@@ -262,6 +291,112 @@ out:
     return err;
 }
 
+/* Ids of data files, gathered before the index is asked about them. */
+struct id_list {
+    uint64_t *ids;
+    size_t count, capacity;
+};
+
+static int id_list_add(struct id_list *list, uint64_t id)
+{
+    if (list->count == list->capacity) {
+        size_t capacity = list->capacity ? list->capacity * 2 : 64;
+        uint64_t *grown = realloc(list->ids, capacity * sizeof(*grown));
+        if (grown == NULL)
+            return ENOMEM;
+        list->ids = grown;
+        list->capacity = capacity;
+    }
+    list->ids[list->count++] = id;
+    return 0;
+}
+
+/* The ids of the files under DATA_DIR named as data files are (XX/ID in
+ * hex, XX the low byte of ID); anything else is left alone. */
+static int list_data_files(const char *data_dir, struct id_list *list)
+{
+    DIR *top = opendir(data_dir);
+    struct dirent *entry;
+    int err = 0;
+
+    if (top == NULL)
+        return errno == ENOENT ? 0 : errno;
+    while (err == 0 && (entry = readdir(top)) != NULL) {
+        if (!is_hex_name(entry->d_name, 2) || is_protected_name(entry->d_name))
+            continue;
+        char *sub = NULL;
+        if (asprintf(&sub, "%s/%s", data_dir, entry->d_name) < 0)
+            return ENOMEM;
+        unsigned long fan_out = strtoul(entry->d_name, NULL, 16);
+        DIR *inner = opendir(sub);
+        struct dirent *file;
+        while (err == 0 && inner != NULL && (file = readdir(inner)) != NULL) {
+            if (!is_hex_name(file->d_name, 16))
+                continue;
+            uint64_t id = strtoull(file->d_name, NULL, 16);
+            if ((id & 0xff) == fan_out)
+                err = id_list_add(list, id);
+        }
+        if (inner != NULL)
+            closedir(inner);
+        free(sub);
+    }
+    closedir(top);
+    return err;
+}
+
+/*
+ * Remove the data files of versions the index does not know: left by a
+ * kill -9 between a transaction that dropped a version (eviction, a new
+ * version, a deleted key) and the unlink that follows it, or while a
+ * replaced version was still open, or during an adoption (the file is
+ * renamed in before its version is recorded). Block records left under
+ * such an id (a fill that committed after its version was dropped) go
+ * with it, so the usage record stays right. Runs in cache_open, before
+ * any handle exists; staging/ and journal/ are outside data/.
+ */
+static int sweep_orphan_files(struct cache *cache)
+{
+    struct id_list files = {0}, orphans = {0};
+    struct db_txn *txn = NULL;
+    struct usage_record usage = {0}, before;
+    int err = list_data_files(cache->data_dir, &files);
+
+    if (err == 0 && files.count > 0)
+        err = db_txn_begin(cache->db, true, &txn);
+    if (err == 0 && txn != NULL)
+        err = cache_usage_get(txn, &usage);
+    before = usage;
+    for (size_t i = 0; err == 0 && i < files.count; i++) {
+        unsigned char id_key[8];
+        const void *value;
+        size_t len;
+        put_be64(id_key, files.ids[i]);
+        err = db_get(txn, DB_OBJECTS, id_key, sizeof(id_key), &value, &len);
+        if (err == ENOENT) {
+            err = cache_drop_version_txn(txn, files.ids[i], &usage);
+            if (err == 0)
+                err = id_list_add(&orphans, files.ids[i]);
+        }
+    }
+    if (err == 0 && orphans.count > 0) {
+        err = cache_usage_put(txn, &usage);
+        if (err == 0)
+            err = db_txn_commit(&txn);
+        if (err == 0)
+            cache_usage_mirror(cache, &before, &usage);
+    }
+    db_txn_abort(&txn);
+    if (err == 0 && orphans.count > 0)
+        log_info("cache: removing %zu data file(s) of versions no longer "
+                 "in the index", orphans.count);
+    for (size_t i = 0; err == 0 && i < orphans.count; i++)
+        cache_unlink_data_file(cache, orphans.ids[i]);
+    free(files.ids);
+    free(orphans.ids);
+    return err;
+}
+
 int cache_open(const struct cache_conf *conf, int lock_fd, struct cache **out,
                char *errbuf, size_t errlen)
 {
@@ -320,6 +455,8 @@ int cache_open(const struct cache_conf *conf, int lock_fd, struct cache **out,
     if (err != 0)
         goto out;
     err = check_format(cache);
+    if (err == 0)
+        err = sweep_orphan_files(cache);
     if (err != 0) {
         snprintf(errbuf, errlen, "cannot read the cache index in %s: %s",
                  index_dir, strerror(err));

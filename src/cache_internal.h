@@ -5,11 +5,13 @@
  *
  *   cache.c         objects (versions, open/close), reading and filling
  *                   blocks, statistics; the index accessors (meta values,
- *                   the usage record) and the data files
+ *                   the usage record) and the data files; adopting,
+ *                   re-keying and forgetting versions (the write path)
  *   cache_dir.c     the directory: lock, state file and boot id, format
  *                   check, cache_open/cache_close
- *   cache_policy.c  room and eviction, recency (touches, promotion,
- *                   demotion), cache_flush and the flusher thread
+ *   cache_policy.c  room and eviction (cache_reserve_disk too), recency
+ *                   (touches, promotion, demotion), cache_flush and the
+ *                   flusher thread
  *
  * Index records (host byte order: a cache directory never moves between
  * machines; keys are big-endian so they sort numerically):
@@ -233,6 +235,11 @@ int cache_next_tick(struct db_txn *txn, uint64_t *tick);
 int cache_drop_block_txn(struct db_txn *txn, uint64_t id, uint64_t block,
                          struct usage_record *usage, uint32_t *len);
 
+/* Forget version ID in TXN: its blocks (updating USAGE) and its object
+ * record (the KEYS entry naming it, if any, stays). */
+int cache_drop_version_txn(struct db_txn *txn, uint64_t id,
+                           struct usage_record *usage);
+
 /* Whether object ID has an open handle; call with `lock` held. */
 bool cache_object_is_open_locked(struct cache *cache, uint64_t id);
 
@@ -250,9 +257,14 @@ void cache_free_bounce(void *arg);
 
 /* --------------------------------------------------- cache_policy.c */
 
-/* Evict until NEED more bytes fit under both bounds, then reserve them;
- * ENOSPC if they cannot fit. */
-int cache_make_room(struct cache *cache, uint64_t need);
+/* Evict (clean blocks, least recently used first, probation before
+ * protected) until NEED more bytes fit under cache_size and DISK_NEED
+ * more bytes can be written to the filesystem leaving min_free; then
+ * reserve NEED (give it back with cache_release_room()). A fill passes
+ * its block for both; an adopted file, already on disk, only NEED; a
+ * staging file (cache_reserve_disk) only DISK_NEED. ENOSPC if evicting
+ * everything would not do. */
+int cache_make_room(struct cache *cache, uint64_t need, uint64_t disk_need);
 
 /* Give back BYTES reserved by cache_make_room(). */
 void cache_release_room(struct cache *cache, uint64_t bytes);

@@ -8,7 +8,8 @@
  * probation blocks and demotes the oldest protected ones beyond their
  * share. The data path (cache.c) calls in through cache_make_room(),
  * cache_release_room() and cache_add_touch(); cache_dir.c starts and
- * stops the flusher. Layouts and locking rules: cache_internal.h.
+ * stops the flusher. cache_reserve_disk() (cache.h) is the same room
+ * making for the write path's staging files: free space only. Layouts and locking rules: cache_internal.h.
  */
 #include "config.h"
 
@@ -189,10 +190,17 @@ static void disk_space(const struct cache *cache, uint64_t *free_bytes,
         *keep_free = by_ratio;
 }
 
-/* Evict until NEED more bytes fit under both bounds, then reserve them
- * (checked and reserved under evict_lock, so concurrent fills cannot
- * overshoot together). ENOSPC if they cannot fit. */
-int cache_make_room(struct cache *cache, uint64_t need)
+/* A + B, saturating (min_free may be set absurdly high on purpose). */
+static uint64_t add_capped(uint64_t a, uint64_t b)
+{
+    return a > UINT64_MAX - b ? UINT64_MAX : a + b;
+}
+
+/* Evict until NEED more bytes fit under cache_size and DISK_NEED more
+ * bytes can be written leaving min_free, then reserve NEED (checked and
+ * reserved under evict_lock, so concurrent fills cannot overshoot
+ * together). ENOSPC if that cannot be done. */
+int cache_make_room(struct cache *cache, uint64_t need, uint64_t disk_need)
 {
     int err = 0;
 
@@ -204,10 +212,12 @@ int cache_make_room(struct cache *cache, uint64_t need)
                              cache->reserved;
         pthread_mutex_unlock(&cache->lock);
         disk_space(cache, &free_bytes, &keep_free);
-        uint64_t over_size = committed + need > cache->size_limit
-                                 ? committed + need - cache->size_limit : 0;
-        uint64_t over_disk = free_bytes < keep_free + need
-                                 ? keep_free + need - free_bytes : 0;
+        uint64_t wanted_size = add_capped(committed, need);
+        uint64_t wanted_free = add_capped(keep_free, disk_need);
+        uint64_t over_size = wanted_size > cache->size_limit
+                                 ? wanted_size - cache->size_limit : 0;
+        uint64_t over_disk = free_bytes < wanted_free
+                                 ? wanted_free - free_bytes : 0;
         uint64_t want = over_size > over_disk ? over_size : over_disk;
         if (want == 0) {
             pthread_mutex_lock(&cache->lock);
@@ -223,6 +233,12 @@ int cache_make_room(struct cache *cache, uint64_t need)
     }
     pthread_mutex_unlock(&cache->evict_lock);
     return err;
+}
+
+int cache_reserve_disk(struct cache *cache, uint64_t bytes)
+{
+    /* nothing reserved under cache_size: staging bytes are not cached */
+    return cache_make_room(cache, 0, bytes);
 }
 
 void cache_release_room(struct cache *cache, uint64_t bytes)

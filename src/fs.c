@@ -26,6 +26,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "fs_internal.h"
 #include "inode.h"
 #include "log.h"
 #include "metacache.h"
@@ -38,37 +39,10 @@
 #define STATFS_BLOCK 4096
 #define STATFS_BLOCKS (1ull << 38)       /* report 1 PiB, all free */
 #define UNKNOWN_INO 0xffffffffu          /* readdir: the kernel looks it up */
-#define LIST_PAGE 1000                   /* keys per LIST */
 #define RELIST_PAGES_MAX 10              /* see worth_relisting() */
 #define PROBES_BEFORE_LISTING 8          /* see fs_lookup() */
 
-struct fs {
-    struct fs_conf conf;
-    char *root_key;
-    struct s3_client *s3;
-    struct inode_table *inodes;
-    struct workers *workers;
-    struct reader *reader;
-    struct timespec mount_time;
-
-    pthread_cond_t listing_done;  /* with the inode table lock: a directory
-                                     listing finished (inode.listing_fetch) */
-    pthread_mutex_t logged_lock;  /* guards logged_keys, logged_count */
-    void *logged_keys;            /* tsearch set of char * */
-    size_t logged_count;
-};
-
-struct fs_dir {
-    fuse_ino_t ino;
-    struct inode_listing *listing;
-};
-
-struct fs_file {
-    fuse_ino_t ino;
-    struct reader_file *reader_file;
-};
-
-static double now_seconds(void)
+double fs_now_seconds(void)
 {
     struct timespec now;
     clock_gettime(CLOCK_MONOTONIC, &now);
@@ -99,7 +73,7 @@ static void log_key_once(struct fs *fs, const char *key, const char *why)
 
 /* ------------------------------------------------------------ attributes */
 
-static void dir_attrs(const struct fs *fs, struct inode_attrs *out)
+void fs_dir_attrs(const struct fs *fs, struct inode_attrs *out)
 {
     *out = (struct inode_attrs){
         .kind = INODE_DIR,
@@ -107,7 +81,7 @@ static void dir_attrs(const struct fs *fs, struct inode_attrs *out)
         .mode = fs->conf.dir_mode,
         .uid = fs->conf.uid,
         .gid = fs->conf.gid,
-        .fetched_at = now_seconds(),
+        .fetched_at = fs_now_seconds(),
     };
 }
 
@@ -121,12 +95,12 @@ static void listing_file_attrs(const struct fs *fs, const struct s3xml_object *o
         .mode = fs->conf.file_mode,
         .uid = fs->conf.uid,
         .gid = fs->conf.gid,
-        .fetched_at = now_seconds(),
+        .fetched_at = fs_now_seconds(),
     };
     snprintf(out->etag, sizeof(out->etag), "%s", object->etag ? object->etag : "");
 }
 
-static void head_file_attrs(const struct fs *fs, const struct s3_object_info *info,
+void fs_head_file_attrs(const struct fs *fs, const struct s3_object_info *info,
                             struct inode_attrs *out)
 {
     *out = (struct inode_attrs){
@@ -137,7 +111,7 @@ static void head_file_attrs(const struct fs *fs, const struct s3_object_info *in
         .uid = info->has_uid ? info->uid : fs->conf.uid,
         .gid = info->has_gid ? info->gid : fs->conf.gid,
         .headers_known = true,
-        .fetched_at = now_seconds(),
+        .fetched_at = fs_now_seconds(),
     };
     if (info->has_mode) {
         out->mode = info->mode & 07777;
@@ -147,7 +121,7 @@ static void head_file_attrs(const struct fs *fs, const struct s3_object_info *in
     snprintf(out->etag, sizeof(out->etag), "%s", info->etag);
 }
 
-static void attrs_to_stat(const struct fs *fs, fuse_ino_t ino,
+void fs_attrs_to_stat(const struct fs *fs, fuse_ino_t ino,
                           const struct inode_attrs *attrs, struct stat *st)
 {
     memset(st, 0, sizeof(*st));
@@ -178,11 +152,36 @@ static void attrs_to_stat(const struct fs *fs, fuse_ino_t ino,
     st->st_atim = attrs->mtime;
 }
 
-static void fill_entry(const struct fs *fs, const struct inode *inode,
+void fs_staged_attrs_locked(const struct fs *fs, const struct inode *inode,
+                            struct inode_attrs *out)
+{
+    struct writer_meta meta;
+    uint64_t size;
+
+    writer_file_info(inode->wfile, &size, &meta, NULL);
+    *out = inode->attrs;
+    out->kind = INODE_FILE;
+    out->size = size;
+    out->mtime = meta.mtime;
+    out->mode = meta.mode & 07777;
+    out->uid = meta.uid;
+    out->gid = meta.gid;
+    out->headers_known = true;
+    out->fetched_at = fs_now_seconds();
+}
+
+void fs_fill_entry(const struct fs *fs, const struct inode *inode,
                        struct fs_entry *out)
 {
+    struct inode_attrs staged;
+
     out->ino = inode->ino;
-    attrs_to_stat(fs, inode->ino, &inode->attrs, &out->attr);
+    if (inode->wfile != NULL) {
+        fs_staged_attrs_locked(fs, inode, &staged);
+        fs_attrs_to_stat(fs, inode->ino, &staged, &out->attr);
+    } else {
+        fs_attrs_to_stat(fs, inode->ino, &inode->attrs, &out->attr);
+    }
     out->attr_timeout = fs->conf.attr_ttl;
     out->entry_timeout = fs->conf.dir_ttl;
 }
@@ -242,7 +241,7 @@ static int add_page(struct fs *fs, const char *dir_key,
             err = builder_add(builder, name, name_len, &attrs);
             break;
         case NAMES_ENTRY_DIR:  /* a "name/" marker listed as an object */
-            dir_attrs(fs, &attrs);
+            fs_dir_attrs(fs, &attrs);
             err = builder_add(builder, name, name_len, &attrs);
             break;
         case NAMES_ENTRY_SELF:
@@ -255,7 +254,7 @@ static int add_page(struct fs *fs, const char *dir_key,
     for (size_t i = 0; i < page->prefix_count && err == 0; i++) {
         switch (names_classify(dir_key, page->prefixes[i], &name, &name_len)) {
         case NAMES_ENTRY_DIR:
-            dir_attrs(fs, &attrs);
+            fs_dir_attrs(fs, &attrs);
             err = builder_add(builder, name, name_len, &attrs);
             break;
         case NAMES_ENTRY_SELF:
@@ -326,7 +325,7 @@ static int fetch_listing(struct fs *fs, const char *dir_key, unsigned max_pages,
         err = ENOMEM;
         goto out;
     }
-    (*out)->fetched_at = now_seconds();
+    (*out)->fetched_at = fs_now_seconds();
     (*out)->count = builder.count;
     (*out)->entries = builder.entries;
     builder.entries = NULL;
@@ -338,11 +337,45 @@ out:
     return err;
 }
 
-static double wall_seconds(void)
+double fs_wall_seconds(void)
 {
     struct timespec now;
     clock_gettime(CLOCK_REALTIME, &now);
     return (double)now.tv_sec + (double)now.tv_nsec / 1e9;
+}
+
+struct staged_merge {
+    struct fs *fs;
+    struct inode *dir;
+    size_t dir_len;
+};
+
+static void merge_one_locked(const void *node, VISIT which, void *arg)
+{
+    struct staged_merge *merge = arg;
+    struct inode *inode = *(struct inode *const *)node;
+    const char *name = inode->key + merge->dir_len;
+    struct inode_attrs attrs;
+
+    if (which != postorder && which != leaf)
+        return;
+    if (inode->wfile == NULL || inode->unlinked ||
+        strncmp(inode->key, merge->dir->key, merge->dir_len) != 0 ||
+        name[0] == '\0' || strchr(name, '/') != NULL)
+        return;
+    fs_staged_attrs_locked(merge->fs, inode, &attrs);
+    inode_listing_patch_locked(merge->fs->inodes, merge->dir, name, &attrs);
+}
+
+/* Files being written or waiting for their upload are not in the bucket
+ * yet: add them to DIR's new listing. Lock held. */
+static void merge_staged_locked(struct fs *fs, struct inode *dir)
+{
+    struct staged_merge merge = {fs, dir, strlen(dir->key)};
+    unsigned gen = dir->listing_gen;
+
+    twalk_r(fs->staged, merge_one_locked, &merge);
+    dir->listing_gen = gen; /* not a change: the listing is complete */
 }
 
 /*
@@ -351,7 +384,7 @@ static double wall_seconds(void)
  * one from the bucket (EFBIG past MAX_PAGES pages, 0: any number). One
  * thread lists a directory at a time; the others wait for its listing.
  */
-static int get_listing(struct fs *fs, struct inode *dir, unsigned max_pages,
+int fs_get_listing(struct fs *fs, struct inode *dir, unsigned max_pages,
                        struct inode_listing **out)
 {
     struct inode_listing *listing = NULL;
@@ -360,7 +393,7 @@ static int get_listing(struct fs *fs, struct inode *dir, unsigned max_pages,
     inode_table_lock(fs->inodes);
     for (;;) {
         if (dir->listing != NULL &&
-            now_seconds() - dir->listing->fetched_at < fs->conf.dir_ttl) {
+            fs_now_seconds() - dir->listing->fetched_at < fs->conf.dir_ttl) {
             *out = inode_listing_ref_locked(dir->listing);
             inode_table_unlock(fs->inodes);
             return 0;
@@ -370,25 +403,34 @@ static int get_listing(struct fs *fs, struct inode *dir, unsigned max_pages,
         inode_table_wait(fs->inodes, &fs->listing_done);
     }
     dir->listing_fetch = true;
+    unsigned gen = dir->listing_gen;
+    char *dir_key = strdup(dir->key);
     inode_table_unlock(fs->inodes);
 
     bool from_bucket = false;
-    if (metacache_get_listing(fs->conf.cache, dir->key, fs->conf.dir_ttl,
-                              &listing) != 0) {
-        err = fetch_listing(fs, dir->key, max_pages, &listing);
+    if (dir_key == NULL) {
+        err = ENOMEM;
+    } else if (metacache_get_listing(fs->conf.cache, dir_key, fs->conf.dir_ttl,
+                                     &listing) != 0) {
+        err = fetch_listing(fs, dir_key, max_pages, &listing);
         from_bucket = err == 0;
     }
     if (from_bucket)
-        metacache_put_listing(fs->conf.cache, dir->key, listing, wall_seconds());
+        metacache_put_listing(fs->conf.cache, dir_key, listing, fs_wall_seconds());
 
     inode_table_lock(fs->inodes);
     dir->listing_fetch = false;
     pthread_cond_broadcast(&fs->listing_done);
     if (err == 0) {
+        /* changed here while listing: the listing may predate the change */
+        if (dir->listing_gen != gen)
+            listing->fetched_at = -1e9;
         inode_set_listing_locked(fs->inodes, dir, listing);
-        *out = inode_listing_ref_locked(listing);
+        merge_staged_locked(fs, dir);
+        *out = inode_listing_ref_locked(dir->listing);
     }
     inode_table_unlock(fs->inodes);
+    free(dir_key);
     return err;
 }
 
@@ -483,7 +525,7 @@ static bool known_file_attrs(struct fs *fs, const char *key,
 
 /* Attributes of file KEY whose listing said LISTED (may be NULL): the
  * known headers of the same ETag, or a HEAD (remembered by ETag). */
-static int resolve_file(struct fs *fs, const char *key,
+int fs_resolve_file(struct fs *fs, const char *key,
                         const struct inode_attrs *listed, struct inode_attrs *out)
 {
     struct s3_object_info info;
@@ -492,7 +534,7 @@ static int resolve_file(struct fs *fs, const char *key,
         return 0;
     int err = s3_head_object(fs->s3, key, &info);
     if (err == 0) {
-        head_file_attrs(fs, &info, out);
+        fs_head_file_attrs(fs, &info, out);
         metacache_put_attrs(fs->conf.cache, key, out);
     }
     return err;
@@ -510,10 +552,10 @@ static int probe_name(struct fs *fs, const char *file_key, const char *dir_key,
     *is_dir = page.object_count > 0 || page.prefix_count > 0;
     s3xml_listing_free(&page);
     if (*is_dir) {
-        dir_attrs(fs, attrs);
+        fs_dir_attrs(fs, attrs);
         return 0;
     }
-    return resolve_file(fs, file_key, NULL, attrs);
+    return fs_resolve_file(fs, file_key, NULL, attrs);
 }
 
 int fs_lookup(struct fs *fs, fuse_ino_t parent_ino, const char *name,
@@ -522,7 +564,7 @@ int fs_lookup(struct fs *fs, fuse_ino_t parent_ino, const char *name,
     struct inode *parent = inode_get(fs->inodes, parent_ino);
     struct inode_listing *listing = NULL;
     struct inode_attrs attrs;
-    char *file_key = NULL, *dir_key = NULL;
+    char *file_key = NULL, *dir_key = NULL, *parent_key = NULL;
     bool is_dir = false;
     size_t name_len = strlen(name);
     int err = 0;
@@ -544,12 +586,27 @@ int fs_lookup(struct fs *fs, fuse_ino_t parent_ino, const char *name,
     }
     if (!names_is_valid(name, name_len))
         goto out; /* negative entry */
-    file_key = names_child_key(parent->key, name, name_len, false);
-    dir_key = names_child_key(parent->key, name, name_len, true);
+    parent_key = inode_key_dup(fs->inodes, parent);
+    if (parent_key != NULL) {
+        file_key = names_child_key(parent_key, name, name_len, false);
+        dir_key = names_child_key(parent_key, name, name_len, true);
+    }
     if (file_key == NULL || dir_key == NULL) {
         err = ENOMEM;
         goto out;
     }
+
+    /* A file being written or waiting for its upload is not in the bucket
+     * yet: the inode table knows it. */
+    inode_table_lock(fs->inodes);
+    struct inode *staged = inode_find_locked(fs->inodes, file_key);
+    if (staged != NULL && staged->wfile != NULL) {
+        staged = inode_ref_locked(fs->inodes, file_key, NULL);
+        fs_fill_entry(fs, staged, out);
+        inode_table_unlock(fs->inodes);
+        goto out;
+    }
+    inode_table_unlock(fs->inodes);
 
     /* A directory listed before is listed again (one LIST per 1000 keys
      * answers every lookup in it for dir_ttl); others are probed. */
@@ -559,14 +616,14 @@ int fs_lookup(struct fs *fs, fuse_ino_t parent_ino, const char *name,
      * is tried. */
     inode_table_lock(fs->inodes);
     if (parent->listing != NULL &&
-        now_seconds() - parent->listing->fetched_at < fs->conf.dir_ttl)
+        fs_now_seconds() - parent->listing->fetched_at < fs->conf.dir_ttl)
         listing = inode_listing_ref_locked(parent->listing); /* fresh */
     bool listed = listing == NULL && worth_relisting_locked(fs, parent);
     bool try_listing = listing == NULL && !listed && !parent->too_big_to_list &&
                        ++parent->probes >= PROBES_BEFORE_LISTING;
     inode_table_unlock(fs->inodes);
     if (listed || try_listing) {
-        err = get_listing(fs, parent, RELIST_PAGES_MAX, &listing);
+        err = fs_get_listing(fs, parent, RELIST_PAGES_MAX, &listing);
         if (err == EFBIG) {
             inode_table_lock(fs->inodes);
             parent->too_big_to_list = true;
@@ -585,7 +642,7 @@ int fs_lookup(struct fs *fs, fuse_ino_t parent_ino, const char *name,
         if (is_dir)
             attrs = entry->attrs;
         else
-            err = resolve_file(fs, file_key, &entry->attrs, &attrs);
+            err = fs_resolve_file(fs, file_key, &entry->attrs, &attrs);
     } else {
         err = probe_name(fs, file_key, dir_key, &attrs, &is_dir);
     }
@@ -600,13 +657,14 @@ int fs_lookup(struct fs *fs, fuse_ino_t parent_ino, const char *name,
     struct inode *child = inode_ref_locked(fs->inodes, is_dir ? dir_key : file_key,
                                            &attrs);
     if (child != NULL)
-        fill_entry(fs, child, out);
+        fs_fill_entry(fs, child, out);
     inode_table_unlock(fs->inodes);
     if (child == NULL)
         err = ENOMEM;
 out:
     inode_listing_put(fs->inodes, listing);
     inode_put(fs->inodes, parent);
+    free(parent_key);
     free(file_key);
     free(dir_key);
     return err;
@@ -623,18 +681,23 @@ void fs_forget(struct fs *fs, fuse_ino_t ino, uint64_t nlookup)
  * LIST revalidates up to 1000 files), else from a HEAD. ENOENT if the
  * object is gone.
  */
-static int revalidate_file(struct fs *fs, struct inode *inode,
+int fs_revalidate_file(struct fs *fs, struct inode *inode,
                            struct inode_attrs *attrs)
 {
-    const char *slash = strrchr(inode->key, '/');
-    size_t parent_len = slash ? (size_t)(slash - inode->key) + 1 : 0;
-    char *parent_key = strndup(inode->key, parent_len);
+    char *key = inode_key_dup(fs->inodes, inode);
     struct inode *parent = NULL;
     struct inode_listing *listing = NULL;
     int err = 0;
 
-    if (parent_key == NULL)
+    if (key == NULL)
         return ENOMEM;
+    const char *slash = strrchr(key, '/');
+    size_t parent_len = slash ? (size_t)(slash - key) + 1 : 0;
+    char *parent_key = strndup(key, parent_len);
+    if (parent_key == NULL) {
+        free(key);
+        return ENOMEM;
+    }
     inode_table_lock(fs->inodes);
     parent = inode_find_locked(fs->inodes, parent_key);
     if (parent != NULL && worth_relisting_locked(fs, parent))
@@ -644,23 +707,24 @@ static int revalidate_file(struct fs *fs, struct inode *inode,
     inode_table_unlock(fs->inodes);
     free(parent_key);
 
-    if (parent != NULL && get_listing(fs, parent, RELIST_PAGES_MAX, &listing) == 0) {
+    if (parent != NULL && fs_get_listing(fs, parent, RELIST_PAGES_MAX, &listing) == 0) {
         const struct inode_dirent *entry =
-            inode_listing_find(listing, inode->key + parent_len);
+            inode_listing_find(listing, key + parent_len);
         if (entry == NULL || entry->attrs.kind == INODE_DIR) {
             err = ENOENT;
         } else if (strcmp(entry->attrs.etag, attrs->etag) == 0) {
             attrs->size = entry->attrs.size;
             attrs->fetched_at = entry->attrs.fetched_at;
         } else {
-            err = resolve_file(fs, inode->key, &entry->attrs, attrs);
+            err = fs_resolve_file(fs, key, &entry->attrs, attrs);
         }
         inode_listing_put(fs->inodes, listing);
-        inode_put(fs->inodes, parent);
-        return err;
+    } else {
+        err = fs_resolve_file(fs, key, NULL, attrs);
     }
     inode_put(fs->inodes, parent);
-    return resolve_file(fs, inode->key, NULL, attrs);
+    free(key);
+    return err;
 }
 
 int fs_getattr(struct fs *fs, fuse_ino_t ino, struct stat *out, double *timeout)
@@ -673,10 +737,14 @@ int fs_getattr(struct fs *fs, fuse_ino_t ino, struct stat *out, double *timeout)
         return ENOENT;
     inode_table_lock(fs->inodes);
     attrs = inode->attrs;
+    /* staged data is what the file is; an unlinked file keeps what it was */
+    bool local = inode->wfile != NULL || inode->unlinked;
+    if (inode->wfile != NULL)
+        fs_staged_attrs_locked(fs, inode, &attrs);
     inode_table_unlock(fs->inodes);
-    if (attrs.kind != INODE_DIR &&
-        now_seconds() - attrs.fetched_at >= fs->conf.attr_ttl) {
-        err = revalidate_file(fs, inode, &attrs);
+    if (!local && attrs.kind != INODE_DIR &&
+        fs_now_seconds() - attrs.fetched_at >= fs->conf.attr_ttl) {
+        err = fs_revalidate_file(fs, inode, &attrs);
         if (err == 0) {
             inode_table_lock(fs->inodes);
             inode_update_attrs_locked(inode, &attrs);
@@ -684,7 +752,7 @@ int fs_getattr(struct fs *fs, fuse_ino_t ino, struct stat *out, double *timeout)
         }
     }
     if (err == 0) {
-        attrs_to_stat(fs, ino, &attrs, out);
+        fs_attrs_to_stat(fs, ino, &attrs, out);
         *timeout = fs->conf.attr_ttl;
     }
     inode_put(fs->inodes, inode);
@@ -715,7 +783,7 @@ int fs_opendir(struct fs *fs, fuse_ino_t ino, struct fs_dir **out)
         goto out;
     }
     dir->ino = ino;
-    err = get_listing(fs, inode, 0, &dir->listing);
+    err = fs_get_listing(fs, inode, 0, &dir->listing);
     if (err != 0) {
         free(dir);
         dir = NULL;
@@ -741,7 +809,7 @@ const char *fs_dir_entry(const struct fs *fs, const struct fs_dir *dir,
         return index == 0 ? "." : "..";
     }
     const struct inode_dirent *entry = &dir->listing->entries[index - 2];
-    attrs_to_stat(fs, UNKNOWN_INO, &entry->attrs, attr);
+    fs_attrs_to_stat(fs, UNKNOWN_INO, &entry->attrs, attr);
     return entry->name;
 }
 
@@ -757,6 +825,11 @@ int fs_dir_entries_plus(struct fs *fs, struct fs_dir *dir, size_t index,
 
     if (dir_inode == NULL)
         return ENOENT;
+    char *dir_key = inode_key_dup(fs->inodes, dir_inode);
+    if (dir_key == NULL) {
+        inode_put(fs->inodes, dir_inode);
+        return ENOMEM;
+    }
     if (index + count > fs_dir_count(dir))
         count = index < fs_dir_count(dir) ? fs_dir_count(dir) - index : 0;
     jobs = calloc(count ? count : 1, sizeof(*jobs));
@@ -772,9 +845,9 @@ int fs_dir_entries_plus(struct fs *fs, struct fs_dir *dir, size_t index,
             continue;
         const struct inode_dirent *entry = &dir->listing->entries[at - 2];
         attrs[i] = entry->attrs;
-        if (entry->attrs.kind == INODE_DIR)
-            continue;
-        char *key = names_child_key(dir_inode->key, entry->name,
+        if (entry->attrs.kind == INODE_DIR || entry->attrs.headers_known)
+            continue; /* staged files are known too */
+        char *key = names_child_key(dir_key, entry->name,
                                     strlen(entry->name), false);
         if (key == NULL) {
             err = ENOMEM;
@@ -792,7 +865,7 @@ int fs_dir_entries_plus(struct fs *fs, struct fs_dir *dir, size_t index,
     for (size_t j = 0; j < job_count; j++) {
         /* a failed HEAD leaves the listing's attributes: never fail readdir */
         if (jobs[j].err == 0) {
-            head_file_attrs(fs, &jobs[j].info, &attrs[jobs[j].slot]);
+            fs_head_file_attrs(fs, &jobs[j].info, &attrs[jobs[j].slot]);
             metacache_put_attrs(fs->conf.cache, jobs[j].key, &attrs[jobs[j].slot]);
         }
     }
@@ -808,16 +881,20 @@ int fs_dir_entries_plus(struct fs *fs, struct fs_dir *dir, size_t index,
             continue;
         }
         const struct inode_dirent *entry = &dir->listing->entries[at - 2];
-        char *key = names_child_key(dir_inode->key, entry->name,
+        char *key = names_child_key(dir_key, entry->name,
                                     strlen(entry->name), attrs[i].kind == INODE_DIR);
-        struct inode *child = key ? inode_ref_locked(fs->inodes, key, &attrs[i]) : NULL;
+        struct inode *known = key ? inode_find_locked(fs->inodes, key) : NULL;
+        bool staged = known != NULL && known->wfile != NULL;
+        struct inode *child = key ? inode_ref_locked(fs->inodes, key,
+                                                     staged ? NULL : &attrs[i])
+                                  : NULL;
         free(key);
         if (child == NULL) {
             err = ENOMEM;
             failed_at = i;
             break;
         }
-        fill_entry(fs, child, &out[i]);
+        fs_fill_entry(fs, child, &out[i]);
     }
     inode_table_unlock(fs->inodes);
     /* on failure the kernel gets none of them: return the references */
@@ -830,6 +907,7 @@ out:
     free(jobs);
     free(attrs);
     inode_put(fs->inodes, dir_inode);
+    free(dir_key);
     return err;
 }
 
@@ -849,50 +927,80 @@ int fs_open(struct fs *fs, fuse_ino_t ino, int flags, struct fs_file **out,
     struct inode *inode = inode_get(fs->inodes, ino);
     struct inode_attrs attrs;
     struct fs_file *file = NULL;
+    bool writing = (flags & O_ACCMODE) != O_RDONLY || (flags & O_TRUNC);
+    char *key = NULL;
     int err = 0;
 
     *out = NULL;
     *keep_cache = false;
     if (inode == NULL)
         return ENOENT;
-    if ((flags & O_ACCMODE) != O_RDONLY || (flags & O_TRUNC)) {
+    if (writing && fs->writer == NULL) {
         err = EROFS;
         goto out;
     }
     inode_table_lock(fs->inodes);
     attrs = inode->attrs;
+    bool staged = inode->wfile != NULL;
     inode_table_unlock(fs->inodes);
-    if (attrs.kind == INODE_DIR) {
+    if (attrs.kind == INODE_DIR && !staged) {
         err = EISDIR;
         goto out;
     }
-    /* close-to-open: revalidate what is older than the attribute TTL */
-    if (now_seconds() - attrs.fetched_at >= fs->conf.attr_ttl) {
-        err = revalidate_file(fs, inode, &attrs);
-        if (err != 0)
-            goto out;
-    }
-    inode_table_lock(fs->inodes);
-    inode_update_attrs_locked(inode, &attrs);
-    *keep_cache = inode->opened_etag[0] != '\0' &&
-                  strcmp(inode->opened_etag, attrs.etag) == 0;
-    snprintf(inode->opened_etag, sizeof(inode->opened_etag), "%s", attrs.etag);
-    inode_table_unlock(fs->inodes);
-
     file = calloc(1, sizeof(*file));
     if (file == NULL) {
         err = ENOMEM;
         goto out;
     }
     file->ino = ino;
-    err = reader_open(fs->reader, inode->key, attrs.etag, attrs.size,
-                      &file->reader_file);
-    if (err != 0) {
+
+    /* close-to-open: revalidate what is older than the attribute TTL */
+    if (!staged && !(flags & O_TRUNC) &&
+        fs_now_seconds() - attrs.fetched_at >= fs->conf.attr_ttl) {
+        err = fs_revalidate_file(fs, inode, &attrs);
+        if (err != 0)
+            goto out;
+        inode_table_lock(fs->inodes);
+        if (inode->wfile == NULL)
+            inode_update_attrs_locked(inode, &attrs);
+        inode_table_unlock(fs->inodes);
+    }
+
+    if (staged || writing) {
+        /* the staged data is what this file is now */
+        err = fs_stage_file(fs, inode, (flags & O_TRUNC) != 0, &file->wfile);
+        if (err != 0)
+            goto out;
+        if (writing) {
+            file->writable = true;
+            file->append = (flags & O_APPEND) != 0;
+            writer_file_open_writer(file->wfile);
+            inode_table_lock(fs->inodes);
+            inode->write_handles++;
+            inode_table_unlock(fs->inodes);
+        }
+        goto out;
+    }
+
+    inode_table_lock(fs->inodes);
+    *keep_cache = inode->opened_etag[0] != '\0' &&
+                  strcmp(inode->opened_etag, attrs.etag) == 0;
+    snprintf(inode->opened_etag, sizeof(inode->opened_etag), "%s", attrs.etag);
+    key = strdup(inode->key);
+    inode_table_unlock(fs->inodes);
+    err = key == NULL ? ENOMEM
+                      : reader_open(fs->reader, key, attrs.etag, attrs.size,
+                                    &file->reader_file);
+out:
+    if (err != 0 && file != NULL) {
+        writer_file_put(&file->wfile);
         free(file);
         file = NULL;
     }
-out:
+    if (err != 0)
+        fs_maybe_detach(fs, inode);
     inode_put(fs->inodes, inode);
+    free(key);
     *out = file;
     return err;
 }
@@ -901,15 +1009,31 @@ int fs_read(struct fs *fs, struct fs_file *file, uint64_t offset, size_t size,
             char *buf, size_t *got)
 {
     (void)fs;
+    if (file->wfile != NULL)
+        return writer_file_read(file->wfile, offset, size, buf, got);
     return reader_read(file->reader_file, offset, size, buf, got);
 }
 
 void fs_release(struct fs *fs, struct fs_file *file)
 {
-    (void)fs;
     if (file == NULL)
         return;
     reader_close(&file->reader_file);
+    if (file->wfile != NULL) {
+        struct inode *inode = inode_get(fs->inodes, file->ino);
+        if (inode != NULL && file->writable) {
+            inode_table_lock(fs->inodes);
+            inode->write_handles--;
+            inode_table_unlock(fs->inodes);
+        }
+        if (file->writable)
+            writer_file_close_writer(file->wfile);
+        writer_file_put(&file->wfile);
+        if (inode != NULL) {
+            fs_maybe_detach(fs, inode);
+            inode_put(fs->inodes, inode);
+        }
+    }
     free(file);
 }
 
@@ -936,8 +1060,8 @@ int fs_readlink(struct fs *fs, fuse_ino_t ino, char **target)
     if (text != NULL)
         goto out;
     if (attrs.size == 0 || attrs.size >= PATH_MAX) {
-        log_warn("symlink '%s' has an invalid target length %llu", inode->key,
-                 (unsigned long long)attrs.size);
+        log_warn("symlink %llu has an invalid target length %llu",
+                 (unsigned long long)ino, (unsigned long long)attrs.size);
         err = EIO;
         goto out;
     }
@@ -946,8 +1070,11 @@ int fs_readlink(struct fs *fs, fuse_ino_t ino, char **target)
         err = ENOMEM;
         goto out;
     }
-    err = s3_get_object_range(fs->s3, inode->key, 0, (size_t)attrs.size,
+    char *key = inode_key_dup(fs->inodes, inode);
+    err = key == NULL ? ENOMEM
+        : s3_get_object_range(fs->s3, key, 0, (size_t)attrs.size,
                               attrs.etag[0] ? attrs.etag : NULL, text, &got, NULL);
+    free(key);
     if (err == 0 && (got != attrs.size || memchr(text, '\0', got) != NULL))
         err = EIO;
     if (err == 0) {
@@ -1005,7 +1132,7 @@ int fs_create(const struct fs_conf *conf, struct s3_client *s3, struct fs **out)
         goto out;
     }
     fs->conf.root_key = fs->root_key;
-    dir_attrs(fs, &root);
+    fs_dir_attrs(fs, &root);
     err = inode_table_create(fs->root_key, &root, &fs->inodes);
     if (err == 0)
         err = workers_create(conf->connections, &fs->workers);
@@ -1019,11 +1146,81 @@ int fs_create(const struct fs_conf *conf, struct s3_client *s3, struct fs **out)
         };
         err = reader_create(&reader_conf, &fs->reader);
     }
+    fs->upload = (struct upload_conf){
+        .s3 = s3,
+        .workers = fs->workers,
+        .parallel = conf->connections,
+        .multipart_threshold = conf->multipart_threshold,
+        .part_size = conf->part_size,
+    };
+    if (err == 0 && conf->journal != NULL) {
+        struct writer_conf writer_conf = {
+            .s3 = s3,
+            .cache = conf->cache,
+            .workers = fs->workers,
+            .journal = conf->journal,
+            .writeback = conf->writeback,
+            .uploaders = conf->connections < 8 ? conf->connections : 8,
+            .parallel_parts = conf->connections,
+            .multipart_threshold = conf->multipart_threshold,
+            .part_size = conf->part_size,
+            .uploaded = fs_uploaded,
+            .uploaded_arg = fs,
+        };
+        err = writer_create(&writer_conf, &fs->writer);
+    }
 out:
     if (err != 0)
         fs_destroy(&fs);
     *out = fs;
     return err;
+}
+
+static void no_free(void *node)
+{
+    (void)node;
+}
+
+static int compare_pointers(const void *a, const void *b)
+{
+    return a < b ? -1 : a > b;
+}
+
+int fs_recover(struct fs *fs)
+{
+    if (fs->writer == NULL)
+        return 0;
+    return writer_recover(fs->writer, fs_recovered, fs);
+}
+
+/* Put the staged file of every inode that has one (after the drain). */
+static void detach_all(struct fs *fs)
+{
+    for (;;) {
+        inode_table_lock(fs->inodes);
+        struct inode *inode = NULL;
+        if (fs->staged != NULL) {
+            inode = *(struct inode **)fs->staged; /* the tree's root */
+            tdelete(inode, &fs->staged, compare_pointers);
+        }
+        struct writer_file *wfile = inode != NULL ? inode->wfile : NULL;
+        if (inode != NULL)
+            inode->wfile = NULL;
+        inode_table_unlock(fs->inodes);
+        if (inode == NULL)
+            break;
+        writer_file_put(&wfile);
+        inode_put(fs->inodes, inode);
+    }
+}
+
+uint64_t fs_drain(struct fs *fs)
+{
+    if (fs->writer == NULL)
+        return 0;
+    uint64_t left = writer_drain(fs->writer);
+    detach_all(fs);
+    return left;
 }
 
 void fs_destroy(struct fs **fsp)
@@ -1032,12 +1229,16 @@ void fs_destroy(struct fs **fsp)
 
     if (fs == NULL)
         return;
+    if (fs->writer != NULL)
+        fs_drain(fs);
+    writer_destroy(&fs->writer);
     if (fs->reader != NULL)
         reader_stop(fs->reader); /* queued read-ahead ends at once */
     workers_destroy(&fs->workers);
     reader_destroy(&fs->reader);
     inode_table_destroy(&fs->inodes);
     tdestroy(fs->logged_keys, free);
+    tdestroy(fs->staged, no_free);
     pthread_mutex_destroy(&fs->logged_lock);
     pthread_cond_destroy(&fs->listing_done);
     free(fs->root_key);
@@ -1057,6 +1258,14 @@ void fs_get_stats(struct fs *fs, struct fs_stats *out)
     out->hit_bytes = reader.hit_bytes;
     out->direct_bytes = reader.direct_bytes;
     out->inodes = inode_table_count(fs->inodes);
+    if (fs->writer != NULL) {
+        struct writer_stats writer;
+        writer_get_stats(fs->writer, &writer);
+        out->bytes_written = writer.bytes_written;
+        out->uploads_pending = writer.uploads_pending;
+        out->uploads_completed = writer.uploads_completed;
+        out->upload_failures = writer.upload_failures;
+    }
 }
 
 int fs_stats_text(struct fs *fs, char **text)
@@ -1095,7 +1304,11 @@ int fs_stats_text(struct fs *fs, char **text)
         "%s"
         "retries %llu\n"
         "failures %llu\n"
-        "inodes %llu\n",
+        "inodes %llu\n"
+        "bytes_written %llu\n"
+        "uploads_pending %llu\n"
+        "uploads_completed %llu\n"
+        "upload_failures %llu\n",
         (unsigned long long)st.bytes_read, (unsigned long long)served,
         (unsigned long long)fetched, (unsigned long long)st.s3.bytes_sent,
         (unsigned long long)st.direct_bytes, hit_ratio,
@@ -1106,7 +1319,10 @@ int fs_stats_text(struct fs *fs, char **text)
         (unsigned long long)st.cache.evicted_blocks,
         (unsigned long long)st.cache.corrupt_blocks, requests,
         (unsigned long long)st.s3.retries, (unsigned long long)st.s3.failures,
-        (unsigned long long)st.inodes);
+        (unsigned long long)st.inodes, (unsigned long long)st.bytes_written,
+        (unsigned long long)st.uploads_pending,
+        (unsigned long long)st.uploads_completed,
+        (unsigned long long)st.upload_failures);
     if (n < 0) {
         *text = NULL;
         return ENOMEM;

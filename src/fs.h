@@ -43,6 +43,10 @@ struct fs_conf {
     uint64_t read_ahead;
     unsigned connections;     /* worker threads for parallel requests */
     struct cache *cache;      /* the block cache; stays the caller's */
+    struct journal *journal;  /* pending uploads; NULL: read-only mount */
+    bool writeback;           /* close() does not wait for the upload */
+    uint64_t multipart_threshold; /* larger files go multipart */
+    uint64_t part_size;       /* smallest multipart part */
 };
 
 /* What lookup hands to the kernel: a referenced inode and its attributes. */
@@ -61,6 +65,10 @@ struct fs_stats {
     uint64_t hit_bytes;       /* of which already cached */
     uint64_t direct_bytes;    /* read around a full cache */
     uint64_t inodes;          /* inodes the kernel holds */
+    uint64_t bytes_written;   /* by applications */
+    uint64_t uploads_pending;
+    uint64_t uploads_completed;
+    uint64_t upload_failures;
 };
 
 /* The extended attribute of the mount root that holds the counters. */
@@ -108,8 +116,9 @@ int fs_dir_entries_plus(struct fs *fs, struct fs_dir *dir, size_t index,
 
 void fs_releasedir(struct fs *fs, struct fs_dir *dir);
 
-/* Open a file for reading. *keep_cache says whether the kernel's page
- * cache still holds this version. EROFS for writes, EISDIR, ENOENT... */
+/* Open a file. Writing (or O_TRUNC) stages it (EROFS on a read-only
+ * mount). *keep_cache says whether the kernel's page cache still holds
+ * this version. EISDIR, ENOENT... */
 int fs_open(struct fs *fs, fuse_ino_t ino, int flags, struct fs_file **out,
             bool *keep_cache);
 
@@ -123,6 +132,55 @@ void fs_release(struct fs *fs, struct fs_file *file);
 int fs_readlink(struct fs *fs, fuse_ino_t ino, char **target);
 
 int fs_statfs(struct fs *fs, struct statvfs *out);
+
+/* ---------------------------------------------- changes (fs_write.c)
+ * All return EROFS on a read-only mount. */
+
+/* Create and open NAME in PARENT (mode, owner: the caller's). Fills the
+ * entry (one kernel reference) and the open file. */
+int fs_create_file(struct fs *fs, fuse_ino_t parent, const char *name,
+                   mode_t mode, int flags, uid_t uid, gid_t gid,
+                   struct fs_entry *entry, struct fs_file **out);
+
+/* Write to a file opened for writing: EBADF otherwise, ENOSPC when the
+ * cache disk is full, EFBIG past 5 TiB. */
+int fs_write(struct fs *fs, struct fs_file *file, uint64_t offset,
+             const char *buf, size_t size);
+
+/* close() of one descriptor: the upload (default mode) or its journal
+ * entry (writeback); the upload's errno when it fails. */
+int fs_flush(struct fs *fs, struct fs_file *file);
+
+/* fsync(): returns once the file is in the bucket. */
+int fs_fsync(struct fs *fs, struct fs_file *file);
+
+int fs_mkdir(struct fs *fs, fuse_ino_t parent, const char *name, mode_t mode,
+             uid_t uid, gid_t gid, struct fs_entry *entry);
+/* ENOTEMPTY, ENOTDIR... */
+int fs_rmdir(struct fs *fs, fuse_ino_t parent, const char *name);
+int fs_unlink(struct fs *fs, fuse_ino_t parent, const char *name);
+int fs_symlink(struct fs *fs, const char *target, fuse_ino_t parent,
+               const char *name, uid_t uid, gid_t gid, struct fs_entry *entry);
+/* Hard links: EPERM, always. */
+int fs_link(struct fs *fs);
+
+/* chmod, chown, utimens, truncate (TO_SET: FUSE_SET_ATTR_* bits; FILE the
+ * open file for ftruncate, or NULL). The new attributes go to *out. */
+int fs_setattr(struct fs *fs, fuse_ino_t ino, const struct stat *want, int to_set,
+               struct fs_file *file, struct stat *out, double *timeout);
+
+/* rename(2) with RENAME_NOREPLACE (EEXIST); other flags: EINVAL. A
+ * directory is moved key by key: not atomic. */
+int fs_rename(struct fs *fs, fuse_ino_t parent, const char *name,
+              fuse_ino_t new_parent, const char *new_name, unsigned flags);
+
+/* At mount: queue the uploads the journal holds (a crash interrupted
+ * them). */
+int fs_recover(struct fs *fs);
+
+/* At unmount: upload everything pending and wait; the number of files
+ * that could not be uploaded (they stay journaled) is returned. */
+uint64_t fs_drain(struct fs *fs);
 
 /*
  * The counters as text, one "name value" pair per line (the format is

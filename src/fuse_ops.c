@@ -54,6 +54,12 @@ static void op_init(void *userdata, struct fuse_conn_info *conn)
     if (conn->capable & FUSE_CAP_PARALLEL_DIROPS)
         conn->want |= FUSE_CAP_PARALLEL_DIROPS;
     conn->want &= ~(unsigned)FUSE_CAP_READDIRPLUS_AUTO;
+    /* open(O_TRUNC) arrives as one request: a truncated file is never
+     * loaded first just to be emptied */
+    if (conn->capable & FUSE_CAP_ATOMIC_O_TRUNC)
+        conn->want |= FUSE_CAP_ATOMIC_O_TRUNC;
+    /* fewer, larger writes */
+    conn->max_write = 1u << 20;
 }
 
 static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
@@ -267,6 +273,145 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset,
     free(buf);
 }
 
+static void op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t size,
+                     off_t offset, struct fuse_file_info *fi)
+{
+    struct fs_file *file = (struct fs_file *)(uintptr_t)fi->fh;
+    int err = file == NULL ? EBADF
+                           : fs_write(request_fs(req), file, (uint64_t)offset, buf, size);
+
+    (void)ino;
+    if (err != 0)
+        reply_error(req, err);
+    else
+        fuse_reply_write(req, size);
+}
+
+static void op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+    struct fs_file *file = (struct fs_file *)(uintptr_t)fi->fh;
+    int err = file == NULL ? 0 : fs_flush(request_fs(req), file);
+
+    (void)ino;
+    reply_error(req, err);
+}
+
+static void op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync,
+                     struct fuse_file_info *fi)
+{
+    struct fs_file *file = (struct fs_file *)(uintptr_t)fi->fh;
+    int err = file == NULL ? 0 : fs_fsync(request_fs(req), file);
+
+    (void)ino;
+    (void)datasync;
+    reply_error(req, err);
+}
+
+static void op_fsyncdir(fuse_req_t req, fuse_ino_t ino, int datasync,
+                        struct fuse_file_info *fi)
+{
+    (void)ino;
+    (void)datasync;
+    (void)fi;
+    fuse_reply_err(req, 0); /* directory changes are made in the bucket at once */
+}
+
+static void op_create(fuse_req_t req, fuse_ino_t parent, const char *name,
+                      mode_t mode, struct fuse_file_info *fi)
+{
+    const struct fuse_ctx *ctx = fuse_req_ctx(req);
+    struct fs_entry entry;
+    struct fs_file *file = NULL;
+    int err = fs_create_file(request_fs(req), parent, name, mode, fi->flags,
+                             ctx->uid, ctx->gid, &entry, &file);
+
+    if (err != 0) {
+        reply_error(req, err);
+        return;
+    }
+    struct fuse_entry_param param = {
+        .ino = entry.ino,
+        .attr = entry.attr,
+        .attr_timeout = entry.attr_timeout,
+        .entry_timeout = entry.entry_timeout,
+    };
+    fi->fh = (uint64_t)(uintptr_t)file;
+    fi->keep_cache = 0;
+    if (fuse_reply_create(req, &param, fi) != 0) {
+        fs_release(request_fs(req), file);
+        fs_forget(request_fs(req), entry.ino, 1);
+    }
+}
+
+static void reply_new_entry(fuse_req_t req, int err, const struct fs_entry *entry)
+{
+    if (err != 0)
+        reply_error(req, err);
+    else if (reply_entry(req, entry) != 0)
+        fs_forget(request_fs(req), entry->ino, 1);
+}
+
+static void op_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name,
+                     mode_t mode)
+{
+    const struct fuse_ctx *ctx = fuse_req_ctx(req);
+    struct fs_entry entry;
+    int err = fs_mkdir(request_fs(req), parent, name, mode, ctx->uid, ctx->gid,
+                       &entry);
+    reply_new_entry(req, err, &entry);
+}
+
+static void op_symlink(fuse_req_t req, const char *target, fuse_ino_t parent,
+                       const char *name)
+{
+    const struct fuse_ctx *ctx = fuse_req_ctx(req);
+    struct fs_entry entry;
+    int err = fs_symlink(request_fs(req), target, parent, name, ctx->uid,
+                         ctx->gid, &entry);
+    reply_new_entry(req, err, &entry);
+}
+
+static void op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t parent,
+                    const char *name)
+{
+    (void)ino;
+    (void)parent;
+    (void)name;
+    reply_error(req, fs_link(request_fs(req)));
+}
+
+static void op_unlink(fuse_req_t req, fuse_ino_t parent, const char *name)
+{
+    reply_error(req, fs_unlink(request_fs(req), parent, name));
+}
+
+static void op_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name)
+{
+    reply_error(req, fs_rmdir(request_fs(req), parent, name));
+}
+
+static void op_rename(fuse_req_t req, fuse_ino_t parent, const char *name,
+                      fuse_ino_t new_parent, const char *new_name,
+                      unsigned int flags)
+{
+    reply_error(req, fs_rename(request_fs(req), parent, name, new_parent,
+                               new_name, flags));
+}
+
+static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr,
+                       int to_set, struct fuse_file_info *fi)
+{
+    struct fs_file *file = fi != NULL ? (struct fs_file *)(uintptr_t)fi->fh : NULL;
+    struct stat out;
+    double timeout = 0;
+    int err = fs_setattr(request_fs(req), ino, attr, to_set, file, &out, &timeout);
+
+    if (err != 0)
+        reply_error(req, err);
+    else
+        fuse_reply_attr(req, &out, timeout);
+}
+
 static void op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
     (void)ino;
@@ -339,7 +484,19 @@ static const struct fuse_lowlevel_ops ops = {
     .releasedir = op_releasedir,
     .open = op_open,
     .read = op_read,
+    .write = op_write,
+    .flush = op_flush,
+    .fsync = op_fsync,
+    .fsyncdir = op_fsyncdir,
     .release = op_release,
+    .create = op_create,
+    .mkdir = op_mkdir,
+    .symlink = op_symlink,
+    .link = op_link,
+    .unlink = op_unlink,
+    .rmdir = op_rmdir,
+    .rename = op_rename,
+    .setattr = op_setattr,
     .statfs = op_statfs,
     .getxattr = op_getxattr,
     .listxattr = op_listxattr,

@@ -16,6 +16,7 @@
 #include <pthread.h>
 #include <search.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 
 struct inode_table {
@@ -90,7 +91,8 @@ static void maybe_free_locked(struct inode_table *table, struct inode *inode)
         return;
     assert(inode->ino != FUSE_ROOT_ID);
     tdelete(inode, &table->by_ino, compare_ino);
-    tdelete(inode, &table->by_key, compare_key);
+    if (!inode->unlinked)
+        tdelete(inode, &table->by_key, compare_key);
     table->count--;
     inode_free(inode);
 }
@@ -281,6 +283,211 @@ const struct inode_dirent *inode_listing_find(const struct inode_listing *listin
         return NULL;
     return bsearch(name, listing->entries, listing->count,
                    sizeof(listing->entries[0]), compare_dirent);
+}
+
+char *inode_key_dup(struct inode_table *table, struct inode *inode)
+{
+    pthread_mutex_lock(&table->lock);
+    char *key = strdup(inode->key);
+    pthread_mutex_unlock(&table->lock);
+    return key;
+}
+
+struct inode *inode_obtain_locked(struct inode_table *table, const char *key)
+{
+    struct inode *inode = inode_find_locked(table, key);
+
+    if (inode == NULL)
+        inode = inode_new_locked(table, key);
+    if (inode != NULL)
+        inode->pins++;
+    return inode;
+}
+
+void inode_unlink_locked(struct inode_table *table, struct inode *inode)
+{
+    if (inode->unlinked || inode->ino == FUSE_ROOT_ID)
+        return;
+    tdelete(inode, &table->by_key, compare_key);
+    inode->unlinked = true;
+}
+
+int inode_rekey_locked(struct inode_table *table, struct inode *inode,
+                       const char *new_key)
+{
+    char *copy = strdup(new_key);
+
+    if (copy == NULL)
+        return ENOMEM;
+    if (!inode->unlinked)
+        tdelete(inode, &table->by_key, compare_key);
+    struct inode *other = inode_find_locked(table, new_key);
+    if (other != NULL)
+        inode_unlink_locked(table, other);
+    free(inode->key);
+    inode->key = copy;
+    inode->unlinked = false;
+    if (tsearch(inode, &table->by_key, compare_key) == NULL) {
+        inode->unlinked = true; /* out of memory: findable no more */
+        return ENOMEM;
+    }
+    return 0;
+}
+
+struct prefix_visit {
+    const char *prefix;
+    size_t prefix_len;
+    struct inode **found;
+    size_t count, capacity;
+    bool failed;
+};
+
+static void collect_prefix(const void *node, VISIT which, void *arg)
+{
+    if (which != postorder && which != leaf)
+        return;
+    struct inode *inode = *(struct inode *const *)node;
+    struct prefix_visit *visit = arg;
+    if (strncmp(inode->key, visit->prefix, visit->prefix_len) != 0)
+        return;
+    if (visit->count == visit->capacity) {
+        size_t capacity = visit->capacity ? visit->capacity * 2 : 16;
+        struct inode **grown = realloc(visit->found, capacity * sizeof(*grown));
+        if (grown == NULL) {
+            visit->failed = true;
+            return;
+        }
+        visit->found = grown;
+        visit->capacity = capacity;
+    }
+    visit->found[visit->count++] = inode;
+}
+
+static int find_prefix_locked(struct inode_table *table, const char *prefix,
+                              struct prefix_visit *visit)
+{
+    *visit = (struct prefix_visit){.prefix = prefix, .prefix_len = strlen(prefix)};
+    twalk_r(table->by_key, collect_prefix, visit);
+    if (visit->failed) {
+        free(visit->found);
+        return ENOMEM;
+    }
+    return 0;
+}
+
+int inode_rekey_prefix_locked(struct inode_table *table, const char *old_prefix,
+                              const char *new_prefix)
+{
+    struct prefix_visit visit;
+    size_t old_len = strlen(old_prefix);
+    int err = find_prefix_locked(table, old_prefix, &visit);
+
+    for (size_t i = 0; err == 0 && i < visit.count; i++) {
+        char *key = NULL;
+        if (asprintf(&key, "%s%s", new_prefix, visit.found[i]->key + old_len) < 0)
+            err = ENOMEM;
+        else
+            err = inode_rekey_locked(table, visit.found[i], key);
+        free(key);
+    }
+    if (err == 0)
+        free(visit.found);
+    return err;
+}
+
+void inode_visit_prefix_locked(struct inode_table *table, const char *prefix,
+                               void (*visit_fn)(void *arg, struct inode *inode),
+                               void *arg)
+{
+    struct prefix_visit visit;
+
+    if (find_prefix_locked(table, prefix, &visit) != 0)
+        return;
+    for (size_t i = 0; i < visit.count; i++)
+        visit_fn(arg, visit.found[i]);
+    free(visit.found);
+}
+
+static struct inode_listing *listing_copy(const struct inode_listing *listing)
+{
+    struct inode_listing *copy = calloc(1, sizeof(*copy));
+
+    if (copy == NULL)
+        return NULL;
+    copy->fetched_at = listing->fetched_at;
+    copy->entries = calloc(listing->count + 1, sizeof(copy->entries[0]));
+    if (copy->entries == NULL) {
+        free(copy);
+        return NULL;
+    }
+    for (; copy->count < listing->count; copy->count++) {
+        copy->entries[copy->count] = listing->entries[copy->count];
+        copy->entries[copy->count].name = strdup(listing->entries[copy->count].name);
+        if (copy->entries[copy->count].name == NULL) {
+            inode_listing_free(copy);
+            return NULL;
+        }
+    }
+    return copy;
+}
+
+int inode_listing_patch_locked(struct inode_table *table, struct inode *dir,
+                               const char *name, const struct inode_attrs *attrs)
+{
+    struct inode_listing *listing = dir->listing;
+
+    dir->listing_gen++;
+    if (listing == NULL)
+        return 0;
+    if (listing->refs > 1) { /* an open directory holds it: copy */
+        listing = listing_copy(listing);
+        if (listing == NULL) {
+            release_listing_locked(dir->listing);
+            dir->listing = NULL; /* listed again when next needed */
+            return ENOMEM;
+        }
+        inode_set_listing_locked(table, dir, listing);
+    }
+    /* find NAME, or where it goes */
+    size_t low = 0, high = listing->count;
+    while (low < high) {
+        size_t mid = low + (high - low) / 2;
+        if (strcmp(listing->entries[mid].name, name) < 0)
+            low = mid + 1;
+        else
+            high = mid;
+    }
+    bool present = low < listing->count && strcmp(listing->entries[low].name, name) == 0;
+    if (attrs == NULL) {
+        if (present) {
+            free(listing->entries[low].name);
+            memmove(&listing->entries[low], &listing->entries[low + 1],
+                    (listing->count - low - 1) * sizeof(listing->entries[0]));
+            listing->count--;
+        }
+        return 0;
+    }
+    if (present) {
+        listing->entries[low].attrs = *attrs;
+        return 0;
+    }
+    char *copy = strdup(name);
+    struct inode_dirent *grown = realloc(listing->entries,
+                                         (listing->count + 1) * sizeof(*grown));
+    if (copy == NULL || grown == NULL) {
+        free(copy);
+        if (grown != NULL)
+            listing->entries = grown;
+        release_listing_locked(dir->listing);
+        dir->listing = NULL;
+        return ENOMEM;
+    }
+    listing->entries = grown;
+    memmove(&listing->entries[low + 1], &listing->entries[low],
+            (listing->count - low) * sizeof(listing->entries[0]));
+    listing->entries[low] = (struct inode_dirent){copy, *attrs};
+    listing->count++;
+    return 0;
 }
 
 size_t inode_table_count(struct inode_table *table)

@@ -9,6 +9,8 @@
  *
  * Locking: one mutex per table guards every field marked (L) of every
  * inode; take it with inode_table_lock() for short, I/O-free sections only.
+ * Keys change with renames: copy one under the lock (inode_key_dup())
+ * before using it outside.
  * An inode stays allocated while the kernel references it (nlookup) or a
  * caller has pinned it (inode_get/inode_put), so callers can drop the lock,
  * do network I/O with a copy of the key, and relock.
@@ -23,6 +25,8 @@
 #include <time.h>
 
 #include "s3.h"
+
+struct writer_file;
 
 enum inode_kind {
     INODE_DIR,
@@ -58,7 +62,8 @@ struct inode_listing {
 
 struct inode {
     fuse_ino_t ino;             /* immutable */
-    char *key;                  /* immutable; directories end in '/' */
+    char *key;                  /* (L) directories end in '/'; changes on
+                                   rename; "" once unlinked */
     uint64_t nlookup;           /* (L) kernel references */
     unsigned pins;              /* (L) callers working on it */
     struct inode_attrs attrs;   /* (L) */
@@ -69,6 +74,13 @@ struct inode {
     char *symlink_target;       /* (L) symlinks: target for attrs.etag */
     char opened_etag[S3_ETAG_MAX]; /* (L) ETag at the last open, for
                                       keeping the kernel page cache */
+    struct writer_file *wfile;  /* (L) staged data while written or
+                                   pending upload (writer.h); one
+                                   reference, and a pin of the inode */
+    unsigned write_handles;     /* (L) handles open for writing */
+    bool unlinked;              /* (L) removed: no longer found by key */
+    unsigned listing_gen;       /* (L) directories: bumped by every local
+                                   change of the listing */
 };
 
 struct inode_table;
@@ -134,6 +146,43 @@ const struct inode_dirent *inode_listing_find(const struct inode_listing *listin
 
 /* Free a listing nobody references (refs must be 0 or it was never shared). */
 void inode_listing_free(struct inode_listing *listing);
+
+/* A copy of INODE's key (malloc'd; NULL when out of memory). Unlocked. */
+char *inode_key_dup(struct inode_table *table, struct inode *inode);
+
+/* The inode for KEY, created if needed, pinned, without a kernel
+ * reference (for files the kernel has not looked up: recovered uploads).
+ * NULL when out of memory. Lock held. */
+struct inode *inode_obtain_locked(struct inode_table *table, const char *key);
+
+/* INODE was removed: lookups by its key no longer find it (a new file of
+ * that name gets a new inode); it lives on while referenced. Lock held. */
+void inode_unlink_locked(struct inode_table *table, struct inode *inode);
+
+/* Rename INODE to NEW_KEY (any inode of NEW_KEY must have been unlinked).
+ * ENOMEM. Lock held. */
+int inode_rekey_locked(struct inode_table *table, struct inode *inode,
+                       const char *new_key);
+
+/* Rename every inode whose key starts with OLD_PREFIX (a directory and
+ * everything under it) to start with NEW_PREFIX. ENOMEM. Lock held. */
+int inode_rekey_prefix_locked(struct inode_table *table, const char *old_prefix,
+                              const char *new_prefix);
+
+/* Visit every inode whose key starts with PREFIX (lock held; VISIT must not
+ * change keys). */
+void inode_visit_prefix_locked(struct inode_table *table, const char *prefix,
+                               void (*visit)(void *arg, struct inode *inode),
+                               void *arg);
+
+/*
+ * Change DIR's listing (if it has one) for a local change: set NAME to
+ * ATTRS (added or replaced), or remove it when ATTRS is NULL. The listing
+ * is patched in place when nobody else holds it, else copied. ENOMEM.
+ * Lock held.
+ */
+int inode_listing_patch_locked(struct inode_table *table, struct inode *dir,
+                               const char *name, const struct inode_attrs *attrs);
 
 /* Number of inodes in the table (for statistics and tests). */
 size_t inode_table_count(struct inode_table *table);

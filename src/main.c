@@ -24,9 +24,13 @@
 #include "cache.h"
 #include "fs.h"
 #include "fuse_ops.h"
+#include "journal.h"
 #include "log.h"
 #include "options.h"
 #include "s3.h"
+
+#define MULTIPART_THRESHOLD (16ull << 20)  /* larger files go multipart */
+#define PART_SIZE (8ull << 20)             /* smallest part */
 
 /* Whether the user gave FUSE option NAME (as "-oNAME..." or "-o" "NAME..."). */
 static bool has_fuse_option(const struct fuse_args *args, const char *name)
@@ -180,6 +184,7 @@ int main(int argc, char **argv)
     char errbuf[512];
     char *ca_bundle = NULL;
     struct cache *cache = NULL;
+    struct journal *journal = NULL;
     int cache_lock_fd = -1;
     int status = 1;
 
@@ -302,6 +307,20 @@ int main(int argc, char **argv)
     }
     cache_lock_fd = -1; /* the cache owns it now */
 
+    if (!opts.read_only) {
+        char *journal_dir = NULL;
+        if (asprintf(&journal_dir, "%s/journal", cache_dir_path(cache)) < 0) {
+            log_error("cannot start: %s", strerror(ENOMEM));
+            goto out;
+        }
+        int opened = journal_open(journal_dir, &journal, errbuf, sizeof(errbuf));
+        free(journal_dir);
+        if (opened != 0) {
+            log_error("cannot start: %s", errbuf);
+            goto out;
+        }
+    }
+
     struct fs_conf fs_conf = {
         .cache = cache,
         .root_key = opts.prefix,
@@ -315,8 +334,14 @@ int main(int argc, char **argv)
         .dir_ttl = opts.dir_ttl,
         .read_ahead = opts.read_ahead,
         .connections = opts.connections,
+        .journal = journal,
+        .writeback = opts.writeback,
+        .multipart_threshold = MULTIPART_THRESHOLD,
+        .part_size = PART_SIZE,
     };
     int err = fs_create(&fs_conf, s3, &context.fs);
+    if (err == 0)
+        err = fs_recover(context.fs);
     if (err != 0) {
         log_error("cannot start: %s", strerror(err));
         goto out;
@@ -344,7 +369,11 @@ out:
         fuse_session_destroy(session);
     if (loop_config != NULL)
         fuse_loop_cfg_destroy(loop_config);
+    /* unmounted: what waits for its upload goes now, before exiting */
+    if (context.fs != NULL && fs_drain(context.fs) > 0)
+        status = 1; /* kept in the journal for the next mount (logged) */
     fs_destroy(&context.fs);
+    journal_close(&journal);
     cache_close(&cache);
     if (cache_lock_fd >= 0)
         close(cache_lock_fd);

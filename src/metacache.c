@@ -269,3 +269,22 @@ int metacache_get_listing(struct cache *cache, const char *dir_key,
     db_txn_abort(&txn);
     return err == EIO ? ENOENT : err;
 }
+
+int metacache_forget_listing(struct cache *cache, const char *dir_key)
+{
+    unsigned char hash[HASH_LEN];
+    struct db_txn *txn = NULL;
+    int err = cache_name_hash(cache, dir_key, hash);
+
+    if (err == 0)
+        err = db_txn_begin(cache_index(cache), true, &txn);
+    if (err == 0) {
+        err = db_del(txn, DB_DIRS, hash, sizeof(hash));
+        if (err == ENOENT)
+            err = 0;
+        if (err == 0)
+            err = db_txn_commit(&txn);
+        db_txn_abort(&txn);
+    }
+    return err;
+}

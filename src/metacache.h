@@ -40,4 +40,8 @@ int metacache_put_listing(struct cache *cache, const char *dir_key,
 int metacache_get_listing(struct cache *cache, const char *dir_key,
                           double max_age, struct inode_listing **out);
 
+/* Forget the stored listing of DIR_KEY (the directory changed here).
+ * 0, or the index's errno. */
+int metacache_forget_listing(struct cache *cache, const char *dir_key);
+
 #endif /* S3CFS_METACACHE_H */

@@ -38,7 +38,7 @@ struct raw_options {
     char *uid, *gid, *file_mode, *dir_mode;
     char *attr_ttl, *dir_ttl, *read_ahead, *connections, *retries;
     char *cache_size, *cache_min_free, *block_size;
-    int no_sign, path_style, allow_other, read_only;
+    int no_sign, path_style, allow_other, read_only, writeback;
 };
 
 enum option_key {
@@ -79,6 +79,7 @@ static const struct fuse_opt option_spec[] = {
     RAW("cache_min_free=%s", cache_min_free),
     RAW("block_size=%s", block_size),
     FLAG("no_sign", no_sign),
+    FLAG("writeback", writeback),
     FLAG("path_style", path_style),
     /* Kept for libfuse as well (the kernel enforces them). */
     FLAG("allow_other", allow_other),
@@ -339,7 +340,6 @@ static void set_defaults(struct options *opts)
     opts->gid = getgid();
     opts->file_mode = 0644;
     opts->dir_mode = 0755;
-    opts->read_only = true;
     opts->attr_ttl = DEFAULT_ATTR_TTL;
     opts->dir_ttl = DEFAULT_DIR_TTL;
     opts->read_ahead = DEFAULT_READ_AHEAD;
@@ -379,6 +379,8 @@ static void convert_raw(const struct raw_options *raw, struct options *opts,
     opts->no_sign = raw->no_sign;
     opts->path_style = raw->path_style;
     opts->allow_other = raw->allow_other;
+    opts->read_only = raw->read_only;
+    opts->writeback = raw->writeback;
     if (raw->uid != NULL) {
         if (parse_id(raw->uid, &id) != 0) {
             set_error(state, "option 'uid=%s': expected a numeric user id", raw->uid);
@@ -503,9 +505,10 @@ int options_parse(int argc, char **argv, struct options *out, char *errbuf,
         set_error(&state, "invalid prefix '%s': it has an empty, '.' or '..' component", out->prefix);
     if (err != 0)
         goto out;
-    /* The write path is not there yet: the mount is always read-only. */
-    if (!raw->read_only && fuse_opt_add_arg(&out->fuse_args, "-oro") != 0)
-        err = ENOMEM;
+    if (raw->read_only && raw->writeback) {
+        set_error(&state, "%s", "-o writeback and -o ro do not go together");
+        err = EINVAL;
+    }
 out:
     if (err != 0 && errbuf != NULL && errlen > 0)
         snprintf(errbuf, errlen, "%s", state.error ? state.error : strerror(err));
@@ -558,7 +561,9 @@ void options_print_help(FILE *fp, const char *progname)
 "                         header (default 0644)\n"
 "  -o dir_mode=OCTAL      directory permissions (default 0755)\n"
 "  -o allow_other         let other users access the mount\n"
-"  -o ro                  read-only (this version is always read-only)\n"
+"  -o ro                  read-only mount\n"
+"  -o writeback           close() returns at once; uploads run in the\n"
+"                         background (journaled; fsync and unmount wait)\n"
 "\n"
 "Block cache (data read once stays on local disk, across remounts):\n"
 "  -o cache=DIR           cache directory (default /var/cache/s3cachefs/BUCKET\n"

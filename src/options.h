@@ -44,7 +44,8 @@ struct options {
     bool gid_set;
     mode_t file_mode;         /* permission bits only */
     mode_t dir_mode;
-    bool read_only;           /* always true until the write path lands */
+    bool read_only;           /* -o ro */
+    bool writeback;           /* -o writeback: close() does not wait */
     bool allow_other;
 
     /* the block cache */

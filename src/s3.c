@@ -1193,6 +1193,31 @@ int s3_delete_object(struct s3_client *client, const char *key)
     return err == ENOENT ? 0 : err;
 }
 
+/* "x-amz-copy-source: /BUCKET/KEY" with the source URL-encoded (slashes
+ * kept), malloc'd into *header. 0 or ENOMEM. */
+static int copy_source_header(const struct s3_client *client,
+                              const char *src_key, char **header)
+{
+    size_t len = strlen(client->bucket) + strlen(src_key) + 2;
+    char *source = malloc(len);
+    char *encoded = NULL;
+
+    *header = NULL;
+    if (source == NULL)
+        return ENOMEM;
+    snprintf(source, len, "%s/%s", client->bucket, src_key);
+    encoded = sigv4_uri_encode(source, strlen(source), true);
+    free(source);
+    if (encoded == NULL)
+        return ENOMEM;
+    len = strlen(encoded) + 32;
+    *header = malloc(len);
+    if (*header != NULL)
+        snprintf(*header, len, "x-amz-copy-source: /%s", encoded);
+    free(encoded);
+    return *header != NULL ? 0 : ENOMEM;
+}
+
 int s3_copy_object(struct s3_client *client, const char *src_key,
                    const char *dst_key, const struct s3_put_meta *meta,
                    char *etag_out)
@@ -1203,34 +1228,13 @@ int s3_copy_object(struct s3_client *client, const char *src_key,
         .op = S3_OP_COPY, .method = "PUT", .key = dst_key, .xml = &xml,
         .idempotent = true,
     };
-    char *source = NULL;
     char *source_header = NULL;
     char *etag = NULL;
     size_t slot = 0;
-    int err = 0;
+    int err = copy_source_header(client, src_key, &source_header);
 
-    /* x-amz-copy-source: /bucket/key, URL-encoded */
-    size_t len = strlen(client->bucket) + strlen(src_key) + 2;
-    source = malloc(len);
-    if (source == NULL) {
-        err = ENOMEM;
+    if (err != 0)
         goto out;
-    }
-    snprintf(source, len, "%s/%s", client->bucket, src_key);
-    char *encoded = sigv4_uri_encode(source, strlen(source), true);
-    if (encoded == NULL) {
-        err = ENOMEM;
-        goto out;
-    }
-    len = strlen(encoded) + 32;
-    source_header = malloc(len);
-    if (source_header != NULL)
-        snprintf(source_header, len, "x-amz-copy-source: /%s", encoded);
-    free(encoded);
-    if (source_header == NULL) {
-        err = ENOMEM;
-        goto out;
-    }
     req.extra_headers[slot++] = source_header;
     if (meta != NULL) {
         req.extra_headers[slot++] = "x-amz-metadata-directive: REPLACE";
@@ -1248,7 +1252,6 @@ int s3_copy_object(struct s3_client *client, const char *src_key,
     }
 out:
     free(etag);
-    free(source);
     free(source_header);
     capped_buf_free(&xml);
     return err;
@@ -1308,6 +1311,80 @@ int s3_multipart_upload_part(struct s3_client *client, const char *key,
     return err;
 }
 
+int s3_multipart_copy_part(struct s3_client *client, const char *key,
+                           const char *upload_id, unsigned part_number,
+                           const char *src_key, const char *src_etag,
+                           uint64_t offset, uint64_t length, char *etag_out)
+{
+    char query[1024] = "";
+    char number[16];
+    char range_header[96];
+    char *if_match_header = NULL;
+    char *source_header = NULL;
+    char *etag = NULL;
+    struct capped_buf xml = {.cap = SMALL_BODY_MAX};
+    struct s3_failure failure;
+    /* quiet: no UploadPartCopy, or a changed source, is the caller's to
+     * report */
+    struct s3_request req = {
+        .op = S3_OP_MULTIPART, .method = "PUT", .key = key, .query = query,
+        .xml = &xml, .idempotent = true, .quiet = true,
+    };
+    size_t slot = 0;
+    int err = 0;
+
+    if (part_number < 1 || part_number > 10000 || length == 0 ||
+        offset + length < offset)
+        return EINVAL;
+    snprintf(number, sizeof(number), "%u", part_number);
+    if (!query_add(query, sizeof(query), "partNumber", number) ||
+        !query_add(query, sizeof(query), "uploadId", upload_id))
+        return EINVAL;
+    err = copy_source_header(client, src_key, &source_header);
+    if (err != 0)
+        goto out;
+    req.extra_headers[slot++] = source_header;
+    snprintf(range_header, sizeof(range_header),
+             "x-amz-copy-source-range: bytes=%llu-%llu",
+             (unsigned long long)offset,
+             (unsigned long long)(offset + length - 1));
+    req.extra_headers[slot++] = range_header;
+    if (src_etag != NULL) {
+        size_t len = strlen(src_etag) + 40;
+        if_match_header = malloc(len);
+        if (if_match_header == NULL) {
+            err = ENOMEM;
+            goto out;
+        }
+        snprintf(if_match_header, len, "x-amz-copy-source-if-match: %s",
+                 src_etag);
+        req.extra_headers[slot++] = if_match_header;
+    }
+    err = s3_perform(client, &req, &failure);
+    if (err == 0) {
+        struct s3xml_error body_error;
+        err = s3xml_parse_etag_result(xml.data ? xml.data : "", xml.len, &etag,
+                                      &body_error);
+        if (err == EIO)
+            log_warn("copy part %u of %s from %s: %s", part_number, key,
+                     src_key, body_error.code);
+        else if (err != 0)
+            log_warn("copy part %u of %s from %s: unreadable answer",
+                     part_number, key, src_key);
+        if (err == 0)
+            snprintf(etag_out, S3_ETAG_MAX, "%s", etag);
+    } else if (err != ENOSYS && err != ESTALE) {
+        log_warn("PUT %s (copy part %u from %s): %s", key, part_number,
+                 src_key, failure.description);
+    }
+out:
+    free(etag);
+    free(if_match_header);
+    free(source_header);
+    capped_buf_free(&xml);
+    return err;
+}
+
 int s3_multipart_complete(struct s3_client *client, const char *key,
                           const char *upload_id, const char *const *part_etags,
                           unsigned part_count, char *etag_out)
@@ -1360,13 +1437,18 @@ int s3_multipart_abort(struct s3_client *client, const char *key,
                        const char *upload_id)
 {
     char query[1024] = "";
+    struct s3_failure failure;
+    /* quiet: a server that cannot abort (ENOSYS) is the caller's to report */
     struct s3_request req = {
         .op = S3_OP_MULTIPART, .method = "DELETE", .key = key, .query = query,
-        .idempotent = true,
+        .idempotent = true, .quiet = true,
     };
 
     if (!query_add(query, sizeof(query), "uploadId", upload_id))
         return EINVAL;
-    int err = s3_perform(client, &req, NULL);
+    int err = s3_perform(client, &req, &failure);
+    if (err != 0 && err != ENOENT && err != ENOSYS)
+        log_warn("DELETE %s (abort multipart upload): %s", key,
+                 failure.description);
     return err == ENOENT ? 0 : err;
 }

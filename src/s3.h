@@ -48,7 +48,7 @@ enum s3_op {
     S3_OP_PUT,
     S3_OP_DELETE,
     S3_OP_COPY,
-    S3_OP_MULTIPART,   /* create, complete, abort, upload part */
+    S3_OP_MULTIPART,   /* create, complete, abort, upload part, copy part */
     S3_OP_COUNT,
 };
 
@@ -195,12 +195,29 @@ int s3_multipart_upload_part(struct s3_client *client, const char *key,
                              const char *upload_id, unsigned part_number,
                              const struct s3_body *body, char *etag_out);
 
+/*
+ * UploadPartCopy: part PART_NUMBER (1..10000) of the upload is copied
+ * server-side from bytes [OFFSET, OFFSET + LENGTH) of SRC_KEY, which must
+ * still have ETag SRC_ETAG (x-amz-copy-source-if-match; NULL: any).
+ * ETAG_OUT (S3_ETAG_MAX bytes) gets the part's ETag. Returns 0, ENOSYS
+ * when the server does not implement UploadPartCopy (501 NotImplemented),
+ * ESTALE when the source changed (412; neither is logged: the caller
+ * decides what they mean),
+ * ENOENT, EINVAL (bad part number, empty or overflowing range), EIO
+ * (including a 200 answer carrying an <Error>), or another errno.
+ */
+int s3_multipart_copy_part(struct s3_client *client, const char *key,
+                           const char *upload_id, unsigned part_number,
+                           const char *src_key, const char *src_etag,
+                           uint64_t offset, uint64_t length, char *etag_out);
+
 /* Complete with PART_COUNT parts whose ETags are PART_ETAGS[0..]. */
 int s3_multipart_complete(struct s3_client *client, const char *key,
                           const char *upload_id, const char *const *part_etags,
                           unsigned part_count, char *etag_out);
 
-/* Abort an upload; an upload already gone counts as success. */
+/* Abort an upload; an upload already gone counts as success. ENOSYS
+ * (405/501: the server cannot abort) is returned without a log line. */
 int s3_multipart_abort(struct s3_client *client, const char *key,
                        const char *upload_id);
 

@@ -13,7 +13,11 @@
  * damaged, truncated and deleted data files, object versions, persistence,
  * the size bound, scan-resistant eviction, the directory lock, crash
  * detection by boot id, a changed block size, the free-space bound, and a
- * multi-threaded smoke test and the size bound under concurrency.
+ * multi-threaded smoke test and the size bound under concurrency. The
+ * write path's needs: staging/ and journal/ survive every emptying,
+ * cache_reserve_disk (bounds; eviction order, on /dev/shm), adopting a
+ * staged file (contents, versions, room), re-keying, forgetting; data
+ * files left by a killed process swept at open.
  * TEST_CACHE_FILTER, a cmocka name pattern, runs a subset.
  */
 #ifdef HAVE_CONFIG_H
@@ -37,6 +41,8 @@
 #include <malloc.h>
 #include <pthread.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "cache.h"
@@ -1340,6 +1346,596 @@ static void test_min_free(void **state)
     }
 }
 
+/* ------------------------------------------------- the write path's needs */
+
+/* DIR/staging/NAME, created with the contents SEED (SIZE bytes). */
+static void staging_file(struct fixture *f, const char *name, uint32_t seed,
+                         uint64_t size, char path[256])
+{
+    char dir[128];
+    int fd;
+
+    snprintf(dir, sizeof(dir), "%s/staging", f->dir);
+    assert_true(mkdir(dir, 0700) == 0 || errno == EEXIST);
+    snprintf(path, 256, "%s/%s", dir, name);
+    fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    assert_true(fd >= 0);
+    for (uint64_t at = 0; at < size;) {
+        size_t n = size - at < MAX_TEST_BLOCK ? (size_t)(size - at) : MAX_TEST_BLOCK;
+        make_bytes(f->scratch, seed, at, n);
+        assert_int_equal(pwrite(fd, f->scratch, n, (off_t)at), (ssize_t)n);
+        at += n;
+    }
+    assert_int_equal(close(fd), 0);
+}
+
+static bool file_exists(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+/* Every block of KEY/ETAG (SIZE bytes) is cached with the contents SEED:
+ * whole blocks, and a range across a piece boundary. */
+static void expect_object(struct fixture *f, const char *key, const char *etag,
+                          uint64_t size, uint32_t seed)
+{
+    struct cache_object *o = open_object(f, key, etag, size);
+
+    for (uint64_t b = 0; b < cache_object_blocks(o); b++) {
+        uint32_t len = cache_object_block_len(o, b);
+        assert_true(cache_block_present(f->cache, o, b));
+        expect_read(f, o, b, 0, len, seed);
+        if (len > PIECE + 10)
+            expect_read(f, o, b, PIECE - 10, 20, seed);
+    }
+    cache_object_close(f->cache, &o);
+}
+
+/* Files the write path keeps in the cache directory, with their text. */
+static const char *const write_path_files[][2] = {
+    {"staging", NULL},
+    {"staging/0000000000000001", "a staged write"},
+    {"staging/ab", NULL},
+    {"staging/ab/0123456789abcdef", "shaped like a data file"},
+    {"journal", NULL},
+    {"journal/data.mdb", "the journal"},
+    {"journal/lock.mdb", "its lock"},
+    {"data/journal", "misplaced, but a protected name"},
+};
+
+static void make_write_path_files(struct fixture *f)
+{
+    for (size_t i = 0; i < ARRAY_LEN(write_path_files); i++) {
+        char path[256];
+        snprintf(path, sizeof(path), "%s/%s", f->dir, write_path_files[i][0]);
+        if (write_path_files[i][1] == NULL)
+            assert_true(mkdir(path, 0700) == 0 || errno == EEXIST);
+        else
+            write_text_file(path, write_path_files[i][1]);
+    }
+}
+
+static void expect_write_path_files(struct fixture *f, const char *when)
+{
+    for (size_t i = 0; i < ARRAY_LEN(write_path_files); i++) {
+        char path[256], text[128];
+        snprintf(path, sizeof(path), "%s/%s", f->dir, write_path_files[i][0]);
+        if (!file_exists(path))
+            fail_msg("%s: %s is gone", when, write_path_files[i][0]);
+        if (write_path_files[i][1] != NULL) {
+            read_text_file(path, text, sizeof(text));
+            assert_string_equal(text, write_path_files[i][1]);
+        }
+    }
+}
+
+/* Write the state file as if the machine had crashed while the cache was
+ * open: the next cache_open rebuilds the cache empty. */
+static void fake_machine_crash(struct fixture *f)
+{
+    char boot_id[64], line[128], path[128];
+
+    read_boot_id(boot_id, sizeof(boot_id));
+    boot_id[0] = boot_id[0] == '0' ? '1' : '0';
+    snprintf(line, sizeof(line), "%s open\n", boot_id);
+    snprintf(path, sizeof(path), "%s/state", f->dir);
+    write_text_file(path, line);
+}
+
+/*
+ * cache_dir_path() names the directory, and no way the cache empties
+ * itself (a rebuild after a machine crash, a new block size, evicting
+ * everything) removes CACHE/staging or CACHE/journal or their contents.
+ */
+static void test_write_path_files_survive(void **state)
+{
+    struct fixture *f = *state;
+    uint32_t bs = f->conf.block_size;
+    struct cache_object *o;
+    char paths[4][256];
+
+    assert_string_equal(cache_dir_path(f->cache), f->dir);
+    make_write_path_files(f);
+    o = open_object(f, "survive", ETAG, 2ull * bs);
+    store(f, o, 0, 140);
+    store(f, o, 1, 140);
+    cache_object_close(f->cache, &o);
+
+    cache_stop(f);
+    fake_machine_crash(f);
+    cache_start(f);
+    assert_int_equal(stats(f).blocks, 0);
+    assert_int_equal(data_files(f, paths, ARRAY_LEN(paths)), 0);
+    expect_write_path_files(f, "rebuilt after a crash");
+
+    o = open_object(f, "survive", ETAG, 2ull * bs);
+    store(f, o, 0, 141);
+    cache_object_close(f->cache, &o);
+    f->conf.block_size = LARGE_BLOCK;
+    cache_restart(f);
+    assert_int_equal(stats(f).blocks, 0);
+    expect_write_path_files(f, "a new block size");
+
+    o = open_object(f, "survive", ETAG, LARGE_BLOCK);
+    store(f, o, 0, 142);
+    cache_object_close(f->cache, &o);
+    f->conf.min_free_ratio = 1.0;
+    cache_restart(f);
+    assert_int_equal(cache_reserve_disk(f->cache, 1), ENOSPC);
+    assert_int_equal(stats(f).blocks, 0);
+    expect_write_path_files(f, "evicting everything");
+    f->conf.min_free_ratio = 0.0;
+    cache_restart(f);
+    expect_write_path_files(f, "reopened");
+}
+
+/* Free bytes on the filesystem of PATH, as the cache sees them. */
+static uint64_t free_bytes(const char *path)
+{
+    struct statvfs st;
+
+    assert_int_equal(statvfs(path, &st), 0);
+    return (uint64_t)st.f_bavail * st.f_frsize;
+}
+
+/* cache_reserve_disk() with bounds that cannot or always hold. */
+static void test_reserve_disk_bounds(void **state)
+{
+    struct fixture *f = *state;
+    uint32_t bs = f->conf.block_size;
+    struct cache_object *o = open_object(f, "reserve", ETAG, 4ull * bs);
+    char staged[256];
+    struct cache_stats s;
+
+    for (uint64_t b = 0; b < 4; b++)
+        store(f, o, b, 150);
+    cache_object_close(f->cache, &o);
+    staging_file(f, "reserve", 151, 3ull * bs, staged);
+
+    /* no min_free: room enough, nothing evicted */
+    assert_int_equal(cache_reserve_disk(f->cache, 1u << 20), 0);
+    assert_int_equal(cache_reserve_disk(f->cache, 0), 0);
+    assert_int_equal(stats(f).blocks, 4);
+    assert_int_equal(stats(f).evicted_blocks, 0);
+
+    /* more than the filesystem has: every clean block goes, then ENOSPC */
+    assert_int_equal(cache_reserve_disk(f->cache, 1ull << 62), ENOSPC);
+    s = stats(f);
+    assert_int_equal(s.blocks, 0);
+    assert_int_equal(s.used_bytes, 0);
+    assert_int_equal(s.evicted_blocks, 4);
+    /* only cache blocks: the staging file is intact */
+    assert_true(file_exists(staged));
+    assert_int_equal(cache_adopt_file(f->cache, "reserve", "\"s\"", 3ull * bs,
+                                      staged), 0);
+    expect_object(f, "reserve", "\"s\"", 3ull * bs, 151);
+
+    /* min_free_bytes out of reach: ENOSPC again, whatever is asked */
+    f->conf.min_free_bytes = 1ull << 62;
+    cache_restart(f);
+    assert_int_equal(cache_reserve_disk(f->cache, 1), ENOSPC);
+    assert_int_equal(stats(f).blocks, 0);
+    assert_int_equal(cache_reserve_disk(f->cache, UINT64_MAX), ENOSPC);
+
+    /* min_free_ratio: whichever of the two is larger holds */
+    f->conf.min_free_bytes = 0;
+    f->conf.min_free_ratio = 0.0;
+    cache_restart(f);
+    assert_int_equal(cache_reserve_disk(f->cache, 4096), 0);
+    f->conf.min_free_ratio = 1.0;
+    cache_restart(f);
+    assert_int_equal(cache_reserve_disk(f->cache, 4096), ENOSPC);
+}
+
+/*
+ * cache_reserve_disk() evicts just enough, least recently used first,
+ * probation before protected. Run on /dev/shm (tmpfs, which frees punched
+ * holes at once and which nothing else writes to) so that the free space
+ * moves only with what the test does; skipped without it.
+ */
+static void test_reserve_disk_order(void **state)
+{
+    struct fixture *f = *state;
+    uint32_t bs = f->conf.block_size;
+    struct cache_object *hot, *old, *recent, *o;
+    char shm_dir[64] = "/dev/shm/test_cache.XXXXXX";
+    uint64_t margin, want, before, evicted = 0;
+    const uint64_t probation_blocks = 8;
+
+    if (mkdtemp(shm_dir) == NULL) {
+        print_message("  no /dev/shm: skipped\n");
+        return;
+    }
+    cache_stop(f);
+    remove_tree(f->dir);
+    memcpy(f->dir, shm_dir, sizeof(shm_dir)); /* teardown removes it */
+    cache_start(f);
+
+    /* two re-used (protected) blocks, the oldest of all, then 4 + 4 in
+     * probation */
+    hot = open_object(f, "order/hot", ETAG, 2ull * bs);
+    store(f, hot, 0, 160);
+    store(f, hot, 1, 160);
+    expect_read(f, hot, 0, 0, bs, 160);
+    expect_read(f, hot, 1, 0, bs, 160);
+    for (uint64_t b = 0; b < 2; b++)
+        assert_int_equal(cache_block_read(f->cache, hot, b, 0, bs, f->buf, true), 0);
+    assert_int_equal(cache_flush(f->cache), 0);
+    assert_int_equal(stats(f).protected_bytes, 2ull * bs);
+    old = open_object(f, "order/old", ETAG, 4ull * bs);
+    recent = open_object(f, "order/recent", ETAG, 4ull * bs);
+    for (uint64_t b = 0; b < 4; b++)
+        store(f, old, b, 161);
+    for (uint64_t b = 0; b < 4; b++)
+        store(f, recent, b, 162);
+    cache_object_close(f->cache, &hot);
+    cache_object_close(f->cache, &old);
+    cache_object_close(f->cache, &recent);
+
+    /* min_free just under what is free once the cache is open again */
+    cache_stop(f);
+    f->conf.min_free_bytes = free_bytes(f->dir) - (1u << 20);
+    cache_start(f);
+    before = free_bytes(f->dir);
+    assert_true(before > f->conf.min_free_bytes);
+    margin = before - f->conf.min_free_bytes;
+    want = margin + 5ull * bs + bs / 2; /* 5.5 blocks more than there is */
+    assert_int_equal(cache_reserve_disk(f->cache, want), 0);
+    assert_true(free_bytes(f->dir) >= f->conf.min_free_bytes + want);
+
+    /* the evicted blocks are the oldest of probation, in order */
+    old = open_object(f, "order/old", ETAG, 4ull * bs);
+    recent = open_object(f, "order/recent", ETAG, 4ull * bs);
+    for (uint64_t i = 0; i < probation_blocks; i++) {
+        o = i < 4 ? old : recent;
+        bool present = cache_block_present(f->cache, o, i % 4);
+        if (!present && evicted < i)
+            fail_msg("probation block %llu evicted, but not block %llu "
+                     "stored before it", (unsigned long long)i,
+                     (unsigned long long)evicted);
+        evicted += !present;
+    }
+    print_message("  %llu blocks evicted for 5.5 blocks of room\n",
+                  (unsigned long long)evicted);
+    /* 6 blocks at least; a little more if the index grew meanwhile */
+    if (evicted < 6 || evicted > probation_blocks)
+        fail_msg("%llu blocks evicted for 5.5 blocks of room",
+                 (unsigned long long)evicted);
+    for (uint64_t i = evicted; i < probation_blocks; i++)
+        expect_read(f, i < 4 ? old : recent, i % 4, 0, bs, i < 4 ? 161 : 162);
+    cache_object_close(f->cache, &old);
+    cache_object_close(f->cache, &recent);
+    hot = open_object(f, "order/hot", ETAG, 2ull * bs);
+    expect_read(f, hot, 0, 0, bs, 160);
+    expect_read(f, hot, 1, 0, bs, 160);
+    cache_object_close(f->cache, &hot);
+    assert_int_equal(stats(f).evicted_blocks, evicted);
+}
+
+/* A staged file becomes the cached version: every byte reads back. */
+static void test_adopt(void **state)
+{
+    struct fixture *f = *state;
+    uint32_t bs = f->conf.block_size;
+    uint64_t size = 3ull * bs + PIECE + 1234; /* a short last block */
+    uint64_t blocks = (size + bs - 1) / bs;
+    char staged[256], paths[4][256];
+    struct cache_object *o;
+    struct cache_stats s;
+
+    staging_file(f, "adopt-1", 170, size, staged);
+    assert_int_equal(cache_adopt_file(f->cache, "adopt/a", ETAG, size, staged), 0);
+    assert_false(file_exists(staged));
+    assert_int_equal(data_files(f, paths, ARRAY_LEN(paths)), 1);
+    s = stats(f);
+    assert_int_equal(s.blocks, blocks);
+    assert_int_equal(s.used_bytes, (blocks - 1) * bs +
+                                   rounded(size - (blocks - 1) * bs));
+    assert_int_equal(s.protected_bytes, 0);
+    assert_int_equal(s.stored_bytes, size);
+    expect_object(f, "adopt/a", ETAG, size, 170);
+
+    /* it persists like any other version */
+    cache_restart(f);
+    expect_object(f, "adopt/a", ETAG, size, 170);
+
+    /* the same key, a new ETag: the old version goes, even while open */
+    o = open_object(f, "adopt/a", ETAG, size);
+    staging_file(f, "adopt-2", 171, 2ull * bs, staged);
+    assert_int_equal(cache_adopt_file(f->cache, "adopt/a", "\"v2\"", 2ull * bs,
+                                      staged), 0);
+    expect_missing(f, o, 0);
+    expect_missing(f, o, blocks - 1);
+    expect_object(f, "adopt/a", "\"v2\"", 2ull * bs, 171);
+    cache_object_close(f->cache, &o);
+    assert_int_equal(data_files(f, paths, ARRAY_LEN(paths)), 1);
+    s = stats(f);
+    assert_int_equal(s.blocks, 2);
+    assert_int_equal(s.used_bytes, 2ull * bs);
+    o = open_object(f, "adopt/a", ETAG, size);
+    assert_false(cache_block_present(f->cache, o, 0));
+    cache_object_close(f->cache, &o);
+
+    /* the same key and ETag again (a repeated upload): replaced */
+    staging_file(f, "adopt-3", 171, 2ull * bs, staged);
+    assert_int_equal(cache_adopt_file(f->cache, "adopt/a", "\"v2\"", 2ull * bs,
+                                      staged), 0);
+    expect_object(f, "adopt/a", "\"v2\"", 2ull * bs, 171);
+    assert_int_equal(stats(f).blocks, 2);
+
+    /* an empty object */
+    staging_file(f, "adopt-4", 172, 0, staged);
+    assert_int_equal(cache_adopt_file(f->cache, "adopt/empty", ETAG, 0, staged), 0);
+    assert_false(file_exists(staged));
+    o = open_object(f, "adopt/empty", ETAG, 0);
+    assert_int_equal(cache_object_blocks(o), 0);
+    cache_object_close(f->cache, &o);
+    assert_int_equal(stats(f).blocks, 2);
+
+    /* a size that is not the file's, a missing file: nothing changes */
+    staging_file(f, "adopt-5", 173, bs, staged);
+    assert_int_equal(cache_adopt_file(f->cache, "adopt/a", "\"v3\"", bs + 1,
+                                      staged), EINVAL);
+    assert_true(file_exists(staged));
+    expect_object(f, "adopt/a", "\"v2\"", 2ull * bs, 171);
+    assert_int_equal(cache_adopt_file(f->cache, "adopt/a", "\"v3\"", bs,
+                                      "/nonexistent/staged"), ENOENT);
+    expect_object(f, "adopt/a", "\"v2\"", 2ull * bs, 171);
+}
+
+/* Adopting makes room like fills do; too big for the cache: ENOSPC. */
+static void test_adopt_room(void **state)
+{
+    struct fixture *f = *state;
+    uint32_t bs = f->conf.block_size;
+    struct cache_object *o;
+    char staged[256];
+    struct cache_stats s;
+
+    f->conf.size_limit = 8ull * bs;
+    cache_restart(f);
+    o = open_object(f, "room/other", ETAG, 6ull * bs);
+    for (uint64_t b = 0; b < 6; b++)
+        store(f, o, b, 180);
+    cache_object_close(f->cache, &o);
+
+    /* bigger than cache_size: ENOSPC, the file stays, nothing evicted */
+    staging_file(f, "room-big", 181, 8ull * bs + 1, staged);
+    assert_int_equal(cache_adopt_file(f->cache, "room/big", ETAG, 8ull * bs + 1,
+                                      staged), ENOSPC);
+    assert_true(file_exists(staged));
+    s = stats(f);
+    assert_int_equal(s.blocks, 6);
+    assert_int_equal(s.evicted_blocks, 0);
+
+    /* 5 blocks into a cache holding 6 of 8: the 3 oldest go */
+    staging_file(f, "room-fit", 182, 5ull * bs, staged);
+    assert_int_equal(cache_adopt_file(f->cache, "room/fit", ETAG, 5ull * bs,
+                                      staged), 0);
+    check_bound(f);
+    s = stats(f);
+    assert_int_equal(s.blocks, 8);
+    assert_int_equal(s.evicted_blocks, 3);
+    expect_object(f, "room/fit", ETAG, 5ull * bs, 182);
+    o = open_object(f, "room/other", ETAG, 6ull * bs);
+    for (uint64_t b = 0; b < 6; b++)
+        assert_int_equal(cache_block_present(f->cache, o, b), b >= 3);
+    expect_read(f, o, 5, 0, bs, 180);
+    cache_object_close(f->cache, &o);
+
+    /* a new version of a key may use its old version's room: nothing
+     * else goes */
+    staging_file(f, "room-again", 183, 5ull * bs, staged);
+    assert_int_equal(cache_adopt_file(f->cache, "room/fit", "\"v2\"", 5ull * bs,
+                                      staged), 0);
+    s = stats(f);
+    assert_int_equal(s.evicted_blocks, 3);
+    assert_int_equal(s.blocks, 8);
+    expect_object(f, "room/fit", "\"v2\"", 5ull * bs, 183);
+    check_bound(f);
+
+    /* exactly cache_size: everything else goes */
+    staging_file(f, "room-all", 184, 8ull * bs, staged);
+    assert_int_equal(cache_adopt_file(f->cache, "room/all", ETAG, 8ull * bs,
+                                      staged), 0);
+    s = stats(f);
+    assert_int_equal(s.blocks, 8);
+    assert_int_equal(s.used_bytes, 8ull * bs);
+    expect_object(f, "room/all", ETAG, 8ull * bs, 184);
+}
+
+/* A rename re-keys the cached version without copying a byte. */
+static void test_rename_object(void **state)
+{
+    struct fixture *f = *state;
+    uint32_t bs = f->conf.block_size;
+    uint64_t size = 3ull * bs - 7;
+    struct cache_object *reader, *o;
+    char before_path[256], after_path[256], paths[4][256];
+    struct cache_stats s;
+
+    o = open_object(f, "mv/from", ETAG, size);
+    for (uint64_t b = 0; b < 3; b++)
+        store(f, o, b, 190);
+    cache_object_close(f->cache, &o);
+    only_data_file(f, before_path);
+    /* a reader of the old name keeps its handle across the rename */
+    reader = open_object(f, "mv/from", ETAG, size);
+    /* the new name had a version of its own */
+    o = open_object(f, "mv/to", "\"old-to\"", bs);
+    store(f, o, 0, 191);
+    cache_object_close(f->cache, &o);
+
+    assert_int_equal(cache_rename_object(f->cache, "mv/from", "\"wrong\"",
+                                         "mv/to", "\"new\""), ENOENT);
+    assert_int_equal(cache_rename_object(f->cache, "mv/none", ETAG, "mv/to",
+                                         "\"new\""), ENOENT);
+    assert_int_equal(stats(f).blocks, 4);
+
+    assert_int_equal(cache_rename_object(f->cache, "mv/from", ETAG, "mv/to",
+                                         "\"new\""), 0);
+    s = stats(f);
+    assert_int_equal(s.blocks, 3);
+    assert_int_equal(s.used_bytes, 2ull * bs + rounded(bs - 7));
+    expect_object(f, "mv/to", "\"new\"", size, 190);
+    for (uint64_t b = 0; b < 3; b++)
+        expect_read(f, reader, b, 0, cache_object_block_len(reader, b), 190);
+    cache_object_close(f->cache, &reader);
+    /* same data file, no copy; the new name's old version is gone */
+    only_data_file(f, after_path);
+    assert_string_equal(before_path, after_path);
+
+    /* the old name has nothing cached any more */
+    assert_int_equal(cache_rename_object(f->cache, "mv/from", ETAG, "mv/x",
+                                         ETAG), ENOENT);
+    o = open_object(f, "mv/from", ETAG, size);
+    assert_false(cache_block_present(f->cache, o, 0));
+    cache_object_close(f->cache, &o);
+    assert_int_equal(stats(f).blocks, 3);
+
+    /* a new ETag on the same key (a copy onto itself) */
+    assert_int_equal(cache_rename_object(f->cache, "mv/to", "\"new\"", "mv/to",
+                                         "\"newer\""), 0);
+    expect_object(f, "mv/to", "\"newer\"", size, 190);
+    cache_restart(f);
+    expect_object(f, "mv/to", "\"newer\"", size, 190);
+    o = open_object(f, "mv/to", "\"new\"", size);
+    assert_false(cache_block_present(f->cache, o, 0));
+    cache_object_close(f->cache, &o);
+    assert_int_equal(data_files(f, paths, ARRAY_LEN(paths)), 2); /* + "from" */
+}
+
+/* A deleted object's blocks go; an open handle then reads nothing. */
+static void test_forget_key(void **state)
+{
+    struct fixture *f = *state;
+    uint32_t bs = f->conf.block_size;
+    struct cache_object *o, *keep;
+    char paths[4][256];
+    struct cache_stats s;
+
+    assert_int_equal(cache_forget_key(f->cache, "forget/none"), 0);
+    keep = open_object(f, "forget/keep", ETAG, bs);
+    store(f, keep, 0, 200);
+    cache_object_close(f->cache, &keep);
+    o = open_object(f, "forget/a", ETAG, 2ull * bs);
+    store(f, o, 0, 201);
+    store(f, o, 1, 201);
+    assert_int_equal(data_files(f, paths, ARRAY_LEN(paths)), 2);
+
+    assert_int_equal(cache_forget_key(f->cache, "forget/a"), 0);
+    s = stats(f);
+    assert_int_equal(s.blocks, 1);
+    assert_int_equal(s.used_bytes, bs);
+    expect_missing(f, o, 0);
+    expect_missing(f, o, 1);
+    assert_int_equal(data_files(f, paths, ARRAY_LEN(paths)), 2); /* still open */
+    cache_object_close(f->cache, &o);
+    assert_int_equal(data_files(f, paths, ARRAY_LEN(paths)), 1);
+    assert_int_equal(cache_forget_key(f->cache, "forget/a"), 0);
+
+    cache_restart(f);
+    o = open_object(f, "forget/a", ETAG, 2ull * bs);
+    assert_false(cache_block_present(f->cache, o, 0));
+    cache_object_close(f->cache, &o);
+    expect_object(f, "forget/keep", ETAG, bs, 200);
+    assert_int_equal(stats(f).blocks, 1);
+}
+
+/* ------------------------------------------------------- orphan files */
+
+/*
+ * A process killed while a replaced version was still open (its file
+ * goes at the last close, which never came), or between an eviction's
+ * commit and its unlink, or during an adoption leaves data files whose
+ * version the index does not know: cache_open removes them, and only
+ * them.
+ */
+static void test_orphan_files_swept(void **state)
+{
+    struct fixture *f = *state;
+    uint32_t bs = f->conf.block_size;
+    char paths[4][256], orphan[256], foreign[256], keep_path[256];
+    struct cache_object *o;
+    struct cache_stats s;
+    pid_t child;
+    int status = 0;
+
+    o = open_object(f, "orphan/keep", ETAG, bs);
+    store(f, o, 0, 210);
+    cache_object_close(f->cache, &o);
+    only_data_file(f, keep_path);
+    make_write_path_files(f);
+    cache_stop(f);
+
+    /* the child dies holding a replaced version, as kill -9 would leave it */
+    child = fork();
+    assert_true(child >= 0);
+    if (child == 0) {
+        struct cache *cache = NULL;
+        struct cache_object *old = NULL, *cur = NULL;
+        char err[256], *scratch = malloc(bs);
+        int fd = -1;
+        if (scratch == NULL || cache_lock_dir(f->dir, &fd, err, sizeof(err)) != 0 ||
+            cache_open(&f->conf, fd, &cache, err, sizeof(err)) != 0 ||
+            cache_object_open(cache, "orphan/old", ETAG, 2ull * bs, &old) != 0 ||
+            store_raw(cache, old, 0, 211, scratch) != 0 ||
+            store_raw(cache, old, 1, 211, scratch) != 0 ||
+            cache_object_open(cache, "orphan/old", "\"v2\"", bs, &cur) != 0 ||
+            store_raw(cache, cur, 0, 212, scratch) != 0)
+            _exit(1);
+        _exit(0);
+    }
+    assert_int_equal(waitpid(child, &status, 0), child);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    assert_int_equal(data_files(f, paths, ARRAY_LEN(paths)), 3);
+
+    /* a file renamed in by an adoption that never got recorded, and one
+     * that is not named like a data file */
+    snprintf(orphan, sizeof(orphan), "%s/data/de", f->dir);
+    assert_true(mkdir(orphan, 0700) == 0 || errno == EEXIST);
+    snprintf(orphan, sizeof(orphan), "%s/data/de/00000000000abcde", f->dir);
+    write_text_file(orphan, "never recorded");
+    snprintf(foreign, sizeof(foreign), "%s/data/de/notes", f->dir);
+    write_text_file(foreign, "not ours");
+    assert_int_equal(data_files(f, paths, ARRAY_LEN(paths)), 5);
+
+    cache_start(f);
+    assert_int_equal(data_files(f, paths, ARRAY_LEN(paths)), 3); /* keep, v2, notes */
+    assert_false(file_exists(orphan));
+    assert_true(file_exists(foreign));
+    assert_true(file_exists(keep_path));
+    expect_write_path_files(f, "sweeping orphans");
+    s = stats(f);
+    assert_int_equal(s.blocks, 2);
+    assert_int_equal(s.used_bytes, 2ull * bs);
+    expect_object(f, "orphan/keep", ETAG, bs, 210);
+    expect_object(f, "orphan/old", "\"v2\"", bs, 212);
+    assert_int_equal(unlink(foreign), 0);
+}
+
 /* --------------------------------------------------------- concurrency */
 
 #define THREADS 4
@@ -1559,6 +2155,21 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_block_size_change, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_min_free, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_write_path_files_survive, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_reserve_disk_bounds, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_reserve_disk_order, setup,
+                                        teardown),
+        cmocka_unit_test_prestate_setup_teardown(test_adopt, setup, teardown,
+                                                 (void *)&small_block),
+        cmocka_unit_test_prestate_setup_teardown(test_adopt, setup, teardown,
+                                                 (void *)&large_block),
+        cmocka_unit_test_setup_teardown(test_adopt_room, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_rename_object, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_forget_key, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_orphan_files_swept, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_concurrency, setup, teardown),
         cmocka_unit_test_setup_teardown(test_concurrent_bound, setup,
                                         teardown),

@@ -312,7 +312,7 @@ static void test_parse_seconds_table(void **state)
 enum field {
     F_NONE,
     F_ENDPOINT, F_REGION, F_PROFILE, F_CREDENTIALS_FILE,
-    F_NO_SIGN, F_PATH_STYLE, F_ALLOW_OTHER, F_READ_ONLY,
+    F_NO_SIGN, F_PATH_STYLE, F_ALLOW_OTHER, F_READ_ONLY, F_WRITEBACK,
     F_UID, F_GID, F_FILE_MODE, F_DIR_MODE,
     F_ATTR_TTL, F_DIR_TTL, F_READ_AHEAD, F_CONNECTIONS, F_RETRIES,
 };
@@ -343,6 +343,7 @@ static const struct opt_case opt_cases[] = {
     OK_U("path_style", "path_style", F_PATH_STYLE, 1),
     OK_U("allow_other", "allow_other", F_ALLOW_OTHER, 1),
     OK_U("ro", "ro", F_READ_ONLY, 1),
+    OK_U("writeback", "writeback", F_WRITEBACK, 1),
 
     OK_U("uid 0", "uid=0", F_UID, 0),
     OK_U("uid 1000", "uid=1000", F_UID, 1000),
@@ -438,6 +439,7 @@ static void check_field(const struct opt_case *c, const struct options *o)
     case F_PATH_STYLE: u = o->path_style; break;
     case F_ALLOW_OTHER: u = o->allow_other; break;
     case F_READ_ONLY: u = o->read_only; break;
+    case F_WRITEBACK: u = o->writeback; break;
     case F_UID:
         u = o->uid;
         if (!o->uid_set)
@@ -557,7 +559,8 @@ static void test_defaults(void **state)
     assert_false(p.opts.gid_set);
     assert_int_equal(p.opts.file_mode, 0644);
     assert_int_equal(p.opts.dir_mode, 0755);
-    assert_true(p.opts.read_only);
+    assert_false(p.opts.read_only);
+    assert_false(p.opts.writeback);
     assert_false(p.opts.allow_other);
     assert_true(p.opts.attr_ttl == 1.0);
     assert_true(p.opts.dir_ttl == 1.0);
@@ -888,32 +891,36 @@ struct fuse_case {
 
 static const struct fuse_case fuse_cases[] = {
     {"nothing extra", {"bucket", "/mnt", NULL},
-     {"ro"}, {NULL}, {"bucket", "/mnt"}, false},
+     {NULL}, {NULL}, {"bucket", "/mnt", "ro", "writeback"}, false},
+    {"ro", {"-o", "ro", "bucket", "/mnt", NULL},
+     {"ro"}, {NULL}, {"bucket"}, false},
+    {"writeback is ours", {"-o", "writeback", "bucket", "/mnt", NULL},
+     {NULL}, {NULL}, {"writeback", "ro"}, false},
     {"allow_other", {"-o", "allow_other", "bucket", "/mnt", NULL},
-     {"allow_other", "ro"}, {NULL}, {"bucket"}, true},
+     {"allow_other"}, {NULL}, {"bucket"}, true},
     {"default_permissions", {"-o", "default_permissions", "bucket", "/mnt",
                              NULL},
-     {"default_permissions", "ro"}, {NULL}, {NULL}, false},
+     {"default_permissions"}, {NULL}, {NULL}, false},
     {"fsname=x", {"-o", "fsname=x", "bucket", "/mnt", NULL},
-     {"fsname=x", "ro"}, {NULL}, {NULL}, false},
+     {"fsname=x"}, {NULL}, {NULL}, false},
     {"unknown option", {"-o", "no_such_option=1", "bucket", "/mnt", NULL},
-     {"no_such_option=1", "ro"}, {NULL}, {NULL}, false},
+     {"no_such_option=1"}, {NULL}, {NULL}, false},
     {"fstab mount options", {"-o", "nosuid,nodev,noatime", "bucket", "/mnt",
                              NULL},
-     {"nosuid", "nodev", "noatime", "ro"}, {NULL}, {NULL}, false},
-    {"ro given: not added again", {"-o", "ro", "bucket", "/mnt", NULL},
+     {"nosuid", "nodev", "noatime"}, {NULL}, {"ro"}, false},
+    {"ro given: passed once", {"-o", "ro", "bucket", "/mnt", NULL},
      {"ro"}, {NULL}, {NULL}, false},
     {"ours mixed with libfuse's",
      {"-o", "uid=5,allow_other,endpoint=http://h:1,fsname=s3", "-o",
       "region=r,path_style,no_sign,retries=2", "bucket", "/mnt", NULL},
-     {"allow_other", "fsname=s3", "ro"}, {NULL},
+     {"allow_other", "fsname=s3"}, {NULL},
      {"uid=", "endpoint=", "region=", "path_style", "no_sign", "retries="},
      true},
     {"unknown dash option", {"-s", "bucket", "/mnt", NULL},
-     {"ro"}, {"-s"}, {NULL}, false},
+     {NULL}, {"-s"}, {NULL}, false},
     {"-f and -d stay here", {"-f", "-d", "-o", "debug", "bucket", "/mnt",
                              NULL},
-     {"ro"}, {NULL}, {"debug"}, false},
+     {NULL}, {NULL}, {"debug"}, false},
 };
 
 static void test_fuse_args_table(void **state)
@@ -958,10 +965,24 @@ static void test_fuse_args_table(void **state)
                          c->absent[j]);
         if (p.opts.allow_other != c->allow_other)
             fail_msg("%s: allow_other %d", c->name, p.opts.allow_other);
-        if (!p.opts.read_only)
-            fail_msg("%s: not read-only", c->name);
+        if (p.opts.read_only != (count_fuse_opt(fa, "ro") == 1))
+            fail_msg("%s: read_only %d", c->name, p.opts.read_only);
         parsed_free(&p);
     }
+}
+
+/* Writeback needs a read-write mount: a clear sentence otherwise. */
+static void test_writeback_with_ro(void **state)
+{
+    const char *args[] = {"-o", "writeback,ro", "bucket", "/mnt", NULL};
+    struct parsed p;
+
+    (void)state;
+    parse(&p, args);
+    assert_int_equal(p.rc, EINVAL);
+    assert_non_null(strstr(p.err, "writeback"));
+    assert_non_null(strstr(p.err, "ro"));
+    parsed_free(&p);
 }
 
 /* ---------------------------------------------- errors and freeing */
@@ -1080,6 +1101,7 @@ int main(void)
         cmocka_unit_test(test_flag_table),
         cmocka_unit_test(test_secret_table),
         cmocka_unit_test(test_fuse_args_table),
+        cmocka_unit_test(test_writeback_with_ro),
         cmocka_unit_test(test_error_buffer),
         cmocka_unit_test(test_free_twice),
         cmocka_unit_test(test_free_zeroed),

@@ -1,0 +1,96 @@
+/*
+ * fs_internal.h - what the two halves of the fs layer share: fs.c (lookup,
+ * attributes, listings, reading) and fs_write.c (everything that changes
+ * the bucket). Not for other modules.
+ */
+#ifndef S3CFS_FS_INTERNAL_H
+#define S3CFS_FS_INTERNAL_H
+
+#include <pthread.h>
+#include <stdbool.h>
+
+#include "fs.h"
+#include "inode.h"
+#include "reader.h"
+#include "upload.h"
+#include "workers.h"
+#include "writer.h"
+
+#define LIST_PAGE 1000                   /* keys per LIST */
+#define DIRECTORY_CONTENT_TYPE "application/x-directory"
+
+struct fs {
+    struct fs_conf conf;
+    char *root_key;
+    struct s3_client *s3;
+    struct inode_table *inodes;
+    struct workers *workers;
+    struct reader *reader;
+    struct writer *writer;        /* NULL on a read-only mount */
+    struct upload_conf upload;    /* server-side copies (rename) */
+    struct timespec mount_time;
+    void *staged;                 /* (inode table lock) tsearch set of the
+                                     inodes that have a wfile */
+
+    pthread_cond_t listing_done;  /* with the inode table lock: a directory
+                                     listing finished (inode.listing_fetch) */
+    pthread_mutex_t logged_lock;  /* guards logged_keys, logged_count */
+    void *logged_keys;            /* tsearch set of char * */
+    size_t logged_count;
+};
+
+struct fs_dir {
+    fuse_ino_t ino;
+    struct inode_listing *listing;
+};
+
+/* An open file: reads an object version through the reader, or the staged
+ * data of a file being written (wfile). */
+struct fs_file {
+    fuse_ino_t ino;
+    struct reader_file *reader_file;
+    struct writer_file *wfile;    /* a reference, when staged */
+    bool writable;                /* counted in inode.write_handles */
+    bool append;
+};
+
+double fs_now_seconds(void);
+double fs_wall_seconds(void);
+void fs_dir_attrs(const struct fs *fs, struct inode_attrs *out);
+void fs_head_file_attrs(const struct fs *fs, const struct s3_object_info *info,
+                        struct inode_attrs *out);
+void fs_attrs_to_stat(const struct fs *fs, fuse_ino_t ino,
+                      const struct inode_attrs *attrs, struct stat *st);
+void fs_fill_entry(const struct fs *fs, const struct inode *inode,
+                   struct fs_entry *out);
+int fs_get_listing(struct fs *fs, struct inode *dir, unsigned max_pages,
+                   struct inode_listing **out);
+int fs_resolve_file(struct fs *fs, const char *key,
+                    const struct inode_attrs *listed, struct inode_attrs *out);
+int fs_revalidate_file(struct fs *fs, struct inode *inode,
+                       struct inode_attrs *attrs);
+
+/* Attributes of a staged file (lock held). */
+void fs_staged_attrs_locked(const struct fs *fs, const struct inode *inode,
+                            struct inode_attrs *out);
+
+/* Stage INODE's current content for writing (lock not held): attaches a
+ * writer_file to the inode unless it has one; TRUNCATE skips loading the
+ * old bytes. Returns 0 with a reference in *out. */
+int fs_stage_file(struct fs *fs, struct inode *inode, bool truncate,
+                  struct writer_file **out);
+
+/* Detach INODE's staged file when it is neither open for writing nor
+ * pending (lock not held). */
+void fs_maybe_detach(struct fs *fs, struct inode *inode);
+
+/* Writer callback: an upload finished. */
+void fs_uploaded(void *arg, struct writer_file *file, void *owner,
+                 const char *key, const char *etag, uint64_t size,
+                 const struct writer_meta *meta);
+
+/* Writer callback at mount: a journaled file waits for its upload. */
+void fs_recovered(void *arg, struct writer_file *file, const char *key,
+                  uint64_t size, const struct writer_meta *meta);
+
+#endif /* S3CFS_FS_INTERNAL_H */

@@ -1,0 +1,1145 @@
+/*
+ * fs_write.c - the operations that change the bucket (see fs.h).
+ *
+ * Files being written are staged (writer.h): the inode carries a
+ * writer_file while it has handles open for writing or an upload pending,
+ * pinned meanwhile, and listed in fs->staged so that listings and lookups
+ * show it before it reaches the bucket. Everything else (mkdir, unlink,
+ * rmdir, symlink, rename of what is in the bucket, metadata changes) is
+ * done on the bucket at once, then patched into the cached listings
+ * (inode_listing_patch_locked) so that no LIST is spent to see one's own
+ * change; the stored listings of the directories touched are forgotten.
+ *
+ * Lock order: inode table lock, then the writer's lock (writer.h calls
+ * back without its lock held).
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <search.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <linux/fs.h>
+
+#include "fs_internal.h"
+#include "log.h"
+#include "metacache.h"
+#include "names.h"
+
+#define LOAD_CHUNK (1u << 20)       /* materializing an object to edit it */
+#define MOVE_BATCH 64               /* keys copied or deleted per batch */
+
+static int compare_pointers(const void *a, const void *b)
+{
+    return a < b ? -1 : a > b;
+}
+
+static void *owner_of(fuse_ino_t ino)
+{
+    return (void *)(uintptr_t)ino;
+}
+
+/* The parent prefix of KEY ("a/b/" for "a/b/c" and "a/b/c/"). */
+static char *parent_of(const char *key)
+{
+    size_t len = strlen(key);
+    if (len > 0 && key[len - 1] == '/')
+        len--;
+    while (len > 0 && key[len - 1] != '/')
+        len--;
+    return strndup(key, len);
+}
+
+/* The last component of KEY, without a trailing '/'. */
+static char *name_of(const char *key)
+{
+    size_t len = strlen(key);
+    if (len > 0 && key[len - 1] == '/')
+        len--;
+    size_t start = len;
+    while (start > 0 && key[start - 1] != '/')
+        start--;
+    return strndup(key + start, len - start);
+}
+
+/* A local change of KEY: patch its parent's cached listing (ATTRS NULL:
+ * removed) and forget the stored one. */
+static void patch_parent(struct fs *fs, const char *key,
+                         const struct inode_attrs *attrs)
+{
+    char *parent_key = parent_of(key);
+    char *name = name_of(key);
+
+    if (parent_key != NULL && name != NULL && name[0] != '\0') {
+        inode_table_lock(fs->inodes);
+        struct inode *dir = inode_find_locked(fs->inodes, parent_key);
+        if (dir != NULL)
+            inode_listing_patch_locked(fs->inodes, dir, name, attrs);
+        inode_table_unlock(fs->inodes);
+        metacache_forget_listing(fs->conf.cache, parent_key);
+    }
+    free(parent_key);
+    free(name);
+}
+
+static void meta_of_attrs(const struct inode_attrs *attrs, struct writer_meta *out)
+{
+    uint32_t type = attrs->kind == INODE_DIR ? S_IFDIR
+                  : attrs->kind == INODE_SYMLINK ? S_IFLNK : S_IFREG;
+    *out = (struct writer_meta){
+        .mode = type | (attrs->mode & 07777),
+        .uid = attrs->uid,
+        .gid = attrs->gid,
+        .mtime = attrs->mtime,
+    };
+}
+
+static void put_meta_of(const struct writer_meta *meta, const char *content_type,
+                        struct s3_put_meta *out)
+{
+    *out = (struct s3_put_meta){
+        .content_type = content_type,
+        .has_mode = true, .has_uid = true, .has_gid = true, .has_mtime = true,
+        .mode = meta->mode, .uid = meta->uid, .gid = meta->gid,
+        .mtime = meta->mtime,
+    };
+}
+
+static struct timespec wall_now(void)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    return now;
+}
+
+/* ------------------------------------------------------ staged files */
+
+/* Copy the object's current bytes into a new staged file. */
+static int load_object(struct fs *fs, const char *key, const struct inode_attrs *attrs,
+                       struct writer_file *wfile)
+{
+    struct reader_file *reader_file = NULL;
+    char *buf = NULL;
+    int err = reader_open(fs->reader, key, attrs->etag, attrs->size, &reader_file);
+
+    if (err == 0 && (buf = malloc(LOAD_CHUNK)) == NULL)
+        err = ENOMEM;
+    for (uint64_t offset = 0; err == 0 && offset < attrs->size;) {
+        size_t got = 0;
+        err = reader_read(reader_file, offset, LOAD_CHUNK, buf, &got);
+        if (err == 0 && got == 0)
+            err = EIO; /* shorter than it said */
+        if (err == 0)
+            err = writer_file_load(wfile, offset, buf, got);
+        offset += got;
+    }
+    free(buf);
+    reader_close(&reader_file);
+    return err;
+}
+
+/* Attach WFILE (our reference passes to the inode) unless another thread
+ * attached one first; *out gets a reference to the attached one. */
+static void attach_locked(struct fs *fs, struct inode *inode,
+                          struct writer_file **wfile, struct writer_file **out)
+{
+    if (inode->wfile == NULL) {
+        inode->wfile = *wfile;
+        *wfile = NULL;
+        inode_pin_locked(inode);
+        tsearch(inode, &fs->staged, compare_pointers);
+    }
+    *out = writer_file_ref(inode->wfile);
+}
+
+int fs_stage_file(struct fs *fs, struct inode *inode, bool truncate,
+                  struct writer_file **out)
+{
+    struct writer_file *wfile = NULL;
+    struct writer_meta meta;
+    struct inode_attrs attrs;
+    int err = 0;
+
+    *out = NULL;
+    inode_table_lock(fs->inodes);
+    if (inode->wfile != NULL) {
+        *out = writer_file_ref(inode->wfile);
+        inode_table_unlock(fs->inodes);
+        return truncate ? writer_file_truncate(*out, 0) : 0;
+    }
+    attrs = inode->attrs;
+    char *key = strdup(inode->key);
+    inode_table_unlock(fs->inodes);
+    if (key == NULL)
+        return ENOMEM;
+
+    meta_of_attrs(&attrs, &meta);
+    meta.mode = S_IFREG | (meta.mode & 07777);
+    bool empty = truncate || attrs.size == 0;
+    err = writer_file_create(fs->writer, key, &meta, truncate || attrs.etag[0] == '\0',
+                             owner_of(inode->ino), &wfile);
+    if (err == 0 && !empty)
+        err = load_object(fs, key, &attrs, wfile);
+    if (err == 0) {
+        inode_table_lock(fs->inodes);
+        attach_locked(fs, inode, &wfile, out);
+        inode_table_unlock(fs->inodes);
+    }
+    writer_file_put(&wfile);
+    free(key);
+    return err;
+}
+
+void fs_maybe_detach(struct fs *fs, struct inode *inode)
+{
+    struct writer_file *wfile = NULL;
+
+    inode_table_lock(fs->inodes);
+    if (inode->wfile != NULL && inode->write_handles == 0 &&
+        !writer_file_pending(inode->wfile)) {
+        wfile = inode->wfile;
+        inode->wfile = NULL;
+        tdelete(inode, &fs->staged, compare_pointers);
+    }
+    inode_table_unlock(fs->inodes);
+    if (wfile == NULL)
+        return;
+    writer_file_put(&wfile); /* the data becomes cached blocks */
+    inode_put(fs->inodes, inode); /* the pin of attach_locked() */
+}
+
+void fs_uploaded(void *arg, struct writer_file *file, void *owner, const char *key,
+                 const char *etag, uint64_t size, const struct writer_meta *meta)
+{
+    struct fs *fs = arg;
+    struct inode *inode = inode_get(fs->inodes, (fuse_ino_t)(uintptr_t)owner);
+    struct inode_attrs attrs = {
+        .kind = INODE_FILE,
+        .size = size,
+        .mtime = meta->mtime,
+        .mode = meta->mode & 07777,
+        .uid = meta->uid,
+        .gid = meta->gid,
+        .headers_known = true,
+        .fetched_at = fs_now_seconds(),
+    };
+    bool current = false;
+
+    snprintf(attrs.etag, sizeof(attrs.etag), "%s", etag);
+    if (inode != NULL) {
+        inode_table_lock(fs->inodes);
+        bool mine = inode->wfile == file && !inode->unlinked;
+        current = mine && strcmp(inode->key, key) == 0;
+        if (current) {
+            inode->attrs = attrs;
+            /* the kernel's pages are what was uploaded */
+            snprintf(inode->opened_etag, sizeof(inode->opened_etag), "%s", etag);
+        } else if (mine) {
+            /* renamed since: rename_file() knows the object's new ETag */
+            char renamed_etag[S3_ETAG_MAX];
+            snprintf(renamed_etag, sizeof(renamed_etag), "%s", inode->attrs.etag);
+            inode->attrs = attrs;
+            snprintf(inode->attrs.etag, sizeof(inode->attrs.etag), "%s", renamed_etag);
+        }
+        inode_table_unlock(fs->inodes);
+    }
+    metacache_put_attrs(fs->conf.cache, key, &attrs);
+    if (current)
+        patch_parent(fs, key, &attrs);
+    if (inode != NULL) {
+        fs_maybe_detach(fs, inode);
+        inode_put(fs->inodes, inode);
+    }
+}
+
+void fs_recovered(void *arg, struct writer_file *file, const char *key,
+                  uint64_t size, const struct writer_meta *meta)
+{
+    struct fs *fs = arg;
+    struct inode_attrs attrs = {
+        .kind = INODE_FILE,
+        .size = size,
+        .mtime = meta->mtime,
+        .mode = meta->mode & 07777,
+        .uid = meta->uid,
+        .gid = meta->gid,
+        .headers_known = true,
+        .fetched_at = fs_now_seconds(),
+    };
+    struct writer_file *attached = NULL;
+
+    inode_table_lock(fs->inodes);
+    struct inode *inode = inode_obtain_locked(fs->inodes, key);
+    if (inode != NULL) {
+        if (inode->wfile == NULL)
+            inode->attrs = attrs;
+        writer_file_set_owner(file, owner_of(inode->ino));
+        attach_locked(fs, inode, &file, &attached);
+    }
+    inode_table_unlock(fs->inodes);
+    writer_file_put(&attached);
+    writer_file_put(&file);
+    if (inode != NULL)
+        inode_put(fs->inodes, inode); /* obtain's pin; attach holds its own */
+}
+
+/* ------------------------------------------------------ helpers */
+
+/* Look NAME up in PARENT for a change: its inode pinned in *out (NULL when
+ * it does not exist) and its key. */
+static int find_child(struct fs *fs, fuse_ino_t parent, const char *name,
+                      struct inode **out, char **key)
+{
+    struct fs_entry entry;
+    int err = fs_lookup(fs, parent, name, &entry);
+
+    *out = NULL;
+    *key = NULL;
+    if (err != 0 || entry.ino == 0)
+        return err;
+    *out = inode_get(fs->inodes, entry.ino);
+    fs_forget(fs, entry.ino, 1);
+    if (*out == NULL)
+        return ENOENT; /* gone meanwhile */
+    *key = inode_key_dup(fs->inodes, *out);
+    if (*key == NULL) {
+        inode_put(fs->inodes, *out);
+        *out = NULL;
+        return ENOMEM;
+    }
+    return 0;
+}
+
+/* The key of NAME in directory PARENT (checked), malloc'd into *key. */
+static int child_key(struct fs *fs, fuse_ino_t parent_ino, const char *name,
+                     bool dir, char **key)
+{
+    struct inode *parent = inode_get(fs->inodes, parent_ino);
+    size_t len = strlen(name);
+    int err = 0;
+
+    *key = NULL;
+    if (parent == NULL)
+        return ENOENT;
+    inode_table_lock(fs->inodes);
+    if (parent->attrs.kind != INODE_DIR)
+        err = ENOTDIR;
+    else if (len > NAMES_NAME_MAX)
+        err = ENAMETOOLONG;
+    else if (!names_is_valid(name, len))
+        err = EINVAL;
+    else if ((*key = names_child_key(parent->key, name, len, dir)) == NULL)
+        err = ENOMEM;
+    inode_table_unlock(fs->inodes);
+    inode_put(fs->inodes, parent);
+    return err;
+}
+
+struct pending_probe {
+    const char *prefix;
+    size_t len;
+    bool found;
+};
+
+static void probe_pending(const void *node, VISIT which, void *arg)
+{
+    struct pending_probe *probe = arg;
+    const struct inode *inode = *(const struct inode *const *)node;
+
+    if ((which == postorder || which == leaf) && !inode->unlinked &&
+        strncmp(inode->key, probe->prefix, probe->len) == 0 &&
+        writer_file_pending(inode->wfile))
+        probe->found = true;
+}
+
+/* Whether a file under PREFIX waits for its upload. */
+static bool is_staged_pending_under(struct fs *fs, const char *prefix)
+{
+    struct pending_probe probe = {prefix, strlen(prefix), false};
+
+    inode_table_lock(fs->inodes);
+    twalk_r(fs->staged, probe_pending, &probe);
+    inode_table_unlock(fs->inodes);
+    return probe.found;
+}
+
+/* ENOTEMPTY when directory DIR_KEY has anything in it (in the bucket, or
+ * staged here). */
+static int check_empty(struct fs *fs, const char *dir_key)
+{
+    struct s3xml_listing page;
+
+    if (is_staged_pending_under(fs, dir_key))
+        return ENOTEMPTY;
+    int err = s3_list_objects(fs->s3, dir_key, NULL, NULL, NULL, 2, &page);
+    if (err != 0)
+        return err;
+    for (size_t i = 0; i < page.object_count; i++)
+        if (strcmp(page.objects[i].key, dir_key) != 0)
+            err = ENOTEMPTY;
+    if (page.prefix_count > 0)
+        err = ENOTEMPTY;
+    s3xml_listing_free(&page);
+    return err;
+}
+
+/* ------------------------------------------------------ create, write */
+
+int fs_create_file(struct fs *fs, fuse_ino_t parent, const char *name,
+                   mode_t mode, int flags, uid_t uid, gid_t gid,
+                   struct fs_entry *entry, struct fs_file **out)
+{
+    struct inode_attrs attrs = {
+        .kind = INODE_FILE,
+        .mtime = wall_now(),
+        .mode = mode & 07777,
+        .uid = uid,
+        .gid = gid,
+        .headers_known = true,
+        .fetched_at = fs_now_seconds(),
+    };
+    struct fs_file *file = NULL;
+    struct inode *inode = NULL;
+    char *key = NULL;
+    int err;
+
+    memset(entry, 0, sizeof(*entry));
+    *out = NULL;
+    if (fs->writer == NULL)
+        return EROFS;
+    err = child_key(fs, parent, name, false, &key);
+    if (err != 0)
+        return err;
+    file = calloc(1, sizeof(*file));
+    if (file == NULL) {
+        err = ENOMEM;
+        goto out;
+    }
+    inode_table_lock(fs->inodes);
+    struct inode *existing = inode_find_locked(fs->inodes, key);
+    inode = inode_ref_locked(fs->inodes, key,
+                             existing != NULL && existing->wfile != NULL ? NULL : &attrs);
+    if (inode != NULL)
+        inode_pin_locked(inode);
+    inode_table_unlock(fs->inodes);
+    if (inode == NULL) {
+        err = ENOMEM;
+        goto out;
+    }
+    err = fs_stage_file(fs, inode, true, &file->wfile);
+    if (err == 0) {
+        struct writer_meta meta = {S_IFREG | (mode & 07777), uid, gid, attrs.mtime};
+        writer_file_set_meta(file->wfile, &meta);
+        file->ino = inode->ino;
+        file->writable = true;
+        file->append = (flags & O_APPEND) != 0;
+        writer_file_open_writer(file->wfile);
+        inode_table_lock(fs->inodes);
+        inode->write_handles++;
+        fs_fill_entry(fs, inode, entry);
+        inode_table_unlock(fs->inodes);
+        patch_parent(fs, key, &attrs);
+    } else {
+        fs_forget(fs, inode->ino, 1);
+    }
+out:
+    if (err != 0) {
+        free(file);
+        file = NULL;
+    }
+    if (inode != NULL)
+        inode_put(fs->inodes, inode);
+    free(key);
+    *out = file;
+    return err;
+}
+
+int fs_write(struct fs *fs, struct fs_file *file, uint64_t offset,
+             const char *buf, size_t size)
+{
+    (void)fs;
+    if (file->wfile == NULL || !file->writable)
+        return EBADF;
+    return writer_file_write(file->wfile, offset, buf, size);
+}
+
+int fs_flush(struct fs *fs, struct fs_file *file)
+{
+    (void)fs;
+    if (file->wfile == NULL || !file->writable)
+        return 0;
+    return writer_file_flush(file->wfile);
+}
+
+int fs_fsync(struct fs *fs, struct fs_file *file)
+{
+    (void)fs;
+    if (file->wfile == NULL)
+        return 0;
+    return writer_file_sync(file->wfile);
+}
+
+/* ------------------------------------------------------ directories */
+
+/* PUT a directory marker for DIR_KEY with META. */
+static int put_marker(struct fs *fs, const char *dir_key,
+                      const struct writer_meta *meta)
+{
+    struct s3_body body = {.data = "", .fd = -1, .length = 0};
+    struct s3_put_meta put_meta;
+
+    put_meta_of(meta, DIRECTORY_CONTENT_TYPE, &put_meta);
+    return s3_put_object(fs->s3, dir_key, &body, &put_meta, NULL);
+}
+
+int fs_mkdir(struct fs *fs, fuse_ino_t parent, const char *name, mode_t mode,
+             uid_t uid, gid_t gid, struct fs_entry *entry)
+{
+    struct writer_meta meta = {S_IFDIR | (mode & 07777), uid, gid, wall_now()};
+    struct inode_attrs attrs;
+    char *key = NULL;
+
+    memset(entry, 0, sizeof(*entry));
+    if (fs->writer == NULL)
+        return EROFS;
+    int err = child_key(fs, parent, name, true, &key);
+    if (err == 0)
+        err = put_marker(fs, key, &meta);
+    if (err != 0)
+        goto out;
+    fs_dir_attrs(fs, &attrs);
+    attrs.mode = mode & 07777;
+    attrs.mtime = meta.mtime;
+    inode_table_lock(fs->inodes);
+    struct inode *inode = inode_ref_locked(fs->inodes, key, &attrs);
+    if (inode != NULL) {
+        /* a new directory is empty: lookups in it need no LIST */
+        struct inode_listing *empty = calloc(1, sizeof(*empty));
+        if (empty != NULL) {
+            empty->fetched_at = fs_now_seconds();
+            inode_set_listing_locked(fs->inodes, inode, empty);
+        }
+        fs_fill_entry(fs, inode, entry);
+    }
+    inode_table_unlock(fs->inodes);
+    if (inode == NULL)
+        err = ENOMEM;
+    else
+        patch_parent(fs, key, &attrs);
+out:
+    free(key);
+    return err;
+}
+
+int fs_rmdir(struct fs *fs, fuse_ino_t parent, const char *name)
+{
+    struct inode *inode = NULL;
+    char *key = NULL;
+
+    if (fs->writer == NULL)
+        return EROFS;
+    int err = find_child(fs, parent, name, &inode, &key);
+    if (err == 0 && inode == NULL)
+        err = ENOENT;
+    if (err != 0)
+        goto out;
+    inode_table_lock(fs->inodes);
+    bool is_dir = inode->attrs.kind == INODE_DIR;
+    inode_table_unlock(fs->inodes);
+    if (!is_dir) {
+        err = ENOTDIR;
+        goto out;
+    }
+    err = check_empty(fs, key);
+    if (err == 0)
+        err = s3_delete_object(fs->s3, key);
+    if (err != 0)
+        goto out;
+    inode_table_lock(fs->inodes);
+    inode_unlink_locked(fs->inodes, inode);
+    inode_table_unlock(fs->inodes);
+    metacache_forget_listing(fs->conf.cache, key);
+    patch_parent(fs, key, NULL);
+out:
+    if (inode != NULL)
+        inode_put(fs->inodes, inode);
+    free(key);
+    return err;
+}
+
+/* ------------------------------------------------------ unlink, symlink */
+
+int fs_unlink(struct fs *fs, fuse_ino_t parent, const char *name)
+{
+    struct writer_file *wfile = NULL;
+    struct inode *inode = NULL;
+    char *key = NULL;
+
+    if (fs->writer == NULL)
+        return EROFS;
+    int err = find_child(fs, parent, name, &inode, &key);
+    if (err == 0 && inode == NULL)
+        err = ENOENT;
+    if (err != 0)
+        goto out;
+    inode_table_lock(fs->inodes);
+    bool is_dir = inode->attrs.kind == INODE_DIR && inode->wfile == NULL;
+    bool in_bucket = inode->attrs.etag[0] != '\0';
+    if (inode->wfile != NULL)
+        wfile = writer_file_ref(inode->wfile);
+    inode_table_unlock(fs->inodes);
+    if (is_dir) {
+        err = EISDIR;
+        goto out;
+    }
+    if (wfile != NULL)
+        writer_file_unlink(wfile); /* never uploaded now */
+    if (in_bucket || wfile == NULL)
+        err = s3_delete_object(fs->s3, key);
+    if (err != 0)
+        goto out;
+    inode_table_lock(fs->inodes);
+    inode_unlink_locked(fs->inodes, inode);
+    inode_table_unlock(fs->inodes);
+    cache_forget_key(fs->conf.cache, key);
+    patch_parent(fs, key, NULL);
+    fs_maybe_detach(fs, inode);
+out:
+    writer_file_put(&wfile);
+    if (inode != NULL)
+        inode_put(fs->inodes, inode);
+    free(key);
+    return err;
+}
+
+int fs_symlink(struct fs *fs, const char *target, fuse_ino_t parent,
+               const char *name, uid_t uid, gid_t gid, struct fs_entry *entry)
+{
+    struct writer_meta meta = {S_IFLNK | 0777, uid, gid, wall_now()};
+    struct s3_put_meta put_meta;
+    struct inode_attrs attrs = {
+        .kind = INODE_SYMLINK,
+        .size = strlen(target),
+        .mtime = meta.mtime,
+        .mode = 0777,
+        .uid = uid,
+        .gid = gid,
+        .headers_known = true,
+        .fetched_at = fs_now_seconds(),
+    };
+    struct s3_body body = {.data = target, .fd = -1, .length = strlen(target)};
+    char *key = NULL;
+
+    memset(entry, 0, sizeof(*entry));
+    if (fs->writer == NULL)
+        return EROFS;
+    if (attrs.size == 0 || attrs.size >= PATH_MAX)
+        return attrs.size == 0 ? EINVAL : ENAMETOOLONG;
+    int err = child_key(fs, parent, name, false, &key);
+    put_meta_of(&meta, NULL, &put_meta);
+    if (err == 0)
+        err = s3_put_object(fs->s3, key, &body, &put_meta, attrs.etag);
+    if (err != 0)
+        goto out;
+    metacache_put_attrs(fs->conf.cache, key, &attrs);
+    inode_table_lock(fs->inodes);
+    struct inode *inode = inode_ref_locked(fs->inodes, key, &attrs);
+    if (inode != NULL) {
+        free(inode->symlink_target);
+        inode->symlink_target = strdup(target);
+        fs_fill_entry(fs, inode, entry);
+    }
+    inode_table_unlock(fs->inodes);
+    if (inode == NULL)
+        err = ENOMEM;
+    else
+        patch_parent(fs, key, &attrs);
+out:
+    free(key);
+    return err;
+}
+
+int fs_link(struct fs *fs)
+{
+    (void)fs;
+    return EPERM; /* S3 has no hard links */
+}
+
+/* ------------------------------------------------------ metadata */
+
+/* Rewrite the metadata of object KEY (ATTRS: what it is now) server-side;
+ * the new attributes go to *attrs. */
+static int replace_metadata(struct fs *fs, const char *key,
+                            const struct writer_meta *meta, struct inode_attrs *attrs)
+{
+    struct s3_put_meta put_meta;
+    char etag[S3_ETAG_MAX] = "";
+    int err;
+
+    put_meta_of(meta, NULL, &put_meta);
+    err = upload_copy(&fs->upload, key, attrs->etag[0] ? attrs->etag : NULL,
+                      attrs->size, key, &put_meta, etag);
+    if (err != 0)
+        return err;
+    if (etag[0] != '\0' && strcmp(etag, attrs->etag) != 0) {
+        cache_rename_object(fs->conf.cache, key, attrs->etag, key, etag);
+        snprintf(attrs->etag, sizeof(attrs->etag), "%s", etag);
+    }
+    attrs->mode = meta->mode & 07777;
+    attrs->uid = meta->uid;
+    attrs->gid = meta->gid;
+    attrs->mtime = meta->mtime;
+    attrs->headers_known = true;
+    attrs->fetched_at = fs_now_seconds();
+    metacache_put_attrs(fs->conf.cache, key, attrs);
+    return 0;
+}
+
+int fs_setattr(struct fs *fs, fuse_ino_t ino, const struct stat *want, int to_set,
+               struct fs_file *file, struct stat *out, double *timeout)
+{
+    struct inode *inode = inode_get(fs->inodes, ino);
+    struct writer_file *wfile = NULL;
+    struct inode_attrs attrs;
+    char *key = NULL;
+    int err = 0;
+
+    if (inode == NULL)
+        return ENOENT;
+    if (fs->writer == NULL) {
+        err = EROFS;
+        goto out;
+    }
+    key = inode_key_dup(fs->inodes, inode);
+    if (key == NULL) {
+        err = ENOMEM;
+        goto out;
+    }
+
+    if (to_set & FUSE_SET_ATTR_SIZE) {
+        inode_table_lock(fs->inodes);
+        bool is_dir = inode->attrs.kind == INODE_DIR;
+        inode_table_unlock(fs->inodes);
+        if (is_dir) {
+            err = EISDIR;
+            goto out;
+        }
+        if (file != NULL && file->wfile != NULL)
+            wfile = writer_file_ref(file->wfile);
+        else
+            err = fs_stage_file(fs, inode, want->st_size == 0, &wfile);
+        if (err == 0)
+            err = writer_file_truncate(wfile, (uint64_t)want->st_size);
+        /* truncate(2) by path: no close() will follow to upload it */
+        if (err == 0 && (file == NULL || !file->writable))
+            err = writer_file_flush(wfile);
+        if (err != 0)
+            goto out;
+    }
+
+    if (to_set & (FUSE_SET_ATTR_MODE | FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID |
+                  FUSE_SET_ATTR_MTIME | FUSE_SET_ATTR_MTIME_NOW)) {
+        struct writer_meta meta;
+        inode_table_lock(fs->inodes);
+        attrs = inode->attrs;
+        if (inode->wfile != NULL) {
+            fs_staged_attrs_locked(fs, inode, &attrs);
+            writer_file_put(&wfile);
+            wfile = writer_file_ref(inode->wfile);
+        }
+        inode_table_unlock(fs->inodes);
+        meta_of_attrs(&attrs, &meta);
+        if (to_set & FUSE_SET_ATTR_MODE)
+            meta.mode = (meta.mode & S_IFMT) | (want->st_mode & 07777);
+        if (to_set & FUSE_SET_ATTR_UID)
+            meta.uid = want->st_uid;
+        if (to_set & FUSE_SET_ATTR_GID)
+            meta.gid = want->st_gid;
+        if (to_set & FUSE_SET_ATTR_MTIME_NOW)
+            meta.mtime = wall_now();
+        else if (to_set & FUSE_SET_ATTR_MTIME)
+            meta.mtime = want->st_mtim;
+
+        if (attrs.kind == INODE_DIR) {
+            if (key[0] != '\0' && strcmp(key, fs->conf.root_key) != 0)
+                err = put_marker(fs, key, &meta);
+            if (err == 0) {
+                attrs.mode = meta.mode & 07777;
+                attrs.uid = meta.uid;
+                attrs.gid = meta.gid;
+                attrs.mtime = meta.mtime;
+            }
+        } else if (wfile != NULL && writer_file_pending(wfile)) {
+            writer_file_set_meta(wfile, &meta); /* goes with the upload */
+        } else {
+            err = replace_metadata(fs, key, &meta, &attrs);
+            if (err == 0 && wfile != NULL)
+                writer_file_set_meta(wfile, &meta);
+        }
+        if (err != 0)
+            goto out;
+        inode_table_lock(fs->inodes);
+        if (inode->wfile == NULL || attrs.kind == INODE_DIR)
+            inode->attrs = attrs;
+        inode_table_unlock(fs->inodes);
+        if (attrs.kind != INODE_DIR || key[0] != '\0')
+            patch_parent(fs, key, &attrs);
+    }
+
+    inode_table_lock(fs->inodes);
+    attrs = inode->attrs;
+    if (inode->wfile != NULL)
+        fs_staged_attrs_locked(fs, inode, &attrs);
+    inode_table_unlock(fs->inodes);
+    fs_attrs_to_stat(fs, ino, &attrs, out);
+    *timeout = fs->conf.attr_ttl;
+out:
+    writer_file_put(&wfile);
+    fs_maybe_detach(fs, inode);
+    inode_put(fs->inodes, inode);
+    free(key);
+    return err;
+}
+
+/* ------------------------------------------------------ rename */
+
+struct move_job {
+    struct fs *fs;
+    const char *src_key;
+    char *dst_key;
+    uint64_t size;
+    char etag[S3_ETAG_MAX];
+    char new_etag[S3_ETAG_MAX];
+    bool delete_only;
+    int err;
+    pthread_mutex_t *lock;
+    pthread_cond_t *done;
+    size_t *pending;
+};
+
+static void move_job_main(void *arg)
+{
+    struct move_job *job = arg;
+
+    if (job->delete_only)
+        job->err = s3_delete_object(job->fs->s3, job->src_key);
+    else
+        job->err = s3_copy_object(job->fs->s3, job->src_key, job->dst_key, NULL,
+                                  job->new_etag);
+    pthread_mutex_lock(job->lock);
+    if (--*job->pending == 0)
+        pthread_cond_signal(job->done);
+    pthread_mutex_unlock(job->lock);
+}
+
+/* Run JOBS (copies or deletes) on the worker pool, COUNT at a time. */
+static void run_move_jobs(struct fs *fs, struct move_job *jobs, size_t count)
+{
+    pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+    pthread_cond_t done = PTHREAD_COND_INITIALIZER;
+    size_t pending = count;
+
+    for (size_t i = 0; i < count; i++) {
+        jobs[i].fs = fs;
+        jobs[i].lock = &lock;
+        jobs[i].done = &done;
+        jobs[i].pending = &pending;
+        if (!jobs[i].delete_only && jobs[i].size > UPLOAD_MAX_COPY_SIZE) {
+            /* multipart copy waits on the pool: not from inside it */
+            jobs[i].err = upload_copy(&fs->upload, jobs[i].src_key, NULL,
+                                      jobs[i].size, jobs[i].dst_key, NULL,
+                                      jobs[i].new_etag);
+            pthread_mutex_lock(&lock);
+            pending--;
+            pthread_mutex_unlock(&lock);
+        } else if (workers_submit(fs->workers, move_job_main, &jobs[i]) != 0) {
+            move_job_main(&jobs[i]);
+        }
+    }
+    pthread_mutex_lock(&lock);
+    while (pending > 0)
+        pthread_cond_wait(&done, &lock);
+    pthread_mutex_unlock(&lock);
+}
+
+/* Server-side move of every key under SRC_PREFIX to DST_PREFIX: copies
+ * first (a batch at a time, in parallel), deletes after, so a failure
+ * leaves every key somewhere. Not atomic (documented). */
+static int move_prefix(struct fs *fs, const char *src_prefix, const char *dst_prefix)
+{
+    size_t src_len = strlen(src_prefix);
+    bool had_marker = false;
+    int err = 0;
+
+    /* each batch is copied then deleted, so listing from the start again
+     * finds the next one, until nothing is left */
+    for (;;) {
+        struct s3xml_listing page;
+        struct move_job jobs[MOVE_BATCH];
+        size_t count = 0;
+
+        err = s3_list_objects(fs->s3, src_prefix, NULL, NULL, NULL, MOVE_BATCH,
+                              &page);
+        if (err != 0)
+            break;
+        memset(jobs, 0, sizeof(jobs));
+        for (size_t i = 0; i < page.object_count && count < MOVE_BATCH; i++) {
+            const struct s3xml_object *object = &page.objects[i];
+            if (strcmp(object->key, src_prefix) == 0)
+                had_marker = true;
+            if (asprintf(&jobs[count].dst_key, "%s%s", dst_prefix,
+                         object->key + src_len) < 0) {
+                jobs[count].dst_key = NULL;
+                err = ENOMEM;
+                break;
+            }
+            jobs[count].src_key = object->key;
+            jobs[count].size = object->size;
+            snprintf(jobs[count].etag, sizeof(jobs[count].etag), "%s",
+                     object->etag ? object->etag : "");
+            count++;
+        }
+        if (err == 0)
+            run_move_jobs(fs, jobs, count);
+        for (size_t i = 0; err == 0 && i < count; i++)
+            err = jobs[i].err;
+        if (err == 0) {
+            for (size_t i = 0; i < count; i++) {
+                cache_rename_object(fs->conf.cache, jobs[i].src_key, jobs[i].etag,
+                                    jobs[i].dst_key,
+                                    jobs[i].new_etag[0] ? jobs[i].new_etag : jobs[i].etag);
+                jobs[i].delete_only = true;
+            }
+            run_move_jobs(fs, jobs, count);
+            for (size_t i = 0; err == 0 && i < count; i++)
+                err = jobs[i].err;
+        }
+        for (size_t i = 0; i < count; i++)
+            free(jobs[i].dst_key);
+        s3xml_listing_free(&page);
+        if (err != 0 || count == 0)
+            break;
+    }
+    if (err == 0 && !had_marker) {
+        struct writer_meta meta = {S_IFDIR | fs->conf.dir_mode, fs->conf.uid,
+                                   fs->conf.gid, wall_now()};
+        err = put_marker(fs, dst_prefix, &meta);
+    }
+    return err;
+}
+
+struct staged_rename {
+    const char *src_prefix, *dst_prefix;
+    struct writer_file **files;
+    char **new_keys;
+    size_t count, capacity;
+};
+
+static void collect_staged(const void *node, VISIT which, void *arg)
+{
+    struct staged_rename *rename = arg;
+    const struct inode *inode = *(const struct inode *const *)node;
+    size_t len = strlen(rename->src_prefix);
+
+    if ((which != postorder && which != leaf) || inode->unlinked ||
+        strncmp(inode->key, rename->src_prefix, len) != 0)
+        return;
+    if (rename->count == rename->capacity) {
+        size_t capacity = rename->capacity ? rename->capacity * 2 : 16;
+        void *files = realloc(rename->files, capacity * sizeof(*rename->files));
+        if (files != NULL)
+            rename->files = files;
+        void *keys = realloc(rename->new_keys, capacity * sizeof(*rename->new_keys));
+        if (keys != NULL)
+            rename->new_keys = keys;
+        if (files == NULL || keys == NULL)
+            return;
+        rename->capacity = capacity;
+    }
+    char *key = NULL;
+    if (asprintf(&key, "%s%s", rename->dst_prefix, inode->key + len) < 0)
+        return;
+    rename->files[rename->count] = writer_file_ref(inode->wfile);
+    rename->new_keys[rename->count] = key;
+    rename->count++;
+}
+
+static int rename_dir(struct fs *fs, const char *src_prefix, const char *dst_prefix)
+{
+    struct staged_rename staged = {src_prefix, dst_prefix, NULL, NULL, 0, 0};
+    int err;
+
+    /* files not uploaded yet go to their new names when they are */
+    inode_table_lock(fs->inodes);
+    twalk_r(fs->staged, collect_staged, &staged);
+    inode_table_unlock(fs->inodes);
+    for (size_t i = 0; i < staged.count; i++) {
+        bool was_pending;
+        writer_file_rename(staged.files[i], staged.new_keys[i], &was_pending);
+        writer_file_put(&staged.files[i]);
+        free(staged.new_keys[i]);
+    }
+    free(staged.files);
+    free(staged.new_keys);
+
+    err = move_prefix(fs, src_prefix, dst_prefix);
+    if (err != 0)
+        return err;
+    inode_table_lock(fs->inodes);
+    err = inode_rekey_prefix_locked(fs->inodes, src_prefix, dst_prefix);
+    inode_table_unlock(fs->inodes);
+    metacache_forget_listing(fs->conf.cache, src_prefix);
+    metacache_forget_listing(fs->conf.cache, dst_prefix);
+    return err;
+}
+
+static int rename_file(struct fs *fs, struct inode *inode, const char *src_key,
+                       const char *dst_key)
+{
+    struct writer_file *wfile = NULL;
+    struct inode_attrs attrs;
+    bool was_pending = false;
+    int err = 0;
+
+    inode_table_lock(fs->inodes);
+    if (inode->wfile != NULL)
+        wfile = writer_file_ref(inode->wfile);
+    inode_table_unlock(fs->inodes);
+
+    if (wfile != NULL)
+        err = writer_file_rename(wfile, dst_key, &was_pending);
+    inode_table_lock(fs->inodes);
+    attrs = inode->attrs;
+    if (inode->wfile != NULL)
+        fs_staged_attrs_locked(fs, inode, &attrs); /* what was uploaded */
+    inode_table_unlock(fs->inodes);
+    if (err == 0 && wfile != NULL && !was_pending) {
+        char etag[S3_ETAG_MAX];
+        if (writer_file_etag(wfile, etag))
+            snprintf(attrs.etag, sizeof(attrs.etag), "%s", etag);
+    }
+    if (err == 0 && was_pending) {
+        /* not uploaded yet: only where it goes changes; an older version
+         * under the old name goes away as rename says */
+        if (attrs.etag[0] != '\0')
+            err = s3_delete_object(fs->s3, src_key);
+    } else if (err == 0) {
+        char etag[S3_ETAG_MAX] = "";
+        err = upload_copy(&fs->upload, src_key, attrs.etag[0] ? attrs.etag : NULL,
+                          attrs.size, dst_key, NULL, etag);
+        if (err == 0)
+            err = s3_delete_object(fs->s3, src_key);
+        if (err == 0 && attrs.etag[0] != '\0') {
+            cache_rename_object(fs->conf.cache, src_key, attrs.etag, dst_key,
+                                etag[0] ? etag : attrs.etag);
+            if (etag[0] != '\0')
+                snprintf(attrs.etag, sizeof(attrs.etag), "%s", etag);
+        }
+        if (err == 0) {
+            inode_table_lock(fs->inodes);
+            inode->attrs = attrs;
+            inode_table_unlock(fs->inodes);
+            if (attrs.headers_known)
+                metacache_put_attrs(fs->conf.cache, dst_key, &attrs);
+        }
+    }
+    if (err != 0 && wfile != NULL) {
+        bool ignored;
+        writer_file_rename(wfile, src_key, &ignored); /* back where it was */
+    }
+    writer_file_put(&wfile);
+    return err;
+}
+
+int fs_rename(struct fs *fs, fuse_ino_t parent, const char *name,
+              fuse_ino_t new_parent, const char *new_name, unsigned flags)
+{
+    struct inode *src = NULL, *dst = NULL;
+    char *src_key = NULL, *dst_key = NULL, *dst_file_key = NULL;
+    struct writer_file *dst_wfile = NULL;
+    int err;
+
+    if (fs->writer == NULL)
+        return EROFS;
+    if (flags & ~(unsigned)RENAME_NOREPLACE)
+        return EINVAL; /* RENAME_EXCHANGE, RENAME_WHITEOUT */
+    err = find_child(fs, parent, name, &src, &src_key);
+    if (err == 0 && src == NULL)
+        err = ENOENT;
+    if (err == 0)
+        err = find_child(fs, new_parent, new_name, &dst, &dst_key);
+    if (err != 0)
+        goto out;
+
+    inode_table_lock(fs->inodes);
+    bool src_dir = src->attrs.kind == INODE_DIR && src->wfile == NULL;
+    bool dst_dir = dst != NULL && dst->attrs.kind == INODE_DIR && dst->wfile == NULL;
+    inode_table_unlock(fs->inodes);
+    if (dst != NULL) {
+        if (dst == src)
+            goto out; /* the same file: nothing to do */
+        if (flags & RENAME_NOREPLACE)
+            err = EEXIST;
+        else if (src_dir && !dst_dir)
+            err = ENOTDIR;
+        else if (!src_dir && dst_dir)
+            err = EISDIR;
+        else if (dst_dir)
+            err = check_empty(fs, dst_key);
+        if (err != 0)
+            goto out;
+    }
+    err = child_key(fs, new_parent, new_name, src_dir, &dst_file_key);
+    if (err != 0)
+        goto out;
+    if (src_dir && strncmp(dst_file_key, src_key, strlen(src_key)) == 0) {
+        err = EINVAL; /* into itself */
+        goto out;
+    }
+
+    /* a file replaced by the rename never reaches the bucket */
+    if (dst != NULL) {
+        inode_table_lock(fs->inodes);
+        if (dst->wfile != NULL)
+            dst_wfile = writer_file_ref(dst->wfile);
+        inode_table_unlock(fs->inodes);
+        if (dst_wfile != NULL)
+            writer_file_unlink(dst_wfile);
+    }
+
+    err = src_dir ? rename_dir(fs, src_key, dst_file_key)
+                  : rename_file(fs, src, src_key, dst_file_key);
+    if (err != 0)
+        goto out;
+    if (dst_dir)
+        s3_delete_object(fs->s3, dst_key); /* the empty target's marker */
+
+    struct inode_attrs attrs;
+    inode_table_lock(fs->inodes);
+    if (dst != NULL)
+        inode_unlink_locked(fs->inodes, dst);
+    if (!src_dir)
+        err = inode_rekey_locked(fs->inodes, src, dst_file_key);
+    attrs = src->attrs;
+    if (src->wfile != NULL)
+        fs_staged_attrs_locked(fs, src, &attrs);
+    inode_table_unlock(fs->inodes);
+    patch_parent(fs, src_key, NULL);
+    patch_parent(fs, dst_file_key, &attrs);
+out:
+    writer_file_put(&dst_wfile);
+    if (dst != NULL) {
+        fs_maybe_detach(fs, dst);
+        inode_put(fs->inodes, dst);
+    }
+    if (src != NULL)
+        inode_put(fs->inodes, src);
+    free(src_key);
+    free(dst_key);
+    free(dst_file_key);
+    return err;
+}

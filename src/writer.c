@@ -1,0 +1,986 @@
+/*
+ * writer.c - staged files, their uploads and the journal (see writer.h).
+ *
+ * State of a file, under the writer lock:
+ *   gen           bumped by every change of data or metadata
+ *   uploaded_gen  the gen now in the bucket (NEVER before a first upload
+ *                 of a file that must be uploaded); dirty = the two differ
+ *   queued        in the upload queue (the queue holds a reference)
+ *   failed        the last upload failed (the data stays staged)
+ *   journaled     the journal has an entry for it
+ *   busy          an upload, rename, unlink or journal write is under way;
+ *                 writes and other such operations wait (file_idle)
+ *   active_writes writes and truncates running outside the lock; busy
+ *                 operations wait for them to end (file_idle)
+ * A file is pending when it is dirty and not unlinked. The fs layer keeps a
+ * reference while a file is pending, so pending files live until uploaded.
+ *
+ * Threads: `uploaders` background threads take files from the queue
+ * (work_queued); writer_drain() waits on upload_done for the queue to
+ * empty.
+ */
+#include "config.h"
+
+#include "writer.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "upload.h"
+
+#define NEVER UINT64_MAX
+#define RESERVE_STEP (8ull << 20)   /* disk checked per 8 MiB of growth */
+#define MAX_FILE_SIZE (5ull << 40)  /* S3's largest object */
+#define SETTLE_SECONDS 0.2          /* writeback: wait this long after the
+                                       last close before uploading, so a
+                                       file reopened at once (the Hugging
+                                       Face hub appends in a second open)
+                                       is uploaded once */
+
+struct writer_file {
+    struct writer *writer;
+    uint64_t id;                  /* staging file name */
+    int fd;
+    void *owner;
+    unsigned refs;
+    char *key;
+    uint64_t size;
+    uint64_t reserved;            /* disk space checked up to here */
+    struct writer_meta meta;
+    uint64_t gen, uploaded_gen;
+    bool queued, failed, journaled, unlinked, busy, uploaded;
+    unsigned active_writes;
+    unsigned open_writers;        /* handles open for writing */
+    double due;                   /* writeback: upload not before (monotonic) */
+    int last_error;
+    char etag[S3_ETAG_MAX];
+    struct writer_file *queue_next;
+    struct writer_file *all_prev, *all_next;
+};
+
+struct writer {
+    struct writer_conf conf;
+    struct upload_conf upload;
+    char *staging_dir;
+    pthread_mutex_t lock;
+    pthread_cond_t file_idle;     /* a file stopped being busy or written */
+    pthread_cond_t work_queued;   /* the queue got a file, or stopping */
+    pthread_cond_t upload_done;   /* a background upload ended */
+    struct writer_file *queue_head, *queue_tail;
+    struct writer_file *all;      /* every file (no reference) */
+    pthread_t *threads;
+    unsigned thread_count;
+    unsigned running;             /* background uploads under way */
+    bool stopping;
+    bool draining;                /* upload everything now */
+    struct writer_stats stats;
+};
+
+static double monotonic_now(void)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (double)now.tv_sec + (double)now.tv_nsec / 1e9;
+}
+
+static bool is_dirty(const struct writer_file *file)
+{
+    return file->gen != file->uploaded_gen;
+}
+
+static bool is_pending(const struct writer_file *file)
+{
+    return is_dirty(file) && !file->unlinked;
+}
+
+static void staging_path(const struct writer *writer, uint64_t id, char *out,
+                         size_t cap)
+{
+    snprintf(out, cap, "%s/%016" PRIx64, writer->staging_dir, id);
+}
+
+static void now_wall(struct timespec *out)
+{
+    clock_gettime(CLOCK_REALTIME, out);
+}
+
+/* Wait until FILE may be changed (not busy, no write under way). Lock held. */
+static void wait_idle_locked(struct writer *writer, struct writer_file *file)
+{
+    while (file->busy || file->active_writes > 0)
+        pthread_cond_wait(&writer->file_idle, &writer->lock);
+}
+
+static void end_busy(struct writer *writer, struct writer_file *file)
+{
+    pthread_mutex_lock(&writer->lock);
+    file->busy = false;
+    pthread_cond_broadcast(&writer->file_idle);
+    pthread_mutex_unlock(&writer->lock);
+}
+
+/* Queue FILE for a background upload (a reference goes with it). Lock held. */
+static void enqueue_locked(struct writer *writer, struct writer_file *file)
+{
+    if (file->queued)
+        return;
+    file->queued = true;
+    file->due = monotonic_now() + SETTLE_SECONDS;
+    file->refs++;
+    file->queue_next = NULL;
+    if (writer->queue_tail != NULL)
+        writer->queue_tail->queue_next = file;
+    else
+        writer->queue_head = file;
+    writer->queue_tail = file;
+    pthread_cond_signal(&writer->work_queued);
+}
+
+/* ------------------------------------------------------------- journal */
+
+static void journal_entry_of(const struct writer_file *file, const char *key,
+                             uint64_t size, const struct writer_meta *meta,
+                             const char *upload_id, struct journal_entry *out)
+{
+    *out = (struct journal_entry){
+        .id = file->id,
+        .key = key,
+        .size = size,
+        .mode = meta->mode,
+        .uid = meta->uid,
+        .gid = meta->gid,
+        .mtime = meta->mtime,
+        .upload_id = upload_id,
+    };
+}
+
+/* Make FILE's staged data durable and journal it (FILE is busy, so its
+ * fields do not change; they are read under the lock all the same). */
+static int journal_file(struct writer *writer, struct writer_file *file,
+                        const char *upload_id)
+{
+    struct journal_entry entry;
+    struct writer_meta meta;
+    uint64_t size;
+    char *key;
+
+    if (fsync(file->fd) != 0) {
+        int err = errno;
+        log_error("staging file of '%s': fsync: %s", file->key, strerror(err));
+        return err == ENOSPC ? ENOSPC : EIO;
+    }
+    pthread_mutex_lock(&writer->lock);
+    key = strdup(file->key);
+    size = file->size;
+    meta = file->meta;
+    pthread_mutex_unlock(&writer->lock);
+    if (key == NULL)
+        return ENOMEM;
+    journal_entry_of(file, key, size, &meta, upload_id, &entry);
+    int err = journal_put(writer->conf.journal, &entry);
+    if (err == 0) {
+        pthread_mutex_lock(&writer->lock);
+        file->journaled = true;
+        pthread_mutex_unlock(&writer->lock);
+    } else {
+        log_error("cannot journal the upload of '%s': %s", key, strerror(err));
+    }
+    free(key);
+    return err;
+}
+
+struct upload_context {
+    struct writer *writer;
+    struct writer_file *file;
+};
+
+/* A multipart upload started: journal its id, so that a crash leaves no
+ * stale upload behind (the next mount aborts it). */
+static int on_multipart(void *arg, const char *upload_id)
+{
+    struct upload_context *context = arg;
+    return journal_file(context->writer, context->file, upload_id);
+}
+
+/* ------------------------------------------------------------- uploads */
+
+static void fill_put_meta(const struct writer_meta *meta, struct s3_put_meta *out)
+{
+    *out = (struct s3_put_meta){
+        .content_type = NULL,
+        .has_mode = true,
+        .has_uid = true,
+        .has_gid = true,
+        .has_mtime = true,
+        .mode = meta->mode,
+        .uid = meta->uid,
+        .gid = meta->gid,
+        .mtime = meta->mtime,
+    };
+}
+
+/*
+ * Upload FILE if it is dirty, in this thread. Returns 0 when the file is
+ * in the bucket (now or already), else the upload's errno (the file stays
+ * pending, journaled).
+ */
+static int upload_now(struct writer *writer, struct writer_file *file)
+{
+    struct writer_meta meta;
+    struct s3_put_meta put_meta;
+    char etag[S3_ETAG_MAX] = "";
+    uint64_t gen, size;
+    char *key;
+    int err;
+
+    pthread_mutex_lock(&writer->lock);
+    wait_idle_locked(writer, file);
+    if (!is_pending(file)) {
+        err = file->unlinked || !file->failed ? 0 : file->last_error;
+        pthread_mutex_unlock(&writer->lock);
+        return err;
+    }
+    file->busy = true;
+    gen = file->gen;
+    size = file->size;
+    meta = file->meta;
+    key = strdup(file->key);
+    void *owner = file->owner;
+    pthread_mutex_unlock(&writer->lock);
+    if (key == NULL) {
+        end_busy(writer, file);
+        return ENOMEM;
+    }
+
+    struct upload_context context = {writer, file};
+    struct upload_request request = {
+        .key = key,
+        .fd = file->fd,
+        .size = size,
+        .meta = &put_meta,
+        .on_multipart = on_multipart,
+        .arg = &context,
+    };
+    fill_put_meta(&meta, &put_meta);
+    err = upload_file(&writer->upload, &request, etag);
+
+    bool forget = false, remember = false;
+    pthread_mutex_lock(&writer->lock);
+    if (err == 0) {
+        file->uploaded_gen = gen;
+        file->uploaded = true;
+        file->failed = false;
+        snprintf(file->etag, sizeof(file->etag), "%s", etag);
+        writer->stats.uploads_completed++;
+        forget = file->journaled && !is_dirty(file);
+    } else {
+        file->failed = true;
+        file->last_error = err;
+        writer->stats.upload_failures++;
+        remember = !file->journaled;
+    }
+    pthread_mutex_unlock(&writer->lock);
+
+    if (err != 0) {
+        log_error("upload of '%s' failed: %s; the data is kept in the cache "
+                  "directory and the upload will be retried", key, strerror(err));
+        /* a failed upload must survive a crash: journal it */
+        if (remember)
+            journal_file(writer, file, NULL);
+    } else if (forget) {
+        int del = journal_del(writer->conf.journal, file->id);
+        if (del == 0) {
+            pthread_mutex_lock(&writer->lock);
+            file->journaled = false;
+            pthread_mutex_unlock(&writer->lock);
+        } else {
+            log_warn("'%s' is in the bucket but stays in the journal (%s): "
+                     "the next mount uploads it again", key, strerror(del));
+        }
+    }
+    end_busy(writer, file);
+    if (err == 0 && writer->conf.uploaded != NULL)
+        writer->conf.uploaded(writer->conf.uploaded_arg, file, owner, key,
+                              etag, size, &meta);
+    free(key);
+    return err;
+}
+
+static void *uploader_main(void *arg)
+{
+    struct writer *writer = arg;
+
+    pthread_mutex_lock(&writer->lock);
+    for (;;) {
+        while (writer->queue_head == NULL && !writer->stopping)
+            pthread_cond_wait(&writer->work_queued, &writer->lock);
+        struct writer_file *file = writer->queue_head;
+        if (file == NULL)
+            break; /* stopping, nothing left */
+        double wait = file->due - monotonic_now();
+        if (wait > 0 && !writer->stopping && !writer->draining) {
+            struct timespec until;
+            clock_gettime(CLOCK_MONOTONIC, &until);
+            until.tv_sec += (time_t)wait;
+            until.tv_nsec += (long)((wait - (double)(time_t)wait) * 1e9);
+            if (until.tv_nsec >= 1000000000L) {
+                until.tv_sec++;
+                until.tv_nsec -= 1000000000L;
+            }
+            pthread_cond_timedwait(&writer->work_queued, &writer->lock, &until);
+            continue;
+        }
+        writer->queue_head = file->queue_next;
+        if (writer->queue_head == NULL)
+            writer->queue_tail = NULL;
+        file->queued = false;
+        /* reopened for writing meanwhile: its last close queues it again */
+        bool skip = file->open_writers > 0 && !writer->draining;
+        writer->running++;
+        pthread_mutex_unlock(&writer->lock);
+
+        if (!skip)
+            upload_now(writer, file);
+        writer_file_put(&file);
+
+        pthread_mutex_lock(&writer->lock);
+        writer->running--;
+        pthread_cond_broadcast(&writer->upload_done);
+    }
+    pthread_mutex_unlock(&writer->lock);
+    return NULL;
+}
+
+/* ------------------------------------------------------------- files */
+
+static int file_new(struct writer *writer, uint64_t id, int fd, const char *key,
+                    const struct writer_meta *meta, void *owner,
+                    struct writer_file **out)
+{
+    struct writer_file *file = calloc(1, sizeof(*file));
+
+    if (file == NULL || (file->key = strdup(key)) == NULL) {
+        free(file);
+        return ENOMEM;
+    }
+    file->writer = writer;
+    file->id = id;
+    file->fd = fd;
+    file->owner = owner;
+    file->refs = 1;
+    file->meta = *meta;
+    pthread_mutex_lock(&writer->lock);
+    file->all_next = writer->all;
+    if (writer->all != NULL)
+        writer->all->all_prev = file;
+    writer->all = file;
+    pthread_mutex_unlock(&writer->lock);
+    *out = file;
+    return 0;
+}
+
+int writer_file_create(struct writer *writer, const char *key,
+                       const struct writer_meta *meta, bool dirty, void *owner,
+                       struct writer_file **out)
+{
+    char path[PATH_MAX];
+    uint64_t id = journal_next_id(writer->conf.journal);
+    int err;
+
+    *out = NULL;
+    staging_path(writer, id, path, sizeof(path));
+    int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        err = errno;
+        log_error("cannot create staging file %s: %s", path, strerror(err));
+        return err == ENOSPC || err == EDQUOT ? ENOSPC : EIO;
+    }
+    err = file_new(writer, id, fd, key, meta, owner, out);
+    if (err != 0) {
+        close(fd);
+        unlink(path);
+        return err;
+    }
+    (*out)->gen = dirty ? 1 : 0;
+    (*out)->uploaded_gen = 0;
+    return 0;
+}
+
+struct writer_file *writer_file_ref(struct writer_file *file)
+{
+    pthread_mutex_lock(&file->writer->lock);
+    file->refs++;
+    pthread_mutex_unlock(&file->writer->lock);
+    return file;
+}
+
+void writer_file_put(struct writer_file **filep)
+{
+    struct writer_file *file = *filep;
+    char path[PATH_MAX];
+
+    if (file == NULL)
+        return;
+    *filep = NULL;
+    struct writer *writer = file->writer;
+    pthread_mutex_lock(&writer->lock);
+    if (--file->refs > 0) {
+        pthread_mutex_unlock(&writer->lock);
+        return;
+    }
+    if (file->all_prev != NULL)
+        file->all_prev->all_next = file->all_next;
+    else
+        writer->all = file->all_next;
+    if (file->all_next != NULL)
+        file->all_next->all_prev = file->all_prev;
+    bool pending = is_pending(file);
+    bool adopt = !pending && !file->unlinked && file->uploaded &&
+                 file->uploaded_gen == file->gen;
+    pthread_mutex_unlock(&writer->lock);
+
+    staging_path(writer, file->id, path, sizeof(path));
+    close(file->fd);
+    if (pending) {
+        /* cannot happen while the fs layer keeps pending files; the data
+         * stays for the next mount all the same */
+        log_warn("'%s' is not uploaded yet; its staged data is kept", file->key);
+    } else if (!adopt ||
+               cache_adopt_file(writer->conf.cache, file->key, file->etag,
+                                file->size, path) != 0) {
+        unlink(path);
+    }
+    free(file->key);
+    free(file);
+}
+
+int writer_file_load(struct writer_file *file, uint64_t offset, const void *data,
+                     size_t len)
+{
+    const char *at = data;
+    while (len > 0) {
+        ssize_t done = pwrite(file->fd, at, len, (off_t)offset);
+        if (done < 0 && errno == EINTR)
+            continue;
+        if (done <= 0)
+            return done < 0 && (errno == ENOSPC || errno == EDQUOT) ? ENOSPC : EIO;
+        at += done;
+        offset += (uint64_t)done;
+        len -= (size_t)done;
+    }
+    pthread_mutex_lock(&file->writer->lock);
+    if (offset > file->size)
+        file->size = offset;
+    pthread_mutex_unlock(&file->writer->lock);
+    return 0;
+}
+
+/* Begin a change that grows the file to END: wait until it may change,
+ * check the disk has room. Returns with active_writes taken, or an errno. */
+static int begin_change(struct writer *writer, struct writer_file *file,
+                        uint64_t end)
+{
+    if (end > MAX_FILE_SIZE)
+        return EFBIG;
+    pthread_mutex_lock(&writer->lock);
+    while (file->busy)
+        pthread_cond_wait(&writer->file_idle, &writer->lock);
+    file->active_writes++;
+    uint64_t reserved = file->reserved;
+    pthread_mutex_unlock(&writer->lock);
+    if (end > reserved) {
+        uint64_t step = end - reserved > RESERVE_STEP ? end - reserved : RESERVE_STEP;
+        int err = cache_reserve_disk(writer->conf.cache, step);
+        pthread_mutex_lock(&writer->lock);
+        if (err == 0 && reserved + step > file->reserved)
+            file->reserved = reserved + step;
+        if (err != 0) {
+            file->active_writes--;
+            pthread_cond_broadcast(&writer->file_idle);
+        }
+        pthread_mutex_unlock(&writer->lock);
+        if (err != 0)
+            return err;
+    }
+    return 0;
+}
+
+static void end_change(struct writer *writer, struct writer_file *file,
+                       bool changed, uint64_t new_size, bool set_size,
+                       uint64_t written)
+{
+    pthread_mutex_lock(&writer->lock);
+    file->active_writes--;
+    if (changed) {
+        if (set_size)
+            file->size = new_size;
+        else if (new_size > file->size)
+            file->size = new_size;
+        file->gen++;
+        now_wall(&file->meta.mtime);
+        writer->stats.bytes_written += written;
+    }
+    pthread_cond_broadcast(&writer->file_idle);
+    pthread_mutex_unlock(&writer->lock);
+}
+
+int writer_file_write(struct writer_file *file, uint64_t offset, const void *data,
+                      size_t len)
+{
+    struct writer *writer = file->writer;
+    int err = begin_change(writer, file, offset + len);
+    const char *at = data;
+    uint64_t pos = offset;
+    size_t left = len;
+
+    if (err != 0)
+        return err;
+    while (left > 0) {
+        ssize_t done = pwrite(file->fd, at, left, (off_t)pos);
+        if (done < 0 && errno == EINTR)
+            continue;
+        if (done <= 0) {
+            err = done < 0 && (errno == ENOSPC || errno == EDQUOT) ? ENOSPC : EIO;
+            if (err == EIO)
+                log_error("staging file of '%s': write: %s", file->key,
+                          strerror(errno));
+            break;
+        }
+        at += done;
+        pos += (uint64_t)done;
+        left -= (size_t)done;
+    }
+    /* what was written before an error is part of the file */
+    end_change(writer, file, pos > offset || len == 0, pos, false, pos - offset);
+    return err;
+}
+
+int writer_file_read(struct writer_file *file, uint64_t offset, size_t len,
+                     void *buf, size_t *got)
+{
+    char *at = buf;
+
+    *got = 0;
+    pthread_mutex_lock(&file->writer->lock);
+    uint64_t size = file->size;
+    pthread_mutex_unlock(&file->writer->lock);
+    if (offset >= size)
+        return 0;
+    if (len > size - offset)
+        len = (size_t)(size - offset);
+    while (len > 0) {
+        ssize_t done = pread(file->fd, at, len, (off_t)offset);
+        if (done < 0 && errno == EINTR)
+            continue;
+        if (done < 0)
+            return EIO;
+        if (done == 0) { /* a hole at the end not yet extended: zeros */
+            memset(at, 0, len);
+            done = (ssize_t)len;
+        }
+        at += done;
+        offset += (uint64_t)done;
+        len -= (size_t)done;
+        *got += (size_t)done;
+    }
+    return 0;
+}
+
+int writer_file_truncate(struct writer_file *file, uint64_t size)
+{
+    struct writer *writer = file->writer;
+    int err = begin_change(writer, file, size);
+
+    if (err != 0)
+        return err;
+    if (ftruncate(file->fd, (off_t)size) != 0)
+        err = errno == ENOSPC || errno == EDQUOT ? ENOSPC : EIO;
+    end_change(writer, file, err == 0, size, true, 0);
+    return err;
+}
+
+void writer_file_info(struct writer_file *file, uint64_t *size,
+                      struct writer_meta *meta, bool *pending)
+{
+    pthread_mutex_lock(&file->writer->lock);
+    if (size != NULL)
+        *size = file->size;
+    if (meta != NULL)
+        *meta = file->meta;
+    if (pending != NULL)
+        *pending = is_pending(file);
+    pthread_mutex_unlock(&file->writer->lock);
+}
+
+void writer_file_set_meta(struct writer_file *file, const struct writer_meta *meta)
+{
+    struct writer *writer = file->writer;
+
+    pthread_mutex_lock(&writer->lock);
+    wait_idle_locked(writer, file);
+    file->meta = *meta;
+    if (is_dirty(file))
+        file->gen++; /* goes with the pending upload */
+    pthread_mutex_unlock(&writer->lock);
+}
+
+int writer_file_flush(struct writer_file *file)
+{
+    struct writer *writer = file->writer;
+
+    if (!writer->conf.writeback)
+        return upload_now(writer, file);
+
+    pthread_mutex_lock(&writer->lock);
+    wait_idle_locked(writer, file);
+    if (!is_pending(file)) {
+        pthread_mutex_unlock(&writer->lock);
+        return 0;
+    }
+    file->busy = true;
+    pthread_mutex_unlock(&writer->lock);
+
+    /* the promise of writeback mode: durable before close() returns; the
+     * upload is queued when the last writer closes */
+    int err = journal_file(writer, file, NULL);
+
+    pthread_mutex_lock(&writer->lock);
+    if (file->open_writers == 0)
+        enqueue_locked(writer, file);
+    file->busy = false;
+    pthread_cond_broadcast(&writer->file_idle);
+    pthread_mutex_unlock(&writer->lock);
+    return err;
+}
+
+int writer_file_sync(struct writer_file *file)
+{
+    return upload_now(file->writer, file);
+}
+
+void writer_file_open_writer(struct writer_file *file)
+{
+    pthread_mutex_lock(&file->writer->lock);
+    file->open_writers++;
+    pthread_mutex_unlock(&file->writer->lock);
+}
+
+void writer_file_close_writer(struct writer_file *file)
+{
+    struct writer *writer = file->writer;
+
+    pthread_mutex_lock(&writer->lock);
+    if (file->open_writers > 0)
+        file->open_writers--;
+    if (file->open_writers == 0 && writer->conf.writeback && is_pending(file))
+        enqueue_locked(writer, file);
+    pthread_mutex_unlock(&writer->lock);
+}
+
+bool writer_file_pending(struct writer_file *file)
+{
+    pthread_mutex_lock(&file->writer->lock);
+    bool pending = is_pending(file);
+    pthread_mutex_unlock(&file->writer->lock);
+    return pending;
+}
+
+int writer_file_rename(struct writer_file *file, const char *new_key,
+                       bool *was_pending)
+{
+    struct writer *writer = file->writer;
+    char *copy = strdup(new_key);
+
+    *was_pending = false;
+    if (copy == NULL)
+        return ENOMEM;
+    pthread_mutex_lock(&writer->lock);
+    wait_idle_locked(writer, file);
+    free(file->key);
+    file->key = copy;
+    *was_pending = is_pending(file);
+    bool rejournal = file->journaled && is_pending(file);
+    if (rejournal)
+        file->busy = true;
+    pthread_mutex_unlock(&writer->lock);
+    if (!rejournal)
+        return 0;
+    int err = journal_file(writer, file, NULL);
+    end_busy(writer, file);
+    return err;
+}
+
+void writer_file_set_owner(struct writer_file *file, void *owner)
+{
+    pthread_mutex_lock(&file->writer->lock);
+    file->owner = owner;
+    pthread_mutex_unlock(&file->writer->lock);
+}
+
+void writer_file_unlink(struct writer_file *file)
+{
+    struct writer *writer = file->writer;
+
+    pthread_mutex_lock(&writer->lock);
+    wait_idle_locked(writer, file);
+    file->unlinked = true;
+    bool forget = file->journaled;
+    if (forget)
+        file->busy = true;
+    pthread_mutex_unlock(&writer->lock);
+    if (!forget)
+        return;
+    if (journal_del(writer->conf.journal, file->id) == 0) {
+        pthread_mutex_lock(&writer->lock);
+        file->journaled = false;
+        pthread_mutex_unlock(&writer->lock);
+    }
+    end_busy(writer, file);
+}
+
+char *writer_file_key(struct writer_file *file)
+{
+    pthread_mutex_lock(&file->writer->lock);
+    char *key = strdup(file->key);
+    pthread_mutex_unlock(&file->writer->lock);
+    return key;
+}
+
+bool writer_file_etag(struct writer_file *file, char *etag_out)
+{
+    pthread_mutex_lock(&file->writer->lock);
+    bool uploaded = file->uploaded && !is_dirty(file);
+    if (uploaded)
+        snprintf(etag_out, S3_ETAG_MAX, "%s", file->etag);
+    pthread_mutex_unlock(&file->writer->lock);
+    return uploaded;
+}
+
+/* ------------------------------------------------------------- lifecycle */
+
+int writer_create(const struct writer_conf *conf, struct writer **out)
+{
+    struct writer *writer = calloc(1, sizeof(*writer));
+    int err = 0;
+
+    *out = NULL;
+    if (writer == NULL)
+        return ENOMEM;
+    writer->conf = *conf;
+    writer->upload = (struct upload_conf){
+        .s3 = conf->s3,
+        .workers = conf->workers,
+        .parallel = conf->parallel_parts ? conf->parallel_parts : 1,
+        .multipart_threshold = conf->multipart_threshold,
+        .part_size = conf->part_size,
+    };
+    pthread_mutex_init(&writer->lock, NULL);
+    pthread_cond_init(&writer->file_idle, NULL);
+    pthread_condattr_t monotonic;
+    pthread_condattr_init(&monotonic);
+    pthread_condattr_setclock(&monotonic, CLOCK_MONOTONIC);
+    pthread_cond_init(&writer->work_queued, &monotonic);
+    pthread_condattr_destroy(&monotonic);
+    pthread_cond_init(&writer->upload_done, NULL);
+    if (asprintf(&writer->staging_dir, "%s/staging",
+                 cache_dir_path(conf->cache)) < 0) {
+        writer->staging_dir = NULL;
+        err = ENOMEM;
+        goto out;
+    }
+    if (mkdir(writer->staging_dir, 0700) != 0 && errno != EEXIST) {
+        err = errno;
+        log_error("cannot create %s: %s", writer->staging_dir, strerror(err));
+        goto out;
+    }
+    unsigned count = conf->uploaders ? conf->uploaders : 1;
+    writer->threads = calloc(count, sizeof(*writer->threads));
+    if (writer->threads == NULL) {
+        err = ENOMEM;
+        goto out;
+    }
+    for (; writer->thread_count < count; writer->thread_count++) {
+        err = pthread_create(&writer->threads[writer->thread_count], NULL,
+                             uploader_main, writer);
+        if (err != 0)
+            goto out;
+    }
+out:
+    if (err != 0)
+        writer_destroy(&writer);
+    *out = writer;
+    return err;
+}
+
+void writer_destroy(struct writer **writerp)
+{
+    struct writer *writer = *writerp;
+
+    if (writer == NULL)
+        return;
+    pthread_mutex_lock(&writer->lock);
+    writer->stopping = true;
+    pthread_cond_broadcast(&writer->work_queued);
+    pthread_mutex_unlock(&writer->lock);
+    for (unsigned i = 0; i < writer->thread_count; i++)
+        pthread_join(writer->threads[i], NULL);
+    free(writer->threads);
+    pthread_mutex_destroy(&writer->lock);
+    pthread_cond_destroy(&writer->file_idle);
+    pthread_cond_destroy(&writer->work_queued);
+    pthread_cond_destroy(&writer->upload_done);
+    free(writer->staging_dir);
+    free(writer);
+    *writerp = NULL;
+}
+
+void writer_get_stats(struct writer *writer, struct writer_stats *out)
+{
+    pthread_mutex_lock(&writer->lock);
+    *out = writer->stats;
+    out->uploads_pending = 0;
+    for (struct writer_file *file = writer->all; file != NULL; file = file->all_next)
+        if (is_pending(file))
+            out->uploads_pending++;
+    pthread_mutex_unlock(&writer->lock);
+}
+
+uint64_t writer_drain(struct writer *writer)
+{
+    uint64_t left = 0;
+
+    pthread_mutex_lock(&writer->lock);
+    writer->draining = true;
+    for (struct writer_file *file = writer->all; file != NULL; file = file->all_next)
+        if (is_pending(file))
+            enqueue_locked(writer, file);
+    pthread_cond_broadcast(&writer->work_queued);
+    while (writer->queue_head != NULL || writer->running > 0)
+        pthread_cond_wait(&writer->upload_done, &writer->lock);
+    for (struct writer_file *file = writer->all; file != NULL; file = file->all_next)
+        if (is_pending(file)) {
+            left++;
+            log_error("'%s' could not be uploaded; it stays in the journal of "
+                      "the cache directory and the next mount uploads it",
+                      file->key);
+        }
+    pthread_mutex_unlock(&writer->lock);
+    return left;
+}
+
+/* ------------------------------------------------------------- recovery */
+
+struct recovery {
+    struct writer *writer;
+    writer_adopt_fn adopt;
+    void *arg;
+    uint64_t *ids;               /* journaled ids, for the staging sweep */
+    size_t id_count, id_capacity;
+    unsigned queued;
+};
+
+static int recover_entry(void *arg, const struct journal_entry *entry)
+{
+    struct recovery *recovery = arg;
+    struct writer *writer = recovery->writer;
+    struct writer_meta meta = {
+        .mode = entry->mode, .uid = entry->uid, .gid = entry->gid,
+        .mtime = entry->mtime,
+    };
+    struct writer_file *file = NULL;
+    char path[PATH_MAX];
+    struct stat st;
+
+    if (recovery->id_count == recovery->id_capacity) {
+        size_t capacity = recovery->id_capacity ? recovery->id_capacity * 2 : 64;
+        uint64_t *grown = realloc(recovery->ids, capacity * sizeof(*grown));
+        if (grown == NULL)
+            return ENOMEM;
+        recovery->ids = grown;
+        recovery->id_capacity = capacity;
+    }
+    recovery->ids[recovery->id_count++] = entry->id;
+
+    if (entry->upload_id != NULL)
+        upload_abort(&writer->upload, entry->key, entry->upload_id);
+    staging_path(writer, entry->id, path, sizeof(path));
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0 || fstat(fd, &st) != 0 || (uint64_t)st.st_size < entry->size) {
+        log_error("the journal names '%s' but its staging file %s is %s; "
+                  "it cannot be uploaded", entry->key, path,
+                  fd < 0 ? "missing" : "short");
+        if (fd >= 0)
+            close(fd);
+        return 0;
+    }
+    int err = file_new(writer, entry->id, fd, entry->key, &meta, NULL, &file);
+    if (err != 0) {
+        close(fd);
+        return err;
+    }
+    file->size = entry->size;
+    file->reserved = entry->size;
+    file->gen = 1;
+    file->uploaded_gen = NEVER;
+    file->journaled = true;
+    if (entry->upload_id != NULL)
+        journal_file(writer, file, NULL); /* the aborted id is gone */
+    if (recovery->adopt != NULL)
+        recovery->adopt(recovery->arg, writer_file_ref(file), entry->key,
+                        entry->size, &meta);
+    pthread_mutex_lock(&writer->lock);
+    enqueue_locked(writer, file);
+    pthread_mutex_unlock(&writer->lock);
+    writer_file_put(&file);
+    recovery->queued++;
+    return 0;
+}
+
+static int compare_ids(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+int writer_recover(struct writer *writer, writer_adopt_fn adopt, void *arg)
+{
+    struct recovery recovery = {.writer = writer, .adopt = adopt, .arg = arg};
+    int err = journal_scan(writer->conf.journal, recover_entry, &recovery);
+
+    if (recovery.queued > 0)
+        log_info("uploading %u file%s written before the last mount ended",
+                 recovery.queued, recovery.queued == 1 ? "" : "s");
+    /* staging files the journal does not name were never closed */
+    DIR *dir = err == 0 ? opendir(writer->staging_dir) : NULL;
+    if (dir != NULL) {
+        if (recovery.id_count > 0)
+            qsort(recovery.ids, recovery.id_count, sizeof(uint64_t), compare_ids);
+        struct dirent *entry;
+        while ((entry = readdir(dir)) != NULL) {
+            char *end = NULL;
+            uint64_t id = strtoull(entry->d_name, &end, 16);
+            if (entry->d_name[0] == '.' || end == NULL || *end != '\0')
+                continue;
+            if (recovery.id_count > 0 &&
+                bsearch(&id, recovery.ids, recovery.id_count, sizeof(uint64_t),
+                        compare_ids) != NULL)
+                continue;
+            char path[PATH_MAX];
+            staging_path(writer, id, path, sizeof(path));
+            unlink(path);
+        }
+        closedir(dir);
+    }
+    free(recovery.ids);
+    return err;
+}

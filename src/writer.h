@@ -1,0 +1,187 @@
+/*
+ * writer.h - files being written: staged on local disk, uploaded, journaled.
+ *
+ * A writer_file is the staged content of one key while it is being
+ * written or waits for its upload: a file CACHE/staging/<id> holding the
+ * whole object as it will be uploaded (holes read as zeros), its size and
+ * the s3fs metadata it will carry. The fs layer attaches one to an inode
+ * while the inode has handles open for writing or an upload pending, and
+ * reads and writes go to the staging file meanwhile.
+ *
+ * The promise (see HACKING.md, "Durability"):
+ *   - default mode: writer_file_flush() (close()) returns after the object
+ *     is in the bucket;
+ *   - writeback mode: writer_file_flush() fsyncs the staging file, records
+ *     it in the journal (journal.h, durable) and queues the upload for the
+ *     background uploaders; it returns without waiting for the upload;
+ *   - writer_file_sync() (fsync()) returns after the object is in the
+ *     bucket, in both modes;
+ *   - a failed upload keeps the staged data and its journal entry, counts
+ *     in the statistics, and is returned by flush/sync; the next sync, the
+ *     drain at unmount, or the next mount (writer_recover()) tries again;
+ *   - writer_drain() (unmount) returns once nothing is left to upload, or
+ *     what is left has failed again (it stays journaled for the next mount).
+ *
+ * Locking: one writer mutex guards the fields of every file and the
+ * queues; it is never held across disk or network I/O. A file that is
+ * being uploaded, renamed or journaled is "busy": writes, truncates and
+ * other such operations on it wait until it is not (condition
+ * file_idle), so an upload never reads a staging file that changes
+ * underneath it. Writes themselves run outside the lock.
+ */
+#ifndef S3CFS_WRITER_H
+#define S3CFS_WRITER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "cache.h"
+#include "journal.h"
+#include "s3.h"
+#include "workers.h"
+
+/* What is uploaded with the data (s3fs headers). */
+struct writer_meta {
+    uint32_t mode;                /* file type bits included */
+    uint32_t uid, gid;
+    struct timespec mtime;
+};
+
+struct writer_file;
+
+/* Told to the fs layer when an upload of FILE (created for OWNER) finished,
+ * from the thread that ran it, no lock held; FILE stays referenced during
+ * the call. ETAG is the new object's. */
+typedef void (*writer_uploaded_fn)(void *arg, struct writer_file *file,
+                                   void *owner, const char *key,
+                                   const char *etag, uint64_t size,
+                                   const struct writer_meta *meta);
+
+struct writer_conf {
+    struct s3_client *s3;
+    struct cache *cache;          /* staging lives in its directory */
+    struct workers *workers;      /* runs multipart parts */
+    struct journal *journal;
+    bool writeback;
+    unsigned uploaders;           /* background upload threads */
+    unsigned parallel_parts;      /* parts in flight per upload */
+    uint64_t multipart_threshold;
+    uint64_t part_size;
+    writer_uploaded_fn uploaded;
+    void *uploaded_arg;
+};
+
+struct writer_stats {
+    uint64_t bytes_written;       /* by applications */
+    uint64_t uploads_pending;     /* staged files not yet in the bucket */
+    uint64_t uploads_completed;
+    uint64_t upload_failures;     /* uploads that failed for good */
+};
+
+struct writer;
+struct writer_file;
+
+int writer_create(const struct writer_conf *conf, struct writer **out);
+
+/* Stop the uploaders (after writer_drain()), free everything; files still
+ * referenced must have been put. *writer = NULL. Safe twice. */
+void writer_destroy(struct writer **writer);
+
+void writer_get_stats(struct writer *writer, struct writer_stats *out);
+
+/*
+ * After a crash: queue an upload for every journal entry (aborting the
+ * multipart upload it records, if any) and remove staging files the
+ * journal does not name (never closed: nobody was promised them). For
+ * each entry, ADOPT is told its key, size and metadata with a new
+ * reference to its file (the fs layer attaches it to an inode, so that
+ * the pending file is visible). Returns 0 or an errno.
+ */
+typedef void (*writer_adopt_fn)(void *arg, struct writer_file *file,
+                                const char *key, uint64_t size,
+                                const struct writer_meta *meta);
+int writer_recover(struct writer *writer, writer_adopt_fn adopt, void *arg);
+
+/*
+ * Upload everything pending (queued, failed or dirty and closed), and wait.
+ * Returns the number of files still not in the bucket (their data stays
+ * staged and journaled for the next mount).
+ */
+uint64_t writer_drain(struct writer *writer);
+
+/*
+ * A new staged file for KEY, empty (size 0). DIRTY says whether it must be
+ * uploaded even if nothing is written (a created file). OWNER is passed
+ * back in the uploaded callback. Returns 0, ENOSPC, EIO...
+ */
+int writer_file_create(struct writer *writer, const char *key,
+                       const struct writer_meta *meta, bool dirty, void *owner,
+                       struct writer_file **out);
+
+/* Another reference / drop one; *file = NULL. When the last reference goes
+ * and the file is not pending, its staged data becomes the cached version
+ * it was uploaded as (or is removed). */
+struct writer_file *writer_file_ref(struct writer_file *file);
+void writer_file_put(struct writer_file **file);
+
+/* Store LEN bytes at OFFSET without making the file dirty: loading the
+ * existing object's bytes before an edit. */
+int writer_file_load(struct writer_file *file, uint64_t offset, const void *data,
+                     size_t len);
+
+/* Write (makes the file dirty, updates mtime). ENOSPC, EIO, EFBIG. */
+int writer_file_write(struct writer_file *file, uint64_t offset, const void *data,
+                      size_t len);
+
+/* Read from the staged data; *got < LEN only at the end. */
+int writer_file_read(struct writer_file *file, uint64_t offset, size_t len,
+                     void *buf, size_t *got);
+
+/* Change the size (dirty). */
+int writer_file_truncate(struct writer_file *file, uint64_t size);
+
+/* Size, metadata and state of the file. */
+void writer_file_info(struct writer_file *file, uint64_t *size,
+                      struct writer_meta *meta, bool *pending);
+
+/* Replace the metadata; a pending upload carries it. */
+void writer_file_set_meta(struct writer_file *file, const struct writer_meta *meta);
+
+/* close(): see the promise above. */
+int writer_file_flush(struct writer_file *file);
+
+/* fsync(): returns once the file is in the bucket (or its upload failed). */
+int writer_file_sync(struct writer_file *file);
+
+/* A handle was opened for writing / closed (after its flush). In
+ * writeback mode the upload starts once the last one is closed. */
+void writer_file_open_writer(struct writer_file *file);
+void writer_file_close_writer(struct writer_file *file);
+
+/* Whether the file still has to reach the bucket (dirty, queued, being
+ * uploaded or failed). */
+bool writer_file_pending(struct writer_file *file);
+
+/* The file is now to be uploaded as NEW_KEY (a rename; the journal
+ * follows). Waits while the file is busy. *WAS_PENDING says whether the
+ * data had not reached the bucket yet (then nothing else is to be done:
+ * it goes to NEW_KEY); otherwise the object is at the old key. */
+int writer_file_rename(struct writer_file *file, const char *new_key,
+                       bool *was_pending);
+
+/* The file was created for OWNER (attached to a recovered file). */
+void writer_file_set_owner(struct writer_file *file, void *owner);
+
+/* The file was unlinked: never upload it; its data goes when the last
+ * reference does. Waits while the file is busy. */
+void writer_file_unlink(struct writer_file *file);
+
+/* The key the file will be uploaded as (malloc'd copy, or NULL). */
+char *writer_file_key(struct writer_file *file);
+
+/* Whether the object was uploaded and its ETag (S3_ETAG_MAX bytes). */
+bool writer_file_etag(struct writer_file *file, char *etag_out);
+
+#endif /* S3CFS_WRITER_H */

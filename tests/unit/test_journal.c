@@ -1,0 +1,474 @@
+/*
+ * test_journal.c - unit tests for the upload journal (journal.c over db.c).
+ *
+ * Every test gets a fresh directory under /tmp (removed in teardown) and
+ * checks what a reopened journal holds, since surviving a close is the
+ * journal's whole point. Covered: put, replace, delete, scan order, ids
+ * after reopen, keys with control and non-UTF-8 bytes, argument errors,
+ * a damaged record (skipped with a log line, kept), a directory that is
+ * not a journal (an error, not emptied), early stop of a scan, scans
+ * longer than one internal batch, and eight threads putting at once.
+ */
+#ifdef HAVE_CONFIG_H
+#include "config.h"
+#endif
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <pthread.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "db.h"
+#include "journal.h"
+#include "log.h"
+
+#define THREADS 8
+#define PUTS_PER_THREAD 50
+
+struct fixture {
+    char dir[64];
+    char path[96];
+};
+
+static int remove_entry(const char *path, const struct stat *st, int flag,
+                        struct FTW *ftw)
+{
+    (void)st;
+    (void)flag;
+    (void)ftw;
+    return remove(path);
+}
+
+static int setup(void **state)
+{
+    struct fixture *f = calloc(1, sizeof(*f));
+    assert_non_null(f);
+    snprintf(f->dir, sizeof(f->dir), "/tmp/test_journal.XXXXXX");
+    assert_non_null(mkdtemp(f->dir));
+    snprintf(f->path, sizeof(f->path), "%s/journal", f->dir);
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    struct fixture *f = *state;
+    nftw(f->dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+    free(f);
+    return 0;
+}
+
+static struct journal *open_journal(const struct fixture *f)
+{
+    struct journal *journal = NULL;
+    char errbuf[512] = "";
+    int err = journal_open(f->path, &journal, errbuf, sizeof(errbuf));
+    if (err != 0)
+        fail_msg("journal_open: %s", errbuf);
+    return journal;
+}
+
+static struct journal_entry make_entry(uint64_t id, const char *key,
+                                       const char *upload_id)
+{
+    return (struct journal_entry){
+        .id = id, .key = key, .size = id * 1000 + 7, .mode = 0100644,
+        .uid = 1000 + (uint32_t)id, .gid = 2000 + (uint32_t)id,
+        .mtime = {.tv_sec = 1700000000 + (time_t)id, .tv_nsec = 123456789},
+        .upload_id = upload_id,
+    };
+}
+
+/* Everything a scan saw, copied. */
+struct seen {
+    unsigned count;
+    uint64_t ids[1024];
+    char *keys[1024];
+    char *upload_ids[1024];
+    struct journal_entry entries[1024];
+    unsigned stop_after;        /* 0: never stop */
+};
+
+static int remember(void *arg, const struct journal_entry *entry)
+{
+    struct seen *seen = arg;
+    assert_true(seen->count < 1024);
+    seen->ids[seen->count] = entry->id;
+    seen->keys[seen->count] = strdup(entry->key);
+    seen->upload_ids[seen->count] =
+        entry->upload_id ? strdup(entry->upload_id) : NULL;
+    seen->entries[seen->count] = *entry;
+    seen->count++;
+    if (seen->stop_after != 0 && seen->count == seen->stop_after)
+        return ECANCELED;
+    return 0;
+}
+
+static void seen_free(struct seen *seen)
+{
+    for (unsigned i = 0; i < seen->count; i++) {
+        free(seen->keys[i]);
+        free(seen->upload_ids[i]);
+    }
+    seen->count = 0;
+}
+
+static void assert_entry(const struct seen *seen, unsigned i,
+                         const struct journal_entry *want)
+{
+    const struct journal_entry *got = &seen->entries[i];
+    assert_int_equal(seen->ids[i], want->id);
+    assert_string_equal(seen->keys[i], want->key);
+    if (want->upload_id == NULL)
+        assert_null(seen->upload_ids[i]);
+    else
+        assert_string_equal(seen->upload_ids[i], want->upload_id);
+    assert_int_equal(got->size, want->size);
+    assert_int_equal(got->mode, want->mode);
+    assert_int_equal(got->uid, want->uid);
+    assert_int_equal(got->gid, want->gid);
+    assert_int_equal(got->mtime.tv_sec, want->mtime.tv_sec);
+    assert_int_equal(got->mtime.tv_nsec, want->mtime.tv_nsec);
+}
+
+static void test_put_scan_reopen(void **state)
+{
+    struct fixture *f = *state;
+    struct journal *journal = open_journal(f);
+    struct seen seen = {0};
+    /* put out of order: the scan must come back in id order, including
+     * ids whose little-endian bytes would sort differently */
+    struct journal_entry entries[] = {
+        make_entry(300, "dir/c", NULL),
+        make_entry(2, "a", "upload-2"),
+        make_entry(256, "dir/b", NULL),
+        make_entry(1, "x/y/z.bin", "VXBsb2FkIElEIGZvciA2aWWpbmcncyBteS1tb3ZpZS5tMnRzIHVwbG9hZA"),
+    };
+    unsigned order[] = {3, 1, 2, 0};
+
+    assert_int_equal(journal_count(journal), 0);
+    for (unsigned i = 0; i < 4; i++)
+        assert_int_equal(journal_put(journal, &entries[i]), 0);
+    assert_int_equal(journal_count(journal), 4);
+    journal_close(&journal);
+    assert_null(journal);
+    journal_close(&journal); /* safe twice */
+
+    journal = open_journal(f);
+    assert_int_equal(journal_count(journal), 4);
+    assert_int_equal(journal_scan(journal, remember, &seen), 0);
+    assert_int_equal(seen.count, 4);
+    for (unsigned i = 0; i < 4; i++)
+        assert_entry(&seen, i, &entries[order[i]]);
+    seen_free(&seen);
+    /* ids continue above the largest one held */
+    uint64_t id = journal_next_id(journal);
+    assert_true(id > 300);
+    assert_true(journal_next_id(journal) > id);
+    journal_close(&journal);
+}
+
+static void test_replace_and_delete(void **state)
+{
+    struct fixture *f = *state;
+    struct journal *journal = open_journal(f);
+    struct seen seen = {0};
+    struct journal_entry first = make_entry(5, "file", NULL);
+    struct journal_entry second = make_entry(5, "renamed/file", "upload-xyz");
+    struct journal_entry other = make_entry(6, "other", NULL);
+
+    second.size = 1ull << 40;
+    second.mtime.tv_sec = -5; /* before 1970: kept as is */
+    second.mtime.tv_nsec = 999999999;
+    assert_int_equal(journal_put(journal, &first), 0);
+    assert_int_equal(journal_put(journal, &other), 0);
+    assert_int_equal(journal_put(journal, &second), 0);
+    assert_int_equal(journal_count(journal), 2);
+    assert_int_equal(journal_del(journal, 6), 0);
+    assert_int_equal(journal_del(journal, 6), 0);   /* absent: 0 */
+    assert_int_equal(journal_del(journal, 999), 0);
+    journal_close(&journal);
+
+    journal = open_journal(f);
+    assert_int_equal(journal_count(journal), 1);
+    assert_int_equal(journal_scan(journal, remember, &seen), 0);
+    assert_int_equal(seen.count, 1);
+    assert_entry(&seen, 0, &second);
+    seen_free(&seen);
+    /* the largest id held is 5, but 6 was once held: ids only have to be
+     * above what the journal holds at open */
+    assert_true(journal_next_id(journal) > 5);
+    assert_int_equal(journal_del(journal, 5), 0);
+    journal_close(&journal);
+
+    journal = open_journal(f);
+    assert_int_equal(journal_count(journal), 0);
+    assert_int_equal(journal_scan(journal, remember, &seen), 0);
+    assert_int_equal(seen.count, 0);
+    assert_int_equal(journal_next_id(journal), 1);
+    journal_close(&journal);
+}
+
+static void test_odd_bytes(void **state)
+{
+    struct fixture *f = *state;
+    struct journal *journal = open_journal(f);
+    struct seen seen = {0};
+    char long_key[1025];
+    char longest_key[1025];
+    const char odd[] = "tab\there/new\nline/\x01\x7f/\xff\xfe not utf-8/"
+                       "caf\xc3\xa9/%41+ /\\";
+
+    memset(longest_key, 'k', 1024);
+    longest_key[1024] = '\0';
+    struct journal_entry entries[] = {
+        make_entry(10, odd, "id with spaces & \"quotes\""),
+        make_entry(11, longest_key, NULL),
+        make_entry(12, "/", ""), /* an empty upload id means none */
+    };
+    for (unsigned i = 0; i < 3; i++)
+        assert_int_equal(journal_put(journal, &entries[i]), 0);
+    journal_close(&journal);
+
+    journal = open_journal(f);
+    assert_int_equal(journal_scan(journal, remember, &seen), 0);
+    assert_int_equal(seen.count, 3);
+    assert_entry(&seen, 0, &entries[0]);
+    assert_entry(&seen, 1, &entries[1]);
+    assert_string_equal(seen.keys[2], "/");
+    assert_null(seen.upload_ids[2]);
+    seen_free(&seen);
+
+    /* argument errors change nothing */
+    memset(long_key, 'k', 1024);
+    long_key[1024] = '\0';
+    struct journal_entry bad = make_entry(20, long_key, NULL);
+    char too_long[1026];
+    memset(too_long, 'k', 1025);
+    too_long[1025] = '\0';
+    bad.key = too_long;
+    assert_int_equal(journal_put(journal, &bad), EINVAL);
+    bad.key = "";
+    assert_int_equal(journal_put(journal, &bad), EINVAL);
+    bad.key = NULL;
+    assert_int_equal(journal_put(journal, &bad), EINVAL);
+    bad.key = "fine";
+    bad.mtime.tv_nsec = 1000000000L;
+    assert_int_equal(journal_put(journal, &bad), EINVAL);
+    assert_int_equal(journal_count(journal), 3);
+    journal_close(&journal);
+}
+
+static void test_scan_stops_and_batches(void **state)
+{
+    struct fixture *f = *state;
+    struct journal *journal = open_journal(f);
+    struct seen *seen = calloc(1, sizeof(*seen));
+    char key[32];
+
+    assert_non_null(seen);
+    /* more than one internal batch of the scan */
+    for (uint64_t id = 1; id <= 700; id++) {
+        snprintf(key, sizeof(key), "k%llu", (unsigned long long)id);
+        struct journal_entry entry = make_entry(id * 3, key, NULL);
+        assert_int_equal(journal_put(journal, &entry), 0);
+    }
+    assert_int_equal(journal_scan(journal, remember, seen), 0);
+    assert_int_equal(seen->count, 700);
+    for (unsigned i = 0; i < 700; i++) {
+        snprintf(key, sizeof(key), "k%u", i + 1);
+        assert_int_equal(seen->ids[i], (i + 1) * 3);
+        assert_string_equal(seen->keys[i], key);
+    }
+    seen_free(seen);
+    /* VISIT's errno stops the scan and is returned */
+    seen->stop_after = 300;
+    assert_int_equal(journal_scan(journal, remember, seen), ECANCELED);
+    assert_int_equal(seen->count, 300);
+    seen_free(seen);
+    free(seen);
+    journal_close(&journal);
+}
+
+static void test_damaged_record(void **state)
+{
+    struct fixture *f = *state;
+    struct journal *journal = open_journal(f);
+    struct journal_entry before = make_entry(1, "before", NULL);
+    struct journal_entry after = make_entry(4, "after", NULL);
+    struct seen seen = {0};
+    struct db *db = NULL;
+    struct db_txn *txn = NULL;
+    char errbuf[256];
+    const unsigned char id2[8] = {0, 0, 0, 0, 0, 0, 0, 2};
+    const unsigned char id3[8] = {0, 0, 0, 0, 0, 0, 0, 3};
+    const unsigned char unknown_format[] = {99, 1, 2, 3};
+    unsigned char truncated[40] = {1};
+
+    assert_int_equal(journal_put(journal, &before), 0);
+    assert_int_equal(journal_put(journal, &after), 0);
+    journal_close(&journal);
+
+    /* write two records the journal cannot read, behind its back */
+    assert_int_equal(db_open(f->path, 1ull << 30, true, &db, errbuf,
+                             sizeof(errbuf)), 0);
+    assert_int_equal(db_txn_begin(db, true, &txn), 0);
+    assert_int_equal(db_put(txn, DB_JOURNAL, id2, 8, unknown_format,
+                            sizeof(unknown_format)), 0);
+    truncated[33] = 0x10; /* key length 4096: past the record's end */
+    assert_int_equal(db_put(txn, DB_JOURNAL, id3, 8, truncated,
+                            sizeof(truncated)), 0);
+    assert_int_equal(db_txn_commit(&txn), 0);
+    db_close(&db);
+
+    journal = open_journal(f);
+    assert_int_equal(journal_scan(journal, remember, &seen), 0);
+    assert_int_equal(seen.count, 2);
+    assert_entry(&seen, 0, &before);
+    assert_entry(&seen, 1, &after);
+    seen_free(&seen);
+    /* kept, not silently dropped; ids stay above them */
+    assert_int_equal(journal_count(journal), 4);
+    assert_true(journal_next_id(journal) > 4);
+    journal_close(&journal);
+}
+
+static void test_not_a_journal(void **state)
+{
+    struct fixture *f = *state;
+    struct journal *journal = NULL;
+    char errbuf[512] = "";
+    char file[160];
+    int fd;
+
+    /* a data file that is not LMDB: an error with a sentence, untouched */
+    assert_int_equal(mkdir(f->path, 0700), 0);
+    snprintf(file, sizeof(file), "%s/data.mdb", f->path);
+    fd = open(file, O_CREAT | O_WRONLY, 0600);
+    assert_true(fd >= 0);
+    char garbage[8192];
+    memset(garbage, 0x5a, sizeof(garbage));
+    assert_int_equal(write(fd, garbage, sizeof(garbage)), (ssize_t)sizeof(garbage));
+    close(fd);
+    assert_int_not_equal(journal_open(f->path, &journal, errbuf, sizeof(errbuf)), 0);
+    assert_null(journal);
+    assert_non_null(strstr(errbuf, "upload journal"));
+    struct stat st;
+    assert_int_equal(stat(file, &st), 0);
+    assert_int_equal(st.st_size, (off_t)sizeof(garbage));
+    char check[8192];
+    fd = open(file, O_RDONLY);
+    assert_int_equal(read(fd, check, sizeof(check)), (ssize_t)sizeof(check));
+    close(fd);
+    assert_memory_equal(check, garbage, sizeof(garbage));
+
+    /* a path under a regular file cannot be created */
+    snprintf(file, sizeof(file), "%s/data.mdb/journal", f->path);
+    assert_int_equal(journal_open(file, &journal, errbuf, sizeof(errbuf)), ENOTDIR);
+    assert_null(journal);
+}
+
+struct worker_arg {
+    struct journal *journal;
+    unsigned thread;
+    uint64_t ids[PUTS_PER_THREAD];
+    int err;
+};
+
+static void *put_many(void *argp)
+{
+    struct worker_arg *arg = argp;
+    char key[64];
+
+    for (unsigned i = 0; i < PUTS_PER_THREAD && arg->err == 0; i++) {
+        uint64_t id = journal_next_id(arg->journal);
+        snprintf(key, sizeof(key), "thread%u/file%u", arg->thread, i);
+        struct journal_entry entry = make_entry(id, key, i % 2 ? "up" : NULL);
+        arg->ids[i] = id;
+        arg->err = journal_put(arg->journal, &entry);
+        /* every other one is deleted again, also concurrently */
+        if (arg->err == 0 && i % 5 == 4)
+            arg->err = journal_del(arg->journal, id);
+    }
+    return NULL;
+}
+
+static void test_concurrent_puts(void **state)
+{
+    struct fixture *f = *state;
+    struct journal *journal = open_journal(f);
+    struct worker_arg args[THREADS];
+    pthread_t threads[THREADS];
+    struct seen *seen = calloc(1, sizeof(*seen));
+    unsigned expected = 0;
+
+    assert_non_null(seen);
+    for (unsigned t = 0; t < THREADS; t++) {
+        args[t] = (struct worker_arg){.journal = journal, .thread = t};
+        assert_int_equal(pthread_create(&threads[t], NULL, put_many, &args[t]), 0);
+    }
+    for (unsigned t = 0; t < THREADS; t++) {
+        pthread_join(threads[t], NULL);
+        assert_int_equal(args[t].err, 0);
+    }
+    journal_close(&journal);
+
+    journal = open_journal(f);
+    assert_int_equal(journal_scan(journal, remember, seen), 0);
+    for (unsigned t = 0; t < THREADS; t++)
+        for (unsigned i = 0; i < PUTS_PER_THREAD; i++)
+            if (i % 5 != 4)
+                expected++;
+    assert_int_equal(seen->count, expected);
+    assert_int_equal(journal_count(journal), expected);
+    /* each surviving put is there with its own key; ids all distinct */
+    for (unsigned t = 0; t < THREADS; t++) {
+        for (unsigned i = 0; i < PUTS_PER_THREAD; i++) {
+            char key[64];
+            bool found = false;
+            snprintf(key, sizeof(key), "thread%u/file%u", t, i);
+            for (unsigned s = 0; s < seen->count; s++) {
+                if (seen->ids[s] == args[t].ids[i]) {
+                    assert_false(found);
+                    found = true;
+                    assert_string_equal(seen->keys[s], key);
+                }
+            }
+            assert_int_equal(found, i % 5 != 4);
+        }
+    }
+    for (unsigned s = 1; s < seen->count; s++)
+        assert_true(seen->ids[s] > seen->ids[s - 1]);
+    seen_free(seen);
+    free(seen);
+    journal_close(&journal);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_put_scan_reopen, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_replace_and_delete, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_odd_bytes, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_scan_stops_and_batches, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_damaged_record, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_not_a_journal, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_concurrent_puts, setup, teardown),
+    };
+    log_set_level(LOG_LEVEL_ERROR);
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
