@@ -319,6 +319,11 @@ class LatencyProxy:
     def counters(self):
         return self._ask('counters')
 
+    def requests(self):
+        """[method, path, query, status] of every request since the last
+        reset."""
+        return self._ask('requests')['requests']
+
     def stop(self):
         process, self._process = self._process, None
         if process is None:
@@ -1006,6 +1011,12 @@ class Bench:
         sample['mib_fetched'] = counters['bytes'] / MiB
         sample['mib_sent'] = counters.get('bytes_sent', 0) / MiB
         self.samples.append(sample)
+        if self.args.request_log:
+            with open(self.args.request_log, 'a') as log:
+                log.write(f'# run {self.run_index + 1} {tool} {row}\n')
+                for method, path, query, status in self.proxy.requests():
+                    log.write(f'{method} {path}{"?" if query else ""}'
+                              f'{query} {status}\n')
         if self.run_index == 0 and 0 < self.args.long_row < seconds:
             self.long_rows.add((row, tool))
         extra = ''
@@ -1729,6 +1740,10 @@ def parse_args(argv=None):
                              'every row)')
     parser.add_argument('--no-install', action='store_true',
                         help='do not run tests/bench/install-deps.sh')
+    parser.add_argument('--request-log', type=Path, metavar='FILE',
+                        help='append every request the proxy saw during '
+                             'each row to this file (method, path, query, '
+                             'status)')
     parser.add_argument('--json', type=Path, metavar='FILE',
                         help='write the configuration, every sample and '
                              'the medians to this file')

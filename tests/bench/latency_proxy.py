@@ -17,6 +17,8 @@ line each:
               body bytes sent to clients and the request body bytes
               clients sent (as they came, chunked framing included), since
               the last reset
+    requests  answers {"requests": [[METHOD, PATH, QUERY, STATUS], ...]}:
+              every request since the last reset, in order
 The kinds are s3proxy.py's, with one change: a ListObjects version 1
 request (a GET on the bucket with listing parameters only, as s3fs and
 rclone send them) counts as LIST, not OTHER. Three more count subsets of
@@ -125,6 +127,9 @@ def serve(proxy):
             answer({})
         elif command == 'counters':
             answer(counters(proxy))
+        elif command == 'requests':
+            answer({'requests': [[r.method, r.path, r.query, r.status]
+                                 for r in proxy.records()]})
         else:
             answer({'error': f'unknown command {command!r}'})
 
