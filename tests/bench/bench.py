@@ -79,7 +79,7 @@ TOOLS = ('s3cachefs', 's3cachefs-wb', 's3fs', 'rclone')
 READ_TOOLS = ('s3cachefs', 's3fs', 'rclone')
 PEERS = ('s3fs', 'rclone')
 QUICK = {'size_mib': 256, 'small_files': 500, 'runs': 1, 'hf_mib': 128,
-         'tar_files': 500}
+         'tar_files': 300}
 DEFAULTS = {'size_mib': 1024, 'small_files': 2000, 'runs': 3, 'hf_mib': 500,
             'tar_files': 2000}
 # Write rows.
@@ -1568,7 +1568,7 @@ def format_table(header, lines, left=(0, 1, 6)):
     return '\n'.join(rendered)
 
 
-def report(table, tool_order, failures=()):
+def report(table, tool_order, failures=(), samples=()):
     header = ('row', 'tool', 'runs', 'median', 'vs peer', 'vs limit',
               'requests', 'MiB fetched', 'MiB sent', 'RSS MiB', 'CPU s')
     failed = collections.Counter((f['row'], f['tool']) for f in failures)
@@ -1617,6 +1617,13 @@ def report(table, tool_order, failures=()):
         if ratios:
             print(f'  {tool}: ' + '; '.join(ratios))
     report_targets(table, tool_order)
+    noted = [sample for sample in samples if sample.get('notes')]
+    if noted:
+        print('\nnotes:')
+        for sample in noted:
+            for note in sample['notes']:
+                print(f'  run {sample["run"]}: {sample["tool"]} '
+                      f'{sample["row"]}: {note}')
     if failures:
         print('\nfailures:')
         for failure in failures:
@@ -1704,13 +1711,13 @@ def parse_args(argv=None):
                              '--quick: 128)')
     parser.add_argument('--tar-files', type=int, metavar='N',
                         help='files in the untar dataset (default 2000, '
-                             'some 160 MiB; --quick: 500)')
+                             'some 160 MiB; --quick: 300)')
     parser.add_argument('--runs', type=int, metavar='N',
                         help='runs of each row; the median is reported '
                              '(default 3; --quick: 1)')
     parser.add_argument('--quick', action='store_true',
                         help='a smoke run: 256 MiB, 500 small files, a '
-                             '128 MiB blob, 500 files in the dataset, 1 run')
+                             '128 MiB blob, 300 files in the dataset, 1 run')
     row_names = [row.name for row in ALL_ROWS]
     parser.add_argument('--only', default=','.join(row_names),
                         metavar='ROW,...',
@@ -1830,7 +1837,8 @@ def main(argv=None):
         table = medians(bench.samples)
         add_ratios(table)
         print()
-        report(table, [t for t in TOOLS if t in args.tools], bench.failures)
+        report(table, [t for t in TOOLS if t in args.tools], bench.failures,
+               bench.samples)
         if args.json:
             write_json(args.json, args, bench, table)
             print(f'\nbench: wrote {args.json}')
