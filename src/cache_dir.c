@@ -28,6 +28,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "log.h"
@@ -415,7 +416,13 @@ int cache_open(const struct cache_conf *conf, int lock_fd, struct cache **out,
     cache->block_size = conf->block_size;
     pthread_mutex_init(&cache->lock, NULL);
     pthread_mutex_init(&cache->evict_lock, NULL);
-    pthread_cond_init(&cache->flusher_wake, NULL);
+    /* the flusher's timed waits measure intervals: a clock that setting
+     * the date does not move */
+    pthread_condattr_t wake_attr;
+    pthread_condattr_init(&wake_attr);
+    pthread_condattr_setclock(&wake_attr, CLOCK_MONOTONIC);
+    pthread_cond_init(&cache->flusher_wake, &wake_attr);
+    pthread_condattr_destroy(&wake_attr);
     pthread_key_create(&cache->bounce_key, cache_free_bounce);
     cache->dir = strdup(conf->dir);
     cache->bucket = strdup(conf->bucket);

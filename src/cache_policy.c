@@ -422,7 +422,7 @@ void *cache_flusher_main(void *arg)
     pthread_mutex_lock(&cache->lock);
     while (!cache->stopping) {
         struct timespec until;
-        clock_gettime(CLOCK_REALTIME, &until);
+        clock_gettime(CLOCK_MONOTONIC, &until); /* flusher_wake's clock */
         until.tv_sec += FLUSH_INTERVAL_S;
         pthread_cond_timedwait(&cache->flusher_wake, &cache->lock, &until);
         if (cache->stopping)

@@ -107,8 +107,10 @@ class Mount:
         except FileNotFoundError:
             return ''
 
-    def unmount(self):
-        """fusermount3 -u (retried while busy), then wait for the daemon."""
+    def unmount(self, timeout=UNMOUNT_TIMEOUT):
+        """fusermount3 -u (retried while busy), then wait for the daemon
+        (up to TIMEOUT seconds: a daemon uploads what is pending before it
+        exits)."""
         if self.process is None:
             return
         deadline = time.monotonic() + UNMOUNT_TIMEOUT
@@ -120,7 +122,7 @@ class Mount:
         if is_fuse_mount(self.path):
             subprocess.run(['fusermount3', '-uz', str(self.path)])
         try:
-            self.process.wait(timeout=UNMOUNT_TIMEOUT)
+            self.process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
