@@ -326,8 +326,10 @@ static int list_data_files(const char *data_dir, struct id_list *list)
         if (!is_hex_name(entry->d_name, 2) || is_protected_name(entry->d_name))
             continue;
         char *sub = NULL;
-        if (asprintf(&sub, "%s/%s", data_dir, entry->d_name) < 0)
-            return ENOMEM;
+        if (asprintf(&sub, "%s/%s", data_dir, entry->d_name) < 0) {
+            err = ENOMEM;
+            break;
+        }
         unsigned long fan_out = strtoul(entry->d_name, NULL, 16);
         DIR *inner = opendir(sub);
         struct dirent *file;
