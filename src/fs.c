@@ -42,6 +42,41 @@
 #define RELIST_PAGES_MAX 10              /* see worth_relisting() */
 #define PROBES_BEFORE_LISTING 8          /* see fs_lookup() */
 
+void fs_handle_add(struct fs *fs, struct fs_handle *list, struct fs_handle *handle)
+{
+    pthread_mutex_lock(&fs->handles_lock);
+    handle->next = list->next;
+    handle->prev = list;
+    list->next->prev = handle;
+    list->next = handle;
+    pthread_mutex_unlock(&fs->handles_lock);
+}
+
+void fs_handle_remove(struct fs *fs, struct fs_handle *handle)
+{
+    if (handle->prev == NULL)
+        return; /* never linked */
+    pthread_mutex_lock(&fs->handles_lock);
+    handle->prev->next = handle->next;
+    handle->next->prev = handle->prev;
+    handle->next = handle->prev = handle;
+    pthread_mutex_unlock(&fs->handles_lock);
+}
+
+/* The first handle of LIST, unlinked; NULL when empty. */
+static struct fs_handle *handle_pop(struct fs *fs, struct fs_handle *list)
+{
+    pthread_mutex_lock(&fs->handles_lock);
+    struct fs_handle *handle = list->next != list ? list->next : NULL;
+    if (handle != NULL) {
+        handle->prev->next = handle->next;
+        handle->next->prev = handle->prev;
+        handle->next = handle->prev = handle;
+    }
+    pthread_mutex_unlock(&fs->handles_lock);
+    return handle;
+}
+
 double fs_now_seconds(void)
 {
     struct timespec now;
@@ -836,6 +871,8 @@ int fs_opendir(struct fs *fs, fuse_ino_t ino, struct fs_dir **out)
     if (err != 0) {
         free(dir);
         dir = NULL;
+    } else {
+        fs_handle_add(fs, &fs->open_dirs, &dir->link);
     }
 out:
     inode_put(fs->inodes, inode);
@@ -972,6 +1009,7 @@ void fs_releasedir(struct fs *fs, struct fs_dir *dir)
 {
     if (dir == NULL)
         return;
+    fs_handle_remove(fs, &dir->link);
     inode_listing_put(fs->inodes, dir->listing);
     free(dir);
 }
@@ -1060,6 +1098,7 @@ out:
         inode_table_lock(fs->inodes);
         inode->open_handles++;
         inode_table_unlock(fs->inodes);
+        fs_handle_add(fs, &fs->open_files, &file->link);
     }
     inode_put(fs->inodes, inode);
     free(key);
@@ -1097,6 +1136,7 @@ void fs_release(struct fs *fs, struct fs_file *file)
 {
     if (file == NULL)
         return;
+    fs_handle_remove(fs, &file->link);
     reader_close(&file->reader_file);
     struct inode *inode = inode_get(fs->inodes, file->ino);
     if (inode != NULL) {
@@ -1205,6 +1245,9 @@ int fs_create(const struct fs_conf *conf, struct s3_client *s3, struct fs **out)
     fs->conf = *conf;
     fs->s3 = s3;
     pthread_mutex_init(&fs->logged_lock, NULL);
+    pthread_mutex_init(&fs->handles_lock, NULL);
+    fs->open_dirs.next = fs->open_dirs.prev = &fs->open_dirs;
+    fs->open_files.next = fs->open_files.prev = &fs->open_files;
     pthread_cond_init(&fs->listing_done, NULL);
     clock_gettime(CLOCK_REALTIME, &fs->mount_time);
     fs->root_key = strdup(conf->root_key);
@@ -1310,6 +1353,12 @@ void fs_destroy(struct fs **fsp)
 
     if (fs == NULL)
         return;
+    /* handles whose release the kernel never sent */
+    struct fs_handle *handle;
+    while ((handle = handle_pop(fs, &fs->open_files)) != NULL)
+        fs_release(fs, (struct fs_file *)handle);
+    while ((handle = handle_pop(fs, &fs->open_dirs)) != NULL)
+        fs_releasedir(fs, (struct fs_dir *)handle);
     if (fs->writer != NULL)
         fs_drain(fs);
     writer_destroy(&fs->writer);
@@ -1321,6 +1370,7 @@ void fs_destroy(struct fs **fsp)
     tdestroy(fs->logged_keys, free);
     tdestroy(fs->staged, no_free);
     pthread_mutex_destroy(&fs->logged_lock);
+    pthread_mutex_destroy(&fs->handles_lock);
     pthread_cond_destroy(&fs->listing_done);
     free(fs->root_key);
     free(fs);

@@ -445,6 +445,7 @@ int fs_create_file(struct fs *fs, fuse_ino_t parent, const char *name,
         inode->open_handles++;
         fs_fill_entry(fs, inode, entry);
         inode_table_unlock(fs->inodes);
+        fs_handle_add(fs, &fs->open_files, &file->link);
         patch_parent(fs, key, &attrs);
     } else {
         fs_forget(fs, inode->ino, 1);
