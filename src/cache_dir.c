@@ -28,6 +28,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "log.h"
@@ -325,8 +326,10 @@ static int list_data_files(const char *data_dir, struct id_list *list)
         if (!is_hex_name(entry->d_name, 2) || is_protected_name(entry->d_name))
             continue;
         char *sub = NULL;
-        if (asprintf(&sub, "%s/%s", data_dir, entry->d_name) < 0)
-            return ENOMEM;
+        if (asprintf(&sub, "%s/%s", data_dir, entry->d_name) < 0) {
+            err = ENOMEM;
+            break;
+        }
         unsigned long fan_out = strtoul(entry->d_name, NULL, 16);
         DIR *inner = opendir(sub);
         struct dirent *file;
@@ -415,7 +418,13 @@ int cache_open(const struct cache_conf *conf, int lock_fd, struct cache **out,
     cache->block_size = conf->block_size;
     pthread_mutex_init(&cache->lock, NULL);
     pthread_mutex_init(&cache->evict_lock, NULL);
-    pthread_cond_init(&cache->flusher_wake, NULL);
+    /* the flusher's timed waits measure intervals: a clock that setting
+     * the date does not move */
+    pthread_condattr_t wake_attr;
+    pthread_condattr_init(&wake_attr);
+    pthread_condattr_setclock(&wake_attr, CLOCK_MONOTONIC);
+    pthread_cond_init(&cache->flusher_wake, &wake_attr);
+    pthread_condattr_destroy(&wake_attr);
     pthread_key_create(&cache->bounce_key, cache_free_bounce);
     cache->dir = strdup(conf->dir);
     cache->bucket = strdup(conf->bucket);

@@ -26,8 +26,8 @@
  *
  * Locks: `lock` guards open_objects, touches, reserved, usage (the
  * in-memory mirror of the committed usage record), bounces and stopping,
- * and each cache_object's refs and replaced; flusher_wake is signalled
- * under it to stop the flusher. `evict_lock` lets one thread at a time
+ * and each cache_object's refs and replaced; flusher_wake (on
+ * CLOCK_MONOTONIC) is signalled under it to stop the flusher. `evict_lock` lets one thread at a time
  * choose and drop victims and reserve room; it is held across a whole
  * eviction (its write transaction, then the holes and unlinks).
  * Order: evict_lock, then an index transaction, then `lock`. The rule is

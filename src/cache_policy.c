@@ -9,7 +9,8 @@
  * share. The data path (cache.c) calls in through cache_make_room(),
  * cache_release_room() and cache_add_touch(); cache_dir.c starts and
  * stops the flusher. cache_reserve_disk() (cache.h) is the same room
- * making for the write path's staging files: free space only. Layouts and locking rules: cache_internal.h.
+ * making for the write path's staging files: free space only. Layouts
+ * and locking rules: cache_internal.h.
  */
 #include "config.h"
 
@@ -214,7 +215,9 @@ int cache_make_room(struct cache *cache, uint64_t need, uint64_t disk_need)
         disk_space(cache, &free_bytes, &keep_free);
         uint64_t wanted_size = add_capped(committed, need);
         uint64_t wanted_free = add_capped(keep_free, disk_need);
-        uint64_t over_size = wanted_size > cache->size_limit
+        /* only room asked for under cache_size makes it a reason to
+         * evict: cache_reserve_disk() is about free space alone */
+        uint64_t over_size = need > 0 && wanted_size > cache->size_limit
                                  ? wanted_size - cache->size_limit : 0;
         uint64_t over_disk = free_bytes < wanted_free
                                  ? wanted_free - free_bytes : 0;
@@ -422,7 +425,7 @@ void *cache_flusher_main(void *arg)
     pthread_mutex_lock(&cache->lock);
     while (!cache->stopping) {
         struct timespec until;
-        clock_gettime(CLOCK_REALTIME, &until);
+        clock_gettime(CLOCK_MONOTONIC, &until); /* flusher_wake's clock */
         until.tv_sec += FLUSH_INTERVAL_S;
         pthread_cond_timedwait(&cache->flusher_wake, &cache->lock, &until);
         if (cache->stopping)

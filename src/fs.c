@@ -42,6 +42,41 @@
 #define RELIST_PAGES_MAX 10              /* see worth_relisting() */
 #define PROBES_BEFORE_LISTING 8          /* see fs_lookup() */
 
+void fs_handle_add(struct fs *fs, struct fs_handle *list, struct fs_handle *handle)
+{
+    pthread_mutex_lock(&fs->handles_lock);
+    handle->next = list->next;
+    handle->prev = list;
+    list->next->prev = handle;
+    list->next = handle;
+    pthread_mutex_unlock(&fs->handles_lock);
+}
+
+void fs_handle_remove(struct fs *fs, struct fs_handle *handle)
+{
+    if (handle->prev == NULL)
+        return; /* never linked */
+    pthread_mutex_lock(&fs->handles_lock);
+    handle->prev->next = handle->next;
+    handle->next->prev = handle->prev;
+    handle->next = handle->prev = handle;
+    pthread_mutex_unlock(&fs->handles_lock);
+}
+
+/* The first handle of LIST, unlinked; NULL when empty. */
+static struct fs_handle *handle_pop(struct fs *fs, struct fs_handle *list)
+{
+    pthread_mutex_lock(&fs->handles_lock);
+    struct fs_handle *handle = list->next != list ? list->next : NULL;
+    if (handle != NULL) {
+        handle->prev->next = handle->next;
+        handle->next->prev = handle->prev;
+        handle->next = handle->prev = handle;
+    }
+    pthread_mutex_unlock(&fs->handles_lock);
+    return handle;
+}
+
 double fs_now_seconds(void)
 {
     struct timespec now;
@@ -523,6 +558,53 @@ static bool known_file_attrs(struct fs *fs, const char *key,
     return usable;
 }
 
+/* Apply the s3fs headers of directory marker INFO to ATTRS. */
+static void apply_dir_headers(const struct fs *fs, const struct s3_object_info *info,
+                              struct inode_attrs *attrs)
+{
+    if (info->has_mode)
+        attrs->mode = info->mode & 07777;
+    if (info->has_uid)
+        attrs->uid = info->uid;
+    if (info->has_gid)
+        attrs->gid = info->gid;
+    if (info->has_mtime)
+        attrs->mtime = info->mtime;
+    (void)fs;
+    attrs->headers_known = true;
+}
+
+/* Whether the headers of directory DIR_KEY are known in the inode table:
+ * copied into ATTRS. */
+static bool known_dir_attrs(struct fs *fs, const char *dir_key,
+                            struct inode_attrs *attrs)
+{
+    inode_table_lock(fs->inodes);
+    struct inode *known = inode_find_locked(fs->inodes, dir_key);
+    bool usable = known != NULL && known->attrs.kind == INODE_DIR &&
+                  known->attrs.headers_known;
+    if (usable)
+        *attrs = known->attrs;
+    inode_table_unlock(fs->inodes);
+    return usable;
+}
+
+/* A directory's mode and owner live in the headers of its marker (as s3fs
+ * writes them): one HEAD per directory and mount; none when there is no
+ * marker (defaults). Failures leave the defaults. */
+static void resolve_dir(struct fs *fs, const char *dir_key, struct inode_attrs *attrs)
+{
+    struct s3_object_info info;
+
+    if (known_dir_attrs(fs, dir_key, attrs))
+        return;
+    int err = s3_head_object(fs->s3, dir_key, &info);
+    if (err == 0)
+        apply_dir_headers(fs, &info, attrs);
+    else if (err == ENOENT)
+        attrs->headers_known = true; /* no marker: the defaults are right */
+}
+
 /* Attributes of file KEY whose listing said LISTED (may be NULL): the
  * known headers of the same ETag, or a HEAD (remembered by ETag). */
 int fs_resolve_file(struct fs *fs, const char *key,
@@ -553,6 +635,7 @@ static int probe_name(struct fs *fs, const char *file_key, const char *dir_key,
     s3xml_listing_free(&page);
     if (*is_dir) {
         fs_dir_attrs(fs, attrs);
+        resolve_dir(fs, dir_key, attrs);
         return 0;
     }
     return fs_resolve_file(fs, file_key, NULL, attrs);
@@ -639,9 +722,10 @@ int fs_lookup(struct fs *fs, fuse_ino_t parent_ino, const char *name,
         if (entry == NULL)
             goto out; /* negative entry */
         is_dir = entry->attrs.kind == INODE_DIR;
-        if (is_dir)
+        if (is_dir) {
             attrs = entry->attrs;
-        else
+            resolve_dir(fs, dir_key, &attrs);
+        } else
             err = fs_resolve_file(fs, file_key, &entry->attrs, &attrs);
     } else {
         err = probe_name(fs, file_key, dir_key, &attrs, &is_dir);
@@ -787,6 +871,8 @@ int fs_opendir(struct fs *fs, fuse_ino_t ino, struct fs_dir **out)
     if (err != 0) {
         free(dir);
         dir = NULL;
+    } else {
+        fs_handle_add(fs, &fs->open_dirs, &dir->link);
     }
 out:
     inode_put(fs->inodes, inode);
@@ -845,15 +931,17 @@ int fs_dir_entries_plus(struct fs *fs, struct fs_dir *dir, size_t index,
             continue;
         const struct inode_dirent *entry = &dir->listing->entries[at - 2];
         attrs[i] = entry->attrs;
-        if (entry->attrs.kind == INODE_DIR || entry->attrs.headers_known)
+        if (entry->attrs.headers_known)
             continue; /* staged files are known too */
+        bool is_dir = entry->attrs.kind == INODE_DIR;
         char *key = names_child_key(dir_key, entry->name,
-                                    strlen(entry->name), false);
+                                    strlen(entry->name), is_dir);
         if (key == NULL) {
             err = ENOMEM;
             goto out;
         }
-        if (known_file_attrs(fs, key, &entry->attrs, &attrs[i])) {
+        if (is_dir ? known_dir_attrs(fs, key, &attrs[i])
+                   : known_file_attrs(fs, key, &entry->attrs, &attrs[i])) {
             free(key);
             continue;
         }
@@ -864,9 +952,15 @@ int fs_dir_entries_plus(struct fs *fs, struct fs_dir *dir, size_t index,
     run_heads(fs, jobs, job_count);
     for (size_t j = 0; j < job_count; j++) {
         /* a failed HEAD leaves the listing's attributes: never fail readdir */
-        if (jobs[j].err == 0) {
-            fs_head_file_attrs(fs, &jobs[j].info, &attrs[jobs[j].slot]);
-            metacache_put_attrs(fs->conf.cache, jobs[j].key, &attrs[jobs[j].slot]);
+        struct inode_attrs *slot = &attrs[jobs[j].slot];
+        if (slot->kind == INODE_DIR) {
+            if (jobs[j].err == 0)
+                apply_dir_headers(fs, &jobs[j].info, slot);
+            else if (jobs[j].err == ENOENT)
+                slot->headers_known = true;
+        } else if (jobs[j].err == 0) {
+            fs_head_file_attrs(fs, &jobs[j].info, slot);
+            metacache_put_attrs(fs->conf.cache, jobs[j].key, slot);
         }
     }
 
@@ -915,6 +1009,7 @@ void fs_releasedir(struct fs *fs, struct fs_dir *dir)
 {
     if (dir == NULL)
         return;
+    fs_handle_remove(fs, &dir->link);
     inode_listing_put(fs->inodes, dir->listing);
     free(dir);
 }
@@ -997,8 +1092,14 @@ out:
         free(file);
         file = NULL;
     }
-    if (err != 0)
+    if (err != 0) {
         fs_maybe_detach(fs, inode);
+    } else {
+        inode_table_lock(fs->inodes);
+        inode->open_handles++;
+        inode_table_unlock(fs->inodes);
+        fs_handle_add(fs, &fs->open_files, &file->link);
+    }
     inode_put(fs->inodes, inode);
     free(key);
     *out = file;
@@ -1008,32 +1109,52 @@ out:
 int fs_read(struct fs *fs, struct fs_file *file, uint64_t offset, size_t size,
             char *buf, size_t *got)
 {
-    (void)fs;
     if (file->wfile != NULL)
         return writer_file_read(file->wfile, offset, size, buf, got);
-    return reader_read(file->reader_file, offset, size, buf, got);
+    int err = reader_read(file->reader_file, offset, size, buf, got);
+    if (err == ENOENT || err == ESTALE) {
+        /* unlinked or replaced while open: its data was kept staged */
+        struct inode *inode = inode_get(fs->inodes, file->ino);
+        struct writer_file *kept = NULL;
+        if (inode != NULL) {
+            inode_table_lock(fs->inodes);
+            if (inode->unlinked && inode->wfile != NULL)
+                kept = writer_file_ref(inode->wfile);
+            inode_table_unlock(fs->inodes);
+            inode_put(fs->inodes, inode);
+        }
+        if (kept != NULL) {
+            reader_close(&file->reader_file);
+            file->wfile = kept;
+            err = writer_file_read(file->wfile, offset, size, buf, got);
+        }
+    }
+    return err;
 }
 
 void fs_release(struct fs *fs, struct fs_file *file)
 {
     if (file == NULL)
         return;
+    fs_handle_remove(fs, &file->link);
     reader_close(&file->reader_file);
-    if (file->wfile != NULL) {
-        struct inode *inode = inode_get(fs->inodes, file->ino);
-        if (inode != NULL && file->writable) {
-            inode_table_lock(fs->inodes);
+    struct inode *inode = inode_get(fs->inodes, file->ino);
+    if (inode != NULL) {
+        inode_table_lock(fs->inodes);
+        inode->open_handles--;
+        if (file->writable)
             inode->write_handles--;
-            inode_table_unlock(fs->inodes);
-        }
+        inode_table_unlock(fs->inodes);
+    }
+    if (file->wfile != NULL) {
         if (file->writable)
             writer_file_close_writer(file->wfile);
         writer_file_put(&file->wfile);
-        if (inode != NULL) {
+        if (inode != NULL)
             fs_maybe_detach(fs, inode);
-            inode_put(fs->inodes, inode);
-        }
     }
+    if (inode != NULL)
+        inode_put(fs->inodes, inode);
     free(file);
 }
 
@@ -1124,6 +1245,9 @@ int fs_create(const struct fs_conf *conf, struct s3_client *s3, struct fs **out)
     fs->conf = *conf;
     fs->s3 = s3;
     pthread_mutex_init(&fs->logged_lock, NULL);
+    pthread_mutex_init(&fs->handles_lock, NULL);
+    fs->open_dirs.next = fs->open_dirs.prev = &fs->open_dirs;
+    fs->open_files.next = fs->open_files.prev = &fs->open_files;
     pthread_cond_init(&fs->listing_done, NULL);
     clock_gettime(CLOCK_REALTIME, &fs->mount_time);
     fs->root_key = strdup(conf->root_key);
@@ -1229,6 +1353,12 @@ void fs_destroy(struct fs **fsp)
 
     if (fs == NULL)
         return;
+    /* handles whose release the kernel never sent */
+    struct fs_handle *handle;
+    while ((handle = handle_pop(fs, &fs->open_files)) != NULL)
+        fs_release(fs, (struct fs_file *)handle);
+    while ((handle = handle_pop(fs, &fs->open_dirs)) != NULL)
+        fs_releasedir(fs, (struct fs_dir *)handle);
     if (fs->writer != NULL)
         fs_drain(fs);
     writer_destroy(&fs->writer);
@@ -1240,6 +1370,7 @@ void fs_destroy(struct fs **fsp)
     tdestroy(fs->logged_keys, free);
     tdestroy(fs->staged, no_free);
     pthread_mutex_destroy(&fs->logged_lock);
+    pthread_mutex_destroy(&fs->handles_lock);
     pthread_cond_destroy(&fs->listing_done);
     free(fs->root_key);
     free(fs);

@@ -19,6 +19,13 @@
 #define LIST_PAGE 1000                   /* keys per LIST */
 #define DIRECTORY_CONTENT_TYPE "application/x-directory"
 
+/* Open directories and files are linked into the fs, so that handles the
+ * kernel never released (an unmount drops queued releases) are freed at
+ * the end. */
+struct fs_handle {
+    struct fs_handle *prev, *next;
+};
+
 struct fs {
     struct fs_conf conf;
     char *root_key;
@@ -34,12 +41,16 @@ struct fs {
 
     pthread_cond_t listing_done;  /* with the inode table lock: a directory
                                      listing finished (inode.listing_fetch) */
+    pthread_mutex_t handles_lock; /* guards the two lists below */
+    struct fs_handle open_dirs;   /* circular lists with a sentinel */
+    struct fs_handle open_files;
     pthread_mutex_t logged_lock;  /* guards logged_keys, logged_count */
     void *logged_keys;            /* tsearch set of char * */
     size_t logged_count;
 };
 
 struct fs_dir {
+    struct fs_handle link;        /* first: the list holds fs_dir pointers */
     fuse_ino_t ino;
     struct inode_listing *listing;
 };
@@ -47,12 +58,17 @@ struct fs_dir {
 /* An open file: reads an object version through the reader, or the staged
  * data of a file being written (wfile). */
 struct fs_file {
+    struct fs_handle link;        /* first: the list holds fs_file pointers */
     fuse_ino_t ino;
     struct reader_file *reader_file;
     struct writer_file *wfile;    /* a reference, when staged */
     bool writable;                /* counted in inode.write_handles */
     bool append;
 };
+
+/* Link an open handle into LIST / unlink it. */
+void fs_handle_add(struct fs *fs, struct fs_handle *list, struct fs_handle *handle);
+void fs_handle_remove(struct fs *fs, struct fs_handle *handle);
 
 double fs_now_seconds(void);
 double fs_wall_seconds(void);

@@ -199,7 +199,9 @@ void fs_maybe_detach(struct fs *fs, struct inode *inode)
     struct writer_file *wfile = NULL;
 
     inode_table_lock(fs->inodes);
+    /* an unlinked file's data stays for the descriptors still open */
     if (inode->wfile != NULL && inode->write_handles == 0 &&
+        !(inode->unlinked && inode->open_handles > 0) &&
         !writer_file_pending(inode->wfile)) {
         wfile = inode->wfile;
         inode->wfile = NULL;
@@ -440,8 +442,10 @@ int fs_create_file(struct fs *fs, fuse_ino_t parent, const char *name,
         writer_file_open_writer(file->wfile);
         inode_table_lock(fs->inodes);
         inode->write_handles++;
+        inode->open_handles++;
         fs_fill_entry(fs, inode, entry);
         inode_table_unlock(fs->inodes);
+        fs_handle_add(fs, &fs->open_files, &file->link);
         patch_parent(fs, key, &attrs);
     } else {
         fs_forget(fs, inode->ino, 1);
@@ -513,7 +517,10 @@ int fs_mkdir(struct fs *fs, fuse_ino_t parent, const char *name, mode_t mode,
         goto out;
     fs_dir_attrs(fs, &attrs);
     attrs.mode = mode & 07777;
+    attrs.uid = uid;
+    attrs.gid = gid;
     attrs.mtime = meta.mtime;
+    attrs.headers_known = true;
     inode_table_lock(fs->inodes);
     struct inode *inode = inode_ref_locked(fs->inodes, key, &attrs);
     if (inode != NULL) {
@@ -573,6 +580,39 @@ out:
 
 /* ------------------------------------------------------ unlink, symlink */
 
+/*
+ * KEY was removed from its directory. A directory that existed only as the
+ * prefix of its keys would vanish with its last one, though nobody removed
+ * it: when the cached listing says it is now empty and the bucket agrees,
+ * give it a marker.
+ */
+static void keep_parent_dir(struct fs *fs, const char *key)
+{
+    char *parent_key = parent_of(key);
+    struct s3xml_listing page;
+    bool emptied = false;
+
+    if (parent_key == NULL || parent_key[0] == '\0' ||
+        strcmp(parent_key, fs->conf.root_key) == 0) {
+        free(parent_key);
+        return;
+    }
+    inode_table_lock(fs->inodes);
+    struct inode *dir = inode_find_locked(fs->inodes, parent_key);
+    emptied = dir != NULL && dir->listing != NULL && dir->listing->count == 0;
+    inode_table_unlock(fs->inodes);
+    if (emptied && s3_list_objects(fs->s3, parent_key, NULL, NULL, NULL, 1, &page) == 0) {
+        bool gone = page.object_count == 0 && page.prefix_count == 0;
+        s3xml_listing_free(&page);
+        if (gone) {
+            struct writer_meta meta = {S_IFDIR | fs->conf.dir_mode, fs->conf.uid,
+                                       fs->conf.gid, wall_now()};
+            put_marker(fs, parent_key, &meta);
+        }
+    }
+    free(parent_key);
+}
+
 int fs_unlink(struct fs *fs, fuse_ino_t parent, const char *name)
 {
     struct writer_file *wfile = NULL;
@@ -589,6 +629,7 @@ int fs_unlink(struct fs *fs, fuse_ino_t parent, const char *name)
     inode_table_lock(fs->inodes);
     bool is_dir = inode->attrs.kind == INODE_DIR && inode->wfile == NULL;
     bool in_bucket = inode->attrs.etag[0] != '\0';
+    bool open = inode->open_handles > 0;
     if (inode->wfile != NULL)
         wfile = writer_file_ref(inode->wfile);
     inode_table_unlock(fs->inodes);
@@ -596,6 +637,11 @@ int fs_unlink(struct fs *fs, fuse_ino_t parent, const char *name)
         err = EISDIR;
         goto out;
     }
+    /* descriptors still open read on after the unlink: keep the data */
+    if (wfile == NULL && open && inode->attrs.kind == INODE_FILE)
+        err = fs_stage_file(fs, inode, false, &wfile);
+    if (err != 0)
+        goto out;
     if (wfile != NULL)
         writer_file_unlink(wfile); /* never uploaded now */
     if (in_bucket || wfile == NULL)
@@ -607,6 +653,7 @@ int fs_unlink(struct fs *fs, fuse_ino_t parent, const char *name)
     inode_table_unlock(fs->inodes);
     cache_forget_key(fs->conf.cache, key);
     patch_parent(fs, key, NULL);
+    keep_parent_dir(fs, key);
     fs_maybe_detach(fs, inode);
 out:
     writer_file_put(&wfile);
@@ -772,6 +819,7 @@ int fs_setattr(struct fs *fs, fuse_ino_t ino, const struct stat *want, int to_se
                 attrs.uid = meta.uid;
                 attrs.gid = meta.gid;
                 attrs.mtime = meta.mtime;
+                attrs.headers_known = true;
             }
         } else if (wfile != NULL && writer_file_pending(wfile)) {
             writer_file_set_meta(wfile, &meta); /* goes with the upload */
@@ -1111,12 +1159,15 @@ int fs_rename(struct fs *fs, fuse_ino_t parent, const char *name,
             writer_file_unlink(dst_wfile);
     }
 
-    err = src_dir ? rename_dir(fs, src_key, dst_file_key)
-                  : rename_file(fs, src, src_key, dst_file_key);
+    /* the empty target directory is replaced: its marker goes first, so
+     * that the moved one takes its place */
+    if (dst_dir)
+        err = s3_delete_object(fs->s3, dst_key);
+    if (err == 0)
+        err = src_dir ? rename_dir(fs, src_key, dst_file_key)
+                      : rename_file(fs, src, src_key, dst_file_key);
     if (err != 0)
         goto out;
-    if (dst_dir)
-        s3_delete_object(fs->s3, dst_key); /* the empty target's marker */
 
     struct inode_attrs attrs;
     inode_table_lock(fs->inodes);

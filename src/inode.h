@@ -78,6 +78,7 @@ struct inode {
                                    pending upload (writer.h); one
                                    reference, and a pin of the inode */
     unsigned write_handles;     /* (L) handles open for writing */
+    unsigned open_handles;      /* (L) handles open at all */
     bool unlinked;              /* (L) removed: no longer found by key */
     unsigned listing_gen;       /* (L) directories: bumped by every local
                                    change of the listing */

@@ -727,6 +727,27 @@ void writer_file_set_owner(struct writer_file *file, void *owner)
     pthread_mutex_unlock(&file->writer->lock);
 }
 
+/* Take FILE out of the upload queue (lock held); returns whether it was
+ * there (the queue's reference is then the caller's to drop). */
+static bool dequeue_locked(struct writer *writer, struct writer_file *file)
+{
+    struct writer_file **link = &writer->queue_head, *previous = NULL;
+
+    if (!file->queued)
+        return false;
+    while (*link != NULL && *link != file) {
+        previous = *link;
+        link = &(*link)->queue_next;
+    }
+    if (*link == NULL)
+        return false;
+    *link = file->queue_next;
+    if (writer->queue_tail == file)
+        writer->queue_tail = previous;
+    file->queued = false;
+    return true;
+}
+
 void writer_file_unlink(struct writer_file *file)
 {
     struct writer *writer = file->writer;
@@ -734,6 +755,10 @@ void writer_file_unlink(struct writer_file *file)
     pthread_mutex_lock(&writer->lock);
     wait_idle_locked(writer, file);
     file->unlinked = true;
+    /* its staged data goes as soon as nobody reads it: not at the queue's
+     * pace */
+    if (dequeue_locked(writer, file))
+        file->refs--; /* the caller holds one more: never the last */
     bool forget = file->journaled;
     if (forget)
         file->busy = true;

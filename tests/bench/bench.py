@@ -1,20 +1,23 @@
 #!/usr/bin/python3
-"""Read benchmark: s3cachefs against s3fs and rclone mount, with the bucket
-20 ms away, and the two limits of this machine.
+"""Read and write benchmark: s3cachefs against s3fs and rclone mount, with
+the bucket 20 ms away, and the limits of this machine.
 
     /usr/bin/python3 tests/bench/bench.py [--quick] [--server s3rver|swift]
-        [--size-mib 1024] [--small-files 2000] [--runs 3] [--only ROW,...]
-        [--tools s3cachefs,s3fs,rclone] [--s3cachefs-bin PATH]
+        [--size-mib 1024] [--small-files 2000] [--hf-mib 500]
+        [--tar-files 2000] [--runs 3] [--only ROW,...]
+        [--tools s3cachefs,s3cachefs-wb,s3fs,rclone] [--s3cachefs-bin PATH]
         [--s3cachefs-opts OPTS] [--json out.json]
 
 As root, it installs what it lacks (tests/bench/install-deps.sh), starts an
 S3 server on loopback (tests/harness/servers.py), uploads one large random
-file and many 64 KiB files, and puts tests/bench/latency_proxy.py in front
-of the server: every request waits 20 ms there, as if the bucket were
-remote. Each file system mounts the bucket through that proxy; each row
-(see ROWS and tests/bench/README.md) is run --runs times and the median is
-reported, with the requests the proxy saw, the bytes it sent, and the
-daemon's peak RSS and CPU time during the row.
+file and many 64 KiB files for the read rows, and puts
+tests/bench/latency_proxy.py in front of the server: every request waits
+20 ms there, as if the bucket were remote. Each file system mounts the
+bucket through that proxy; each row (see ROWS, WRITE_ROWS and
+tests/bench/README.md) is run --runs times and the median is reported,
+with the requests the proxy saw, the bytes it received and sent, and the
+daemon's peak RSS and CPU time during the row. A write row is timed until
+its data is in the bucket (see Bench.timed_write).
 
 Everything it starts is stopped, everything it mounts is unmounted and its
 temporary directory removed, on success, error, Ctrl-C or SIGTERM.
@@ -23,17 +26,25 @@ import argparse
 import atexit
 import collections
 import concurrent.futures
+import fcntl
+import hashlib
+import io
 import json
 import os
+import random
 import re
 import resource
 import shutil
 import signal
 import statistics
+import struct
 import subprocess
 import sys
+import tarfile
 import tempfile
+import threading
 import time
+import urllib.parse
 from pathlib import Path
 
 import boto3.s3.transfer
@@ -63,10 +74,32 @@ MOUNT_TIMEOUT = 60.0
 UNMOUNT_TIMEOUT = 30.0
 LOG_TAIL_LINES = 20
 S3CACHEFS_CACHE_OPTS = 'cache={cache_dir},cache_size=4G'
-TOOLS = ('s3cachefs', 's3fs', 'rclone')
+# s3cachefs-wb is s3cachefs with -o writeback; it runs the write rows only.
+TOOLS = ('s3cachefs', 's3cachefs-wb', 's3fs', 'rclone')
+READ_TOOLS = ('s3cachefs', 's3fs', 'rclone')
 PEERS = ('s3fs', 'rclone')
-QUICK = {'size_mib': 256, 'small_files': 500, 'runs': 1}
-DEFAULTS = {'size_mib': 1024, 'small_files': 2000, 'runs': 3}
+QUICK = {'size_mib': 256, 'small_files': 500, 'runs': 1, 'hf_mib': 128,
+         'tar_files': 300}
+DEFAULTS = {'size_mib': 1024, 'small_files': 2000, 'runs': 3, 'hf_mib': 500,
+            'tar_files': 2000}
+# Write rows.
+WRITE_PREFIX = 'w'            # each write row writes under w/ROW/TOOL-RUN/
+WRITE_BLOCK = 8 * MiB         # the size of each write() of a large file
+WRITE_SEED = 4                # of the deterministic data written
+SMALL_WRITERS = 8
+BUCKET_POLL = 0.2             # seconds between bucket listings (rclone)
+STATS_POLL = 0.05             # seconds between counter reads (writeback)
+RAW_MPU_PART = 16 * MiB
+RAW_MPU_PARALLEL = 16
+TAR_LARGE_EVERY = 50          # one dataset file in 50 is 1-3 MiB
+TAR_MTIME = 1700000000
+RCLONE_RENAME_WRITE_BACK = '1s'
+RENAMING_ROWS = {'hf_cache'}
+HF_REPO = 'models--bench--model'
+HF_FILENAME = 'model.safetensors'
+HF_ETAG = hashlib.sha256(b'bench blob').hexdigest()
+HF_REVISION = hashlib.sha1(b'bench revision').hexdigest()
+HF_UUID = hashlib.md5(b'bench download').hexdigest()
 PROXY_VARIABLES = ('http_proxy', 'https_proxy', 'all_proxy', 'no_proxy')
 # Where a built s3cachefs is looked for: an in-tree build, then the plain
 # build of tests/run-all.sh.
@@ -88,14 +121,26 @@ ROWS = (
     Row('ls_cold', 'ls -l of small/, cold', 'seconds', None),
     Row('ls_warm', 'ls -l of small/, warm', 'seconds', None),
 )
+WRITE_ROWS = (
+    Row('write_big', 'write large file + fsync', 'seconds', 'raw_mpu'),
+    Row('write_small', f'write 64 KiB files, {SMALL_WRITERS} writers',
+        'seconds', None),
+    Row('untar', 'untar dataset', 'seconds', None),
+    Row('hf_cache', 'Hugging Face cache download', 'seconds', None),
+)
 LIMIT_ROWS = (
     Row('raw_get', f'limit: {RAW_GET_PARALLEL} parallel ranged GETs (curl)',
         'seconds', None),
     Row('bindfs', 'limit: FUSE ceiling (bindfs, local file)', 'seconds',
         None),
+    Row('raw_mpu', f'limit: multipart upload, {RAW_MPU_PARALLEL} parallel '
+        f'parts (curl)', 'seconds', None),
 )
-ROWS_BY_NAME = {row.name: row for row in ROWS + LIMIT_ROWS}
+ALL_ROWS = ROWS + WRITE_ROWS + LIMIT_ROWS
+ROWS_BY_NAME = {row.name: row for row in ALL_ROWS}
+WRITE_ROW_NAMES = tuple(row.name for row in WRITE_ROWS)
 BIG_FILE_ROWS = {'cold', 'reread', 'fio', 'remount'}
+SMALL_FILE_ROWS = {'small_cold', 'small_warm', 'ls_cold', 'ls_warm'}
 
 
 class BenchError(RuntimeError):
@@ -274,6 +319,11 @@ class LatencyProxy:
     def counters(self):
         return self._ask('counters')
 
+    def requests(self):
+        """[method, path, query, status] of every request since the last
+        reset."""
+        return self._ask('requests')['requests']
+
     def stop(self):
         process, self._process = self._process, None
         if process is None:
@@ -351,30 +401,42 @@ class Mount:
 
 class FileSystem:
     """How one file system is mounted: command(mountpoint, cache_dir)
-    returns its argv; env is its environment."""
+    returns its argv; env is its environment. completion says how a write
+    row learns that the data is in the bucket: 'close' (when the writer's
+    last close or fsync returns), 'stats' (s3cachefs's uploads_pending
+    counter drops to 0) or 'poll' (the bucket is listed until it has it)."""
     name = None
+    completion = 'close'
 
     def __init__(self, env):
         self.env = env
 
-    def command(self, mountpoint, cache_dir):
+    def command(self, mountpoint, cache_dir, row=None):
+        """The argv of a mount for ROW (None: a read row)."""
         raise NotImplementedError
 
 
 class S3cachefs(FileSystem):
     name = 's3cachefs'
 
-    def __init__(self, env, binary, endpoint, server, options):
+    def __init__(self, env, binary, endpoint, server, options,
+                 writeback=False):
         super().__init__(dict(env, AWS_ACCESS_KEY_ID=server.access_key,
                               AWS_SECRET_ACCESS_KEY=server.secret_key))
         self.binary = binary
         self.endpoint = endpoint
         self.options = options
+        self.writeback = writeback
+        if writeback:
+            self.name = 's3cachefs-wb'
+            self.completion = 'stats'
 
-    def command(self, mountpoint, cache_dir):
+    def command(self, mountpoint, cache_dir, row=None):
         options = [f'endpoint={self.endpoint}']
         if self.options:
             options.append(self.options.format(cache_dir=cache_dir))
+        if self.writeback:
+            options.append('writeback')
         return [self.binary, '-f', BUCKET, str(mountpoint),
                 '-o', ','.join(options)]
 
@@ -392,7 +454,7 @@ class S3fs(FileSystem):
         self.passwd_file = passwd_file
         self.options = options
 
-    def command(self, mountpoint, cache_dir):
+    def command(self, mountpoint, cache_dir, row=None):
         options = [f'url={self.endpoint}', 'use_path_request_style',
                    f'passwd_file={self.passwd_file}',
                    f'use_cache={cache_dir}']
@@ -403,7 +465,16 @@ class S3fs(FileSystem):
 
 
 class Rclone(FileSystem):
+    """rclone mount with a full VFS cache. It uploads a file
+    --vfs-write-back after its last close (5 s by default): 0s starts the
+    upload at once, and write rows poll the bucket until it is there. But
+    rclone 1.60 loses a file renamed while its upload runs (the upload
+    fails, "corrupted on transfer", and the new name never reaches the
+    bucket), so rows that rename just-closed files get
+    RCLONE_RENAME_WRITE_BACK: the renames happen before any upload starts,
+    as with the default."""
     name = 'rclone'
+    completion = 'poll'
 
     def __init__(self, env, endpoint, server, config_file, flags):
         super().__init__(env)
@@ -416,11 +487,12 @@ class Rclone(FileSystem):
         self.config_file = config_file
         self.flags = flags
 
-    def command(self, mountpoint, cache_dir):
+    def command(self, mountpoint, cache_dir, row=None):
         return ['rclone', 'mount', f'bench:{BUCKET}', str(mountpoint),
                 '--config', str(self.config_file),
                 '--vfs-cache-mode', 'full', '--cache-dir', str(cache_dir),
-                *self.flags]
+                '--vfs-write-back', RCLONE_RENAME_WRITE_BACK
+                if row in RENAMING_ROWS else '0s', *self.flags]
 
 
 class Bindfs(FileSystem):
@@ -431,7 +503,7 @@ class Bindfs(FileSystem):
         super().__init__(env)
         self.source = source
 
-    def command(self, mountpoint, cache_dir):
+    def command(self, mountpoint, cache_dir, row=None):
         return ['bindfs', '-f', str(self.source), str(mountpoint)]
 
 
@@ -494,6 +566,238 @@ def run_fio(path, size):
     return {'iops': read['iops'], 'mib_per_s': read['bw_bytes'] / MiB}
 
 
+# ----------------------------------------------------- write workloads
+
+class Pattern:
+    """Deterministic data: block I is one fixed random block (seeded with
+    SEED) whose first 16 bytes are I and SEED, so every block differs."""
+
+    def __init__(self, seed, block_size):
+        self.seed = seed
+        self.base = random.Random(seed).randbytes(block_size)
+
+    def block(self, index, size=None):
+        size = len(self.base) if size is None else size
+        return (struct.pack('<QQ', index, self.seed) + self.base[16:])[:size]
+
+    def stream(self, total):
+        """The blocks of a TOTAL-byte stream (the last one may be short)."""
+        index = 0
+        while index * len(self.base) < total:
+            yield self.block(index, min(len(self.base),
+                                        total - index * len(self.base)))
+            index += 1
+
+
+def write_all(fd, data):
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def write_file(path, blocks, flags=os.O_TRUNC, do_fsync=False):
+    """Creates PATH (O_WRONLY | O_CREAT | FLAGS, mode 0644), writes BLOCKS
+    one write() each, fsyncs if asked, closes: an error from any of them
+    (close included) is raised."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | flags, 0o644)
+    try:
+        for data in blocks:
+            write_all(fd, data)
+        if do_fsync:
+            os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    os.close(fd)
+
+
+def write_small_files(directory, pattern, count):
+    """COUNT files f00000.bin... of one pattern block each, SMALL_WRITERS
+    at a time; returns {name: size}."""
+    def write_one(index):
+        write_file(directory / small_write_name(index),
+                   [pattern.block(index)])
+    with concurrent.futures.ThreadPoolExecutor(SMALL_WRITERS) as pool:
+        list(pool.map(write_one, range(count)))
+    return {small_write_name(index): len(pattern.base)
+            for index in range(count)}
+
+
+def small_write_name(index):
+    return f'f{index:05d}.bin'
+
+
+def make_dataset(path, files):
+    """A deterministic tar of FILES files in nested directories (part/group/
+    sub/, ten files each), most 2-80 KiB, one in TAR_LARGE_EVERY 1-3 MiB;
+    returns {member path: size} of its files."""
+    rng = random.Random(WRITE_SEED)
+    sizes = {}
+    made_dirs = set()
+
+    def info(name, kind, size=0):
+        member = tarfile.TarInfo(name)
+        member.type = kind
+        member.size = size
+        member.mode = 0o755 if kind == tarfile.DIRTYPE else 0o644
+        member.mtime = TAR_MTIME
+        member.uname = member.gname = 'root'
+        return member
+    with tarfile.open(path, 'w', format=tarfile.GNU_FORMAT) as tar:
+        for index in range(files):
+            leaf = index // 10
+            directory = (f'dataset/part{leaf // 50}/group{leaf // 5 % 10}/'
+                         f'sub{leaf % 5}')
+            parts = directory.split('/')
+            for depth in range(1, len(parts) + 1):
+                name = '/'.join(parts[:depth])
+                if name not in made_dirs:
+                    made_dirs.add(name)
+                    tar.addfile(info(name, tarfile.DIRTYPE))
+            if index % TAR_LARGE_EVERY == TAR_LARGE_EVERY - 1:
+                size = rng.randint(1 * MiB, 3 * MiB)
+            else:
+                size = rng.randint(2 << 10, 80 << 10)
+            name = f'{directory}/item{index:05d}.dat'
+            tar.addfile(info(name, tarfile.REGTYPE, size),
+                        io.BytesIO(rng.randbytes(size)))
+            sizes[name] = size
+    return sizes
+
+
+def untar(archive, directory):
+    """GNU tar -x into DIRECTORY, as a user would (no chown: --no-same-owner;
+    modes and mtimes from the archive)."""
+    done = subprocess.run(['tar', '-x', '--no-same-owner', '-f',
+                           str(archive), '-C', str(directory)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        raise BenchError(f'tar exited with status {done.returncode}: '
+                         f'{done.stderr.strip()[-500:]}')
+
+
+def hf_move(source, target, notes):
+    """shutil.move as huggingface_hub calls it: a rename, or where that
+    fails, a copy through the mount and an unlink (noted)."""
+    try:
+        os.rename(source, target)
+    except OSError as error:
+        notes.append(f'rename {source.name}: {os.strerror(error.errno)}; '
+                     f'copied and unlinked instead, as shutil.move does')
+        shutil.copyfile(source, target)
+        os.unlink(source)
+
+
+def hf_cache_download(root, pattern, size):
+    """What huggingface_hub's hf_hub_download does to put one file of SIZE
+    bytes into a cache at ROOT: take .locks/REPO/ETAG.lock with flock,
+    append the data to blobs/ETAG.UUID.incomplete, then _chmod_and_move
+    (touch, stat and unlink a tmp_UUID file for its mode, chmod the blob to
+    it, a failure only noted, and shutil.move it to blobs/ETAG), make
+    snapshots/REV/FILE a relative symlink to it (where symlinks fail, move
+    the blob there instead, as huggingface_hub does), write refs/main to a
+    temporary name and rename it, unlock. Returns ({key under ROOT: size},
+    notes)."""
+    repo = root / HF_REPO
+    locks = root / '.locks' / HF_REPO
+    snapshot = repo / 'snapshots' / HF_REVISION
+    for directory in (locks, repo / 'blobs', snapshot, repo / 'refs'):
+        directory.mkdir(parents=True, exist_ok=True)
+    notes = []
+    lock_path = locks / f'{HF_ETAG}.lock'
+    lock = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        blob = repo / 'blobs' / HF_ETAG
+        incomplete = repo / 'blobs' / f'{HF_ETAG}.{HF_UUID}.incomplete'
+        write_file(incomplete, pattern.stream(size), flags=os.O_APPEND)
+        probe = repo / f'tmp_{HF_UUID}'
+        try:
+            probe.touch()
+            os.chmod(incomplete, probe.stat().st_mode & 0o7777)
+        except OSError as error:
+            notes.append(f'chmod of the blob: {os.strerror(error.errno)} '
+                         f'(huggingface_hub goes on)')
+        finally:
+            probe.unlink(missing_ok=True)
+        hf_move(incomplete, blob, notes)
+        pointer = snapshot / HF_FILENAME
+        target = os.path.relpath(blob, pointer.parent)
+        expected = {lock_path: 0, blob: size, pointer: len(target)}
+        try:
+            os.symlink(target, pointer)
+        except OSError as error:
+            notes.append(f'symlink: {os.strerror(error.errno)}; the blob was '
+                         f'moved to the snapshot instead, as huggingface_hub '
+                         f'does without symlinks')
+            hf_move(blob, pointer, notes)
+            del expected[blob]
+            expected[pointer] = size
+        temporary = repo / 'refs' / f'main.{HF_UUID}.tmp'
+        write_file(temporary, [HF_REVISION.encode()])
+        os.replace(temporary, repo / 'refs' / 'main')
+        expected[repo / 'refs' / 'main'] = len(HF_REVISION)
+        fcntl.flock(lock, fcntl.LOCK_UN)
+    finally:
+        os.close(lock)
+    return ({str(path.relative_to(root)): size
+             for path, size in expected.items()}, notes)
+
+
+def run_with_watchdog(action, timeout, on_timeout):
+    """ACTION() in a thread; if it is not done within TIMEOUT seconds,
+    on_timeout() (which kills the daemon, so that blocked system calls
+    return) and BenchError."""
+    outcome = {}
+
+    def target():
+        try:
+            outcome['value'] = action()
+        except BaseException as error:  # noqa: BLE001 - handed to the caller
+            outcome['error'] = error
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        on_timeout()
+        thread.join(30)
+        raise BenchError(f'the writes did not finish within {timeout:.0f} s; '
+                         f'the daemon was killed (then the writer got: '
+                         f'{outcome.get("error", "nothing yet")})')
+    if 'error' in outcome:
+        raise outcome['error']
+    return outcome['value']
+
+
+def write_timeout(payload, files):
+    """Seconds a write row may take before it counts as hung."""
+    return 60 + payload / MiB / 4 + files * 1.0
+
+
+def describe_difference(found, expected):
+    """What the bucket listing FOUND lacks or has too much, or ''."""
+    missing = sorted(set(expected) - set(found))
+    extra = sorted(set(found) - set(expected))
+    wrong = sorted(key for key in set(found) & set(expected)
+                   if found[key] != expected[key])
+    parts = []
+    if missing:
+        parts.append(f'{len(missing)} missing (such as {missing[0]})')
+    if wrong:
+        parts.append(f'{len(wrong)} of the wrong size (such as {wrong[0]}: '
+                     f'{found[wrong[0]]} bytes, not {expected[wrong[0]]})')
+    if extra:
+        parts.append(f'{len(extra)} unexpected (such as {extra[0]})')
+    return '; '.join(parts)
+
+
+def read_stats(mountpoint):
+    """s3cachefs's counters (the user.s3cachefs.stats attribute)."""
+    text = os.getxattr(mountpoint, 'user.s3cachefs.stats').decode()
+    return {name: float(value) if '.' in value else int(value)
+            for name, value in (line.split() for line in text.splitlines())}
+
+
 # ------------------------------------------------------------- bench
 
 class Bench:
@@ -520,6 +824,13 @@ class Bench:
         self._cache_dirs = 0
         self.s3cachefs_options = None
         self.versions = {}
+        self.failures = []      # {'row', 'tool', 'run', 'error'}
+        self.s3 = None          # boto3, straight to the server
+        self.write_pattern = Pattern(WRITE_SEED, WRITE_BLOCK)
+        self.small_pattern = Pattern(WRITE_SEED + 1, SMALL_SIZE)
+        self.dataset = None     # the tar of the untar row
+        self.dataset_sizes = {}
+        self.mpu_parts = []     # local part files of the raw_mpu row
 
     # ------------------------------------------------------ set-up
     def setup(self):
@@ -530,7 +841,9 @@ class Bench:
         self.server.start()
         self.cleanup.push(self.server.stop)
         self.server.create_bucket(BUCKET)
+        self.s3 = self.server.client()
         self._upload()
+        self._prepare_writes()
         self.proxy = LatencyProxy(self.server.endpoint, LATENCY)
         self.cleanup.push(self.proxy.stop)
         self.proxy.start()
@@ -546,32 +859,66 @@ class Bench:
             'fio': first_line(['fio', '--version']),
             'curl': first_line(['curl', '--version']),
         }
-        if 's3cachefs' in self.file_systems:
+        if {'s3cachefs', 's3cachefs-wb'} & set(self.file_systems):
             self.versions['s3cachefs'] = first_line(
-                [self.file_systems['s3cachefs'].binary, '--version'])
+                [self.args.s3cachefs_bin, '--version'])
 
     def _upload(self):
         """The large file (also kept locally for bindfs) and the small ones,
-        straight to the server, not through the proxy."""
+        straight to the server, not through the proxy; each only if a row
+        reads it."""
         self.local_dir.mkdir()
+        need_big = self.rows & (BIG_FILE_ROWS | {'raw_get', 'bindfs'})
+        need_small = self.rows & SMALL_FILE_ROWS
+        if not (need_big or need_small):
+            return
         big = self.local_dir / BIG_KEY
-        print(f'bench: uploading {self.args.size_mib} MiB and '
-              f'{self.args.small_files} x {SMALL_SIZE // 1024} KiB',
-              flush=True)
-        with open(big, 'wb') as file:
-            for _ in range(self.args.size_mib):
-                file.write(os.urandom(MiB))
-        s3 = self.server.client()
-        s3.upload_file(str(big), BUCKET, BIG_KEY,
-                       Config=boto3.s3.transfer.TransferConfig(
-                           multipart_threshold=SINGLE_PUT_LIMIT,
-                           multipart_chunksize=64 * MiB, max_concurrency=4))
+        print(f'bench: uploading {self.args.size_mib if need_big else 0} MiB '
+              f'and {self.args.small_files if need_small else 0} x '
+              f'{SMALL_SIZE // 1024} KiB', flush=True)
+        s3 = self.s3
+        if need_big:
+            with open(big, 'wb') as file:
+                for _ in range(self.args.size_mib):
+                    file.write(os.urandom(MiB))
+            s3.upload_file(str(big), BUCKET, BIG_KEY,
+                           Config=boto3.s3.transfer.TransferConfig(
+                               multipart_threshold=SINGLE_PUT_LIMIT,
+                               multipart_chunksize=64 * MiB,
+                               max_concurrency=4))
 
         def put_small(index):
             s3.put_object(Bucket=BUCKET, Key=self.small_key(index),
                           Body=os.urandom(SMALL_SIZE))
-        with concurrent.futures.ThreadPoolExecutor(UPLOAD_THREADS) as pool:
-            list(pool.map(put_small, range(self.args.small_files)))
+        if need_small:
+            with concurrent.futures.ThreadPoolExecutor(UPLOAD_THREADS) as \
+                    pool:
+                list(pool.map(put_small, range(self.args.small_files)))
+
+    def _prepare_writes(self):
+        """The dataset tar for untar and the part files for raw_mpu (the
+        data write_big writes), on local disk, if those rows are wanted."""
+        if 'untar' in self.rows:
+            self.dataset = self.workdir / 'dataset.tar'
+            self.dataset_sizes = make_dataset(self.dataset,
+                                              self.args.tar_files)
+            print(f'bench: dataset of {len(self.dataset_sizes)} files, '
+                  f'{sum(self.dataset_sizes.values()) / MiB:.0f} MiB, '
+                  f'tar {self.dataset.stat().st_size / MiB:.0f} MiB',
+                  flush=True)
+        if 'raw_mpu' in self.rows:
+            parts_dir = self.workdir / 'mpu-parts'
+            parts_dir.mkdir()
+            part = None
+            for data in self.write_pattern.stream(self.size):
+                if part is None or part.tell() + len(data) > RAW_MPU_PART:
+                    if part:
+                        part.close()
+                    path = parts_dir / f'part{len(self.mpu_parts) + 1:05d}'
+                    self.mpu_parts.append(path)
+                    part = open(path, 'wb')
+                part.write(data)
+            part.close()
 
     @staticmethod
     def small_key(index):
@@ -582,7 +929,7 @@ class Bench:
         env = daemon_environment(self.home)
         endpoint = self.proxy.endpoint
         made = {}
-        if 's3cachefs' in args.tools:
+        if 's3cachefs' in args.tools or 's3cachefs-wb' in args.tools:
             binary = args.s3cachefs_bin
             help_text = subprocess.run([binary, '--help'], capture_output=True,
                                        text=True)
@@ -593,8 +940,13 @@ class Bench:
             else:
                 self.s3cachefs_options = S3CACHEFS_CACHE_OPTS if has_cache \
                     else ''
-            made['s3cachefs'] = S3cachefs(env, binary, endpoint, self.server,
-                                          self.s3cachefs_options)
+        if 's3cachefs' in args.tools:
+            made['s3cachefs'] = S3cachefs(env, args.s3cachefs_bin, endpoint,
+                                          self.server, self.s3cachefs_options)
+        if 's3cachefs-wb' in args.tools:
+            made['s3cachefs-wb'] = S3cachefs(
+                env, args.s3cachefs_bin, endpoint, self.server,
+                self.s3cachefs_options or '', writeback=True)
         if 's3fs' in args.tools:
             made['s3fs'] = S3fs(env, endpoint, self.server,
                                 self.workdir / 's3fs.passwd', args.s3fs_opts)
@@ -621,11 +973,11 @@ class Bench:
         path.mkdir(parents=True)
         return path
 
-    def mount(self, file_system, cache_dir):
+    def mount(self, file_system, cache_dir, row=None):
         mountpoint = self.workdir / 'mnt' / file_system.name
         log = self.workdir / f'{file_system.name}.log'
         return Mount(file_system.name,
-                     file_system.command(mountpoint, cache_dir),
+                     file_system.command(mountpoint, cache_dir, row),
                      file_system.env, mountpoint, log, self.cleanup).start()
 
     # --------------------------------------------------- measuring
@@ -633,7 +985,9 @@ class Bench:
         """Runs ACTION as row ROW of TOOL and records a sample: wall
         seconds, the dict ACTION may return, the proxy's counters and,
         with PID, the daemon's peak RSS and CPU time over the row. PAYLOAD
-        is the bytes the row reads, for a MiB/s figure."""
+        is the bytes the row reads, for a MiB/s figure. ACTION's dict may
+        set 'seconds' (the row's own timing), 'mib_written' (the payload of
+        a write row) and 'notes' (a list of remarks)."""
         self.proxy.reset()
         stats = DaemonStats(pid) if pid is not None else None
         if stats:
@@ -641,24 +995,41 @@ class Bench:
         children_cpu = children_cpu_seconds()
         started = time.monotonic()
         result = action() or {}
-        seconds = time.monotonic() - started
         sample = {'row': row, 'tool': tool, 'run': self.run_index + 1,
-                  'seconds': seconds, **result}
-        if payload:
-            sample['mib_per_s'] = payload / MiB / seconds
+                  'seconds': time.monotonic() - started, **result}
+        seconds = sample['seconds']
+        payload_mib = sample.get('mib_written') or \
+            (payload / MiB if payload else None)
+        if payload_mib:
+            sample['mib_per_s'] = payload_mib / seconds
         if stats:
             sample.update(stats.end())
-        elif row == 'raw_get':  # curl's CPU time
+        elif row in ('raw_get', 'raw_mpu'):  # curl's CPU time
             sample['cpu_seconds'] = children_cpu_seconds() - children_cpu
         counters = self.proxy.counters()
         sample['requests'] = counters['counts']
         sample['mib_fetched'] = counters['bytes'] / MiB
+        sample['mib_sent'] = counters.get('bytes_sent', 0) / MiB
         self.samples.append(sample)
+        if self.args.request_log:
+            with open(self.args.request_log, 'a') as log:
+                log.write(f'# run {self.run_index + 1} {tool} {row}\n')
+                for method, path, query, status in self.proxy.requests():
+                    log.write(f'{method} {path}{"?" if query else ""}'
+                              f'{query} {status}\n')
         if self.run_index == 0 and 0 < self.args.long_row < seconds:
             self.long_rows.add((row, tool))
-        print(f'  run {self.run_index + 1}: {tool:9} {row:10} '
+        extra = ''
+        if row in WRITE_ROW_NAMES or row == 'raw_mpu':
+            extra = f' sent {sample["mib_sent"]:.1f} MiB'
+            if 'wait_seconds' in sample:
+                extra += (f', {sample["wait_seconds"]:.2f} s of it waiting '
+                          f'for the bucket')
+        print(f'  run {self.run_index + 1}: {tool:12} {row:11} '
               f'{format_result(ROWS_BY_NAME[row], sample):28} '
-              f'{format_requests(sample["requests"])}', flush=True)
+              f'{format_requests(sample["requests"])}{extra}', flush=True)
+        for note in sample.get('notes', ()):
+            print(f'    note: {note}', flush=True)
 
     def wanted(self, row, tool):
         """Whether ROW of TOOL is to be measured in this run: it was asked
@@ -685,9 +1056,12 @@ class Bench:
             shift = self.run_index % len(tools) if tools else 0
             for name in tools[shift:] + tools[:shift]:
                 file_system = self.file_systems[name]
-                self.big_file_rows(file_system)
-                self.small_file_rows(file_system)
-                self.listing_rows(file_system)
+                if name in READ_TOOLS:
+                    self.big_file_rows(file_system)
+                    self.small_file_rows(file_system)
+                    self.listing_rows(file_system)
+                for row in WRITE_ROW_NAMES:
+                    self.write_row(row, file_system)
 
     def limit_rows(self):
         if self.wanted('raw_get', 'curl'):
@@ -702,6 +1076,97 @@ class Bench:
                     mount.path / BIG_KEY, self.size), mount.pid, self.size)
             finally:
                 mount.stop()
+        if self.wanted('raw_mpu', 'curl'):
+            prefix = self.write_prefix('raw_mpu', 'curl')
+            try:
+                self.measure('raw_mpu', 'curl', lambda:
+                             self.raw_multipart_upload(f'{prefix}/big.bin'))
+            except BenchError as error:
+                self.fail('raw_mpu', 'curl', error)
+            finally:
+                self.delete_prefix(prefix)
+
+    def curl_s3(self):
+        """The curl options of a signed S3 request through the proxy."""
+        return ['curl', '--silent', '--show-error', '--noproxy', '*',
+                '--netrc-file', str(self.netrc),
+                '--aws-sigv4', f'aws:amz:{self.server.region}:s3',
+                '-H', 'x-amz-content-sha256: UNSIGNED-PAYLOAD']
+
+    def raw_multipart_upload(self, key):
+        """The data of write_big as a multipart upload through the proxy,
+        with curl: CreateMultipartUpload, then parts of RAW_MPU_PART bytes
+        from local files (in the page cache), RAW_MPU_PARALLEL at a time by
+        one curl process (--parallel), then CompleteMultipartUpload. Query
+        strings are written sorted and with '=' (this curl signs them as
+        they are)."""
+        url = f'{self.proxy.endpoint}/{BUCKET}/{urllib.parse.quote(key)}'
+        started = time.monotonic()
+        done = subprocess.run([*self.curl_s3(), '-X', 'POST',
+                               f'{url}?uploads='],
+                              capture_output=True, text=True)
+        match = re.search(r'<UploadId>([^<]+)</UploadId>', done.stdout)
+        if done.returncode != 0 or not match:
+            raise BenchError(f'CreateMultipartUpload failed '
+                             f'({done.returncode}): {done.stdout[-300:]} '
+                             f'{done.stderr.strip()[-300:]}')
+        upload_id = urllib.parse.quote(match.group(1), safe='-_.~')
+        blocks = []
+        for number, path in enumerate(self.mpu_parts, 1):
+            blocks.append(''.join(
+                f'{name} = {curl_config_value(value)}\n' for name, value in (
+                    ('url', f'{url}?partNumber={number}&uploadId={upload_id}'),
+                    ('upload-file', str(path)), ('output', '/dev/null'),
+                    ('noproxy', '*'), ('netrc-file', str(self.netrc)),
+                    ('aws-sigv4', f'aws:amz:{self.server.region}:s3'),
+                    ('header', 'x-amz-content-sha256: UNSIGNED-PAYLOAD'),
+                    ('header', 'Expect:'),
+                    ('write-out',
+                     f'{number} %{{http_code}} %header{{etag}}\\n'))))
+        config = self.workdir / 'curl-parts.conf'
+        config.write_text('next\n'.join(blocks))
+        created = time.monotonic()
+        done = subprocess.run(
+            ['curl', '--silent', '--show-error', '--parallel',
+             '--parallel-max', str(RAW_MPU_PARALLEL), '--config', str(config)],
+            capture_output=True, text=True)
+        etags = {}
+        for line in done.stdout.splitlines():
+            number, status, *etag = line.split(maxsplit=2)
+            if status == '200' and etag:
+                etags[int(number)] = etag[0].strip()
+        if done.returncode != 0 or len(etags) != len(self.mpu_parts):
+            raise BenchError(f'UploadPart: {len(etags)} of '
+                             f'{len(self.mpu_parts)} parts uploaded '
+                             f'(status {done.returncode}): '
+                             f'{done.stdout[-300:]} '
+                             f'{done.stderr.strip()[-300:]}')
+        uploaded = time.monotonic()
+        body = self.workdir / 'complete.xml'
+        body.write_text('<CompleteMultipartUpload>' + ''.join(
+            f'<Part><PartNumber>{number}</PartNumber><ETag>{etag}</ETag>'
+            f'</Part>' for number, etag in sorted(etags.items()))
+            + '</CompleteMultipartUpload>')
+        done = subprocess.run(
+            [*self.curl_s3(), '-X', 'POST', '-H',
+             'Content-Type: application/xml', '--data-binary', f'@{body}',
+             '--write-out', '\n%{http_code}', f'{url}?uploadId={upload_id}'],
+            capture_output=True, text=True)
+        if (done.returncode != 0 or not done.stdout.endswith('\n200')
+                or '<Error>' in done.stdout):
+            raise BenchError(f'CompleteMultipartUpload failed '
+                             f'({done.returncode}): {done.stdout[-300:]} '
+                             f'{done.stderr.strip()[-300:]}')
+        completed = time.monotonic()
+        size = self.s3.head_object(Bucket=BUCKET, Key=key)['ContentLength']
+        if size != self.size:
+            raise BenchError(f'the multipart upload made {size} bytes, not '
+                             f'{self.size}')
+        return {'seconds': completed - started,
+                'mib_written': self.size / MiB,
+                'notes': [f'create {created - started:.2f} s, parts '
+                          f'{uploaded - created:.2f} s, complete '
+                          f'{completed - uploaded:.2f} s']}
 
     def raw_parallel_get(self):
         """The large object in RAW_GET_RANGE ranges, RAW_GET_PARALLEL at a
@@ -808,10 +1273,198 @@ class Bench:
             shutil.rmtree(cache_dir)
 
 
+    # ----------------------------------------------------- write rows
+    def write_prefix(self, row, tool):
+        return f'{WRITE_PREFIX}/{row}/{tool}-{self.run_index + 1}'
+
+    def fail(self, row, tool, error):
+        """Records that ROW of TOOL failed in this run, and goes on."""
+        message = str(error) or type(error).__name__
+        if isinstance(error, OSError) and error.filename:
+            message = (f'{error.strerror or error} (errno '
+                       f'{error.errno}): {error.filename}')
+            if error.filename2:
+                message += f' -> {error.filename2}'
+        self.failures.append({'row': row, 'tool': tool,
+                              'run': self.run_index + 1, 'error': message})
+        print(f'  run {self.run_index + 1}: {tool:12} {row:11} FAILED: '
+              f'{message}', flush=True)
+
+    def bucket_files(self, prefix):
+        """{key below PREFIX/: size} of the objects under PREFIX, directory
+        markers (keys ending in /) left out; straight to the server."""
+        found = {}
+        pages = self.s3.get_paginator('list_objects_v2').paginate(
+            Bucket=BUCKET, Prefix=prefix + '/')
+        for page in pages:
+            for item in page.get('Contents', []):
+                if not item['Key'].endswith('/'):
+                    found[item['Key'][len(prefix) + 1:]] = item['Size']
+        return found
+
+    def delete_prefix(self, prefix):
+        """Deletes every object under PREFIX/ (so that the bucket does not
+        grow from row to row: s3rver lists in time linear in its size)."""
+        try:
+            pages = self.s3.get_paginator('list_objects_v2').paginate(
+                Bucket=BUCKET, Prefix=prefix + '/')
+            for page in pages:
+                keys = [{'Key': item['Key']}
+                        for item in page.get('Contents', [])]
+                if keys:
+                    self.s3.delete_objects(Bucket=BUCKET, Delete={
+                        'Objects': keys, 'Quiet': True})
+        except Exception as error:  # noqa: BLE001 - a leftover, not fatal
+            print(f'bench: could not delete {prefix}/: {error}',
+                  file=sys.stderr)
+
+    def write_workload(self, row, directory):
+        """(workload, payload bytes, files) of ROW writing into DIRECTORY;
+        workload() returns ({key below DIRECTORY: size}, notes)."""
+        if row == 'write_big':
+            def workload():
+                write_file(directory / 'big.bin',
+                           self.write_pattern.stream(self.size),
+                           do_fsync=True)
+                return {'big.bin': self.size}, []
+            return workload, self.size, 1
+        if row == 'write_small':
+            count = self.args.small_files
+            return (lambda: (write_small_files(directory, self.small_pattern,
+                                               count), []),
+                    count * SMALL_SIZE, count)
+        if row == 'untar':
+            def workload():
+                untar(self.dataset, directory)
+                return dict(self.dataset_sizes), []
+            return (workload, sum(self.dataset_sizes.values()),
+                    len(self.dataset_sizes))
+        if row == 'hf_cache':
+            size = self.args.hf_mib * MiB
+            return (lambda: hf_cache_download(directory, self.write_pattern,
+                                              size), size, 4)
+        raise ValueError(row)
+
+    def write_row(self, row, file_system):
+        """One write row of one file system: a fresh mount on an empty
+        cache directory, ROW's writes under a prefix of their own (made
+        before the timing starts), timed until the data is in the bucket;
+        then unmount and delete the prefix. A failure is recorded and the
+        benchmark goes on."""
+        name = file_system.name
+        if not self.wanted(row, name):
+            return
+        prefix = self.write_prefix(row, name)
+        cache_dir = self.new_cache_dir(name)
+        mount = None
+        try:
+            mount = self.mount(file_system, cache_dir, row)
+            directory = mount.path / prefix
+            directory.mkdir(parents=True)
+            workload, payload, files = self.write_workload(row, directory)
+            drop_caches()
+            self.measure(row, name, lambda: self.timed_write(
+                file_system, mount, prefix, workload,
+                write_timeout(payload, files)), mount.pid)
+        except (BenchError, OSError, subprocess.SubprocessError) as error:
+            self.fail(row, name, error)
+        finally:
+            if mount is not None:
+                mount.stop()
+            shutil.rmtree(cache_dir, ignore_errors=True)
+            self.delete_prefix(prefix)
+
+    def timed_write(self, file_system, mount, prefix, workload, timeout):
+        """Runs WORKLOAD and waits until what it wrote is in the bucket:
+        - 'close' file systems (s3cachefs, s3fs): done when the workload's
+          last close returns; the bucket is listed once after that, and if
+          it lacks anything, that is noted and the listing repeated every
+          BUCKET_POLL seconds until it has everything;
+        - 'stats' (s3cachefs -o writeback): done when uploads_pending is 0
+          (read every STATS_POLL seconds); then one listing must agree;
+        - 'poll' (rclone): the bucket is listed every BUCKET_POLL seconds;
+          done when a listing returns with every object at its size and
+          nothing else (temporary names gone).
+        Listings go straight to the server, not through the proxy."""
+        started = time.monotonic()
+        stats_before = self.try_stats(mount)
+        expected, notes = run_with_watchdog(workload, timeout,
+                                            mount.process.kill)
+        written = time.monotonic()
+        deadline = written + timeout
+        done = written
+        if file_system.completion == 'stats':
+            while True:
+                stats = read_stats(mount.path)
+                if 'uploads_pending' not in stats:
+                    raise BenchError('no uploads_pending in '
+                                     'user.s3cachefs.stats')
+                failures = stats.get('upload_failures', 0) - \
+                    (stats_before or {}).get('upload_failures', 0)
+                if failures:
+                    raise BenchError(f'upload_failures went up by {failures}')
+                if stats['uploads_pending'] == 0:
+                    break
+                if time.monotonic() > deadline:
+                    raise BenchError(f'uploads_pending still '
+                                     f'{stats["uploads_pending"]} after '
+                                     f'{deadline - written:.0f} s')
+                time.sleep(STATS_POLL)
+            done = time.monotonic()
+            difference = describe_difference(self.bucket_files(prefix),
+                                             expected)
+            if difference:
+                raise BenchError(f'uploads_pending is 0 but the bucket has '
+                                 f'{difference}')
+        else:
+            late = False
+            while True:
+                difference = describe_difference(self.bucket_files(prefix),
+                                                 expected)
+                if not difference:
+                    break
+                if not late and file_system.completion == 'close':
+                    notes.append(f'not all in the bucket when close '
+                                 f'returned: {difference}')
+                late = True
+                if time.monotonic() > deadline:
+                    raise BenchError(f'after {deadline - written:.0f} s the '
+                                     f'bucket still has {difference}')
+                time.sleep(BUCKET_POLL)
+            if file_system.completion == 'poll' or late:
+                done = time.monotonic()
+        result = {'seconds': done - started, 'wait_seconds': done - written,
+                  'mib_written': sum(expected.values()) / MiB,
+                  'notes': notes}
+        stats_after = self.try_stats(mount)
+        if stats_before and stats_after:
+            result['s3cachefs_counters'] = {
+                name: stats_after[name] - stats_before.get(name, 0)
+                for name in ('bytes_written', 'bytes_to_bucket',
+                             'uploads_completed', 'upload_failures')
+                if name in stats_after}
+        return result
+
+    @staticmethod
+    def try_stats(mount):
+        """s3cachefs's counters, or None (another file system)."""
+        if not mount.tool.startswith('s3cachefs'):
+            return None
+        try:
+            return read_stats(mount.path)
+        except OSError:
+            return None
+
+
 # ------------------------------------------------------------ report
 
-MEDIAN_FIELDS = ('seconds', 'iops', 'mib_per_s', 'mib_fetched',
-                 'peak_rss_mib', 'cpu_seconds')
+MEDIAN_FIELDS = ('seconds', 'iops', 'mib_per_s', 'mib_fetched', 'mib_sent',
+                 'mib_written', 'wait_seconds', 'peak_rss_mib', 'cpu_seconds')
+# Targets of the write path (issue 4).
+TARGET_BIG_VS_LIMIT = 1.3     # write_big: at most 1.3x the raw multipart time
+TARGET_SMALL_VS_S3FS = 2.0    # write_small, default mode: 2x s3fs's speed
+TARGET_SMALL_WB_VS_RCLONE = 1.0  # write_small, writeback: rclone's speed
+TARGET_SENT_SLACK = 1.01      # sent / written, for request bodies like XML
 
 
 def medians(samples):
@@ -861,7 +1514,7 @@ def add_ratios(table):
 
 
 def limit_tool(limit_row):
-    return 'curl' if limit_row == 'raw_get' else 'bindfs'
+    return 'bindfs' if limit_row == 'bindfs' else 'curl'
 
 
 def format_result(row, sample):
@@ -874,17 +1527,26 @@ def format_result(row, sample):
     return text
 
 
+# The subsets of a kind that latency_proxy.py counts, shown in brackets.
+REQUEST_SUBSETS = {'GET': (('GET_RANGE', 'ranged'),),
+                   'PUT': (('PUT_PART', 'part'), ('COPY', 'copy')),
+                   'POST': (('MPU', 'mpu'),)}
+
+
 def format_requests(counts):
-    """'GET 256 (256 ranged) HEAD 1 LIST 2': requests by kind."""
+    """'GET 256 (256 ranged) HEAD 1 LIST 2 PUT 64 (63 part)': requests by
+    kind, with subsets in brackets (mpu: multipart uploads created)."""
     parts = []
     for kind in ('GET', 'HEAD', 'LIST', 'PUT', 'POST', 'DELETE', 'OTHER'):
         count = counts.get(kind, 0)
         if not count:
             continue
         text = f'{kind} {count:g}'
-        ranged = counts.get('GET_RANGE', 0) if kind == 'GET' else 0
-        if ranged:
-            text += f' ({ranged:g} ranged)'
+        subsets = [f'{counts[subset]:g} {label}'
+                   for subset, label in REQUEST_SUBSETS.get(kind, ())
+                   if counts.get(subset)]
+        if subsets:
+            text += f' ({", ".join(subsets)})'
         parts.append(text)
     return ' '.join(parts) or '-'
 
@@ -893,39 +1555,49 @@ def format_number(value, spec):
     return '-' if value is None else format(value, spec)
 
 
-def format_table(header, lines):
+def format_table(header, lines, left=(0, 1, 6)):
     widths = [max(len(str(cell)) for cell in column)
               for column in zip(header, *lines)]
     rendered = []
     for line in (header, *lines):
         rendered.append('  '.join(
-            str(cell).ljust(width) if index in (0, 1, 6)
+            str(cell).ljust(width) if index in left
             else str(cell).rjust(width)
             for index, (cell, width) in enumerate(zip(line, widths))).rstrip())
     rendered.insert(1, '-' * len(rendered[0]))
     return '\n'.join(rendered)
 
 
-def report(table, tool_order):
+def report(table, tool_order, failures=(), samples=()):
     header = ('row', 'tool', 'runs', 'median', 'vs peer', 'vs limit',
-              'requests', 'MiB fetched', 'RSS MiB', 'CPU s')
+              'requests', 'MiB fetched', 'MiB sent', 'RSS MiB', 'CPU s')
+    failed = collections.Counter((f['row'], f['tool']) for f in failures)
     lines = []
-    for row in ROWS + LIMIT_ROWS:
+    for row in ROWS + WRITE_ROWS + LIMIT_ROWS:
         for tool in (*tool_order, 'curl', 'bindfs'):
             median = table.get((row.name, tool))
+            failed_runs = failed.get((row.name, tool), 0)
+            if median is None and failed_runs:
+                lines.append((row.title, tool, f'0 ({failed_runs} failed)',
+                              'FAILED', *['-'] * 7))
             if median is None:
                 continue
+            runs = str(median['runs'])
+            if failed_runs:
+                runs += f' ({failed_runs} failed)'
             lines.append((
-                row.title, tool, median['runs'], format_result(row, median),
+                row.title, tool, runs, format_result(row, median),
                 format_number(median.get('vs_peer'), '.2f'),
                 format_number(median.get('vs_limit'), '.2f'),
                 format_requests(median['requests']),
                 format_number(median.get('mib_fetched'), '.1f'),
+                format_number(median.get('mib_sent'), '.1f'),
                 format_number(median.get('peak_rss_mib'), '.0f'),
                 format_number(median.get('cpu_seconds'), '.2f')))
     print(format_table(header, lines))
     print('vs peer: speed against the best of s3fs and rclone in the row; '
-          'vs limit: speed against the limit row (above 1 is faster)')
+          'vs limit: speed against the limit row (above 1 is faster); '
+          'write rows are timed until the data is in the bucket')
 
     print('\nlimits:')
     for row in LIMIT_ROWS:
@@ -935,7 +1607,8 @@ def report(table, tool_order):
                   f'{format_result(row, median)}')
     checks = (('cold', 'cold read vs raw GET limit'),
               ('reread', 're-read vs FUSE ceiling'),
-              ('remount', 'remount re-read vs FUSE ceiling'))
+              ('remount', 'remount re-read vs FUSE ceiling'),
+              ('write_big', 'large write + fsync vs raw multipart'))
     for tool in tool_order:
         ratios = [f'{label} {table[row, tool]["vs_limit"]:.2f}'
                   for row, label in checks
@@ -943,29 +1616,109 @@ def report(table, tool_order):
                   and table[row, tool]['vs_limit'] is not None]
         if ratios:
             print(f'  {tool}: ' + '; '.join(ratios))
+    report_targets(table, tool_order)
+    noted = [sample for sample in samples if sample.get('notes')]
+    if noted:
+        print('\nnotes:')
+        for sample in noted:
+            for note in sample['notes']:
+                print(f'  run {sample["run"]}: {sample["tool"]} '
+                      f'{sample["row"]}: {note}')
+    if failures:
+        print('\nfailures:')
+        for failure in failures:
+            print(f'  run {failure["run"]}: {failure["tool"]} '
+                  f'{failure["row"]}: {failure["error"]}')
+
+
+def verdict(met):
+    return 'met' if met else 'MISSED'
+
+
+def report_targets(table, tool_order):
+    """The write path's targets (issue 4) next to the figures."""
+    if not any(row in WRITE_ROW_NAMES for row, _ in table):
+        return
+    print('\nwrite targets (issue 4):')
+    limit = table.get(('raw_mpu', 'curl'))
+    print(f'  large file + fsync within {TARGET_BIG_VS_LIMIT:.1f}x the time '
+          f'of the raw multipart upload'
+          + (f' ({limit["seconds"]:.2f} s):' if limit else
+             ' (limit not measured):'))
+    for tool in ('s3cachefs', 's3cachefs-wb'):
+        median = table.get(('write_big', tool))
+        if tool not in tool_order:
+            continue
+        if median is None or limit is None:
+            print(f'    {tool}: not measured')
+            continue
+        times = median['seconds'] / limit['seconds']
+        print(f'    {tool}: {median["seconds"]:.2f} s = {times:.2f}x: '
+              f'{verdict(times <= TARGET_BIG_VS_LIMIT)}')
+    print('  64 KiB files:')
+    for tool, peer, target, mode in (
+            ('s3cachefs', 's3fs', TARGET_SMALL_VS_S3FS, 'default mode'),
+            ('s3cachefs-wb', 'rclone', TARGET_SMALL_WB_VS_RCLONE,
+             '-o writeback')):
+        if tool not in tool_order:
+            continue
+        mine = table.get(('write_small', tool))
+        theirs = table.get(('write_small', peer))
+        text = f'    {mode}, at least {target:.0f}x the speed of {peer}: '
+        if mine is None or theirs is None:
+            print(text + 'not measured')
+            continue
+        speed = theirs['seconds'] / mine['seconds']
+        print(text + f'{tool} {mine["seconds"]:.2f} s vs '
+              f'{theirs["seconds"]:.2f} s = {speed:.2f}x: '
+              f'{verdict(speed >= target)}')
+    print(f'  data sent = data written (MiB sent / MiB written, at most '
+          f'{TARGET_SENT_SLACK:.2f}):')
+    for tool in ('s3cachefs', 's3cachefs-wb'):
+        if tool not in tool_order:
+            continue
+        ratios = []
+        for row in WRITE_ROW_NAMES:
+            median = table.get((row, tool))
+            if median and median.get('mib_written'):
+                ratios.append((row, median['mib_sent']
+                               / median['mib_written']))
+        if not ratios:
+            print(f'    {tool}: not measured')
+            continue
+        print(f'    {tool}: ' + ', '.join(f'{row} {ratio:.3f}'
+                                          for row, ratio in ratios)
+              + f': {verdict(all(r <= TARGET_SENT_SLACK for _, r in ratios))}')
 
 
 # -------------------------------------------------------------- main
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
-        description='Read benchmark of s3cachefs against s3fs and rclone '
-                    'through a proxy adding 20 ms to every request; see '
-                    'tests/bench/README.md.')
+        description='Read and write benchmark of s3cachefs against s3fs '
+                    'and rclone through a proxy adding 20 ms to every '
+                    'request; see tests/bench/README.md.')
     parser.add_argument('--server', choices=sorted(servers.SERVER_KINDS),
                         default='s3rver')
     parser.add_argument('--size-mib', type=int, metavar='MIB',
-                        help='size of the large file (default 1024; '
-                             '--quick: 256)')
+                        help='size of the large file, read and written '
+                             '(default 1024; --quick: 256)')
     parser.add_argument('--small-files', type=int, metavar='N',
-                        help='number of 64 KiB files (default 2000; '
-                             '--quick: 500)')
+                        help='number of 64 KiB files, read and written '
+                             '(default 2000; --quick: 500)')
+    parser.add_argument('--hf-mib', type=int, metavar='MIB',
+                        help='size of the Hugging Face blob (default 500; '
+                             '--quick: 128)')
+    parser.add_argument('--tar-files', type=int, metavar='N',
+                        help='files in the untar dataset (default 2000, '
+                             'some 160 MiB; --quick: 300)')
     parser.add_argument('--runs', type=int, metavar='N',
                         help='runs of each row; the median is reported '
                              '(default 3; --quick: 1)')
     parser.add_argument('--quick', action='store_true',
-                        help='a smoke run: 256 MiB, 500 small files, 1 run')
-    row_names = [row.name for row in ROWS + LIMIT_ROWS]
+                        help='a smoke run: 256 MiB, 500 small files, a '
+                             '128 MiB blob, 300 files in the dataset, 1 run')
+    row_names = [row.name for row in ALL_ROWS]
     parser.add_argument('--only', default=','.join(row_names),
                         metavar='ROW,...',
                         help=f'rows to measure, from {",".join(row_names)}')
@@ -994,6 +1747,10 @@ def parse_args(argv=None):
                              'every row)')
     parser.add_argument('--no-install', action='store_true',
                         help='do not run tests/bench/install-deps.sh')
+    parser.add_argument('--request-log', type=Path, metavar='FILE',
+                        help='append every request the proxy saw during '
+                             'each row to this file (method, path, query, '
+                             'status)')
     parser.add_argument('--json', type=Path, metavar='FILE',
                         help='write the configuration, every sample and '
                              'the medians to this file')
@@ -1001,8 +1758,10 @@ def parse_args(argv=None):
     for name, default in DEFAULTS.items():
         if getattr(args, name) is None:
             setattr(args, name, QUICK[name] if args.quick else default)
-    if args.size_mib < 1 or args.small_files < 1 or args.runs < 1:
-        parser.error('--size-mib, --small-files and --runs must be positive')
+    if min(args.size_mib, args.small_files, args.runs, args.hf_mib,
+           args.tar_files) < 1:
+        parser.error('--size-mib, --small-files, --hf-mib, --tar-files and '
+                     '--runs must be positive')
     args.only = args.only.split(',')
     args.tools = args.tools.split(',')
     unknown = [n for n in args.only if n not in row_names] + \
@@ -1012,8 +1771,8 @@ def parse_args(argv=None):
     if args.s3cachefs_bin is None:
         built = [path for path in DEFAULT_BINARIES if os.access(path, os.X_OK)]
         args.s3cachefs_bin = str(built[0] if built else DEFAULT_BINARIES[0])
-    if 's3cachefs' in args.tools and not os.access(args.s3cachefs_bin,
-                                                   os.X_OK):
+    if ({'s3cachefs', 's3cachefs-wb'} & set(args.tools)
+            and not os.access(args.s3cachefs_bin, os.X_OK)):
         parser.error(f'{args.s3cachefs_bin} is not an executable: build '
                      f's3cachefs or pass --s3cachefs-bin')
     args.s3cachefs_bin = str(Path(args.s3cachefs_bin).resolve())
@@ -1032,6 +1791,13 @@ def write_json(path, args, bench, table):
             'raw_get': {'parallel': RAW_GET_PARALLEL,
                         'range_mib': RAW_GET_RANGE // MiB},
             'fio': {'runtime_seconds': FIO_RUNTIME, 'jobs': FIO_JOBS},
+            'writes': {'block_mib': WRITE_BLOCK // MiB,
+                       'small_writers': SMALL_WRITERS,
+                       'hf_mib': args.hf_mib, 'tar_files': args.tar_files,
+                       'bucket_poll_seconds': BUCKET_POLL,
+                       'stats_poll_seconds': STATS_POLL},
+            'raw_mpu': {'parallel': RAW_MPU_PARALLEL,
+                        'part_mib': RAW_MPU_PART // MiB},
             's3cachefs_bin': args.s3cachefs_bin,
             's3cachefs_options': bench.s3cachefs_options,
             's3fs_options': args.s3fs_opts,
@@ -1039,6 +1805,7 @@ def write_json(path, args, bench, table):
         },
         'versions': bench.versions,
         'samples': bench.samples,
+        'failures': bench.failures,
         'medians': list(table.values()),
     }
     path.write_text(json.dumps(document, indent=2) + '\n')
@@ -1060,7 +1827,8 @@ def main(argv=None):
         bench = Bench(args, cleanup)
         bench.setup()
         print(f'bench: {args.server}, {args.size_mib} MiB file, '
-              f'{args.small_files} x 64 KiB, {args.runs} run(s), '
+              f'{args.small_files} x 64 KiB, {args.hf_mib} MiB blob, '
+              f'{args.tar_files} files to untar, {args.runs} run(s), '
               f'{LATENCY * 1000:.0f} ms per request; s3cachefs options: '
               f'{bench.s3cachefs_options or "(none)"}', flush=True)
         for tool, version in bench.versions.items():
@@ -1069,7 +1837,8 @@ def main(argv=None):
         table = medians(bench.samples)
         add_ratios(table)
         print()
-        report(table, [t for t in TOOLS if t in args.tools])
+        report(table, [t for t in TOOLS if t in args.tools], bench.failures,
+               bench.samples)
         if args.json:
             write_json(args.json, args, bench, table)
             print(f'\nbench: wrote {args.json}')

@@ -12,18 +12,27 @@ prints one JSON line {"endpoint": "http://127.0.0.1:PORT"} once it listens,
 then answers commands read from standard input, one per line, with one JSON
 line each:
     reset     zeroes the counters; answers {}
-    counters  answers {"counts": {KIND: N, ...}, "bytes": BYTES}, the
-              requests by kind and the response body bytes sent to
-              clients since the last reset
+    counters  answers {"counts": {KIND: N, ...}, "bytes": BYTES,
+              "bytes_sent": BYTES}: the requests by kind, the response
+              body bytes sent to clients and the request body bytes
+              clients sent (as they came, chunked framing included), since
+              the last reset
+    requests  answers {"requests": [[METHOD, PATH, QUERY, STATUS], ...]}:
+              every request since the last reset, in order
 The kinds are s3proxy.py's, with one change: a ListObjects version 1
 request (a GET on the bucket with listing parameters only, as s3fs and
-rclone send them) counts as LIST, not OTHER.
+rclone send them) counts as LIST, not OTHER. Three more count subsets of
+PUT and POST:
+    PUT_PART  UploadPart with a body (a PUT with partNumber, no copy source)
+    COPY      a PUT with x-amz-copy-source (CopyObject or UploadPartCopy)
+    MPU       CreateMultipartUpload (a POST with ?uploads)
 It stops when its standard input closes, so it never outlives its parent.
 """
 import argparse
 import collections
 import json
 import sys
+import threading
 import urllib.parse
 from pathlib import Path
 
@@ -32,6 +41,53 @@ import s3proxy  # noqa: E402
 
 LIST_V1_PARAMETERS = {'prefix', 'delimiter', 'marker', 'max-keys',
                       'encoding-type'}
+
+
+class UploadCounter:
+    """What clients sent: request body bytes and the write kinds that
+    s3proxy does not tell apart (they need the headers)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.reset()
+
+    def reset(self):
+        with self._lock:
+            self.bytes_sent = 0
+            self.counts = collections.Counter()
+
+    def note(self, method, target, headers, body_bytes):
+        query = urllib.parse.urlsplit(target).query
+        parameters = urllib.parse.parse_qs(query, keep_blank_values=True)
+        kinds = []
+        if method == 'PUT' and headers.get('x-amz-copy-source') is not None:
+            kinds.append('COPY')
+        elif method == 'PUT' and 'partNumber' in parameters:
+            kinds.append('PUT_PART')
+        elif method == 'POST' and 'uploads' in parameters:
+            kinds.append('MPU')
+        with self._lock:
+            self.bytes_sent += body_bytes
+            for kind in kinds:
+                self.counts[kind] += 1
+
+    def snapshot(self):
+        with self._lock:
+            return self.bytes_sent, dict(self.counts)
+
+
+UPLOADS = UploadCounter()
+_read_body = s3proxy._Handler._read_body
+
+
+def _counting_read_body(handler):
+    """s3proxy's _read_body, noting what the client sent."""
+    body = _read_body(handler)
+    UPLOADS.note(handler.command, handler.path, handler.headers, len(body))
+    return body
+
+
+s3proxy._Handler._read_body = _counting_read_body
 
 
 def request_kind(record):
@@ -51,7 +107,10 @@ def counters(proxy):
         counts[request_kind(record)] += 1
         if record.kind == 'GET' and record.ranged:
             counts['GET_RANGE'] += 1
-    return {'counts': dict(counts), 'bytes': proxy.bytes_to_client}
+    bytes_sent, upload_counts = UPLOADS.snapshot()
+    counts.update(upload_counts)
+    return {'counts': dict(counts), 'bytes': proxy.bytes_to_client,
+            'bytes_sent': bytes_sent}
 
 
 def answer(value):
@@ -64,9 +123,13 @@ def serve(proxy):
         command = line.strip()
         if command == 'reset':
             proxy.reset_counters()
+            UPLOADS.reset()
             answer({})
         elif command == 'counters':
             answer(counters(proxy))
+        elif command == 'requests':
+            answer({'requests': [[r.method, r.path, r.query, r.status]
+                                 for r in proxy.records()]})
         else:
             answer({'error': f'unknown command {command!r}'})
 

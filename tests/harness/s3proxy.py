@@ -35,6 +35,11 @@ they were injected to the next COUNT requests that match:
     reset     the client connection is closed with SO_LINGER 0 (an RST),
               no answer
     stall     the request waits SECONDS (default 2) before it is forwarded
+    denied    403 with an S3 <Error><Code>AccessDenied</Code> document
+    hold      the request waits until release() is called, then goes on
+              (forwarded); if the proxy stops first, its connection is
+              reset and it is never forwarded. PROXY.holding is the number
+              of requests waiting now.
 The request body is always read before a fault is applied. MATCH is a
 kind string as above ('GET_RANGE' too), or a callable taking
 (method, path, query) and returning a bool; None matches every request.
@@ -65,7 +70,7 @@ import urllib.parse
 from pathlib import Path
 
 LOOPBACK = '127.0.0.1'
-FAULT_KINDS = ('slowdown', 'internal', 'reset', 'stall')
+FAULT_KINDS = ('slowdown', 'internal', 'reset', 'stall', 'denied', 'hold')
 REQUEST_KINDS = ('GET', 'GET_RANGE', 'LIST', 'HEAD', 'PUT', 'DELETE', 'POST',
                  'OTHER')  # inject() matches these; counts also has 'COPY'
 UPSTREAM_TIMEOUT = 60.0
@@ -76,11 +81,14 @@ ERROR_DOCUMENTS = {
     'slowdown': (503, 'Slow Down', 'SlowDown', 'Please reduce your request rate.'),
     'internal': (500, 'Internal Server Error', 'InternalError',
                  'We encountered an internal error. Please try again.'),
+    'denied': (403, 'Forbidden', 'AccessDenied', 'Access Denied'),
 }
 
 # (method, path, query, kind, ranged, status, body_bytes, fault, absolute)
 Record = collections.namedtuple(
     'Record', 'method path query kind ranged status body_bytes fault absolute')
+# A fault as applied to one request; gate: the release() event of a hold.
+_Taken = collections.namedtuple('_Taken', 'kind seconds gate')
 
 
 class ProxyError(RuntimeError):
@@ -230,6 +238,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return
         if fault is not None and fault.kind == 'stall':
             if proxy._stopping.wait(fault.seconds):
+                self._reset()
+                return
+        if fault is not None and fault.kind == 'hold':
+            if not proxy._wait_release(fault.gate):
                 self._reset()
                 return
         if fault is not None and fault.kind in ERROR_DOCUMENTS:
@@ -412,6 +424,8 @@ class S3Proxy:
         self._thread = None
         self._sockets = set()
         self._faults = []
+        self._gate = threading.Event()
+        self._holding = 0
         self._ids = 0
         self.reset_counters()
 
@@ -525,8 +539,23 @@ class S3Proxy:
             return pending
 
     def clear_faults(self):
+        """Drops the faults not applied yet (held requests stay held)."""
         with self._lock:
             self._faults = []
+
+    def release(self):
+        """Lets every held request go on to the server and drops the hold
+        faults not applied yet; other faults stay."""
+        with self._lock:
+            self._faults = [f for f in self._faults if f.kind != 'hold']
+            gate, self._gate = self._gate, threading.Event()
+        gate.set()
+
+    @property
+    def holding(self):
+        """How many requests are waiting at a hold now."""
+        with self._lock:
+            return self._holding
 
     # ------------------------------------------------ handler interface
     def _take_fault(self, method, path, query, kind, ranged):
@@ -537,8 +566,21 @@ class S3Proxy:
                     if fault.remaining == 0:
                         self._faults.remove(fault)
                     self.faults_injected[fault.kind] += 1
-                    return fault
+                    return _Taken(fault.kind, fault.seconds, self._gate)
         return None
+
+    def _wait_release(self, gate):
+        """Waits for GATE (release()); False if the proxy stops first."""
+        with self._lock:
+            self._holding += 1
+        try:
+            while not gate.wait(0.05):
+                if self._stopping.is_set():
+                    return False
+            return not self._stopping.is_set()
+        finally:
+            with self._lock:
+                self._holding -= 1
 
     def _record(self, record):
         with self._lock:

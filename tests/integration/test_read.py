@@ -197,8 +197,10 @@ def test_mount_wide_attributes(tree_bucket, mount):
     assert stat.S_IMODE(owned.st_mode) == 0o600
 
 
-def test_read_only(tree_bucket, mount):
-    mnt = mount(tree_bucket)
+def test_read_only(tree_bucket, mount, s3):
+    """-o ro: every change fails with EROFS and nothing reaches the bucket."""
+    mnt = mount(tree_bucket, ['ro'])
+    before = sorted(o['Key'] for o in s3.list_objects_v2(Bucket=tree_bucket).get('Contents', []))
     for action in (lambda: open(mnt.path / 'new.txt', 'w'),
                    lambda: open(mnt.path / 'hello.txt', 'r+b'),
                    lambda: os.mkdir(mnt.path / 'newdir'),
@@ -207,6 +209,8 @@ def test_read_only(tree_bucket, mount):
             action()
         assert caught.value.errno == errno.EROFS
     assert (mnt.path / 'hello.txt').read_bytes() == TREE['hello.txt']
+    after = sorted(o['Key'] for o in s3.list_objects_v2(Bucket=tree_bucket).get('Contents', []))
+    assert after == before
 
 
 def test_statfs(tree_bucket, mount):

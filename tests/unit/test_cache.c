@@ -17,7 +17,7 @@
  * write path's needs: staging/ and journal/ survive every emptying,
  * cache_reserve_disk (bounds; eviction order, on /dev/shm), adopting a
  * staged file (contents, versions, room), re-keying, forgetting; data
- * files left by a killed process swept at open.
+ * files left by a killed process swept at open; the flusher thread.
  * TEST_CACHE_FILTER, a cmocka name pattern, runs a subset.
  */
 #ifdef HAVE_CONFIG_H
@@ -26,6 +26,7 @@
 
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -43,6 +44,7 @@
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cache.h"
@@ -1863,6 +1865,132 @@ static void test_forget_key(void **state)
     assert_int_equal(stats(f).blocks, 1);
 }
 
+/* --------------------------------------------- adopting under readers */
+
+#define ADOPT_ROUNDS 24
+#define ADOPT_READERS 3
+
+struct adopt_reader {
+    struct cache *cache;
+    _Atomic unsigned *generation;
+    _Atomic bool *stop;
+    unsigned reads, misses, failures;
+    char first_failure[160];
+};
+
+static uint64_t adopt_size(unsigned generation, uint32_t bs)
+{
+    return (uint64_t)(1 + generation % 3) * bs + generation * 100u;
+}
+
+static void adopt_etag(unsigned generation, char etag[32])
+{
+    snprintf(etag, 32, "\"gen-%u\"", generation);
+}
+
+static void *adopt_reader_main(void *arg)
+{
+    struct adopt_reader *r = arg;
+    uint32_t bs = cache_block_size(r->cache);
+    char *buf = malloc(bs), *expect = malloc(bs);
+
+    while (buf != NULL && expect != NULL && !atomic_load(r->stop)) {
+        unsigned g = atomic_load(r->generation);
+        struct cache_object *o = NULL;
+        char etag[32];
+        int rc;
+
+        if (g == 0)
+            continue;
+        adopt_etag(g, etag);
+        rc = cache_object_open(r->cache, "adopted", etag, adopt_size(g, bs), &o);
+        if (rc != 0) {
+            if (r->failures++ == 0)
+                snprintf(r->first_failure, sizeof(r->first_failure),
+                         "open gen %u: %s", g, strerror(rc));
+            continue;
+        }
+        for (uint64_t b = 0; b < cache_object_blocks(o); b++) {
+            rc = read_raw(r->cache, o, b, 0, cache_object_block_len(o, b),
+                          300 + g, b % 2 == 0, buf, expect);
+            if (rc == 0)
+                r->reads++;
+            else if (rc == ENOENT)
+                r->misses++;
+            else if (r->failures++ == 0)
+                snprintf(r->first_failure, sizeof(r->first_failure),
+                         "gen %u block %llu: %s", g, (unsigned long long)b,
+                         rc > 0 ? strerror(rc) : "wrong bytes");
+        }
+        cache_object_close(r->cache, &o);
+    }
+    free(buf);
+    free(expect);
+    return NULL;
+}
+
+/*
+ * New versions of a key adopted while readers open whatever version is
+ * current and read it: never a wrong byte, and once everything is
+ * closed the usage record matches what is recorded.
+ */
+static void test_adopt_under_readers(void **state)
+{
+    struct fixture *f = *state;
+    uint32_t bs = f->conf.block_size;
+    struct adopt_reader readers[ADOPT_READERS];
+    pthread_t threads[ADOPT_READERS];
+    _Atomic unsigned generation = 0;
+    _Atomic bool stop = false;
+    unsigned reads = 0, misses = 0;
+    struct cache_object *o;
+    char staged[256], etag[32];
+    uint64_t used = 0;
+
+    for (unsigned i = 0; i < ADOPT_READERS; i++) {
+        readers[i] = (struct adopt_reader){.cache = f->cache,
+                                           .generation = &generation,
+                                           .stop = &stop};
+        assert_int_equal(pthread_create(&threads[i], NULL, adopt_reader_main,
+                                        &readers[i]), 0);
+    }
+    for (unsigned g = 1; g <= ADOPT_ROUNDS; g++) {
+        adopt_etag(g, etag);
+        staging_file(f, "under-readers", 300 + g, adopt_size(g, bs), staged);
+        assert_int_equal(cache_adopt_file(f->cache, "adopted", etag,
+                                          adopt_size(g, bs), staged), 0);
+        atomic_store(&generation, g);
+        if (g % 4 == 0)
+            assert_int_equal(cache_flush(f->cache), 0);
+        usleep(2000);
+    }
+    atomic_store(&stop, true);
+    for (unsigned i = 0; i < ADOPT_READERS; i++) {
+        assert_int_equal(pthread_join(threads[i], NULL), 0);
+        if (readers[i].failures > 0)
+            fail_msg("reader %u: %u failures, first: %s", i,
+                     readers[i].failures, readers[i].first_failure);
+        reads += readers[i].reads;
+        misses += readers[i].misses;
+    }
+    print_message("  %u blocks read, %u missed\n", reads, misses);
+    assert_int_equal(cache_flush(f->cache), 0);
+
+    /* whatever version the races left, the accounting matches it */
+    adopt_etag(ADOPT_ROUNDS, etag);
+    o = open_object(f, "adopted", etag, adopt_size(ADOPT_ROUNDS, bs));
+    for (uint64_t b = 0; b < cache_object_blocks(o); b++) {
+        if (cache_block_present(f->cache, o, b)) {
+            expect_read(f, o, b, 0, cache_object_block_len(o, b), 300 + ADOPT_ROUNDS);
+            used += rounded(cache_object_block_len(o, b));
+        }
+    }
+    cache_object_close(f->cache, &o);
+    assert_int_equal(stats(f).used_bytes, used);
+    cache_restart(f);
+    assert_int_equal(stats(f).used_bytes, used);
+}
+
 /* ------------------------------------------------------- orphan files */
 
 /*
@@ -1934,6 +2062,43 @@ static void test_orphan_files_swept(void **state)
     expect_object(f, "orphan/keep", ETAG, bs, 210);
     expect_object(f, "orphan/old", "\"v2\"", bs, 212);
     assert_int_equal(unlink(foreign), 0);
+}
+
+/* ------------------------------------------------------------- flusher */
+
+static double seconds(clockid_t clock)
+{
+    struct timespec now;
+
+    clock_gettime(clock, &now);
+    return (double)now.tv_sec + (double)now.tv_nsec / 1e9;
+}
+
+/*
+ * The flusher thread writes recency on its own about once a second, and
+ * sleeps in between: a timed wait whose deadline is read from another
+ * clock than the condition variable's would return at once and spin.
+ */
+static void test_flusher(void **state)
+{
+    struct fixture *f = *state;
+    uint32_t bs = f->conf.block_size;
+    struct cache_object *o = open_object(f, "flusher", ETAG, bs);
+    double start, cpu;
+
+    store(f, o, 0, 220);
+    assert_int_equal(cache_block_read(f->cache, o, 0, 0, bs, f->buf, true), 0);
+    cache_object_close(f->cache, &o);
+    start = seconds(CLOCK_MONOTONIC);
+    while (stats(f).protected_bytes == 0 && seconds(CLOCK_MONOTONIC) - start < 5)
+        usleep(20000);
+    assert_int_equal(stats(f).protected_bytes, bs);
+
+    cpu = seconds(CLOCK_PROCESS_CPUTIME_ID);
+    usleep(1500000);
+    cpu = seconds(CLOCK_PROCESS_CPUTIME_ID) - cpu;
+    if (cpu > 0.3)
+        fail_msg("%.2f s of CPU in 1.5 s with nothing to do", cpu);
 }
 
 /* --------------------------------------------------------- concurrency */
@@ -2168,8 +2333,11 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_adopt_room, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rename_object, setup, teardown),
         cmocka_unit_test_setup_teardown(test_forget_key, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_adopt_under_readers, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_orphan_files_swept, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(test_flusher, setup, teardown),
         cmocka_unit_test_setup_teardown(test_concurrency, setup, teardown),
         cmocka_unit_test_setup_teardown(test_concurrent_bound, setup,
                                         teardown),
