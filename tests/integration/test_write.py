@@ -10,7 +10,8 @@ was not made, from the counting proxy (tests/harness/s3proxy.py).
 The tests run as root (run.sh requires it), so chown works. fio (Debian's)
 checks random writes, appends and truncates with its own crc32c headers;
 tar unpacks trees of small files; a multi-GiB file goes through multipart
-(S3CACHEFS_TEST_LARGE_MB sets its size, 2048 by default).
+(S3CACHEFS_TEST_LARGE_MB sets its size, 2048 by default; the writeback
+untar has S3CACHEFS_TEST_UNTAR_FILES files, 2000 by default).
 """
 import concurrent.futures
 import ctypes
@@ -39,6 +40,8 @@ MiB = 1 << 20
 FILE_MODE = stat.S_IFREG
 LINK_MODE = 0o120777
 LARGE_MB = int(os.environ.get('S3CACHEFS_TEST_LARGE_MB', '2048'))
+# Files in the writeback untar (a slow build may want fewer).
+UNTAR_FILES = int(os.environ.get('S3CACHEFS_TEST_UNTAR_FILES', '2000'))
 # Uploads of many files can take longer than a plain unmount.
 SLOW_UNMOUNT = 300.0
 
@@ -757,7 +760,7 @@ def small_tree(count, width):
     return dirs, files
 
 
-@pytest.mark.parametrize('mode,count,width', [('writeback', 2000, 20),
+@pytest.mark.parametrize('mode,count,width', [('writeback', UNTAR_FILES, 20),
                                               ('default', 200, 5)])
 def test_untar(server, s3, bucket, mount, tmp_path, mode, count, width):
     """tar -xf of a tree of small files; after unmount (which waits for
