@@ -653,6 +653,8 @@ int fs_unlink(struct fs *fs, fuse_ino_t parent, const char *name)
     /* descriptors still open read on after the unlink: keep the data */
     if (wfile == NULL && open && inode->attrs.kind == INODE_FILE)
         err = fs_stage_file(fs, inode, false, &wfile);
+    if (err == 0 && wfile != NULL && open)
+        err = writer_file_complete(wfile); /* before the object goes */
     if (err != 0)
         goto out;
     if (wfile != NULL)

@@ -86,6 +86,7 @@ struct writer {
     struct writer_conf conf;
     struct upload_conf upload;
     char *staging_dir;
+    int staging_dir_fd;           /* fsynced so new staging files persist */
     pthread_mutex_t lock;
     pthread_cond_t file_idle;     /* a file stopped being busy or written */
     pthread_cond_t work_queued;   /* the queue got a file, or stopping */
@@ -290,7 +291,8 @@ static int journal_file(struct writer *writer, struct writer_file *file,
                   strerror(fetched));
         return fetched;
     }
-    if (fsync(file->fd) != 0) {
+    if (fsync(file->fd) != 0 ||
+        (writer->staging_dir_fd >= 0 && fsync(writer->staging_dir_fd) != 0)) {
         int err = errno;
         log_error("staging file of '%s': fsync: %s", file->key, strerror(err));
         return err == ENOSPC ? ENOSPC : EIO;
@@ -940,6 +942,23 @@ int writer_file_rename(struct writer_file *file, const char *new_key,
     return err;
 }
 
+int writer_file_complete(struct writer_file *file)
+{
+    struct writer *writer = file->writer;
+
+    pthread_mutex_lock(&writer->lock);
+    uint64_t whole = file->size;
+    pthread_mutex_unlock(&writer->lock);
+    int err = make_present(writer, file, 0, whole, false);
+    pthread_mutex_lock(&writer->lock);
+    if (err == 0 && file->missing == 0 && !file->busy) {
+        free(file->base_key); /* nothing is copied from it now */
+        file->base_key = NULL;
+    }
+    pthread_mutex_unlock(&writer->lock);
+    return err;
+}
+
 void writer_file_set_owner(struct writer_file *file, void *owner)
 {
     pthread_mutex_lock(&file->writer->lock);
@@ -1022,6 +1041,7 @@ int writer_create(const struct writer_conf *conf, struct writer **out)
     if (writer == NULL)
         return ENOMEM;
     writer->conf = *conf;
+    writer->staging_dir_fd = -1;
     writer->upload = (struct upload_conf){
         .s3 = conf->s3,
         .workers = conf->workers,
@@ -1043,9 +1063,16 @@ int writer_create(const struct writer_conf *conf, struct writer **out)
         err = ENOMEM;
         goto out;
     }
+    writer->staging_dir_fd = -1;
     if (mkdir(writer->staging_dir, 0700) != 0 && errno != EEXIST) {
         err = errno;
         log_error("cannot create %s: %s", writer->staging_dir, strerror(err));
+        goto out;
+    }
+    writer->staging_dir_fd = open(writer->staging_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (writer->staging_dir_fd < 0) {
+        err = errno;
+        log_error("cannot open %s: %s", writer->staging_dir, strerror(err));
         goto out;
     }
     unsigned count = conf->uploaders ? conf->uploaders : 1;
@@ -1080,6 +1107,8 @@ void writer_destroy(struct writer **writerp)
     for (unsigned i = 0; i < writer->thread_count; i++)
         pthread_join(writer->threads[i], NULL);
     free(writer->threads);
+    if (writer->staging_dir_fd >= 0)
+        close(writer->staging_dir_fd);
     pthread_mutex_destroy(&writer->lock);
     pthread_cond_destroy(&writer->file_idle);
     pthread_cond_destroy(&writer->work_queued);
@@ -1162,10 +1191,11 @@ static int recover_entry(void *arg, const struct journal_entry *entry)
     int fd = open(path, O_RDWR | O_CLOEXEC);
     if (fd < 0 || fstat(fd, &st) != 0 || (uint64_t)st.st_size < entry->size) {
         log_error("the journal names '%s' but its staging file %s is %s; "
-                  "it cannot be uploaded", entry->key, path,
-                  fd < 0 ? "missing" : "short");
+                  "it cannot be uploaded and is dropped from the journal",
+                  entry->key, path, fd < 0 ? "missing" : "short");
         if (fd >= 0)
             close(fd);
+        journal_del(writer->conf.journal, entry->id);
         return 0;
     }
     int err = file_new(writer, entry->id, fd, entry->key, &meta, NULL, &file);

@@ -185,6 +185,10 @@ bool writer_file_pending(struct writer_file *file);
 int writer_file_rename(struct writer_file *file, const char *new_key,
                        bool *was_pending);
 
+/* Fetch every byte of an edit's base that is not staged yet (its object
+ * is about to go away). 0 or the fetch's errno. */
+int writer_file_complete(struct writer_file *file);
+
 /* The file was created for OWNER (attached to a recovered file). */
 void writer_file_set_owner(struct writer_file *file, void *owner);
 
