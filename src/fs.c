@@ -1290,6 +1290,8 @@ int fs_create(const struct fs_conf *conf, struct s3_client *s3, struct fs **out)
             .part_size = conf->part_size,
             .uploaded = fs_uploaded,
             .uploaded_arg = fs,
+            .fetch_base = fs_fetch_base,
+            .fetch_arg = fs,
         };
         err = writer_create(&writer_conf, &fs->writer);
     }

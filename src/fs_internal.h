@@ -105,6 +105,10 @@ void fs_uploaded(void *arg, struct writer_file *file, void *owner,
                  const char *key, const char *etag, uint64_t size,
                  const struct writer_meta *meta);
 
+/* Writer callback: bytes of the object an edit started from. */
+int fs_fetch_base(void *arg, const char *key, const char *etag, uint64_t size,
+                  uint64_t offset, uint64_t len, int fd);
+
 /* Writer callback at mount: a journaled file waits for its upload. */
 void fs_recovered(void *arg, struct writer_file *file, const char *key,
                   uint64_t size, const struct writer_meta *meta);

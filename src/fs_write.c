@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <linux/fs.h>
 
 #include "fs_internal.h"
@@ -30,7 +31,7 @@
 #include "metacache.h"
 #include "names.h"
 
-#define LOAD_CHUNK (1u << 20)       /* materializing an object to edit it */
+#define FETCH_CHUNK (1u << 20)      /* fetching the base of an edit */
 #define MOVE_BATCH 64               /* keys copied or deleted per batch */
 
 static int compare_pointers(const void *a, const void *b)
@@ -118,24 +119,34 @@ static struct timespec wall_now(void)
 
 /* ------------------------------------------------------ staged files */
 
-/* Copy the object's current bytes into a new staged file. */
-static int load_object(struct fs *fs, const char *key, const struct inode_attrs *attrs,
-                       struct writer_file *wfile)
+int fs_fetch_base(void *arg, const char *key, const char *etag, uint64_t size,
+                  uint64_t offset, uint64_t len, int fd)
 {
+    struct fs *fs = arg;
     struct reader_file *reader_file = NULL;
     char *buf = NULL;
-    int err = reader_open(fs->reader, key, attrs->etag, attrs->size, &reader_file);
+    /* one reader for the run: its read-ahead coalesces the GETs */
+    int err = reader_open(fs->reader, key, etag, size, &reader_file);
 
-    if (err == 0 && (buf = malloc(LOAD_CHUNK)) == NULL)
+    if (err == 0 && (buf = malloc(FETCH_CHUNK)) == NULL)
         err = ENOMEM;
-    for (uint64_t offset = 0; err == 0 && offset < attrs->size;) {
+    while (err == 0 && len > 0) {
         size_t got = 0;
-        err = reader_read(reader_file, offset, LOAD_CHUNK, buf, &got);
+        size_t want = len < FETCH_CHUNK ? (size_t)len : FETCH_CHUNK;
+        err = reader_read(reader_file, offset, want, buf, &got);
         if (err == 0 && got == 0)
             err = EIO; /* shorter than it said */
-        if (err == 0)
-            err = writer_file_load(wfile, offset, buf, got);
+        for (size_t done = 0; err == 0 && done < got;) {
+            ssize_t n = pwrite(fd, buf + done, got - done, (off_t)(offset + done));
+            if (n < 0 && errno == EINTR)
+                continue;
+            if (n <= 0)
+                err = n < 0 && (errno == ENOSPC || errno == EDQUOT) ? ENOSPC : EIO;
+            else
+                done += (size_t)n;
+        }
         offset += got;
+        len -= got;
     }
     free(buf);
     reader_close(&reader_file);
@@ -179,11 +190,13 @@ int fs_stage_file(struct fs *fs, struct inode *inode, bool truncate,
 
     meta_of_attrs(&attrs, &meta);
     meta.mode = S_IFREG | (meta.mode & 07777);
-    bool empty = truncate || attrs.size == 0;
-    err = writer_file_create(fs->writer, key, &meta, truncate || attrs.etag[0] == '\0',
-                             owner_of(inode->ino), &wfile);
-    if (err == 0 && !empty)
-        err = load_object(fs, key, &attrs, wfile);
+    if (truncate || attrs.size == 0 || attrs.etag[0] == '\0')
+        err = writer_file_create(fs->writer, key, &meta,
+                                 truncate || attrs.etag[0] == '\0',
+                                 owner_of(inode->ino), &wfile);
+    else /* nothing is fetched until it is needed */
+        err = writer_file_create_edit(fs->writer, key, &meta, attrs.etag,
+                                      attrs.size, owner_of(inode->ino), &wfile);
     if (err == 0) {
         inode_table_lock(fs->inodes);
         attach_locked(fs, inode, &wfile, out);
@@ -640,6 +653,8 @@ int fs_unlink(struct fs *fs, fuse_ino_t parent, const char *name)
     /* descriptors still open read on after the unlink: keep the data */
     if (wfile == NULL && open && inode->attrs.kind == INODE_FILE)
         err = fs_stage_file(fs, inode, false, &wfile);
+    if (err == 0 && wfile != NULL && open)
+        err = writer_file_complete(wfile); /* before the object goes */
     if (err != 0)
         goto out;
     if (wfile != NULL)

@@ -39,6 +39,8 @@
 #include "upload.h"
 
 #define NEVER UINT64_MAX
+#define GRANULE (1ull << 20)        /* unit of fetching an edited object */
+#define RUN_MAX 64                  /* granules fetched in one go */
 #define RESERVE_STEP (8ull << 20)   /* disk checked per 8 MiB of growth */
 #define MAX_FILE_SIZE (5ull << 40)  /* S3's largest object */
 #define SETTLE_SECONDS 0.2          /* writeback: wait this long after the
@@ -64,6 +66,18 @@ struct writer_file {
     double due;                   /* writeback: upload not before (monotonic) */
     int last_error;
     char etag[S3_ETAG_MAX];
+    /* an edit of an object in the bucket (the base): its bytes are fetched
+     * a granule at a time when needed, and never-written ranges are copied
+     * server-side on upload */
+    char *base_key;               /* NULL: not an edit */
+    char base_etag[S3_ETAG_MAX];
+    uint64_t base_size;           /* the base object's size */
+    uint64_t base_limit;          /* bytes still the base's (truncates cut it) */
+    uint64_t granules;            /* base granules tracked */
+    unsigned char *present;       /* (W) per granule: data in the staging file */
+    unsigned char *loading;       /* (W) per granule: being fetched */
+    unsigned char *written;       /* (W) per granule: changed since staged */
+    uint64_t missing;             /* (W) granules not present */
     struct writer_file *queue_next;
     struct writer_file *all_prev, *all_next;
 };
@@ -72,6 +86,7 @@ struct writer {
     struct writer_conf conf;
     struct upload_conf upload;
     char *staging_dir;
+    int staging_dir_fd;           /* fsynced so new staging files persist */
     pthread_mutex_t lock;
     pthread_cond_t file_idle;     /* a file stopped being busy or written */
     pthread_cond_t work_queued;   /* the queue got a file, or stopping */
@@ -107,6 +122,98 @@ static void staging_path(const struct writer *writer, uint64_t id, char *out,
                          size_t cap)
 {
     snprintf(out, cap, "%s/%016" PRIx64, writer->staging_dir, id);
+}
+
+static bool bit_get(const unsigned char *bits, uint64_t i)
+{
+    return (bits[i / 8] >> (i % 8)) & 1;
+}
+
+static void bit_set(unsigned char *bits, uint64_t i, bool value)
+{
+    if (value)
+        bits[i / 8] |= (unsigned char)(1u << (i % 8));
+    else
+        bits[i / 8] &= (unsigned char)~(1u << (i % 8));
+}
+
+/*
+ * Make the base's bytes of [OFFSET, OFFSET + LEN) present in the staging
+ * file, fetching the granules that are not (runs of them in one fetch).
+ * With COVERED, granules the range covers entirely are only marked
+ * present: the caller is about to write all of them. Threads needing the
+ * same granule share the work: one fetches, the others wait (file_idle).
+ */
+static int make_present(struct writer *writer, struct writer_file *file,
+                        uint64_t offset, uint64_t len, bool covered)
+{
+    int err = 0;
+
+    if (file->base_key == NULL || len == 0)
+        return 0;
+    uint64_t end = offset + len;
+    pthread_mutex_lock(&writer->lock);
+    uint64_t g = offset / GRANULE;
+    while (err == 0 && g < file->granules && g * GRANULE < end) {
+        uint64_t start = g * GRANULE;
+        if (bit_get(file->loading, g)) {
+            pthread_cond_wait(&writer->file_idle, &writer->lock);
+            continue; /* look again */
+        }
+        if (bit_get(file->present, g) || start >= file->base_limit ||
+            (covered && offset <= start && end >= start + GRANULE)) {
+            /* there, nothing of the base left, or all of it overwritten */
+            if (!bit_get(file->present, g)) {
+                bit_set(file->present, g, true);
+                file->missing--;
+            }
+            g++;
+            continue;
+        }
+        /* a run of granules to fetch, up to the end of the range */
+        uint64_t first = g;
+        while (g < file->granules && g * GRANULE < end && g - first < RUN_MAX &&
+               g * GRANULE < file->base_limit && !bit_get(file->present, g) &&
+               !bit_get(file->loading, g) &&
+               !(covered && offset <= g * GRANULE && end >= (g + 1) * GRANULE)) {
+            bit_set(file->loading, g, true);
+            g++;
+        }
+        uint64_t stop = g * GRANULE < file->base_limit ? g * GRANULE : file->base_limit;
+        char *key = strdup(file->base_key);
+        char etag[S3_ETAG_MAX];
+        snprintf(etag, sizeof(etag), "%s", file->base_etag);
+        uint64_t base_size = file->base_size;
+        pthread_mutex_unlock(&writer->lock);
+
+        err = key == NULL ? ENOMEM
+            : writer->conf.fetch_base(writer->conf.fetch_arg, key, etag, base_size,
+                                      start, stop - start, file->fd);
+        free(key);
+
+        pthread_mutex_lock(&writer->lock);
+        for (uint64_t k = first; k < g; k++) {
+            bit_set(file->loading, k, false);
+            if (err == 0) {
+                bit_set(file->present, k, true);
+                file->missing--;
+            }
+        }
+        pthread_cond_broadcast(&writer->file_idle);
+    }
+    pthread_mutex_unlock(&writer->lock);
+    return err;
+}
+
+/* Mark the granules of [OFFSET, OFFSET + LEN) as changed. Lock held. */
+static void mark_written_locked(struct writer_file *file, uint64_t offset,
+                                uint64_t len)
+{
+    if (file->base_key == NULL || len == 0)
+        return;
+    for (uint64_t g = offset / GRANULE; g < file->granules &&
+                                        g * GRANULE < offset + len; g++)
+        bit_set(file->written, g, true);
 }
 
 static void now_wall(struct timespec *out)
@@ -174,7 +281,18 @@ static int journal_file(struct writer *writer, struct writer_file *file,
     uint64_t size;
     char *key;
 
-    if (fsync(file->fd) != 0) {
+    /* the journal must name complete data: fetch what an edit lacks */
+    pthread_mutex_lock(&writer->lock);
+    uint64_t whole = file->size;
+    pthread_mutex_unlock(&writer->lock);
+    int fetched = make_present(writer, file, 0, whole, false);
+    if (fetched != 0) {
+        log_error("cannot stage all of '%s' for the journal: %s", file->key,
+                  strerror(fetched));
+        return fetched;
+    }
+    if (fsync(file->fd) != 0 ||
+        (writer->staging_dir_fd >= 0 && fsync(writer->staging_dir_fd) != 0)) {
         int err = errno;
         log_error("staging file of '%s': fsync: %s", file->key, strerror(err));
         return err == ENOSPC ? ENOSPC : EIO;
@@ -209,7 +327,33 @@ struct upload_context {
 static int on_multipart(void *arg, const char *upload_id)
 {
     struct upload_context *context = arg;
+    /* journaling an edit would fetch every byte it copies server-side;
+     * in default mode nothing was promised yet, so it is not journaled
+     * (a crash leaves this upload for the bucket's lifecycle rules) */
+    if (context->file->base_key != NULL && !context->writer->conf.writeback &&
+        !context->file->journaled)
+        return 0;
     return journal_file(context->writer, context->file, upload_id);
+}
+
+static bool base_range_unchanged(void *arg, uint64_t offset, uint64_t length)
+{
+    struct upload_context *context = arg;
+    struct writer_file *file = context->file;
+
+    pthread_mutex_lock(&context->writer->lock);
+    bool unchanged = offset + length <= file->base_limit;
+    for (uint64_t g = offset / GRANULE; unchanged && g < file->granules &&
+                                        g * GRANULE < offset + length; g++)
+        unchanged = !bit_get(file->written, g);
+    pthread_mutex_unlock(&context->writer->lock);
+    return unchanged;
+}
+
+static int base_materialize(void *arg, uint64_t offset, uint64_t length)
+{
+    struct upload_context *context = arg;
+    return make_present(context->writer, context->file, offset, length, false);
 }
 
 /* ------------------------------------------------------------- uploads */
@@ -263,11 +407,20 @@ static int upload_now(struct writer *writer, struct writer_file *file)
     }
 
     struct upload_context context = {writer, file};
+    struct upload_base base = {
+        .key = file->base_key,
+        .etag = file->base_etag,
+        .size = file->base_limit,
+        .range_unchanged = base_range_unchanged,
+        .materialize = base_materialize,
+        .arg = &context,
+    };
     struct upload_request request = {
         .key = key,
         .fd = file->fd,
         .size = size,
         .meta = &put_meta,
+        .base = file->base_key != NULL ? &base : NULL,
         .on_multipart = on_multipart,
         .arg = &context,
     };
@@ -281,6 +434,19 @@ static int upload_now(struct writer *writer, struct writer_file *file)
         file->uploaded = true;
         file->failed = false;
         snprintf(file->etag, sizeof(file->etag), "%s", etag);
+        if (file->base_key != NULL) {
+            /* the uploaded object is the base of what comes next: what is
+             * not fetched yet is its bytes now */
+            char *base_key = strdup(key);
+            if (base_key != NULL) {
+                free(file->base_key);
+                file->base_key = base_key;
+                snprintf(file->base_etag, sizeof(file->base_etag), "%s", etag);
+                file->base_size = size;
+                file->base_limit = size;
+                memset(file->written, 0, (size_t)((file->granules + 7) / 8));
+            }
+        }
         writer->stats.uploads_completed++;
         forget = file->journaled && !is_dirty(file);
     } else {
@@ -416,6 +582,41 @@ int writer_file_create(struct writer *writer, const char *key,
     return 0;
 }
 
+int writer_file_create_edit(struct writer *writer, const char *key,
+                            const struct writer_meta *meta, const char *etag,
+                            uint64_t size, void *owner, struct writer_file **out)
+{
+    struct writer_file *file = NULL;
+    int err = writer_file_create(writer, key, meta, false, owner, &file);
+
+    *out = NULL;
+    if (err != 0)
+        return err;
+    uint64_t granules = (size + GRANULE - 1) / GRANULE;
+    size_t bytes = (size_t)((granules + 7) / 8);
+    file->base_key = strdup(key);
+    file->present = calloc(bytes ? bytes : 1, 1);
+    file->loading = calloc(bytes ? bytes : 1, 1);
+    file->written = calloc(bytes ? bytes : 1, 1);
+    if (file->base_key == NULL || file->present == NULL || file->loading == NULL ||
+        file->written == NULL)
+        err = ENOMEM;
+    else if (ftruncate(file->fd, (off_t)size) != 0)
+        err = errno == ENOSPC || errno == EDQUOT ? ENOSPC : EIO;
+    if (err != 0) {
+        writer_file_put(&file);
+        return err;
+    }
+    snprintf(file->base_etag, sizeof(file->base_etag), "%s", etag);
+    file->base_size = size;
+    file->base_limit = size;
+    file->granules = granules;
+    file->missing = granules;
+    file->size = size;
+    *out = file;
+    return 0;
+}
+
 struct writer_file *writer_file_ref(struct writer_file *file)
 {
     pthread_mutex_lock(&file->writer->lock);
@@ -446,7 +647,7 @@ void writer_file_put(struct writer_file **filep)
         file->all_next->all_prev = file->all_prev;
     bool pending = is_pending(file);
     bool adopt = !pending && !file->unlinked && file->uploaded &&
-                 file->uploaded_gen == file->gen;
+                 file->uploaded_gen == file->gen && file->missing == 0;
     pthread_mutex_unlock(&writer->lock);
 
     staging_path(writer, file->id, path, sizeof(path));
@@ -461,28 +662,11 @@ void writer_file_put(struct writer_file **filep)
         unlink(path);
     }
     free(file->key);
+    free(file->base_key);
+    free(file->present);
+    free(file->loading);
+    free(file->written);
     free(file);
-}
-
-int writer_file_load(struct writer_file *file, uint64_t offset, const void *data,
-                     size_t len)
-{
-    const char *at = data;
-    while (len > 0) {
-        ssize_t done = pwrite(file->fd, at, len, (off_t)offset);
-        if (done < 0 && errno == EINTR)
-            continue;
-        if (done <= 0)
-            return done < 0 && (errno == ENOSPC || errno == EDQUOT) ? ENOSPC : EIO;
-        at += done;
-        offset += (uint64_t)done;
-        len -= (size_t)done;
-    }
-    pthread_mutex_lock(&file->writer->lock);
-    if (offset > file->size)
-        file->size = offset;
-    pthread_mutex_unlock(&file->writer->lock);
-    return 0;
 }
 
 /* Begin a change that grows the file to END: wait until it may change,
@@ -545,6 +729,15 @@ int writer_file_write(struct writer_file *file, uint64_t offset, const void *dat
 
     if (err != 0)
         return err;
+    /* an edit: the base's bytes around the written range first */
+    err = make_present(writer, file, offset, len, true);
+    if (err != 0) {
+        end_change(writer, file, false, 0, false, 0);
+        return err;
+    }
+    pthread_mutex_lock(&writer->lock);
+    mark_written_locked(file, offset, len);
+    pthread_mutex_unlock(&writer->lock);
     while (left > 0) {
         ssize_t done = pwrite(file->fd, at, left, (off_t)pos);
         if (done < 0 && errno == EINTR)
@@ -578,6 +771,9 @@ int writer_file_read(struct writer_file *file, uint64_t offset, size_t len,
         return 0;
     if (len > size - offset)
         len = (size_t)(size - offset);
+    int err = make_present(file->writer, file, offset, len, false);
+    if (err != 0)
+        return err;
     while (len > 0) {
         ssize_t done = pread(file->fd, at, len, (off_t)offset);
         if (done < 0 && errno == EINTR)
@@ -605,6 +801,15 @@ int writer_file_truncate(struct writer_file *file, uint64_t size)
         return err;
     if (ftruncate(file->fd, (off_t)size) != 0)
         err = errno == ENOSPC || errno == EDQUOT ? ENOSPC : EIO;
+    if (err == 0) {
+        pthread_mutex_lock(&writer->lock);
+        if (size < file->base_limit) {
+            /* past SIZE the base is gone: zeros if the file grows again */
+            mark_written_locked(file, size, file->base_limit - size);
+            file->base_limit = size;
+        }
+        pthread_mutex_unlock(&writer->lock);
+    }
     end_change(writer, file, err == 0, size, true, 0);
     return err;
 }
@@ -704,8 +909,25 @@ int writer_file_rename(struct writer_file *file, const char *new_key,
     *was_pending = false;
     if (copy == NULL)
         return ENOMEM;
+    /* the base object is about to move or go: fetch what is still there */
     pthread_mutex_lock(&writer->lock);
     wait_idle_locked(writer, file);
+    uint64_t whole = file->size;
+    bool partial = file->base_key != NULL;
+    pthread_mutex_unlock(&writer->lock);
+    if (partial) {
+        int err = make_present(writer, file, 0, whole, false);
+        if (err != 0) {
+            free(copy);
+            return err;
+        }
+    }
+    pthread_mutex_lock(&writer->lock);
+    wait_idle_locked(writer, file);
+    if (file->missing == 0) {
+        free(file->base_key); /* complete: nothing is copied from it now */
+        file->base_key = NULL;
+    }
     free(file->key);
     file->key = copy;
     *was_pending = is_pending(file);
@@ -717,6 +939,23 @@ int writer_file_rename(struct writer_file *file, const char *new_key,
         return 0;
     int err = journal_file(writer, file, NULL);
     end_busy(writer, file);
+    return err;
+}
+
+int writer_file_complete(struct writer_file *file)
+{
+    struct writer *writer = file->writer;
+
+    pthread_mutex_lock(&writer->lock);
+    uint64_t whole = file->size;
+    pthread_mutex_unlock(&writer->lock);
+    int err = make_present(writer, file, 0, whole, false);
+    pthread_mutex_lock(&writer->lock);
+    if (err == 0 && file->missing == 0 && !file->busy) {
+        free(file->base_key); /* nothing is copied from it now */
+        file->base_key = NULL;
+    }
+    pthread_mutex_unlock(&writer->lock);
     return err;
 }
 
@@ -802,6 +1041,7 @@ int writer_create(const struct writer_conf *conf, struct writer **out)
     if (writer == NULL)
         return ENOMEM;
     writer->conf = *conf;
+    writer->staging_dir_fd = -1;
     writer->upload = (struct upload_conf){
         .s3 = conf->s3,
         .workers = conf->workers,
@@ -823,9 +1063,16 @@ int writer_create(const struct writer_conf *conf, struct writer **out)
         err = ENOMEM;
         goto out;
     }
+    writer->staging_dir_fd = -1;
     if (mkdir(writer->staging_dir, 0700) != 0 && errno != EEXIST) {
         err = errno;
         log_error("cannot create %s: %s", writer->staging_dir, strerror(err));
+        goto out;
+    }
+    writer->staging_dir_fd = open(writer->staging_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (writer->staging_dir_fd < 0) {
+        err = errno;
+        log_error("cannot open %s: %s", writer->staging_dir, strerror(err));
         goto out;
     }
     unsigned count = conf->uploaders ? conf->uploaders : 1;
@@ -860,6 +1107,8 @@ void writer_destroy(struct writer **writerp)
     for (unsigned i = 0; i < writer->thread_count; i++)
         pthread_join(writer->threads[i], NULL);
     free(writer->threads);
+    if (writer->staging_dir_fd >= 0)
+        close(writer->staging_dir_fd);
     pthread_mutex_destroy(&writer->lock);
     pthread_cond_destroy(&writer->file_idle);
     pthread_cond_destroy(&writer->work_queued);
@@ -942,10 +1191,11 @@ static int recover_entry(void *arg, const struct journal_entry *entry)
     int fd = open(path, O_RDWR | O_CLOEXEC);
     if (fd < 0 || fstat(fd, &st) != 0 || (uint64_t)st.st_size < entry->size) {
         log_error("the journal names '%s' but its staging file %s is %s; "
-                  "it cannot be uploaded", entry->key, path,
-                  fd < 0 ? "missing" : "short");
+                  "it cannot be uploaded and is dropped from the journal",
+                  entry->key, path, fd < 0 ? "missing" : "short");
         if (fd >= 0)
             close(fd);
+        journal_del(writer->conf.journal, entry->id);
         return 0;
     }
     int err = file_new(writer, entry->id, fd, entry->key, &meta, NULL, &file);

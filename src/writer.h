@@ -59,6 +59,12 @@ typedef void (*writer_uploaded_fn)(void *arg, struct writer_file *file,
                                    const char *etag, uint64_t size,
                                    const struct writer_meta *meta);
 
+/* Copy LEN bytes at OFFSET of object KEY version ETAG (SIZE bytes) to the
+ * same offset of file FD (the base of an edit); 0 or an errno. */
+typedef int (*writer_fetch_fn)(void *arg, const char *key, const char *etag,
+                               uint64_t size, uint64_t offset, uint64_t len,
+                               int fd);
+
 struct writer_conf {
     struct s3_client *s3;
     struct cache *cache;          /* staging lives in its directory */
@@ -71,6 +77,8 @@ struct writer_conf {
     uint64_t part_size;
     writer_uploaded_fn uploaded;
     void *uploaded_arg;
+    writer_fetch_fn fetch_base;   /* edits of objects in the bucket */
+    void *fetch_arg;
 };
 
 struct writer_stats {
@@ -120,16 +128,22 @@ int writer_file_create(struct writer *writer, const char *key,
                        const struct writer_meta *meta, bool dirty, void *owner,
                        struct writer_file **out);
 
+/*
+ * A staged edit of object KEY (version ETAG, SIZE bytes), clean: nothing is
+ * fetched now; the base's bytes are fetched (fetch_base) a granule at a
+ * time when read or partly overwritten, and ranges never written are
+ * copied server-side when it is uploaded (where the server can). Journaling
+ * it (writeback close, a failed upload) fetches the rest first.
+ */
+int writer_file_create_edit(struct writer *writer, const char *key,
+                            const struct writer_meta *meta, const char *etag,
+                            uint64_t size, void *owner, struct writer_file **out);
+
 /* Another reference / drop one; *file = NULL. When the last reference goes
  * and the file is not pending, its staged data becomes the cached version
  * it was uploaded as (or is removed). */
 struct writer_file *writer_file_ref(struct writer_file *file);
 void writer_file_put(struct writer_file **file);
-
-/* Store LEN bytes at OFFSET without making the file dirty: loading the
- * existing object's bytes before an edit. */
-int writer_file_load(struct writer_file *file, uint64_t offset, const void *data,
-                     size_t len);
 
 /* Write (makes the file dirty, updates mtime). ENOSPC, EIO, EFBIG. */
 int writer_file_write(struct writer_file *file, uint64_t offset, const void *data,
@@ -170,6 +184,10 @@ bool writer_file_pending(struct writer_file *file);
  * it goes to NEW_KEY); otherwise the object is at the old key. */
 int writer_file_rename(struct writer_file *file, const char *new_key,
                        bool *was_pending);
+
+/* Fetch every byte of an edit's base that is not staged yet (its object
+ * is about to go away). 0 or the fetch's errno. */
+int writer_file_complete(struct writer_file *file);
 
 /* The file was created for OWNER (attached to a recovered file). */
 void writer_file_set_owner(struct writer_file *file, void *owner);

@@ -61,7 +61,9 @@ def test_ls_after_remount_costs_lists_not_heads(server, wide_bucket, mount,
     assert len(second) == FILES
     assert second['f00010'].st_mode & 0o777 == 0o600
     assert second['f00003'].st_size == 3
-    assert proxy.counts['HEAD'] == 0, proxy.counts
+    # no HEAD per file; one for the directory's own marker (its mode and
+    # owner, read once per mount)
+    assert proxy.counts['HEAD'] <= 1, proxy.counts
     assert proxy.counts['LIST'] <= 4, proxy.counts  # 2 pages (+ lookups of dir)
 
 
