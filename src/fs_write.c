@@ -128,6 +128,8 @@ int fs_fetch_base(void *arg, const char *key, const char *etag, uint64_t size,
     /* one reader for the run: its read-ahead coalesces the GETs */
     int err = reader_open(fs->reader, key, etag, size, &reader_file);
 
+    if (err == 0)
+        reader_limit_prefetch(reader_file, offset + len);
     if (err == 0 && (buf = malloc(FETCH_CHUNK)) == NULL)
         err = ENOMEM;
     while (err == 0 && len > 0) {
@@ -815,6 +817,7 @@ int fs_setattr(struct fs *fs, fuse_ino_t ino, const struct stat *want, int to_se
         }
         inode_table_unlock(fs->inodes);
         meta_of_attrs(&attrs, &meta);
+        struct writer_meta before = meta;
         if (to_set & FUSE_SET_ATTR_MODE)
             meta.mode = (meta.mode & S_IFMT) | (want->st_mode & 07777);
         if (to_set & FUSE_SET_ATTR_UID)
@@ -826,7 +829,14 @@ int fs_setattr(struct fs *fs, fuse_ino_t ino, const struct stat *want, int to_se
         else if (to_set & FUSE_SET_ATTR_MTIME)
             meta.mtime = want->st_mtim;
 
-        if (attrs.kind == INODE_DIR) {
+        /* tar sets what mkdir/create already set: no request for that
+         * (times are kept to the second, as s3fs keeps them) */
+        bool unchanged = meta.mode == before.mode && meta.uid == before.uid &&
+                         meta.gid == before.gid &&
+                         meta.mtime.tv_sec == before.mtime.tv_sec;
+        if (unchanged && attrs.headers_known) {
+            /* nothing to write */
+        } else if (attrs.kind == INODE_DIR) {
             if (key[0] != '\0' && strcmp(key, fs->conf.root_key) != 0)
                 err = put_marker(fs, key, &meta);
             if (err == 0) {

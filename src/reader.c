@@ -64,6 +64,8 @@ struct reader_file {
     uint64_t window;             /* blocks to keep ahead; 0: random reader */
     uint64_t last_block;         /* block of the previous read, + 1 (0: none) */
     uint64_t prefetched_to;      /* blocks below this were scheduled */
+    uint64_t prefetch_end;       /* blocks from here are never prefetched
+                                    (0: no limit) */
     uint64_t claimed[CLAIMED_RING]; /* blocks this file fetched, + 1 */
     unsigned claimed_next;
 };
@@ -405,7 +407,12 @@ static uint64_t note_read(struct reader_file *file, uint64_t offset, size_t size
         *from = last_block + 1 > file->prefetched_to ? last_block + 1
                                                      : file->prefetched_to;
         until = last_block + 1 + file->window;
-        file->prefetched_to = until;
+        if (file->prefetch_end != 0 && until > file->prefetch_end)
+            until = file->prefetch_end;
+        if (until <= *from)
+            until = 0;
+        else
+            file->prefetched_to = until;
     }
     pthread_mutex_unlock(&file->lock);
     return until;
@@ -512,6 +519,15 @@ void reader_get_stats(struct reader *reader, struct reader_stats *out)
     out->blocks_prefetched = atomic_load(&reader->blocks_prefetched);
     out->direct_bytes = atomic_load(&reader->direct_bytes);
     out->hit_bytes = atomic_load(&reader->hit_bytes);
+}
+
+void reader_limit_prefetch(struct reader_file *file, uint64_t end)
+{
+    uint64_t block_size = file->reader->block_size;
+
+    pthread_mutex_lock(&file->lock);
+    file->prefetch_end = end == 0 ? 0 : (end + block_size - 1) / block_size;
+    pthread_mutex_unlock(&file->lock);
 }
 
 int reader_open(struct reader *reader, const char *key, const char *etag,

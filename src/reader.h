@@ -70,6 +70,10 @@ int reader_open(struct reader *reader, const char *key, const char *etag,
 int reader_read(struct reader_file *file, uint64_t offset, size_t size,
                 char *buf, size_t *got);
 
+/* Never read ahead past byte END (0: no limit): a reader that knows the
+ * range it needs (the base of an edit) fetches nothing else. */
+void reader_limit_prefetch(struct reader_file *file, uint64_t end);
+
 void reader_close(struct reader_file **file);
 
 #endif /* S3CFS_READER_H */
