@@ -765,6 +765,10 @@ def small_tree(count, width):
 def test_untar(server, s3, bucket, mount, tmp_path, mode, count, width):
     """tar -xf of a tree of small files; after unmount (which waits for
     the uploads) every object has its bytes, mode, owner and mtime."""
+    if server.name != 's3rver' and count > 1000:
+        # Swift stores each object through three servers of its own: half
+        # the tree there keeps the suite's time in bounds (s3rver does all)
+        count //= 2
     dirs, files = small_tree(count, width)
     archive = tmp_path / 'tree.tar'
     make_tar(archive, files, dirs)
