@@ -1109,8 +1109,9 @@ out:
 int fs_read(struct fs *fs, struct fs_file *file, uint64_t offset, size_t size,
             char *buf, size_t *got)
 {
-    if (file->wfile != NULL)
-        return writer_file_read(file->wfile, offset, size, buf, got);
+    struct writer_file *staged = __atomic_load_n(&file->wfile, __ATOMIC_ACQUIRE);
+    if (staged != NULL)
+        return writer_file_read(staged, offset, size, buf, got);
     int err = reader_read(file->reader_file, offset, size, buf, got);
     if (err == ENOENT || err == ESTALE) {
         /* unlinked or replaced while open: its data was kept staged */
@@ -1124,8 +1125,12 @@ int fs_read(struct fs *fs, struct fs_file *file, uint64_t offset, size_t size,
             inode_put(fs->inodes, inode);
         }
         if (kept != NULL) {
-            reader_close(&file->reader_file);
-            file->wfile = kept;
+            /* concurrent reads of this handle may all get here: one sets
+             * it; the reader stays open until release */
+            struct writer_file *none = NULL;
+            if (!__atomic_compare_exchange_n(&file->wfile, &none, kept, false,
+                                             __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+                writer_file_put(&kept);
             err = writer_file_read(file->wfile, offset, size, buf, got);
         }
     }
@@ -1270,9 +1275,11 @@ int fs_create(const struct fs_conf *conf, struct s3_client *s3, struct fs **out)
         };
         err = reader_create(&reader_conf, &fs->reader);
     }
+    if (err == 0)
+        err = workers_create(conf->connections, &fs->upload_workers);
     fs->upload = (struct upload_conf){
         .s3 = s3,
-        .workers = fs->workers,
+        .workers = fs->upload_workers,
         .parallel = conf->connections,
         .multipart_threshold = conf->multipart_threshold,
         .part_size = conf->part_size,
@@ -1281,7 +1288,7 @@ int fs_create(const struct fs_conf *conf, struct s3_client *s3, struct fs **out)
         struct writer_conf writer_conf = {
             .s3 = s3,
             .cache = conf->cache,
-            .workers = fs->workers,
+            .workers = fs->upload_workers,
             .journal = conf->journal,
             .writeback = conf->writeback,
             .uploaders = conf->connections < 8 ? conf->connections : 8,
@@ -1364,6 +1371,7 @@ void fs_destroy(struct fs **fsp)
     if (fs->writer != NULL)
         fs_drain(fs);
     writer_destroy(&fs->writer);
+    workers_destroy(&fs->upload_workers);
     if (fs->reader != NULL)
         reader_stop(fs->reader); /* queued read-ahead ends at once */
     workers_destroy(&fs->workers);

@@ -31,7 +31,10 @@ struct fs {
     char *root_key;
     struct s3_client *s3;
     struct inode_table *inodes;
-    struct workers *workers;
+    struct workers *workers;      /* read-ahead, HEADs, directory moves */
+    struct workers *upload_workers; /* parts of uploads and copies: their
+                                     own pool, as a part may wait for
+                                     read-ahead (an edit's base) */
     struct reader *reader;
     struct writer *writer;        /* NULL on a read-only mount */
     struct upload_conf upload;    /* server-side copies (rename) */

@@ -128,6 +128,8 @@ int fs_fetch_base(void *arg, const char *key, const char *etag, uint64_t size,
     /* one reader for the run: its read-ahead coalesces the GETs */
     int err = reader_open(fs->reader, key, etag, size, &reader_file);
 
+    /* read-ahead within the range only (it runs on the read pool, which
+     * never waits for upload parts: no deadlock) */
     if (err == 0)
         reader_limit_prefetch(reader_file, offset + len);
     if (err == 0 && (buf = malloc(FETCH_CHUNK)) == NULL)
@@ -204,7 +206,15 @@ int fs_stage_file(struct fs *fs, struct inode *inode, bool truncate,
         attach_locked(fs, inode, &wfile, out);
         inode_table_unlock(fs->inodes);
     }
+    if (wfile != NULL) {
+        /* another open attached one first: ours never existed */
+        writer_file_unlink(wfile);
+        if (err == 0 && truncate)
+            err = writer_file_truncate(*out, 0);
+    }
     writer_file_put(&wfile);
+    if (err != 0)
+        writer_file_put(out);
     free(key);
     return err;
 }
@@ -264,9 +274,10 @@ void fs_uploaded(void *arg, struct writer_file *file, void *owner, const char *k
         }
         inode_table_unlock(fs->inodes);
     }
-    metacache_put_attrs(fs->conf.cache, key, &attrs);
-    if (current)
+    if (current) {
+        metacache_put_attrs(fs->conf.cache, key, &attrs);
         patch_parent(fs, key, &attrs);
+    }
     if (inode != NULL) {
         fs_maybe_detach(fs, inode);
         inode_put(fs->inodes, inode);
@@ -659,12 +670,17 @@ int fs_unlink(struct fs *fs, fuse_ino_t parent, const char *name)
         err = writer_file_complete(wfile); /* before the object goes */
     if (err != 0)
         goto out;
-    if (wfile != NULL)
-        writer_file_unlink(wfile); /* never uploaded now */
+    /* never uploaded now; if an upload got there meanwhile, its object
+     * goes too */
+    if (wfile != NULL && writer_file_unlink(wfile))
+        in_bucket = true;
     if (in_bucket || wfile == NULL)
         err = s3_delete_object(fs->s3, key);
-    if (err != 0)
+    if (err != 0) {
+        if (wfile != NULL)
+            writer_file_relink(wfile); /* still there: still to upload */
         goto out;
+    }
     inode_table_lock(fs->inodes);
     inode_unlink_locked(fs->inodes, inode);
     inode_table_unlock(fs->inodes);
@@ -846,12 +862,20 @@ int fs_setattr(struct fs *fs, fuse_ino_t ino, const struct stat *want, int to_se
                 attrs.mtime = meta.mtime;
                 attrs.headers_known = true;
             }
-        } else if (wfile != NULL && writer_file_pending(wfile)) {
-            writer_file_set_meta(wfile, &meta); /* goes with the upload */
+        } else if (wfile != NULL) {
+            /* staged: the metadata goes up with the data, with the pending
+             * upload, at the next close, or now when no descriptor will
+             * close it (a pending upload's journal entry keeps the metadata
+             * it was closed with: after a crash, that is what goes up) */
+            bool was_pending = writer_file_pending(wfile);
+            writer_file_set_meta(wfile, &meta);
+            inode_table_lock(fs->inodes);
+            bool open_for_writing = inode->write_handles > 0;
+            inode_table_unlock(fs->inodes);
+            if (!was_pending && !open_for_writing)
+                err = writer_file_flush(wfile);
         } else {
             err = replace_metadata(fs, key, &meta, &attrs);
-            if (err == 0 && wfile != NULL)
-                writer_file_set_meta(wfile, &meta);
         }
         if (err != 0)
             goto out;
@@ -1050,16 +1074,33 @@ static int rename_dir(struct fs *fs, const char *src_prefix, const char *dst_pre
     inode_table_lock(fs->inodes);
     twalk_r(fs->staged, collect_staged, &staged);
     inode_table_unlock(fs->inodes);
-    for (size_t i = 0; i < staged.count; i++) {
+    size_t renamed = 0;
+    err = 0;
+    for (; err == 0 && renamed < staged.count; renamed++) {
         bool was_pending;
-        writer_file_rename(staged.files[i], staged.new_keys[i], &was_pending);
+        err = writer_file_rename(staged.files[renamed], staged.new_keys[renamed],
+                                 &was_pending);
+    }
+    if (err == 0)
+        err = move_prefix(fs, src_prefix, dst_prefix);
+    if (err != 0) {
+        /* what moved in the bucket stays moved (not atomic); files not
+         * uploaded yet go back where the directory still is */
+        size_t len = strlen(dst_prefix);
+        for (size_t i = 0; i < renamed; i++) {
+            char *back = NULL;
+            bool was_pending;
+            if (asprintf(&back, "%s%s", src_prefix, staged.new_keys[i] + len) >= 0)
+                writer_file_rename(staged.files[i], back, &was_pending);
+            free(back);
+        }
+    }
+    for (size_t i = 0; i < staged.count; i++) {
         writer_file_put(&staged.files[i]);
         free(staged.new_keys[i]);
     }
     free(staged.files);
     free(staged.new_keys);
-
-    err = move_prefix(fs, src_prefix, dst_prefix);
     if (err != 0)
         return err;
     inode_table_lock(fs->inodes);
@@ -1191,8 +1232,11 @@ int fs_rename(struct fs *fs, fuse_ino_t parent, const char *name,
     if (err == 0)
         err = src_dir ? rename_dir(fs, src_key, dst_file_key)
                       : rename_file(fs, src, src_key, dst_file_key);
-    if (err != 0)
+    if (err != 0) {
+        if (dst_wfile != NULL)
+            writer_file_relink(dst_wfile); /* the target stays */
         goto out;
+    }
 
     struct inode_attrs attrs;
     inode_table_lock(fs->inodes);

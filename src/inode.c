@@ -370,6 +370,7 @@ static int find_prefix_locked(struct inode_table *table, const char *prefix,
     twalk_r(table->by_key, collect_prefix, visit);
     if (visit->failed) {
         free(visit->found);
+        visit->found = NULL;
         return ENOMEM;
     }
     return 0;
@@ -390,8 +391,7 @@ int inode_rekey_prefix_locked(struct inode_table *table, const char *old_prefix,
             err = inode_rekey_locked(table, visit.found[i], key);
         free(key);
     }
-    if (err == 0)
-        free(visit.found);
+    free(visit.found);
     return err;
 }
 

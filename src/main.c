@@ -369,9 +369,23 @@ out:
         fuse_session_destroy(session);
     if (loop_config != NULL)
         fuse_loop_cfg_destroy(loop_config);
-    /* unmounted: what waits for its upload goes now, before exiting */
-    if (context.fs != NULL && fs_drain(context.fs) > 0)
-        status = 1; /* kept in the journal for the next mount (logged) */
+    /* unmounted: what waits for its upload goes now, before exiting. A
+     * second SIGTERM (a shutdown that does not wait) must not cut that
+     * short: the node may be gone before another mount could finish it. */
+    if (context.fs != NULL) {
+        struct fs_stats stats;
+        fs_get_stats(context.fs, &stats);
+        if (stats.uploads_pending > 0) {
+            signal(SIGTERM, SIG_IGN);
+            signal(SIGINT, SIG_IGN);
+            signal(SIGHUP, SIG_IGN);
+            log_info("uploading %llu file%s before exiting",
+                     (unsigned long long)stats.uploads_pending,
+                     stats.uploads_pending == 1 ? "" : "s");
+        }
+        if (fs_drain(context.fs) > 0)
+            status = 1; /* kept in the journal for the next mount (logged) */
+    }
     fs_destroy(&context.fs);
     journal_close(&journal);
     cache_close(&cache);

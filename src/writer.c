@@ -160,13 +160,20 @@ static int make_present(struct writer *writer, struct writer_file *file,
             pthread_cond_wait(&writer->file_idle, &writer->lock);
             continue; /* look again */
         }
-        if (bit_get(file->present, g) || start >= file->base_limit ||
-            (covered && offset <= start && end >= start + GRANULE)) {
-            /* there, nothing of the base left, or all of it overwritten */
+        if (bit_get(file->present, g) || start >= file->base_limit) {
+            /* there, or nothing of the base left */
             if (!bit_get(file->present, g)) {
                 bit_set(file->present, g, true);
                 file->missing--;
             }
+            g++;
+            continue;
+        }
+        if (covered && offset <= start && end >= start + GRANULE) {
+            /* all of it is about to be overwritten: claimed (loading) so
+             * that nobody fetches it meanwhile; the writer settles it
+             * (settle_covered) */
+            bit_set(file->loading, g, true);
             g++;
             continue;
         }
@@ -203,6 +210,27 @@ static int make_present(struct writer *writer, struct writer_file *file,
     }
     pthread_mutex_unlock(&writer->lock);
     return err;
+}
+
+/* After a write of [OFFSET, OFFSET + LEN) whose first WRITTEN bytes
+ * landed: the granules it claimed whole are present if they were written
+ * whole, else fetched again when needed. Lock held. */
+static void settle_covered_locked(struct writer *writer, struct writer_file *file,
+                                  uint64_t offset, uint64_t len, uint64_t written)
+{
+    if (file->base_key == NULL || len == 0)
+        return;
+    for (uint64_t g = (offset + GRANULE - 1) / GRANULE;
+         g < file->granules && (g + 1) * GRANULE <= offset + len; g++) {
+        if (!bit_get(file->loading, g))
+            continue;
+        bit_set(file->loading, g, false);
+        if ((g + 1) * GRANULE <= offset + written) {
+            bit_set(file->present, g, true);
+            file->missing--;
+        }
+    }
+    pthread_cond_broadcast(&writer->file_idle);
 }
 
 /* Mark the granules of [OFFSET, OFFSET + LEN) as changed. Lock held. */
@@ -342,7 +370,9 @@ static bool base_range_unchanged(void *arg, uint64_t offset, uint64_t length)
     struct writer_file *file = context->file;
 
     pthread_mutex_lock(&context->writer->lock);
-    bool unchanged = offset + length <= file->base_limit;
+    /* past the granules tracked (a grown file) nothing is known unchanged */
+    bool unchanged = offset + length <= file->base_limit &&
+                     offset + length <= file->granules * GRANULE;
     for (uint64_t g = offset / GRANULE; unchanged && g < file->granules &&
                                         g * GRANULE < offset + length; g++)
         unchanged = !bit_get(file->written, g);
@@ -610,6 +640,7 @@ int writer_file_create_edit(struct writer *writer, const char *key,
     snprintf(file->base_etag, sizeof(file->base_etag), "%s", etag);
     file->base_size = size;
     file->base_limit = size;
+    file->reserved = size; /* fetched bytes are not checked for room */
     file->granules = granules;
     file->missing = granules;
     file->size = size;
@@ -732,6 +763,9 @@ int writer_file_write(struct writer_file *file, uint64_t offset, const void *dat
     /* an edit: the base's bytes around the written range first */
     err = make_present(writer, file, offset, len, true);
     if (err != 0) {
+        pthread_mutex_lock(&writer->lock);
+        settle_covered_locked(writer, file, offset, len, 0);
+        pthread_mutex_unlock(&writer->lock);
         end_change(writer, file, false, 0, false, 0);
         return err;
     }
@@ -753,6 +787,9 @@ int writer_file_write(struct writer_file *file, uint64_t offset, const void *dat
         pos += (uint64_t)done;
         left -= (size_t)done;
     }
+    pthread_mutex_lock(&writer->lock);
+    settle_covered_locked(writer, file, offset, len, pos - offset);
+    pthread_mutex_unlock(&writer->lock);
     /* what was written before an error is part of the file */
     end_change(writer, file, pos > offset || len == 0, pos, false, pos - offset);
     return err;
@@ -799,17 +836,19 @@ int writer_file_truncate(struct writer_file *file, uint64_t size)
 
     if (err != 0)
         return err;
+    pthread_mutex_lock(&writer->lock);
+    if (size < file->base_limit) {
+        /* past SIZE the base is gone: zeros if the file grows again; a
+         * fetch already under way there must land before the cut */
+        mark_written_locked(file, size, file->base_limit - size);
+        file->base_limit = size;
+        for (uint64_t g = size / GRANULE; g < file->granules; g++)
+            while (bit_get(file->loading, g))
+                pthread_cond_wait(&writer->file_idle, &writer->lock);
+    }
+    pthread_mutex_unlock(&writer->lock);
     if (ftruncate(file->fd, (off_t)size) != 0)
         err = errno == ENOSPC || errno == EDQUOT ? ENOSPC : EIO;
-    if (err == 0) {
-        pthread_mutex_lock(&writer->lock);
-        if (size < file->base_limit) {
-            /* past SIZE the base is gone: zeros if the file grows again */
-            mark_written_locked(file, size, file->base_limit - size);
-            file->base_limit = size;
-        }
-        pthread_mutex_unlock(&writer->lock);
-    }
     end_change(writer, file, err == 0, size, true, 0);
     return err;
 }
@@ -834,8 +873,7 @@ void writer_file_set_meta(struct writer_file *file, const struct writer_meta *me
     pthread_mutex_lock(&writer->lock);
     wait_idle_locked(writer, file);
     file->meta = *meta;
-    if (is_dirty(file))
-        file->gen++; /* goes with the pending upload */
+    file->gen++; /* uploaded with the data: the next flush sends it */
     pthread_mutex_unlock(&writer->lock);
 }
 
@@ -987,13 +1025,37 @@ static bool dequeue_locked(struct writer *writer, struct writer_file *file)
     return true;
 }
 
-void writer_file_unlink(struct writer_file *file)
+void writer_file_relink(struct writer_file *file)
+{
+    struct writer *writer = file->writer;
+
+    pthread_mutex_lock(&writer->lock);
+    wait_idle_locked(writer, file);
+    file->unlinked = false;
+    bool pending = is_pending(file);
+    if (pending)
+        file->busy = true;
+    pthread_mutex_unlock(&writer->lock);
+    if (!pending)
+        return;
+    /* it was journaled before the unlink took it out: again */
+    int err = journal_file(writer, file, NULL);
+    pthread_mutex_lock(&writer->lock);
+    if (err == 0 && file->open_writers == 0)
+        enqueue_locked(writer, file);
+    file->busy = false;
+    pthread_cond_broadcast(&writer->file_idle);
+    pthread_mutex_unlock(&writer->lock);
+}
+
+bool writer_file_unlink(struct writer_file *file)
 {
     struct writer *writer = file->writer;
 
     pthread_mutex_lock(&writer->lock);
     wait_idle_locked(writer, file);
     file->unlinked = true;
+    bool uploaded = file->uploaded;
     /* its staged data goes as soon as nobody reads it: not at the queue's
      * pace */
     if (dequeue_locked(writer, file))
@@ -1003,13 +1065,14 @@ void writer_file_unlink(struct writer_file *file)
         file->busy = true;
     pthread_mutex_unlock(&writer->lock);
     if (!forget)
-        return;
+        return uploaded;
     if (journal_del(writer->conf.journal, file->id) == 0) {
         pthread_mutex_lock(&writer->lock);
         file->journaled = false;
         pthread_mutex_unlock(&writer->lock);
     }
     end_busy(writer, file);
+    return uploaded;
 }
 
 char *writer_file_key(struct writer_file *file)
@@ -1189,30 +1252,39 @@ static int recover_entry(void *arg, const struct journal_entry *entry)
         upload_abort(&writer->upload, entry->key, entry->upload_id);
     staging_path(writer, entry->id, path, sizeof(path));
     int fd = open(path, O_RDWR | O_CLOEXEC);
-    if (fd < 0 || fstat(fd, &st) != 0 || (uint64_t)st.st_size < entry->size) {
-        log_error("the journal names '%s' but its staging file %s is %s; "
+    if (fd < 0 || fstat(fd, &st) != 0) {
+        log_error("the journal names '%s' but its staging file %s is missing; "
                   "it cannot be uploaded and is dropped from the journal",
-                  entry->key, path, fd < 0 ? "missing" : "short");
+                  entry->key, path);
         if (fd >= 0)
             close(fd);
         journal_del(writer->conf.journal, entry->id);
         return 0;
+    }
+    uint64_t size = entry->size;
+    if ((uint64_t)st.st_size != size) {
+        /* changed in place after it was journaled (reopened and written
+         * before its upload): what is on disk is the latest */
+        log_warn("'%s' changed after it was closed and before the crash; "
+                 "uploading it as it was then (%llu bytes)", entry->key,
+                 (unsigned long long)st.st_size);
+        size = (uint64_t)st.st_size;
     }
     int err = file_new(writer, entry->id, fd, entry->key, &meta, NULL, &file);
     if (err != 0) {
         close(fd);
         return err;
     }
-    file->size = entry->size;
-    file->reserved = entry->size;
+    file->size = size;
+    file->reserved = size;
     file->gen = 1;
     file->uploaded_gen = NEVER;
     file->journaled = true;
-    if (entry->upload_id != NULL)
+    if (entry->upload_id != NULL || size != entry->size)
         journal_file(writer, file, NULL); /* the aborted id is gone */
     if (recovery->adopt != NULL)
         recovery->adopt(recovery->arg, writer_file_ref(file), entry->key,
-                        entry->size, &meta);
+                        size, &meta);
     pthread_mutex_lock(&writer->lock);
     enqueue_locked(writer, file);
     pthread_mutex_unlock(&writer->lock);

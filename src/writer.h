@@ -160,7 +160,8 @@ int writer_file_truncate(struct writer_file *file, uint64_t size);
 void writer_file_info(struct writer_file *file, uint64_t *size,
                       struct writer_meta *meta, bool *pending);
 
-/* Replace the metadata; a pending upload carries it. */
+/* Replace the metadata; it makes the file dirty: the next flush uploads
+ * it (with the data). */
 void writer_file_set_meta(struct writer_file *file, const struct writer_meta *meta);
 
 /* close(): see the promise above. */
@@ -193,8 +194,14 @@ int writer_file_complete(struct writer_file *file);
 void writer_file_set_owner(struct writer_file *file, void *owner);
 
 /* The file was unlinked: never upload it; its data goes when the last
- * reference does. Waits while the file is busy. */
-void writer_file_unlink(struct writer_file *file);
+ * reference does (the caller holds one). Waits while the file is busy.
+ * Returns whether an upload of it reached the bucket (then the object is
+ * there to delete). */
+bool writer_file_unlink(struct writer_file *file);
+
+/* Undo writer_file_unlink() (the operation that unlinked it failed): it
+ * is journaled and uploaded again if it was pending. */
+void writer_file_relink(struct writer_file *file);
 
 /* The key the file will be uploaded as (malloc'd copy, or NULL). */
 char *writer_file_key(struct writer_file *file);

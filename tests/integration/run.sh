@@ -15,7 +15,7 @@ fi
 basetemp=$(mktemp -d "${TMPDIR:-/tmp}/s3cachefs-integration.XXXXXX")
 status=0
 (cd "$srcdir/tests/integration" &&
-    /usr/bin/python3 -m pytest -q -p no:cacheprovider -rs \
+    /usr/bin/python3 -m pytest -q -p no:cacheprovider -rs --durations=15 \
         --basetemp="$basetemp/pytest" ${PYTEST_ARGS:-} .) || status=$?
 # Never delete through a mount that a crashed test left behind.
 if grep -q " $basetemp/" /proc/mounts; then

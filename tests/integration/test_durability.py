@@ -358,3 +358,23 @@ def test_full_cache_disk_gives_enospc(server, s3, bucket, mount, tmp_path, mode)
             assert bucket_keys(s3, bucket) == sorted([*first, *after])
         finally:
             mnt.unmount()
+
+
+def test_unlink_while_uploading_removes_the_object(server, s3, bucket, proxy,
+                                                   mount):
+    """-o writeback: a file removed while its upload is held at the proxy
+    does not come back once the upload is let through."""
+    mnt = mount(bucket, options=['writeback'], endpoint=proxy.endpoint)
+    proxy.inject('hold', HOLD_ALL, 'PUT')
+    try:
+        write_file(mnt.path / 'gone.bin', payload('gone', 200 * KiB))
+        wait_for(lambda: proxy.holding >= 1, 10, 'the upload at the proxy')
+        removing = start_in_thread(os.unlink, mnt.path / 'gone.bin')
+        time.sleep(0.3)
+        proxy.release()
+        assert removing.result(timeout=HANG_TIMEOUT) is None
+    finally:
+        proxy.release()
+    wait_stat(mnt, 'uploads_pending', lambda v: v == 0)
+    assert head(s3, bucket, 'gone.bin') is None
+    assert not (mnt.path / 'gone.bin').exists()

@@ -90,3 +90,41 @@ def test_edit_then_rename_keeps_every_byte(server, s3, bucket, mount):
     assert keys == ['b.bin']
     stored = s3.get_object(Bucket=bucket, Key='b.bin')['Body'].read()
     assert hashlib.sha256(stored).digest() == hashlib.sha256(expected).digest()
+
+
+def test_grown_edit_uploaded_twice_keeps_every_write(server, s3, bucket, mount):
+    """An edit that grows past its object, is fsynced, then written again
+    where it grew: the second upload carries that write (nothing past the
+    first object is copied from the first upload)."""
+    data = pattern(10 * MiB, 'grown')
+    s3.put_object(Bucket=bucket, Key='g.bin', Body=data)
+    mnt = mount(bucket)
+    with open(mnt.path / 'g.bin', 'r+b') as edited:
+        edited.seek(0, os.SEEK_END)
+        edited.write(pattern(30 * MiB, 'more'))
+        edited.flush()
+        os.fsync(edited.fileno())
+        edited.seek(20 * MiB)
+        edited.write(b'second write')
+    expected = bytearray(data + pattern(30 * MiB, 'more'))
+    expected[20 * MiB:20 * MiB + 12] = b'second write'
+    stored = s3.get_object(Bucket=bucket, Key='g.bin')['Body'].read()
+    assert hashlib.sha256(stored).digest() == hashlib.sha256(expected).digest()
+
+
+def test_chmod_of_an_open_edit_then_write(server, s3, bucket, mount):
+    """fchmod on a file open for writing (its object not fetched) and a
+    write afterwards: both reach the bucket, no byte is lost."""
+    data = pattern(3 * MiB + 5, 'chmod')
+    s3.put_object(Bucket=bucket, Key='c.bin', Body=data)
+    mnt = mount(bucket)
+    fd = os.open(mnt.path / 'c.bin', os.O_RDWR)
+    try:
+        os.fchmod(fd, 0o600)
+        os.pwrite(fd, b'written after chmod', MiB + 7)
+    finally:
+        os.close(fd)
+    expected = data[:MiB + 7] + b'written after chmod' + data[MiB + 26:]
+    answer = s3.get_object(Bucket=bucket, Key='c.bin')
+    assert answer['Body'].read() == expected
+    assert int(answer['Metadata']['mode']) & 0o777 == 0o600
