@@ -407,10 +407,8 @@ static void merge_one_locked(const void *node, VISIT which, void *arg)
 static void merge_staged_locked(struct fs *fs, struct inode *dir)
 {
     struct staged_merge merge = {fs, dir, strlen(dir->key)};
-    unsigned gen = dir->listing_gen;
 
     twalk_r(fs->staged, merge_one_locked, &merge);
-    dir->listing_gen = gen; /* not a change: the listing is complete */
 }
 
 /*
@@ -438,7 +436,7 @@ int fs_get_listing(struct fs *fs, struct inode *dir, unsigned max_pages,
         inode_table_wait(fs->inodes, &fs->listing_done);
     }
     dir->listing_fetch = true;
-    unsigned gen = dir->listing_gen;
+    inode_listing_forget_patches_locked(dir);
     char *dir_key = strdup(dir->key);
     inode_table_unlock(fs->inodes);
 
@@ -457,12 +455,13 @@ int fs_get_listing(struct fs *fs, struct inode *dir, unsigned max_pages,
     dir->listing_fetch = false;
     pthread_cond_broadcast(&fs->listing_done);
     if (err == 0) {
-        /* changed here while listing: the listing may predate the change */
-        if (dir->listing_gen != gen)
-            listing->fetched_at = -1e9;
         inode_set_listing_locked(fs->inodes, dir, listing);
+        /* what changed here while listing, the LIST may not show yet */
+        inode_listing_replay_locked(fs->inodes, dir);
         merge_staged_locked(fs, dir);
         *out = inode_listing_ref_locked(dir->listing);
+    } else {
+        inode_listing_forget_patches_locked(dir);
     }
     inode_table_unlock(fs->inodes);
     free(dir_key);

@@ -55,8 +55,25 @@ static void release_listing_locked(struct inode_listing *listing)
         inode_listing_free(listing);
 }
 
+struct inode_patch {
+    struct inode_patch *next;
+    bool removed;
+    struct inode_attrs attrs;
+    char name[];
+};
+
+static void free_patches(struct inode *dir)
+{
+    while (dir->patches != NULL) {
+        struct inode_patch *next = dir->patches->next;
+        free(dir->patches);
+        dir->patches = next;
+    }
+}
+
 static void inode_free(struct inode *inode)
 {
+    free_patches(inode);
     free(inode->key);
     free(inode->symlink_target);
     release_listing_locked(inode->listing);
@@ -436,7 +453,22 @@ int inode_listing_patch_locked(struct inode_table *table, struct inode *dir,
 {
     struct inode_listing *listing = dir->listing;
 
-    dir->listing_gen++;
+    if (dir->listing_fetch) {
+        /* a LIST under way may not see this change: keep it for replay */
+        size_t len = strlen(name) + 1;
+        struct inode_patch *patch = malloc(sizeof(*patch) + len);
+        if (patch != NULL) {
+            patch->removed = attrs == NULL;
+            if (attrs != NULL)
+                patch->attrs = *attrs;
+            memcpy(patch->name, name, len);
+            patch->next = NULL;
+            struct inode_patch **tail = &dir->patches;
+            while (*tail != NULL)
+                tail = &(*tail)->next;
+            *tail = patch;
+        }
+    }
     if (listing == NULL)
         return 0;
     if (listing->refs > 1) { /* an open directory holds it: copy */
@@ -488,6 +520,23 @@ int inode_listing_patch_locked(struct inode_table *table, struct inode *dir,
     listing->entries[low] = (struct inode_dirent){copy, *attrs};
     listing->count++;
     return 0;
+}
+
+void inode_listing_forget_patches_locked(struct inode *dir)
+{
+    free_patches(dir);
+}
+
+void inode_listing_replay_locked(struct inode_table *table, struct inode *dir)
+{
+    struct inode_patch *patches = dir->patches;
+
+    dir->patches = NULL; /* not recorded again while replayed */
+    for (struct inode_patch *patch = patches; patch != NULL; patch = patch->next)
+        inode_listing_patch_locked(table, dir, patch->name,
+                                   patch->removed ? NULL : &patch->attrs);
+    dir->patches = patches;
+    free_patches(dir);
 }
 
 size_t inode_table_count(struct inode_table *table)

@@ -27,6 +27,7 @@
 #include "s3.h"
 
 struct writer_file;
+struct inode_patch;
 
 enum inode_kind {
     INODE_DIR,
@@ -80,8 +81,9 @@ struct inode {
     unsigned write_handles;     /* (L) handles open for writing */
     unsigned open_handles;      /* (L) handles open at all */
     bool unlinked;              /* (L) removed: no longer found by key */
-    unsigned listing_gen;       /* (L) directories: bumped by every local
-                                   change of the listing */
+    struct inode_patch *patches; /* (L) directories: local changes made
+                                    while a listing was being fetched, to
+                                    replay on it */
 };
 
 struct inode_table;
@@ -179,11 +181,19 @@ void inode_visit_prefix_locked(struct inode_table *table, const char *prefix,
 /*
  * Change DIR's listing (if it has one) for a local change: set NAME to
  * ATTRS (added or replaced), or remove it when ATTRS is NULL. The listing
- * is patched in place when nobody else holds it, else copied. ENOMEM.
- * Lock held.
+ * is patched in place when nobody else holds it, else copied; while a
+ * listing is being fetched the change is also kept to be replayed on it.
+ * ENOMEM. Lock held.
  */
 int inode_listing_patch_locked(struct inode_table *table, struct inode *dir,
                                const char *name, const struct inode_attrs *attrs);
+
+/* Apply to DIR's new listing the local changes made while it was being
+ * fetched (a LIST may predate them), and forget them. Lock held. */
+void inode_listing_replay_locked(struct inode_table *table, struct inode *dir);
+
+/* Forget DIR's recorded changes (a fetch starts, or failed). Lock held. */
+void inode_listing_forget_patches_locked(struct inode *dir);
 
 /* Number of inodes in the table (for statistics and tests). */
 size_t inode_table_count(struct inode_table *table);
