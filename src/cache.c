@@ -96,6 +96,19 @@ int cache_usage_put(struct db_txn *txn, const struct usage_record *usage)
     return db_put(txn, DB_META, "usage", 5, usage, sizeof(*usage));
 }
 
+int cache_usage_commit(struct cache *cache, struct db_txn **txn,
+                       const struct usage_record *before,
+                       const struct usage_record *usage)
+{
+    int err = cache_usage_put(*txn, usage);
+
+    if (err == 0)
+        err = db_txn_commit(txn);
+    if (err == 0)
+        cache_usage_mirror(cache, before, usage);
+    return err;
+}
+
 /* After a commit, move the in-memory mirror of the usage record by what
  * the transaction changed (BEFORE -> AFTER). Applying differences keeps
  * the mirror right whatever order committed transactions report in. */
@@ -422,12 +435,7 @@ static int resolve_version(struct cache *cache, const char *key,
     if (err == 0)
         err = db_put(txn, DB_KEYS, hash, sizeof(hash), id, sizeof(*id));
     if (err == 0)
-        err = cache_usage_put(txn, &usage);
-    if (err == 0)
-        err = db_txn_commit(&txn);
-    if (err == 0) {
-        cache_usage_mirror(cache, &before, &usage);
-    }
+        err = cache_usage_commit(cache, &txn, &before, &usage);
 out:
     db_txn_abort(&txn);
     return err;
@@ -598,13 +606,9 @@ static void drop_damaged_block(struct cache *cache, struct cache_object *object,
     if (err == 0)
         err = cache_drop_block_txn(txn, object->id, block, &usage, &dropped_len);
     if (err == 0)
-        err = cache_usage_put(txn, &usage);
+        err = cache_usage_commit(cache, &txn, &before, &usage);
     if (err == 0)
-        err = db_txn_commit(&txn);
-    if (err == 0) {
         dropped = true;
-        cache_usage_mirror(cache, &before, &usage);
-    }
     db_txn_abort(&txn);
     if (dropped) {
         if (dropped_len > 0)
@@ -968,13 +972,10 @@ int cache_forget_key(struct cache *cache, const char *key)
             err = 0;
     }
     if (err == 0)
-        err = cache_usage_put(txn, &usage);
-    if (err == 0)
-        err = db_txn_commit(&txn);
+        err = cache_usage_commit(cache, &txn, &before, &usage);
     db_txn_abort(&txn);
     if (err != 0)
         return err;
-    cache_usage_mirror(cache, &before, &usage);
     if (dropped != 0)
         retire_dropped_version(cache, dropped);
     return 0;
@@ -1044,11 +1045,8 @@ int cache_rename_object(struct cache *cache, const char *key, const char *etag,
     if (err == 0)
         err = db_put(txn, DB_KEYS, new_hash, sizeof(new_hash), &id, sizeof(id));
     if (err == 0)
-        err = cache_usage_put(txn, &usage);
-    if (err == 0)
-        err = db_txn_commit(&txn);
+        err = cache_usage_commit(cache, &txn, &before, &usage);
     if (err == 0) {
-        cache_usage_mirror(cache, &before, &usage);
         if (dropped != 0)
             retire_dropped_version(cache, dropped);
     }

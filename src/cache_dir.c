@@ -383,11 +383,7 @@ static int sweep_orphan_files(struct cache *cache)
         }
     }
     if (err == 0 && orphans.count > 0) {
-        err = cache_usage_put(txn, &usage);
-        if (err == 0)
-            err = db_txn_commit(&txn);
-        if (err == 0)
-            cache_usage_mirror(cache, &before, &usage);
+        err = cache_usage_commit(cache, &txn, &before, &usage);
     }
     db_txn_abort(&txn);
     if (err == 0 && orphans.count > 0)

@@ -223,6 +223,11 @@ int cache_meta_put_u64(struct db_txn *txn, const char *name, uint64_t value);
 int cache_usage_get(struct db_txn *txn, struct usage_record *out);
 int cache_usage_put(struct db_txn *txn, const struct usage_record *usage);
 
+/* Store USAGE, commit *TXN, and move cache->usage by USAGE - BEFORE. */
+int cache_usage_commit(struct cache *cache, struct db_txn **txn,
+                       const struct usage_record *before,
+                       const struct usage_record *usage);
+
 /* After a commit, move cache->usage by AFTER - BEFORE (takes `lock`). */
 void cache_usage_mirror(struct cache *cache, const struct usage_record *before,
                         const struct usage_record *after);

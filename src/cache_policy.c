@@ -405,12 +405,7 @@ int cache_flush(struct cache *cache)
     if (err == 0)
         err = demote_protected_txn(cache, txn, &usage, scratch);
     if (err == 0)
-        err = cache_usage_put(txn, &usage);
-    if (err == 0)
-        err = db_txn_commit(&txn);
-    if (err == 0) {
-        cache_usage_mirror(cache, &before, &usage);
-    }
+        err = cache_usage_commit(cache, &txn, &before, &usage);
 out:
     db_txn_abort(&txn);
     free(scratch);

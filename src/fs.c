@@ -187,22 +187,31 @@ void fs_attrs_to_stat(const struct fs *fs, fuse_ino_t ino,
     st->st_atim = attrs->mtime;
 }
 
+void fs_meta_attrs(const struct writer_meta *meta, uint64_t size, const char *etag,
+                   struct inode_attrs *out)
+{
+    *out = (struct inode_attrs){
+        .kind = INODE_FILE,
+        .size = size,
+        .mtime = meta->mtime,
+        .mode = meta->mode & 07777,
+        .uid = meta->uid,
+        .gid = meta->gid,
+        .headers_known = true,
+        .fetched_at = fs_now_seconds(),
+    };
+    snprintf(out->etag, sizeof(out->etag), "%s", etag);
+}
+
 void fs_staged_attrs_locked(const struct fs *fs, const struct inode *inode,
                             struct inode_attrs *out)
 {
     struct writer_meta meta;
     uint64_t size;
 
+    (void)fs;
     writer_file_info(inode->wfile, &size, &meta, NULL);
-    *out = inode->attrs;
-    out->kind = INODE_FILE;
-    out->size = size;
-    out->mtime = meta.mtime;
-    out->mode = meta.mode & 07777;
-    out->uid = meta.uid;
-    out->gid = meta.gid;
-    out->headers_known = true;
-    out->fetched_at = fs_now_seconds();
+    fs_meta_attrs(&meta, size, inode->attrs.etag, out);
 }
 
 void fs_fill_entry(const struct fs *fs, const struct inode *inode,
@@ -385,19 +394,40 @@ struct staged_merge {
     size_t dir_len;
 };
 
-static void merge_one_locked(const void *node, VISIT which, void *arg)
+struct staged_visit {
+    const char *prefix;
+    size_t prefix_len;
+    void (*visit)(void *arg, struct inode *inode);
+    void *arg;
+};
+
+static void staged_visit_node(const void *node, VISIT which, void *arg)
+{
+    struct staged_visit *walk = arg;
+    struct inode *inode = *(struct inode *const *)node;
+
+    if ((which == postorder || which == leaf) && !inode->unlinked &&
+        strncmp(inode->key, walk->prefix, walk->prefix_len) == 0)
+        walk->visit(walk->arg, inode);
+}
+
+void fs_staged_visit_locked(struct fs *fs, const char *prefix,
+                            void (*visit)(void *arg, struct inode *inode),
+                            void *arg)
+{
+    struct staged_visit walk = {prefix, strlen(prefix), visit, arg};
+
+    twalk_r(fs->staged, staged_visit_node, &walk);
+}
+
+static void merge_one_locked(void *arg, struct inode *inode)
 {
     struct staged_merge *merge = arg;
-    struct inode *inode = *(struct inode *const *)node;
     const char *name = inode->key + merge->dir_len;
     struct inode_attrs attrs;
 
-    if (which != postorder && which != leaf)
-        return;
-    if (inode->wfile == NULL || inode->unlinked ||
-        strncmp(inode->key, merge->dir->key, merge->dir_len) != 0 ||
-        name[0] == '\0' || strchr(name, '/') != NULL)
-        return;
+    if (name[0] == '\0' || strchr(name, '/') != NULL)
+        return; /* the directory itself, or deeper */
     fs_staged_attrs_locked(merge->fs, inode, &attrs);
     inode_listing_patch_locked(merge->fs->inodes, merge->dir, name, &attrs);
 }
@@ -408,7 +438,7 @@ static void merge_staged_locked(struct fs *fs, struct inode *dir)
 {
     struct staged_merge merge = {fs, dir, strlen(dir->key)};
 
-    twalk_r(fs->staged, merge_one_locked, &merge);
+    fs_staged_visit_locked(fs, dir->key, merge_one_locked, &merge);
 }
 
 /*
@@ -688,7 +718,6 @@ int fs_lookup(struct fs *fs, fuse_ino_t parent_ino, const char *name,
         inode_table_unlock(fs->inodes);
         goto out;
     }
-    inode_table_unlock(fs->inodes);
 
     /* A directory listed before is listed again (one LIST per 1000 keys
      * answers every lookup in it for dir_ttl); others are probed. */
@@ -696,7 +725,6 @@ int fs_lookup(struct fs *fs, fuse_ino_t parent_ino, const char *name,
      * by name) are cheaper answered by listing it once, if that takes a
      * few pages: after PROBES_BEFORE_LISTING probes (two requests each) it
      * is tried. */
-    inode_table_lock(fs->inodes);
     if (parent->listing != NULL &&
         fs_now_seconds() - parent->listing->fetched_at < fs->conf.dir_ttl)
         listing = inode_listing_ref_locked(parent->listing); /* fresh */

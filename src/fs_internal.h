@@ -89,6 +89,17 @@ int fs_resolve_file(struct fs *fs, const char *key,
 int fs_revalidate_file(struct fs *fs, struct inode *inode,
                        struct inode_attrs *attrs);
 
+/* The attributes of a file of SIZE bytes and ETAG written with META. */
+void fs_meta_attrs(const struct writer_meta *meta, uint64_t size, const char *etag,
+                   struct inode_attrs *out);
+
+/* Call VISIT for every inode with a staged file (a wfile) whose key
+ * starts with PREFIX and that is not unlinked. Lock held; VISIT must not
+ * attach or detach staged files. */
+void fs_staged_visit_locked(struct fs *fs, const char *prefix,
+                            void (*visit)(void *arg, struct inode *inode),
+                            void *arg);
+
 /* Attributes of a staged file (lock held). */
 void fs_staged_attrs_locked(const struct fs *fs, const struct inode *inode,
                             struct inode_attrs *out);

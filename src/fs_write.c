@@ -244,19 +244,10 @@ void fs_uploaded(void *arg, struct writer_file *file, void *owner, const char *k
 {
     struct fs *fs = arg;
     struct inode *inode = inode_get(fs->inodes, (fuse_ino_t)(uintptr_t)owner);
-    struct inode_attrs attrs = {
-        .kind = INODE_FILE,
-        .size = size,
-        .mtime = meta->mtime,
-        .mode = meta->mode & 07777,
-        .uid = meta->uid,
-        .gid = meta->gid,
-        .headers_known = true,
-        .fetched_at = fs_now_seconds(),
-    };
+    struct inode_attrs attrs;
     bool current = false;
 
-    snprintf(attrs.etag, sizeof(attrs.etag), "%s", etag);
+    fs_meta_attrs(meta, size, etag, &attrs);
     if (inode != NULL) {
         inode_table_lock(fs->inodes);
         bool mine = inode->wfile == file && !inode->unlinked;
@@ -288,17 +279,10 @@ void fs_recovered(void *arg, struct writer_file *file, const char *key,
                   uint64_t size, const struct writer_meta *meta)
 {
     struct fs *fs = arg;
-    struct inode_attrs attrs = {
-        .kind = INODE_FILE,
-        .size = size,
-        .mtime = meta->mtime,
-        .mode = meta->mode & 07777,
-        .uid = meta->uid,
-        .gid = meta->gid,
-        .headers_known = true,
-        .fetched_at = fs_now_seconds(),
-    };
+    struct inode_attrs attrs;
     struct writer_file *attached = NULL;
+
+    fs_meta_attrs(meta, size, "", &attrs);
 
     inode_table_lock(fs->inodes);
     struct inode *inode = inode_obtain_locked(fs->inodes, key);
@@ -317,16 +301,18 @@ void fs_recovered(void *arg, struct writer_file *file, const char *key,
 
 /* ------------------------------------------------------ helpers */
 
-/* Look NAME up in PARENT for a change: its inode pinned in *out (NULL when
- * it does not exist) and its key. */
+/* Look NAME up in PARENT for a change: its inode pinned in *out and its
+ * key. When it does not exist: ENOENT if MUST_EXIST, else 0 and NULL. */
 static int find_child(struct fs *fs, fuse_ino_t parent, const char *name,
-                      struct inode **out, char **key)
+                      bool must_exist, struct inode **out, char **key)
 {
     struct fs_entry entry;
     int err = fs_lookup(fs, parent, name, &entry);
 
     *out = NULL;
     *key = NULL;
+    if (err == 0 && entry.ino == 0 && must_exist)
+        err = ENOENT;
     if (err != 0 || entry.ino == 0)
         return err;
     *out = inode_get(fs->inodes, entry.ino);
@@ -367,32 +353,23 @@ static int child_key(struct fs *fs, fuse_ino_t parent_ino, const char *name,
     return err;
 }
 
-struct pending_probe {
-    const char *prefix;
-    size_t len;
-    bool found;
-};
-
-static void probe_pending(const void *node, VISIT which, void *arg)
+static void probe_pending(void *arg, struct inode *inode)
 {
-    struct pending_probe *probe = arg;
-    const struct inode *inode = *(const struct inode *const *)node;
+    bool *found = arg;
 
-    if ((which == postorder || which == leaf) && !inode->unlinked &&
-        strncmp(inode->key, probe->prefix, probe->len) == 0 &&
-        writer_file_pending(inode->wfile))
-        probe->found = true;
+    if (writer_file_pending(inode->wfile))
+        *found = true;
 }
 
 /* Whether a file under PREFIX waits for its upload. */
 static bool is_staged_pending_under(struct fs *fs, const char *prefix)
 {
-    struct pending_probe probe = {prefix, strlen(prefix), false};
+    bool found = false;
 
     inode_table_lock(fs->inodes);
-    twalk_r(fs->staged, probe_pending, &probe);
+    fs_staged_visit_locked(fs, prefix, probe_pending, &found);
     inode_table_unlock(fs->inodes);
-    return probe.found;
+    return found;
 }
 
 /* ENOTEMPTY when directory DIR_KEY has anything in it (in the bucket, or
@@ -575,9 +552,7 @@ int fs_rmdir(struct fs *fs, fuse_ino_t parent, const char *name)
 
     if (fs->writer == NULL)
         return EROFS;
-    int err = find_child(fs, parent, name, &inode, &key);
-    if (err == 0 && inode == NULL)
-        err = ENOENT;
+    int err = find_child(fs, parent, name, true, &inode, &key);
     if (err != 0)
         goto out;
     inode_table_lock(fs->inodes);
@@ -647,9 +622,7 @@ int fs_unlink(struct fs *fs, fuse_ino_t parent, const char *name)
 
     if (fs->writer == NULL)
         return EROFS;
-    int err = find_child(fs, parent, name, &inode, &key);
-    if (err == 0 && inode == NULL)
-        err = ENOENT;
+    int err = find_child(fs, parent, name, true, &inode, &key);
     if (err != 0)
         goto out;
     inode_table_lock(fs->inodes);
@@ -1036,15 +1009,11 @@ struct staged_rename {
     size_t count, capacity;
 };
 
-static void collect_staged(const void *node, VISIT which, void *arg)
+static void collect_staged(void *arg, struct inode *inode)
 {
     struct staged_rename *rename = arg;
-    const struct inode *inode = *(const struct inode *const *)node;
     size_t len = strlen(rename->src_prefix);
 
-    if ((which != postorder && which != leaf) || inode->unlinked ||
-        strncmp(inode->key, rename->src_prefix, len) != 0)
-        return;
     if (rename->count == rename->capacity) {
         size_t capacity = rename->capacity ? rename->capacity * 2 : 16;
         void *files = realloc(rename->files, capacity * sizeof(*rename->files));
@@ -1072,7 +1041,7 @@ static int rename_dir(struct fs *fs, const char *src_prefix, const char *dst_pre
 
     /* files not uploaded yet go to their new names when they are */
     inode_table_lock(fs->inodes);
-    twalk_r(fs->staged, collect_staged, &staged);
+    fs_staged_visit_locked(fs, src_prefix, collect_staged, &staged);
     inode_table_unlock(fs->inodes);
     size_t renamed = 0;
     err = 0;
@@ -1181,11 +1150,9 @@ int fs_rename(struct fs *fs, fuse_ino_t parent, const char *name,
         return EROFS;
     if (flags & ~(unsigned)RENAME_NOREPLACE)
         return EINVAL; /* RENAME_EXCHANGE, RENAME_WHITEOUT */
-    err = find_child(fs, parent, name, &src, &src_key);
-    if (err == 0 && src == NULL)
-        err = ENOENT;
+    err = find_child(fs, parent, name, true, &src, &src_key);
     if (err == 0)
-        err = find_child(fs, new_parent, new_name, &dst, &dst_key);
+        err = find_child(fs, new_parent, new_name, false, &dst, &dst_key);
     if (err != 0)
         goto out;
 

@@ -412,19 +412,6 @@ int inode_rekey_prefix_locked(struct inode_table *table, const char *old_prefix,
     return err;
 }
 
-void inode_visit_prefix_locked(struct inode_table *table, const char *prefix,
-                               void (*visit_fn)(void *arg, struct inode *inode),
-                               void *arg)
-{
-    struct prefix_visit visit;
-
-    if (find_prefix_locked(table, prefix, &visit) != 0)
-        return;
-    for (size_t i = 0; i < visit.count; i++)
-        visit_fn(arg, visit.found[i]);
-    free(visit.found);
-}
-
 static struct inode_listing *listing_copy(const struct inode_listing *listing)
 {
     struct inode_listing *copy = calloc(1, sizeof(*copy));

@@ -172,12 +172,6 @@ int inode_rekey_locked(struct inode_table *table, struct inode *inode,
 int inode_rekey_prefix_locked(struct inode_table *table, const char *old_prefix,
                               const char *new_prefix);
 
-/* Visit every inode whose key starts with PREFIX (lock held; VISIT must not
- * change keys). */
-void inode_visit_prefix_locked(struct inode_table *table, const char *prefix,
-                               void (*visit)(void *arg, struct inode *inode),
-                               void *arg);
-
 /*
  * Change DIR's listing (if it has one) for a local change: set NAME to
  * ATTRS (added or replaced), or remove it when ATTRS is NULL. The listing

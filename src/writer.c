@@ -1075,14 +1075,6 @@ bool writer_file_unlink(struct writer_file *file)
     return uploaded;
 }
 
-char *writer_file_key(struct writer_file *file)
-{
-    pthread_mutex_lock(&file->writer->lock);
-    char *key = strdup(file->key);
-    pthread_mutex_unlock(&file->writer->lock);
-    return key;
-}
-
 bool writer_file_etag(struct writer_file *file, char *etag_out)
 {
     pthread_mutex_lock(&file->writer->lock);

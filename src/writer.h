@@ -203,9 +203,6 @@ bool writer_file_unlink(struct writer_file *file);
  * is journaled and uploaded again if it was pending. */
 void writer_file_relink(struct writer_file *file);
 
-/* The key the file will be uploaded as (malloc'd copy, or NULL). */
-char *writer_file_key(struct writer_file *file);
-
 /* Whether the object was uploaded and its ETag (S3_ETAG_MAX bytes). */
 bool writer_file_etag(struct writer_file *file, char *etag_out);
 
