@@ -13,6 +13,9 @@
  *   i64 mtime seconds, u32 mtime nanoseconds
  *   u16 key length (1..JOURNAL_KEY_MAX), key bytes (no NUL)
  *   u16 upload id length (0: none), upload id bytes (no NUL)
+ *   u8  flags (format 2 only): JOURNAL_FLAG_UNCLOSED
+ *
+ * Format 1 records (no flags byte) are still read; new ones are format 2.
  *
  * A record that does not decode is logged and skipped by scans, never
  * deleted: it may be all that is left of what a user wrote.
@@ -41,7 +44,9 @@
 #include "db.h"
 #include "log.h"
 
-#define RECORD_FORMAT 1
+#define RECORD_FORMAT 2
+#define RECORD_FORMAT_V1 1     /* without the flags byte */
+#define FLAG_UNCLOSED 0x01
 #define JOURNAL_KEY_MAX 1024u
 #define JOURNAL_UPLOAD_ID_MAX 2048u
 #define JOURNAL_MAP_SIZE (1ull << 30)
@@ -104,7 +109,7 @@ static int record_encode(const struct journal_entry *entry,
         upload_id_len > JOURNAL_UPLOAD_ID_MAX || entry->mtime.tv_nsec < 0 ||
         entry->mtime.tv_nsec >= 1000000000L)
         return EINVAL;
-    *out_len = RECORD_FIXED_LEN + key_len + upload_id_len;
+    *out_len = RECORD_FIXED_LEN + key_len + upload_id_len + 1;
     record = malloc(*out_len);
     if (record == NULL)
         return ENOMEM;
@@ -120,7 +125,8 @@ static int record_encode(const struct journal_entry *entry,
     memcpy(p, entry->key, key_len), p += key_len;
     put_be(p, upload_id_len, 2), p += 2;
     if (upload_id_len > 0)
-        memcpy(p, entry->upload_id, upload_id_len);
+        memcpy(p, entry->upload_id, upload_id_len), p += upload_id_len;
+    *p = entry->unclosed ? FLAG_UNCLOSED : 0;
     *out = record;
     return 0;
 }
@@ -145,7 +151,8 @@ static int record_decode(const unsigned char *key, size_t key_len,
     *why = NULL;
     if (key_len != 8)
         *why = "its key is not an id";
-    else if (len < 1 || value[0] != RECORD_FORMAT)
+    else if (len < 1 || (value[0] != RECORD_FORMAT &&
+                         value[0] != RECORD_FORMAT_V1))
         *why = "unknown record format";
     else if (len < RECORD_FIXED_LEN)
         *why = "record too short";
@@ -172,8 +179,9 @@ static int record_decode(const unsigned char *key, size_t key_len,
     const unsigned char *name = p;
     p += name_len;
     upload_id_len = (size_t)get_be(p, 2), p += 2;
+    size_t flags_len = value[0] == RECORD_FORMAT_V1 ? 0 : 1;
     if (upload_id_len > JOURNAL_UPLOAD_ID_MAX ||
-        (size_t)(end - p) != upload_id_len) {
+        (size_t)(end - p) != upload_id_len + flags_len) {
         *why = "bad upload id length";
         return EPROTO;
     }
@@ -193,6 +201,16 @@ static int record_decode(const unsigned char *key, size_t key_len,
         memcpy(upload_id, p, upload_id_len);
         upload_id[upload_id_len] = '\0';
         entry->upload_id = upload_id;
+    }
+    if (flags_len > 0) {
+        unsigned flags = p[upload_id_len];
+        if ((flags & ~FLAG_UNCLOSED) != 0) {
+            free(out->strings);
+            out->strings = NULL;
+            *why = "unknown flags";
+            return EPROTO;
+        }
+        entry->unclosed = (flags & FLAG_UNCLOSED) != 0;
     }
     return 0;
 }

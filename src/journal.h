@@ -2,7 +2,9 @@
  * journal.h - the durable record of writes not yet in the bucket.
  *
  * Every staged file that must reach the bucket (closed in writeback mode,
- * or whose upload failed or is under way) has one entry here: the
+ * or whose upload failed or is under way) has one entry here, and so does
+ * a file still being written whose write-behind upload is under way
+ * (`unclosed`, so that a crash leaves no stale multipart upload): the
  * staging file it lives in (by id), its destination key and the metadata
  * it is uploaded with. The journal is its own LMDB environment in
  * CACHE/journal, opened durable (each commit is fsynced, unlike the
@@ -19,6 +21,7 @@
 #ifndef S3CFS_JOURNAL_H
 #define S3CFS_JOURNAL_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <stddef.h>
 #include <time.h>
@@ -31,6 +34,10 @@ struct journal_entry {
     uint32_t uid, gid;
     struct timespec mtime;
     const char *upload_id;      /* multipart upload under way, or NULL */
+    /* the file was never closed (a write-behind upload under way): after
+     * a crash its upload is aborted and nothing else is done (nobody was
+     * promised its data) */
+    bool unclosed;
 };
 
 struct journal;

@@ -15,6 +15,24 @@
  * A file is pending when it is dirty and not unlinked. The fs layer keeps a
  * reference while a file is pending, so pending files live until uploaded.
  *
+ * Write-behind (writebehind.h), in the default mode: a file that is not an
+ * edit, written from its start past the multipart threshold (close() will
+ * have to wait for its upload), gets a multipart upload (wb)
+ * created by the write that crossed it; every write then tells it what
+ * changed and how far the file is written contiguously from byte 0
+ * (seq_end), and upload_now() finishes it instead of uploading the file.
+ * Its upload id is journaled at once (an `unclosed` entry, or the
+ * complete entry of a file closed before), so that a crash leaves no
+ * multipart upload behind. The upload is created with the metadata of
+ * that moment but without x-amz-meta-mtime (the object's Last-Modified,
+ * which follows the last write, stands for it); if the mode, owner or an
+ * explicit mtime changed meanwhile, the object is copied onto itself with
+ * the new metadata once complete. A file renamed while its write-behind
+ * upload is under way is first uploaded under its old name, then moved by
+ * the caller as any uploaded object. (In writeback mode files are uploaded
+ * after close, so that a file renamed before its upload, the usual fate of
+ * a temporary name, is only ever sent under its final name.)
+ *
  * Threads: `uploaders` background threads take files from the queue
  * (work_queued); writer_drain() waits on upload_done for the queue to
  * empty.
@@ -37,6 +55,7 @@
 
 #include "log.h"
 #include "upload.h"
+#include "writebehind.h"
 
 #define NEVER UINT64_MAX
 #define GRANULE (1ull << 20)        /* unit of fetching an edited object */
@@ -78,6 +97,16 @@ struct writer_file {
     unsigned char *loading;       /* (W) per granule: being fetched */
     unsigned char *written;       /* (W) per granule: changed since staged */
     uint64_t missing;             /* (W) granules not present */
+    /* write-behind (see the top of this file) */
+    struct writebehind *wb;
+    uint64_t seq_end;             /* bytes written contiguously from 0 */
+    bool wb_starting;             /* a write is creating wb */
+    bool wb_refused;              /* creating it failed: not again */
+    bool wb_journaled;            /* an unclosed journal entry names wb */
+    bool mtime_set;               /* mtime set explicitly since the last write */
+    struct writer_meta wb_meta;   /* the metadata wb was created with */
+    uint64_t journaled_size;      /* the journal entry's, when journaled */
+    struct writer_meta journaled_meta;
     struct writer_file *queue_next;
     struct writer_file *all_prev, *all_next;
 };
@@ -329,6 +358,10 @@ static int journal_file(struct writer *writer, struct writer_file *file,
     key = strdup(file->key);
     size = file->size;
     meta = file->meta;
+    /* a write-behind upload under way is named, to be aborted after a
+     * crash (the next mount uploads the staged file whole) */
+    if (upload_id == NULL && file->wb != NULL)
+        upload_id = writebehind_upload_id(file->wb);
     pthread_mutex_unlock(&writer->lock);
     if (key == NULL)
         return ENOMEM;
@@ -337,6 +370,9 @@ static int journal_file(struct writer *writer, struct writer_file *file,
     if (err == 0) {
         pthread_mutex_lock(&writer->lock);
         file->journaled = true;
+        file->wb_journaled = false; /* the entry is complete now */
+        file->journaled_size = size;
+        file->journaled_meta = meta;
         pthread_mutex_unlock(&writer->lock);
     } else {
         log_error("cannot journal the upload of '%s': %s", key, strerror(err));
@@ -404,6 +440,43 @@ static void fill_put_meta(const struct writer_meta *meta, struct s3_put_meta *ou
 }
 
 /*
+ * Complete write-behind upload *WBP of a file now SIZE bytes at KEY with
+ * META (the writer is done: FILE is busy). If its metadata changed since
+ * the upload was created, the object is copied onto itself with META.
+ * Returns 0 with the object's ETag in ETAG, or an errno (the multipart
+ * upload is then gone; the caller uploads the file as usual next time).
+ */
+static int finish_writebehind(struct writer *writer, struct writebehind **wbp,
+                              const char *key, uint64_t size,
+                              const struct writer_meta *meta,
+                              const struct writer_meta *wb_meta, bool mtime_set,
+                              char *etag)
+{
+    /* renamed meanwhile (a race with the rename that uploads it first) or
+     * too small for a multipart upload now: the usual way */
+    if (strcmp(writebehind_key(*wbp), key) != 0 ||
+        size <= writer->conf.multipart_threshold) {
+        writebehind_abandon(wbp);
+        return EAGAIN;
+    }
+    int err = writebehind_finish(wbp, size, etag);
+    if (err != 0 || (meta->mode == wb_meta->mode && meta->uid == wb_meta->uid &&
+                     meta->gid == wb_meta->gid && !mtime_set))
+        return err;
+    struct s3_put_meta put_meta;
+    char source_etag[S3_ETAG_MAX];
+    fill_put_meta(meta, &put_meta);
+    put_meta.has_mtime = mtime_set;
+    snprintf(source_etag, sizeof(source_etag), "%s", etag);
+    err = upload_copy(&writer->upload, key, source_etag, size, key, &put_meta,
+                      etag);
+    if (err != 0)
+        log_warn("upload %s: cannot set its metadata after the upload: %s",
+                 key, strerror(err));
+    return err;
+}
+
+/*
  * Upload FILE if it is dirty, in this thread. Returns 0 when the file is
  * in the bucket (now or already), else the upload's errno (the file stays
  * pending, journaled).
@@ -430,8 +503,17 @@ static int upload_now(struct writer *writer, struct writer_file *file)
     meta = file->meta;
     key = strdup(file->key);
     void *owner = file->owner;
+    struct writebehind *wb = file->wb;
+    struct writer_meta wb_meta = file->wb_meta;
+    bool mtime_set = file->mtime_set;
+    bool wb_journaled = file->wb_journaled;
+    /* finished or abandoned below, whatever happens; its unclosed entry
+     * is deleted (uploaded) or replaced by a complete one (failed) */
+    file->wb = NULL;
+    file->wb_journaled = false;
     pthread_mutex_unlock(&writer->lock);
     if (key == NULL) {
+        writebehind_abandon(&wb);
         end_busy(writer, file);
         return ENOMEM;
     }
@@ -455,7 +537,12 @@ static int upload_now(struct writer *writer, struct writer_file *file)
         .arg = &context,
     };
     fill_put_meta(&meta, &put_meta);
-    err = upload_file(&writer->upload, &request, etag);
+    err = EAGAIN;
+    if (wb != NULL)
+        err = finish_writebehind(writer, &wb, key, size, &meta, &wb_meta,
+                                 mtime_set, etag);
+    if (err == EAGAIN)
+        err = upload_file(&writer->upload, &request, etag);
 
     bool forget = false, remember = false;
     pthread_mutex_lock(&writer->lock);
@@ -478,7 +565,8 @@ static int upload_now(struct writer *writer, struct writer_file *file)
             }
         }
         writer->stats.uploads_completed++;
-        forget = file->journaled && !is_dirty(file);
+        forget = (file->journaled || wb_journaled) && !is_dirty(file);
+        file->mtime_set = false;
     } else {
         file->failed = true;
         file->last_error = err;
@@ -681,6 +769,8 @@ void writer_file_put(struct writer_file **filep)
                  file->uploaded_gen == file->gen && file->missing == 0;
     pthread_mutex_unlock(&writer->lock);
 
+    /* (a write-behind upload left only on a file never uploaded: gone) */
+    writebehind_abandon(&file->wb);
     staging_path(writer, file->id, path, sizeof(path));
     close(file->fd);
     if (pending) {
@@ -743,10 +833,70 @@ static void end_change(struct writer *writer, struct writer_file *file,
             file->size = new_size;
         file->gen++;
         now_wall(&file->meta.mtime);
+        file->mtime_set = false;
         writer->stats.bytes_written += written;
     }
     pthread_cond_broadcast(&writer->file_idle);
     pthread_mutex_unlock(&writer->lock);
+}
+
+/*
+ * Create FILE's write-behind upload: a write (still under way, so the
+ * file is neither busy nor renamed meanwhile) took it past the multipart
+ * threshold from its start. On failure the file is uploaded the usual way
+ * at close.
+ */
+static void start_writebehind(struct writer *writer, struct writer_file *file)
+{
+    struct writebehind *wb = NULL;
+    struct s3_put_meta put_meta;
+    struct journal_entry entry;
+
+    pthread_mutex_lock(&writer->lock);
+    struct writer_meta meta = file->meta;
+    char *key = strdup(file->key);
+    uint64_t size = file->size;
+    bool journaled = file->journaled;
+    uint64_t journaled_size = file->journaled_size;
+    struct writer_meta journaled_meta = file->journaled_meta;
+    pthread_mutex_unlock(&writer->lock);
+
+    fill_put_meta(&meta, &put_meta);
+    put_meta.has_mtime = false; /* Last-Modified follows the last write */
+    int err = key == NULL ? ENOMEM
+                          : writebehind_start(&writer->upload, key, &put_meta,
+                                              file->fd, 0, &wb);
+    if (err == 0) {
+        /* never closed: a crash aborts the upload and drops the data; closed
+         * before (journaled): the same entry, now naming the upload */
+        if (journaled)
+            journal_entry_of(file, key, journaled_size, &journaled_meta,
+                             writebehind_upload_id(wb), &entry);
+        else
+            journal_entry_of(file, key, size, &meta, writebehind_upload_id(wb),
+                             &entry);
+        entry.unclosed = !journaled;
+        err = journal_put(writer->conf.journal, &entry);
+        if (err != 0)
+            writebehind_abandon(&wb);
+    }
+    if (err != 0)
+        log_debug("'%s' is uploaded at close, not while it is written: %s",
+                  file->key, strerror(err));
+
+    pthread_mutex_lock(&writer->lock);
+    file->wb_starting = false;
+    file->wb = wb;
+    file->wb_refused = wb == NULL;
+    file->wb_journaled = wb != NULL && !journaled;
+    file->wb_meta = meta;
+    uint64_t ready = file->seq_end;
+    pthread_mutex_unlock(&writer->lock);
+    /* parts are read only from now on: every write that ends later tells
+     * wb what it changed */
+    if (wb != NULL)
+        writebehind_wrote(wb, 0, 0, ready);
+    free(key);
 }
 
 int writer_file_write(struct writer_file *file, uint64_t offset, const void *data,
@@ -789,7 +939,21 @@ int writer_file_write(struct writer_file *file, uint64_t offset, const void *dat
     }
     pthread_mutex_lock(&writer->lock);
     settle_covered_locked(writer, file, offset, len, pos - offset);
+    if (pos > offset && offset <= file->seq_end && pos > file->seq_end)
+        file->seq_end = pos;
+    struct writebehind *wb = file->wb;
+    uint64_t ready = file->seq_end;
+    bool start = wb == NULL && !writer->conf.writeback && !file->wb_starting &&
+                 !file->wb_refused && file->present == NULL && !file->unlinked &&
+                 ready > writer->conf.multipart_threshold;
+    if (start)
+        file->wb_starting = true;
     pthread_mutex_unlock(&writer->lock);
+    /* (wb cannot be finished meanwhile: this write holds active_writes) */
+    if (wb != NULL && pos > offset)
+        writebehind_wrote(wb, offset, pos - offset, ready);
+    else if (start)
+        start_writebehind(writer, file);
     /* what was written before an error is part of the file */
     end_change(writer, file, pos > offset || len == 0, pos, false, pos - offset);
     return err;
@@ -849,6 +1013,13 @@ int writer_file_truncate(struct writer_file *file, uint64_t size)
     pthread_mutex_unlock(&writer->lock);
     if (ftruncate(file->fd, (off_t)size) != 0)
         err = errno == ENOSPC || errno == EDQUOT ? ENOSPC : EIO;
+    pthread_mutex_lock(&writer->lock);
+    if (err == 0 && size < file->seq_end)
+        file->seq_end = size;
+    struct writebehind *wb = err == 0 ? file->wb : NULL;
+    pthread_mutex_unlock(&writer->lock);
+    if (wb != NULL)
+        writebehind_truncated(wb, size);
     end_change(writer, file, err == 0, size, true, 0);
     return err;
 }
@@ -872,6 +1043,9 @@ void writer_file_set_meta(struct writer_file *file, const struct writer_meta *me
 
     pthread_mutex_lock(&writer->lock);
     wait_idle_locked(writer, file);
+    if (meta->mtime.tv_sec != file->meta.mtime.tv_sec ||
+        meta->mtime.tv_nsec != file->meta.mtime.tv_nsec)
+        file->mtime_set = true;
     file->meta = *meta;
     file->gen++; /* uploaded with the data: the next flush sends it */
     pthread_mutex_unlock(&writer->lock);
@@ -947,6 +1121,14 @@ int writer_file_rename(struct writer_file *file, const char *new_key,
     *was_pending = false;
     if (copy == NULL)
         return ENOMEM;
+    /* a write-behind upload is under way at the old key: finish it there,
+     * then the object moves as any uploaded one (if that upload fails,
+     * the file is pending again and goes to the new key later) */
+    pthread_mutex_lock(&writer->lock);
+    bool streamed = file->wb != NULL && is_pending(file);
+    pthread_mutex_unlock(&writer->lock);
+    if (streamed)
+        upload_now(writer, file);
     /* the base object is about to move or go: fetch what is still there */
     pthread_mutex_lock(&writer->lock);
     wait_idle_locked(writer, file);
@@ -1060,15 +1242,19 @@ bool writer_file_unlink(struct writer_file *file)
      * pace */
     if (dequeue_locked(writer, file))
         file->refs--; /* the caller holds one more: never the last */
-    bool forget = file->journaled;
-    if (forget)
+    struct writebehind *wb = file->wb;
+    file->wb = NULL;
+    bool forget = file->journaled || file->wb_journaled;
+    if (forget || wb != NULL)
         file->busy = true;
     pthread_mutex_unlock(&writer->lock);
-    if (!forget)
+    if (!forget && wb == NULL)
         return uploaded;
-    if (journal_del(writer->conf.journal, file->id) == 0) {
+    writebehind_abandon(&wb);
+    if (forget && journal_del(writer->conf.journal, file->id) == 0) {
         pthread_mutex_lock(&writer->lock);
         file->journaled = false;
+        file->wb_journaled = false;
         pthread_mutex_unlock(&writer->lock);
     }
     end_busy(writer, file);
@@ -1238,6 +1424,15 @@ static int recover_entry(void *arg, const struct journal_entry *entry)
         recovery->ids = grown;
         recovery->id_capacity = capacity;
     }
+    if (entry->unclosed) {
+        /* written when the crash came, never closed: nobody was promised
+         * its data (its staging file goes with the others not journaled);
+         * only its write-behind upload is to be aborted */
+        if (entry->upload_id != NULL)
+            upload_abort(&writer->upload, entry->key, entry->upload_id);
+        journal_del(writer->conf.journal, entry->id);
+        return 0;
+    }
     recovery->ids[recovery->id_count++] = entry->id;
 
     if (entry->upload_id != NULL)
@@ -1272,6 +1467,8 @@ static int recover_entry(void *arg, const struct journal_entry *entry)
     file->gen = 1;
     file->uploaded_gen = NEVER;
     file->journaled = true;
+    file->journaled_size = entry->size;
+    file->journaled_meta = meta;
     if (entry->upload_id != NULL || size != entry->size)
         journal_file(writer, file, NULL); /* the aborted id is gone */
     if (recovery->adopt != NULL)

@@ -6,7 +6,8 @@
  * journal's whole point. Covered: put, replace, delete, scan order, ids
  * after reopen, keys with control and non-UTF-8 bytes, argument errors,
  * a damaged record (skipped with a log line, kept), a directory that is
- * not a journal (an error, not emptied), early stop of a scan, scans
+ * not a journal (an error, not emptied), records of the first format and
+ * the unclosed flag, early stop of a scan, scans
  * longer than one internal batch, and eight threads putting at once.
  */
 #ifdef HAVE_CONFIG_H
@@ -142,6 +143,7 @@ static void assert_entry(const struct seen *seen, unsigned i,
     assert_int_equal(got->gid, want->gid);
     assert_int_equal(got->mtime.tv_sec, want->mtime.tv_sec);
     assert_int_equal(got->mtime.tv_nsec, want->mtime.tv_nsec);
+    assert_int_equal(got->unclosed, want->unclosed);
 }
 
 static void test_put_scan_reopen(void **state)
@@ -346,6 +348,62 @@ static void test_damaged_record(void **state)
     journal_close(&journal);
 }
 
+/* A record of the first format (no flags byte), as a journal written by
+ * an older s3cachefs holds it, is still read; the unclosed flag survives
+ * a reopen and a replace clears it. */
+static void test_formats_and_unclosed(void **state)
+{
+    struct fixture *f = *state;
+    struct journal *journal = open_journal(f);
+    struct journal_entry open_file = make_entry(2, "being/written", "mpu-2");
+    struct journal_entry old = make_entry(5, "old", "u1");
+    struct seen seen = {0};
+    struct db *db = NULL;
+    struct db_txn *txn = NULL;
+    char errbuf[256];
+    const unsigned char id5[8] = {0, 0, 0, 0, 0, 0, 0, 5};
+    /* format 1: size 5007, mode 0100644, uid 1005, gid 2005, mtime
+     * 1700000005.123456789, key "old", upload id "u1" */
+    const unsigned char v1[] = {
+        1,
+        0, 0, 0, 0, 0, 0, 0x13, 0x8f,
+        0, 0, 0x81, 0xa4,
+        0, 0, 0x03, 0xed,
+        0, 0, 0x07, 0xd5,
+        0, 0, 0, 0, 0x65, 0x53, 0xf1, 0x05,
+        0x07, 0x5b, 0xcd, 0x15,
+        0, 3, 'o', 'l', 'd',
+        0, 2, 'u', '1',
+    };
+
+    open_file.unclosed = true;
+    assert_int_equal(journal_put(journal, &open_file), 0);
+    journal_close(&journal);
+    assert_int_equal(db_open(f->path, 1ull << 30, true, &db, errbuf,
+                             sizeof(errbuf)), 0);
+    assert_int_equal(db_txn_begin(db, true, &txn), 0);
+    assert_int_equal(db_put(txn, DB_JOURNAL, id5, 8, v1, sizeof(v1)), 0);
+    assert_int_equal(db_txn_commit(&txn), 0);
+    db_close(&db);
+
+    journal = open_journal(f);
+    assert_int_equal(journal_scan(journal, remember, &seen), 0);
+    assert_int_equal(seen.count, 2);
+    assert_entry(&seen, 0, &open_file);
+    assert_entry(&seen, 1, &old);
+    seen_free(&seen);
+
+    /* closed: the same id, now a complete entry */
+    open_file.unclosed = false;
+    open_file.upload_id = NULL;
+    assert_int_equal(journal_put(journal, &open_file), 0);
+    assert_int_equal(journal_scan(journal, remember, &seen), 0);
+    assert_int_equal(seen.count, 2);
+    assert_entry(&seen, 0, &open_file);
+    seen_free(&seen);
+    journal_close(&journal);
+}
+
 static void test_not_a_journal(void **state)
 {
     struct fixture *f = *state;
@@ -466,6 +524,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_scan_stops_and_batches, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_damaged_record, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_formats_and_unclosed, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_not_a_journal, setup, teardown),
         cmocka_unit_test_setup_teardown(test_concurrent_puts, setup, teardown),
     };

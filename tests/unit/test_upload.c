@@ -1,7 +1,7 @@
 /*
  * test_upload.c - unit tests for the pure part of the uploader: the part
- * size. (The network side runs against real servers in the integration
- * tests.)
+ * size, and the fixed part layout of write-behind uploads. (The network
+ * side runs against real servers in the integration tests.)
  *
  * One row per object size: the part size must never be below the minimum
  * asked for (nor below S3's 5 MiB), must be a multiple of 1 MiB once it
@@ -20,6 +20,7 @@
 #include <cmocka.h>
 
 #include "upload.h"
+#include "writebehind.h"
 
 #define MIB (1ull << 20)
 #define GIB (1ull << 30)
@@ -97,11 +98,52 @@ static void test_part_size_is_smallest(void **state)
     assert_true(part <= 5 * GIB);
 }
 
+/* Write-behind parts: contiguous from 0, each between S3's 5 MiB and
+ * 5 GiB, doubling every 1000 parts, and 10,000 of them hold 5 TiB. */
+static void test_writebehind_layout(void **state)
+{
+    (void)state;
+    const uint64_t bases[] = {5 * MIB, 8 * MIB};
+    uint64_t offset, length;
+
+    writebehind_part_range(0, 8 * MIB, &offset, &length);
+    assert_int_equal(offset, 0);
+    assert_int_equal(length, 8 * MIB);
+    writebehind_part_range(999, 8 * MIB, &offset, &length);
+    assert_int_equal(offset, 999 * 8 * MIB);
+    writebehind_part_range(1000, 8 * MIB, &offset, &length);
+    assert_int_equal(offset, 8000 * MIB);
+    assert_int_equal(length, 16 * MIB);
+    writebehind_part_range(2001, 8 * MIB, &offset, &length);
+    assert_int_equal(offset, 8000 * MIB + 16000 * MIB + 32 * MIB);
+    assert_int_equal(length, 32 * MIB);
+
+    for (size_t b = 0; b < sizeof(bases) / sizeof(bases[0]); b++) {
+        uint64_t expected = 0;
+        for (unsigned i = 0; i < UPLOAD_MAX_PARTS; i++) {
+            writebehind_part_range(i, bases[b], &offset, &length);
+            assert_int_equal(offset, expected);
+            assert_true(length >= UPLOAD_MIN_PART_SIZE);
+            assert_true(length <= 5 * GIB);
+            expected = offset + length;
+        }
+        assert_int_equal(writebehind_capacity(bases[b]), expected);
+    }
+    assert_true(writebehind_capacity(8 * MIB) >= 5 * TIB);
+    /* bases outside S3's limits are clamped: still 5 MiB parts at least,
+     * and never a part over 5 GiB */
+    assert_int_equal(writebehind_capacity(1 * MIB),
+                     writebehind_capacity(5 * MIB));
+    assert_int_equal(writebehind_capacity(64 * MIB),
+                     writebehind_capacity(8 * MIB));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_part_size_table),
         cmocka_unit_test(test_part_size_is_smallest),
+        cmocka_unit_test(test_writebehind_layout),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,259 @@
+"""Write-behind: in the default mode, a large file written from its start
+is uploaded while it is written (multipart parts go up before close), and
+close() is left with only the last parts and the completion.
+
+What is checked, at the counting proxy and with boto3 straight to the
+server: parts reach the server before close(); no byte is sent twice by a
+sequential writer; a writer that goes back over parts already sent
+(patches, truncates) still gets exactly its bytes in the bucket; metadata
+changed while the file is written (fchmod, futimens) is the object's;
+rename and unlink of a file being written; and kill -9 in the middle
+leaves no multipart upload behind once the cache is mounted again.
+"""
+import os
+import stat
+import urllib.parse
+
+import pytest
+
+from conftest import read_stats, wait_for
+from writehelp import (HANG_TIMEOUT, KiB, MiB, bucket_keys, head, kill_9,
+                       object_bytes, payload, proxy, sha)
+
+__all__ = ['proxy']   # the fixture, imported for pytest
+
+CHUNK = 1 * MiB
+
+
+def part_puts(proxy, key=None):
+    """Part numbers of the UploadPart requests the proxy saw (for KEY)."""
+    numbers = []
+    for record in proxy.records():
+        if record.method != 'PUT' or 'uploadId=' not in record.query:
+            continue
+        if key is not None and not record.path.endswith('/' + key):
+            continue
+        query = urllib.parse.parse_qs(record.query)
+        numbers.append(int(query['partNumber'][0]))
+    return numbers
+
+
+def write_chunks(fd, data, offset=0):
+    view = memoryview(data)
+    while view:
+        done = os.pwrite(fd, view[:CHUNK], offset)
+        view = view[done:]
+        offset += done
+
+
+def wait_parts(proxy, count, key=None):
+    wait_for(lambda: len(part_puts(proxy, key)) >= count, HANG_TIMEOUT,
+             f'{count} parts at the proxy before close')
+
+
+def multipart_uploads(s3, bucket):
+    """Multipart uploads the server still holds (None where it cannot list
+    them)."""
+    try:
+        answer = s3.list_multipart_uploads(Bucket=bucket)
+    except Exception:  # s3rver: not implemented
+        return None
+    return [upload['Key'] for upload in answer.get('Uploads', [])]
+
+
+def test_parts_go_up_while_the_file_is_written(server, s3, bucket, proxy,
+                                                mount):
+    mnt = mount(bucket, endpoint=proxy.endpoint)
+    data = payload('wb-seq', 72 * MiB + 12345)
+    proxy.reset_counters()
+    fd = os.open(mnt.path / 'ckpt.bin', os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+                 0o644)
+    try:
+        write_chunks(fd, data[:64 * MiB])
+        # nothing closed, nothing fsynced: the parts go up on their own
+        wait_parts(proxy, 4, 'ckpt.bin')
+        before_close = len(part_puts(proxy))
+        write_chunks(fd, data[64 * MiB:], 64 * MiB)
+    finally:
+        os.close(fd)
+    assert sha(object_bytes(s3, bucket, 'ckpt.bin')) == sha(data)
+    numbers = part_puts(proxy, 'ckpt.bin')
+    assert before_close >= 4
+    # each part once: a sequential writer sends every byte once
+    assert sorted(numbers) == list(range(1, 11)), numbers
+    assert len(data) <= proxy.bytes_from_client < len(data) + 64 * KiB
+    stats = read_stats(mnt.path)
+    assert stats['uploads_pending'] == 0
+    # the metadata of s3fs, but the mtime is the object's own time
+    answer = head(s3, bucket, 'ckpt.bin')
+    assert answer['Metadata'].get('mode') == str(stat.S_IFREG | 0o644)
+    assert 'mtime' not in answer['Metadata']
+    # and reading it back fetches nothing
+    proxy.reset_counters()
+    assert sha((mnt.path / 'ckpt.bin').read_bytes()) == sha(data)
+    assert proxy.counts['GET'] == 0
+
+
+def test_writer_going_back_over_sent_parts(s3, bucket, proxy, mount):
+    """Patches over parts already sent, a truncate into them and growth
+    again: the object is exactly the file, whatever was sent before."""
+    mnt = mount(bucket, endpoint=proxy.endpoint)
+    model = bytearray(payload('wb-back', 64 * MiB))
+    proxy.reset_counters()
+    fd = os.open(mnt.path / 'patched.bin', os.O_RDWR | os.O_CREAT | os.O_TRUNC,
+                 0o644)
+    try:
+        write_chunks(fd, model)
+        wait_parts(proxy, 3, 'patched.bin')
+        patch = payload('patch', 4000)
+        os.pwrite(fd, patch, 100)                  # into part 1, sent
+        model[100:4100] = patch
+        os.pwrite(fd, patch, 20 * MiB - 2000)       # across parts 3 and 4
+        model[20 * MiB - 2000:20 * MiB + 2000] = patch
+        os.ftruncate(fd, 30 * MiB + 3)              # into part 4
+        del model[30 * MiB + 3:]
+        tail = payload('tail', 20 * MiB)
+        write_chunks(fd, tail, len(model))
+        model += tail
+        assert os.pread(fd, 4000, 100) == patch
+    finally:
+        os.close(fd)
+    assert sha(object_bytes(s3, bucket, 'patched.bin')) == sha(bytes(model))
+    numbers = part_puts(proxy, 'patched.bin')
+    assert numbers.count(1) == 2, numbers       # sent, then sent again
+    assert proxy.bytes_from_client < 2 * len(model)
+
+
+def test_zip_style_patches_send_nothing_twice(s3, bucket, proxy, mount):
+    """Python's zipfile writes each member, then goes back to fill in its
+    header: parts are held back behind such a writer, so no byte goes up
+    twice."""
+    mnt = mount(bucket, endpoint=proxy.endpoint)
+    proxy.reset_counters()
+    members = [payload(f'member{i}', 5 * MiB + i * 777) for i in range(10)]
+    model = bytearray()
+    fd = os.open(mnt.path / 'archive.bin', os.O_RDWR | os.O_CREAT | os.O_TRUNC,
+                 0o644)
+    try:
+        for member in members:
+            header = len(model)
+            write_chunks(fd, b'\0' * 64, header)         # header, blank
+            write_chunks(fd, member, header + 64)
+            model += b'\0' * 64 + member
+            patched = sha(member)[:64].encode()
+            os.pwrite(fd, patched, header)                # filled in
+            model[header:header + 64] = patched
+    finally:
+        os.close(fd)
+    assert sha(object_bytes(s3, bucket, 'archive.bin')) == sha(bytes(model))
+    assert len(model) <= proxy.bytes_from_client < len(model) + 64 * KiB
+    numbers = part_puts(proxy, 'archive.bin')
+    assert len(numbers) == len(set(numbers)), numbers
+
+
+def test_metadata_changed_while_written(s3, bucket, proxy, mount):
+    mnt = mount(bucket, endpoint=proxy.endpoint)
+    data = payload('wb-meta', 40 * MiB)
+    fd = os.open(mnt.path / 'meta.bin', os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+                 0o644)
+    try:
+        write_chunks(fd, data)
+        wait_parts(proxy, 1, 'meta.bin')
+        os.fchmod(fd, 0o600)
+        os.utime(fd, ns=(1_600_000_000_123_000_000, 1_600_000_000_123_000_000))
+    finally:
+        os.close(fd)
+    answer = head(s3, bucket, 'meta.bin')
+    assert answer['ContentLength'] == len(data)
+    assert answer['Metadata'].get('mode') == str(stat.S_IFREG | 0o600)
+    assert answer['Metadata'].get('mtime', '').startswith('1600000000')
+    assert sha(object_bytes(s3, bucket, 'meta.bin')) == sha(data)
+    st = os.stat(mnt.path / 'meta.bin')
+    assert stat.S_IMODE(st.st_mode) == 0o600
+    assert int(st.st_mtime) == 1_600_000_000
+
+
+def test_rename_while_written(s3, bucket, proxy, mount):
+    """Renamed while open with parts sent: uploaded under the old name,
+    moved on the server, written on; only the new name is left."""
+    mnt = mount(bucket, endpoint=proxy.endpoint)
+    first, more = payload('wb-ren1', 40 * MiB), payload('wb-ren2', 3 * MiB)
+    fd = os.open(mnt.path / 'tmp.bin', os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+                 0o644)
+    try:
+        write_chunks(fd, first)
+        wait_parts(proxy, 1, 'tmp.bin')
+        os.rename(mnt.path / 'tmp.bin', mnt.path / 'final.bin')
+        write_chunks(fd, more, len(first))
+    finally:
+        os.close(fd)
+    assert bucket_keys(s3, bucket) == ['final.bin']
+    assert sha(object_bytes(s3, bucket, 'final.bin')) == sha(first + more)
+    assert os.listdir(mnt.path) == ['final.bin']
+
+
+def test_unlink_while_written(server, s3, bucket, proxy, mount):
+    mnt = mount(bucket, endpoint=proxy.endpoint)
+    fd = os.open(mnt.path / 'gone.bin', os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+                 0o644)
+    try:
+        write_chunks(fd, payload('wb-gone', 40 * MiB))
+        wait_parts(proxy, 1, 'gone.bin')
+        os.unlink(mnt.path / 'gone.bin')
+    finally:
+        os.close(fd)
+    assert bucket_keys(s3, bucket) == []
+    assert read_stats(mnt.path)['uploads_pending'] == 0
+    # the upload was aborted (s3rver cannot abort; Swift can)
+    aborts = [r for r in proxy.records()
+              if r.method == 'DELETE' and 'uploadId=' in r.query]
+    assert len(aborts) == 1
+    if server.name == 'swift':
+        assert multipart_uploads(s3, bucket) == []
+
+
+def test_kill_9_while_written_leaves_no_upload(server, s3, bucket, proxy,
+                                               mount, tmp_path):
+    """kill -9 with a write-behind upload under way: nothing was closed,
+    so nothing is uploaded; the next mount on the cache aborts the
+    multipart upload (its id was journaled) and removes the staged data."""
+    cache = tmp_path / 'cache'
+    mnt = mount(bucket, endpoint=proxy.endpoint, cache=cache)
+    fd = os.open(mnt.path / 'cut.bin', os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+                 0o644)
+    try:
+        write_chunks(fd, payload('wb-cut', 40 * MiB))
+        wait_parts(proxy, 1, 'cut.bin')
+        kill_9(mnt)
+    finally:
+        try:
+            os.close(fd)
+        except OSError:
+            pass  # the mount is gone
+    proxy.reset_counters()
+    again = mount(bucket, endpoint=proxy.endpoint, cache=cache, name='again')
+    wait_for(lambda: any(r.method == 'DELETE' and 'uploadId=' in r.query
+                         for r in proxy.records()), HANG_TIMEOUT,
+             'the abort of the unfinished upload')
+    wait_for(lambda: os.listdir(cache / 'staging') == [], HANG_TIMEOUT,
+             'the staged data of the file never closed to go')
+    assert bucket_keys(s3, bucket) == []
+    assert os.listdir(again.path) == []
+    if server.name == 'swift':
+        assert multipart_uploads(s3, bucket) == []
+
+
+@pytest.mark.parametrize('size', [16 * MiB + 1, 18 * MiB])
+def test_small_multipart_files(s3, bucket, proxy, mount, size):
+    """Just past the multipart threshold: write-behind may start but has
+    little or nothing to send early; the object is right either way."""
+    mnt = mount(bucket, endpoint=proxy.endpoint)
+    data = payload(f'wb-small{size}', size)
+    fd = os.open(mnt.path / 'edge.bin', os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+                 0o644)
+    try:
+        write_chunks(fd, data)
+    finally:
+        os.close(fd)
+    assert sha(object_bytes(s3, bucket, 'edge.bin')) == sha(data)
+    assert len(data) <= proxy.bytes_from_client < len(data) + 64 * KiB
