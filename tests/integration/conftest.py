@@ -7,6 +7,8 @@ and comes back through a real s3cachefs mount. Mounts are always unmounted,
 even when a test fails, and a sanitizer report in the daemon's log fails
 the test that produced it.
 """
+import contextlib
+import fcntl
 import os
 import secrets
 import signal
@@ -203,11 +205,31 @@ def mount(server, tmp_path, home):
         raise failures[0]
 
 
+# run.sh runs one pytest process per server at the same time: a test that
+# relies on the page cache keeping pages holds this lock shared, and
+# drop_caches() takes it exclusive, so the other run cannot empty the cache
+# in the middle of such a test.
+PAGE_CACHE_LOCK = '/tmp/s3cachefs-tests-page-cache.lock'
+
+
+@contextlib.contextmanager
+def page_cache_kept():
+    """While inside, no test process drops the page cache."""
+    with open(PAGE_CACHE_LOCK, 'a') as lock:
+        fcntl.flock(lock, fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def drop_caches():
     """Empty the kernel's page cache, so reads reach the filesystem."""
     subprocess.run(['sync'], check=True)
-    with open('/proc/sys/vm/drop_caches', 'w') as control:
-        control.write('3\n')
+    with open(PAGE_CACHE_LOCK, 'a') as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        with open('/proc/sys/vm/drop_caches', 'w') as control:
+            control.write('3\n')
 
 
 def read_stats(mountpoint):
