@@ -13,9 +13,11 @@
  *   i64 mtime seconds, u32 mtime nanoseconds
  *   u16 key length (1..JOURNAL_KEY_MAX), key bytes (no NUL)
  *   u16 upload id length (0: none), upload id bytes (no NUL)
- *   u8  flags (format 2 only): JOURNAL_FLAG_UNCLOSED
+ *   u8  flags (format 2 only): FLAG_UNCLOSED
  *
- * Format 1 records (no flags byte) are still read; new ones are format 2.
+ * A record with no flag set is written in format 1 (no flags byte), so
+ * that an older s3cachefs reads every complete entry; only unclosed
+ * entries, which it could not act on, need format 2.
  *
  * A record that does not decode is logged and skipped by scans, never
  * deleted: it may be all that is left of what a user wrote.
@@ -109,12 +111,13 @@ static int record_encode(const struct journal_entry *entry,
         upload_id_len > JOURNAL_UPLOAD_ID_MAX || entry->mtime.tv_nsec < 0 ||
         entry->mtime.tv_nsec >= 1000000000L)
         return EINVAL;
-    *out_len = RECORD_FIXED_LEN + key_len + upload_id_len + 1;
+    bool flags = entry->unclosed;
+    *out_len = RECORD_FIXED_LEN + key_len + upload_id_len + (flags ? 1 : 0);
     record = malloc(*out_len);
     if (record == NULL)
         return ENOMEM;
     p = record;
-    *p++ = RECORD_FORMAT;
+    *p++ = flags ? RECORD_FORMAT : RECORD_FORMAT_V1;
     put_be(p, entry->size, 8), p += 8;
     put_be(p, entry->mode, 4), p += 4;
     put_be(p, entry->uid, 4), p += 4;
@@ -126,7 +129,8 @@ static int record_encode(const struct journal_entry *entry,
     put_be(p, upload_id_len, 2), p += 2;
     if (upload_id_len > 0)
         memcpy(p, entry->upload_id, upload_id_len), p += upload_id_len;
-    *p = entry->unclosed ? FLAG_UNCLOSED : 0;
+    if (flags)
+        *p = FLAG_UNCLOSED;
     *out = record;
     return 0;
 }
@@ -483,6 +487,22 @@ int journal_scan(struct journal *journal, journal_visit_fn visit, void *arg)
     }
     free(batch);
     return err;
+}
+
+bool journal_has(struct journal *journal, uint64_t id)
+{
+    struct db_txn *txn = NULL;
+    unsigned char key[8];
+    const void *value = NULL;
+    size_t len = 0;
+    bool found = true; /* when in doubt, the data is kept */
+
+    id_key(id, key);
+    if (db_txn_begin(journal->db, false, &txn) == 0) {
+        found = db_get(txn, DB_JOURNAL, key, sizeof(key), &value, &len) != ENOENT;
+        db_txn_commit(&txn);
+    }
+    return found;
 }
 
 uint64_t journal_count(struct journal *journal)

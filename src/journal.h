@@ -70,6 +70,11 @@ int journal_del(struct journal *journal, uint64_t id);
 typedef int (*journal_visit_fn)(void *arg, const struct journal_entry *entry);
 int journal_scan(struct journal *journal, journal_visit_fn visit, void *arg);
 
+/* Whether the journal holds a record for ID, readable or not (a record
+ * of a format this version cannot read may still name data a newer one
+ * promised). True when the journal cannot be read. */
+bool journal_has(struct journal *journal, uint64_t id);
+
 /* Number of entries. */
 uint64_t journal_count(struct journal *journal);
 

@@ -64,11 +64,11 @@ struct writebehind {
     unsigned capacity;
     unsigned first_idle;
     unsigned in_flight;
-    unsigned sent;              /* parts SENT */
     uint64_t ready;             /* bytes the writer is done with */
     uint64_t lag;               /* parts end this far before ready */
     bool finishing;             /* finish(): send everything up to size */
-    bool stopping;              /* abandon(): send nothing more */
+    bool stopping;              /* abandon(), or the upload is lost */
+    int lost_err;               /* the server no longer has the upload */
     uint64_t size;              /* finishing: the final size */
     int first_err;              /* finishing: the first failure */
 };
@@ -165,7 +165,6 @@ static bool invalidate_locked(struct writebehind *wb, uint64_t offset,
             hit = true;
         } else if (part->state == PART_SENT) {
             part->state = PART_IDLE;
-            wb->sent--;
             hit = true;
         }
     }
@@ -247,11 +246,20 @@ static void part_job_run(void *arg)
     if (err == 0 && !part->stale) {
         part->state = PART_SENT;
         part->failed = false;
-        wb->sent++;
         memcpy(part->etag, etag, sizeof(part->etag));
     } else {
         part->state = PART_IDLE;
-        if (err != 0 && !part->stale) {
+        if (err == ENOENT || err == EINVAL) {
+            /* NoSuchUpload (a lifecycle rule aborted it), InvalidPart: no
+             * part of this upload can succeed any more */
+            if (wb->lost_err == 0)
+                log_info("upload %s: the multipart upload is gone from the "
+                         "server (%s)", wb->key, strerror(err));
+            wb->lost_err = err;
+            wb->stopping = true;
+            if (wb->finishing && wb->first_err == 0)
+                wb->first_err = err;
+        } else if (err != 0 && !part->stale) {
             if (wb->finishing) {
                 if (wb->first_err == 0)
                     wb->first_err = err;
@@ -364,6 +372,27 @@ static void free_wb(struct writebehind *wb)
     free(wb);
 }
 
+/* Whether parts [0, COUNT) are all SENT. Lock held. */
+static bool all_sent_locked(const struct writebehind *wb, unsigned count)
+{
+    if (count > wb->capacity)
+        return false;
+    for (unsigned i = 0; i < count; i++)
+        if (wb->parts[i].state != PART_SENT)
+            return false;
+    return true;
+}
+
+/* Whether a part below COUNT is IDLE (kick_locked() would send it).
+ * Lock held. */
+static bool has_idle_locked(const struct writebehind *wb, unsigned count)
+{
+    for (unsigned i = 0; i < count; i++)
+        if (i >= wb->capacity || wb->parts[i].state == PART_IDLE)
+            return true;
+    return false;
+}
+
 int writebehind_finish(struct writebehind **wbp, uint64_t size, char *etag_out)
 {
     struct writebehind *wb = *wbp;
@@ -380,26 +409,25 @@ int writebehind_finish(struct writebehind **wbp, uint64_t size, char *etag_out)
         pthread_mutex_unlock(&wb->lock);
         goto out;
     }
-    /* parts past the last one were made stale by the truncate that
-     * shortened the file, so SENT parts are exactly those to complete */
     count = part_index(size - 1, wb->base) + 1;
 
     pthread_mutex_lock(&wb->lock);
     wb->finishing = true;
     wb->size = size;
     wb->first_idle = 0; /* failed parts anywhere are sent again */
-    kick_locked(wb);
-    while (wb->first_err == 0 && !(wb->in_flight == 0 &&
-                                   wb->sent == count)) {
-        if (wb->in_flight == 0) {
-            kick_locked(wb);
-            if (wb->in_flight == 0 && wb->first_err == 0)
-                wb->first_err = EIO; /* nothing to send, yet not all sent */
-            continue;
+    wb->first_err = wb->lost_err;
+    for (;;) {
+        kick_locked(wb);
+        wait_parts_locked(wb); /* (each part's end queues the next ones) */
+        if (wb->first_err != 0 || all_sent_locked(wb, count))
+            break;
+        /* nothing in flight, nothing more to send, yet not all sent:
+         * cannot happen, but must not hang */
+        if (!has_idle_locked(wb, count)) {
+            wb->first_err = EIO;
+            break;
         }
-        pthread_cond_wait(&wb->part_done, &wb->lock);
     }
-    wait_parts_locked(wb);
     err = wb->first_err;
     pthread_mutex_unlock(&wb->lock);
     if (err != 0)

@@ -441,39 +441,66 @@ static void fill_put_meta(const struct writer_meta *meta, struct s3_put_meta *ou
 
 /*
  * Complete write-behind upload *WBP of a file now SIZE bytes at KEY with
- * META (the writer is done: FILE is busy). If its metadata changed since
- * the upload was created, the object is copied onto itself with META.
- * Returns 0 with the object's ETag in ETAG, or an errno (the multipart
- * upload is then gone; the caller uploads the file as usual next time).
+ * META (the writer is done: FILE is busy). If its mode or owner, or its
+ * mtime explicitly, changed since the upload was created, the object is
+ * copied onto itself with META. Otherwise the object carries no mtime
+ * header and META->mtime becomes its Last-Modified time (one HEAD), so
+ * that this mount shows what every other client sees.
+ *
+ * Returns 0 with the object's ETag in ETAG, or an errno. *FALL_BACK says
+ * that the file is to be uploaded the usual way instead, now: the upload
+ * does not fit (renamed meanwhile, too small now), it was lost on the
+ * server (aborted by a lifecycle rule: ENOENT), or its metadata could not
+ * be set afterwards (the data goes again, with the right headers).
  */
 static int finish_writebehind(struct writer *writer, struct writebehind **wbp,
                               const char *key, uint64_t size,
-                              const struct writer_meta *meta,
+                              struct writer_meta *meta,
                               const struct writer_meta *wb_meta, bool mtime_set,
-                              char *etag)
+                              char *etag, bool *fall_back)
 {
-    /* renamed meanwhile (a race with the rename that uploads it first) or
-     * too small for a multipart upload now: the usual way */
+    *fall_back = false;
     if (strcmp(writebehind_key(*wbp), key) != 0 ||
         size <= writer->conf.multipart_threshold) {
         writebehind_abandon(wbp);
-        return EAGAIN;
+        *fall_back = true;
+        return 0;
     }
     int err = writebehind_finish(wbp, size, etag);
-    if (err != 0 || (meta->mode == wb_meta->mode && meta->uid == wb_meta->uid &&
-                     meta->gid == wb_meta->gid && !mtime_set))
-        return err;
-    struct s3_put_meta put_meta;
-    char source_etag[S3_ETAG_MAX];
-    fill_put_meta(meta, &put_meta);
-    put_meta.has_mtime = mtime_set;
-    snprintf(source_etag, sizeof(source_etag), "%s", etag);
-    err = upload_copy(&writer->upload, key, source_etag, size, key, &put_meta,
-                      etag);
-    if (err != 0)
-        log_warn("upload %s: cannot set its metadata after the upload: %s",
+    if (err == ENOENT || err == EINVAL) {
+        log_warn("upload %s: the multipart upload made while it was written "
+                 "is gone from the server (%s); uploading it again",
                  key, strerror(err));
-    return err;
+        *fall_back = true;
+        return 0;
+    }
+    if (err != 0)
+        return err;
+    if (meta->mode != wb_meta->mode || meta->uid != wb_meta->uid ||
+        meta->gid != wb_meta->gid || mtime_set) {
+        struct s3_put_meta put_meta;
+        char source_etag[S3_ETAG_MAX];
+        fill_put_meta(meta, &put_meta);
+        put_meta.has_mtime = mtime_set;
+        snprintf(source_etag, sizeof(source_etag), "%s", etag);
+        err = upload_copy(&writer->upload, key, source_etag, size, key,
+                          &put_meta, etag);
+        if (err != 0) {
+            log_warn("upload %s: cannot set its metadata after the upload "
+                     "(%s); uploading it again with it", key, strerror(err));
+            *fall_back = true;
+            return 0;
+        }
+        if (mtime_set)
+            return 0;
+    }
+    /* the object's own time is its mtime (on AWS, a multipart object's
+     * Last-Modified is when the upload was created) */
+    struct s3_object_info info;
+    if (s3_head_object(writer->conf.s3, key, &info) == 0 &&
+        strcmp(info.etag, etag) == 0)
+        meta->mtime = info.has_mtime ? info.mtime : info.last_modified;
+    return 0;
 }
 
 /*
@@ -537,11 +564,12 @@ static int upload_now(struct writer *writer, struct writer_file *file)
         .arg = &context,
     };
     fill_put_meta(&meta, &put_meta);
-    err = EAGAIN;
+    bool fall_back = true;
+    err = 0;
     if (wb != NULL)
         err = finish_writebehind(writer, &wb, key, size, &meta, &wb_meta,
-                                 mtime_set, etag);
-    if (err == EAGAIN)
+                                 mtime_set, etag, &fall_back);
+    if (fall_back)
         err = upload_file(&writer->upload, &request, etag);
 
     bool forget = false, remember = false;
@@ -567,6 +595,7 @@ static int upload_now(struct writer *writer, struct writer_file *file)
         writer->stats.uploads_completed++;
         forget = (file->journaled || wb_journaled) && !is_dirty(file);
         file->mtime_set = false;
+        file->meta.mtime = meta.mtime; /* (the object's, after write-behind) */
     } else {
         file->failed = true;
         file->last_error = err;
@@ -943,7 +972,8 @@ int writer_file_write(struct writer_file *file, uint64_t offset, const void *dat
         file->seq_end = pos;
     struct writebehind *wb = file->wb;
     uint64_t ready = file->seq_end;
-    bool start = wb == NULL && !writer->conf.writeback && !file->wb_starting &&
+    bool start = pos > offset && wb == NULL && !writer->conf.writeback &&
+                 !file->wb_starting &&
                  !file->wb_refused && file->present == NULL && !file->unlinked &&
                  ready > writer->conf.multipart_threshold;
     if (start)
@@ -1151,13 +1181,24 @@ int writer_file_rename(struct writer_file *file, const char *new_key,
     free(file->key);
     file->key = copy;
     *was_pending = is_pending(file);
+    /* a write that got in after the upload above may have begun another
+     * write-behind upload, for the old key: it goes */
+    struct writebehind *stale = file->wb;
+    bool unclosed_entry = stale != NULL && file->wb_journaled;
+    file->wb = NULL;
+    file->wb_journaled = false;
     bool rejournal = file->journaled && is_pending(file);
-    if (rejournal)
+    if (rejournal || stale != NULL)
         file->busy = true;
     pthread_mutex_unlock(&writer->lock);
-    if (!rejournal)
+    if (!rejournal && stale == NULL)
         return 0;
-    int err = journal_file(writer, file, NULL);
+    writebehind_abandon(&stale);
+    int err = 0;
+    if (rejournal)
+        err = journal_file(writer, file, NULL);
+    else if (unclosed_entry)
+        journal_del(writer->conf.journal, file->id);
     end_busy(writer, file);
     return err;
 }
@@ -1428,9 +1469,14 @@ static int recover_entry(void *arg, const struct journal_entry *entry)
         /* written when the crash came, never closed: nobody was promised
          * its data (its staging file goes with the others not journaled);
          * only its write-behind upload is to be aborted */
-        if (entry->upload_id != NULL)
-            upload_abort(&writer->upload, entry->key, entry->upload_id);
-        journal_del(writer->conf.journal, entry->id);
+        int err = entry->upload_id != NULL
+                      ? upload_abort(&writer->upload, entry->key, entry->upload_id)
+                      : 0;
+        if (err == 0)
+            journal_del(writer->conf.journal, entry->id);
+        else
+            log_warn("cannot abort the unfinished upload of '%s' (%s); the "
+                     "next mount tries again", entry->key, strerror(err));
         return 0;
     }
     recovery->ids[recovery->id_count++] = entry->id;
@@ -1496,7 +1542,8 @@ int writer_recover(struct writer *writer, writer_adopt_fn adopt, void *arg)
     if (recovery.queued > 0)
         log_info("uploading %u file%s written before the last mount ended",
                  recovery.queued, recovery.queued == 1 ? "" : "s");
-    /* staging files the journal does not name were never closed */
+    /* staging files the journal does not name were never closed (or
+     * were being written when the crash came: their entries are gone) */
     DIR *dir = err == 0 ? opendir(writer->staging_dir) : NULL;
     if (dir != NULL) {
         if (recovery.id_count > 0)
@@ -1510,6 +1557,11 @@ int writer_recover(struct writer *writer, writer_adopt_fn adopt, void *arg)
             if (recovery.id_count > 0 &&
                 bsearch(&id, recovery.ids, recovery.id_count, sizeof(uint64_t),
                         compare_ids) != NULL)
+                continue;
+            /* a record this version cannot read may name promised data;
+             * (an unclosed entry whose abort failed keeps its data until a
+             * later mount removes both) */
+            if (journal_has(writer->conf.journal, id))
                 continue;
             char path[PATH_MAX];
             staging_path(writer, id, path, sizeof(path));

@@ -84,10 +84,13 @@ def test_parts_go_up_while_the_file_is_written(server, s3, bucket, proxy,
     assert len(data) <= proxy.bytes_from_client < len(data) + 64 * KiB
     stats = read_stats(mnt.path)
     assert stats['uploads_pending'] == 0
-    # the metadata of s3fs, but the mtime is the object's own time
+    # the metadata of s3fs, but the mtime is the object's own time, and
+    # the mount shows that time as every other client would
     answer = head(s3, bucket, 'ckpt.bin')
     assert answer['Metadata'].get('mode') == str(stat.S_IFREG | 0o644)
     assert 'mtime' not in answer['Metadata']
+    assert int(os.stat(mnt.path / 'ckpt.bin').st_mtime) == \
+        int(answer['LastModified'].timestamp())
     # and reading it back fetches nothing
     proxy.reset_counters()
     assert sha((mnt.path / 'ckpt.bin').read_bytes()) == sha(data)
@@ -243,10 +246,11 @@ def test_kill_9_while_written_leaves_no_upload(server, s3, bucket, proxy,
         assert multipart_uploads(s3, bucket) == []
 
 
-@pytest.mark.parametrize('size', [16 * MiB + 1, 18 * MiB])
+@pytest.mark.parametrize('size', [16 * MiB + 1, 18 * MiB, 24 * MiB, 32 * MiB])
 def test_small_multipart_files(s3, bucket, proxy, mount, size):
-    """Just past the multipart threshold: write-behind may start but has
-    little or nothing to send early; the object is right either way."""
+    """Just past the multipart threshold, and sizes on part boundaries:
+    write-behind may start but has little or nothing to send early; the
+    object is right either way."""
     mnt = mount(bucket, endpoint=proxy.endpoint)
     data = payload(f'wb-small{size}', size)
     fd = os.open(mnt.path / 'edge.bin', os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
@@ -257,3 +261,64 @@ def test_small_multipart_files(s3, bucket, proxy, mount, size):
         os.close(fd)
     assert sha(object_bytes(s3, bucket, 'edge.bin')) == sha(data)
     assert len(data) <= proxy.bytes_from_client < len(data) + 64 * KiB
+
+
+def test_truncated_below_the_threshold(s3, bucket, proxy, mount):
+    """Parts sent, then the file cut to a single PUT's size: the multipart
+    upload is dropped and the object is the short file."""
+    mnt = mount(bucket, endpoint=proxy.endpoint)
+    data = payload('wb-cut-short', 48 * MiB)
+    fd = os.open(mnt.path / 'short.bin', os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+                 0o644)
+    try:
+        write_chunks(fd, data)
+        wait_parts(proxy, 1, 'short.bin')
+        os.ftruncate(fd, 5 * MiB + 7)
+    finally:
+        os.close(fd)
+    assert sha(object_bytes(s3, bucket, 'short.bin')) == sha(data[:5 * MiB + 7])
+    assert os.stat(mnt.path / 'short.bin').st_size == 5 * MiB + 7
+
+
+def test_part_refused_in_the_background(s3, bucket, proxy, mount):
+    """A part that fails while the file is written (403 here, which is not
+    retried) is sent again at close: the object is whole."""
+    mnt = mount(bucket, endpoint=proxy.endpoint)
+    data = payload('wb-refused', 56 * MiB + 3)
+    proxy.reset_counters()
+    fd = os.open(mnt.path / 'refused.bin',
+                 os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        write_chunks(fd, data[:8 * MiB])
+        proxy.inject('denied', 1, lambda method, path, query:
+                     method == 'PUT' and 'uploadId=' in query)
+        write_chunks(fd, data[8 * MiB:], 8 * MiB)
+        wait_for(lambda: proxy.faults_injected['denied'] == 1, HANG_TIMEOUT,
+                 'a part refused while the file is written')
+    finally:
+        os.close(fd)
+    assert sha(object_bytes(s3, bucket, 'refused.bin')) == sha(data)
+    assert read_stats(mnt.path)['uploads_pending'] == 0
+
+
+def test_upload_aborted_behind_its_back(server, s3, bucket, proxy, mount):
+    """A lifecycle rule (here: another client) aborts the multipart upload
+    while the file is written: close() still puts the whole file in the
+    bucket, with a new upload."""
+    if server.name != 'swift':
+        pytest.skip('s3rver cannot abort multipart uploads')
+    mnt = mount(bucket, endpoint=proxy.endpoint)
+    data = payload('wb-aborted', 48 * MiB)
+    fd = os.open(mnt.path / 'aborted.bin',
+                 os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        write_chunks(fd, data[:32 * MiB])
+        wait_parts(proxy, 1, 'aborted.bin')
+        for upload in s3.list_multipart_uploads(Bucket=bucket)['Uploads']:
+            s3.abort_multipart_upload(Bucket=bucket, Key=upload['Key'],
+                                      UploadId=upload['UploadId'])
+        write_chunks(fd, data[32 * MiB:], 32 * MiB)
+    finally:
+        os.close(fd)
+    assert sha(object_bytes(s3, bucket, 'aborted.bin')) == sha(data)
+    assert multipart_uploads(s3, bucket) == []

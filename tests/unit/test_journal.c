@@ -342,8 +342,13 @@ static void test_damaged_record(void **state)
     assert_entry(&seen, 0, &before);
     assert_entry(&seen, 1, &after);
     seen_free(&seen);
-    /* kept, not silently dropped; ids stay above them */
+    /* kept, not silently dropped; ids stay above them; the journal says
+     * it holds them (their staging files are not to be swept) */
     assert_int_equal(journal_count(journal), 4);
+    assert_true(journal_has(journal, 2));
+    assert_true(journal_has(journal, 3));
+    assert_true(journal_has(journal, 4));
+    assert_false(journal_has(journal, 5));
     assert_true(journal_next_id(journal) > 4);
     journal_close(&journal);
 }
