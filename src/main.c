@@ -288,6 +288,11 @@ int main(int argc, char **argv)
         goto out;
     }
     mounted = true;
+    int io_err = fuse_ops_use_io(session);
+    if (io_err != 0 && io_err != ENOSYS)
+        fprintf(stderr, "s3cachefs: cannot take over the session's I/O (%s): "
+                        "lookups in one directory will run one at a time\n",
+                strerror(io_err));
     if (fuse_daemonize(opts.foreground) != 0)
         goto out;
     if (!opts.foreground)

@@ -1010,13 +1010,14 @@ int s3_get_object_range(struct s3_client *client, const char *key,
 
 int s3_get_object_stream(struct s3_client *client, const char *key,
                          uint64_t offset, uint64_t length, const char *if_match,
-                         const struct s3_sink *sink, uint64_t *delivered)
+                         const struct s3_sink *sink, uint64_t *delivered,
+                         struct s3_object_info *info)
 {
     char match_header[S3_ETAG_MAX + 16];
     struct s3_request req = {
         .op = S3_OP_GET, .method = "GET", .key = key, .has_range = true,
         .range_offset = offset, .range_length = length, .sink = sink,
-        .if_match = if_match, .idempotent = true,
+        .if_match = if_match, .idempotent = true, .info = info,
     };
     int err;
 
