@@ -50,7 +50,7 @@ static void op_init(void *userdata, struct fuse_conn_info *conn)
 {
     struct fuse_ops_context *context = userdata;
     /* Large kernel read-ahead requests mean fewer round trips through FUSE. */
-    conn->max_readahead = 1u << 20;
+    conn->max_readahead = FUSE_OPS_MAX_READAHEAD;
     if (conn->capable & FUSE_CAP_READDIRPLUS)
         conn->want |= FUSE_CAP_READDIRPLUS;
     /* Lookups in one directory may run in parallel (the kernel serialises

@@ -15,6 +15,10 @@
 
 #include "fs.h"
 
+/* The read-ahead init asks for; main.c raises the mount's bdi limit to it
+ * (the kernel caps read-ahead at the smaller of the two). */
+#define FUSE_OPS_MAX_READAHEAD (1u << 20)
+
 struct fuse_ops_context {
     struct fs *fs;
     /* set by init: the kernel offered parallel lookups and init wants them */
