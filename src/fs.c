@@ -8,7 +8,8 @@
  * Lookup of NAME in directory P ("dir wins"):
  *   - P's listing is fresh: answer from it (absent -> negative entry); a
  *     file's s3fs headers come from the inode table when known for the
- *     same ETag, else from one HEAD.
+ *     same ETag, else from one HEAD, or from one GET of the whole file
+ *     where lookups in P are followed by reads (see lookup_file()).
  *   - otherwise: LIST prefix=P+NAME+"/" max-keys=1 (a directory?), then
  *     HEAD P+NAME (a file?).
  */
@@ -715,6 +716,11 @@ static int lookup_file(struct fs *fs, struct inode *dir, const char *key,
     *asked = true;
     inode_table_lock(fs->inodes);
     bool fetch = reads_follow_lookups_locked(dir);
+    /* a newer version known here than the listing's: opening the cache
+     * for the listed one would drop the newer one's blocks */
+    struct inode *known = inode_find_locked(fs->inodes, key);
+    if (known != NULL && known->attrs.fetched_at > listed->fetched_at)
+        fetch = false;
     inode_table_unlock(fs->inodes);
     if (fetch && listed->size > 0 && listed->size <= LOOKUP_FETCH_MAX &&
         listed->etag[0] != '\0') {
