@@ -45,6 +45,7 @@
 #define LOOKUP_FETCH_MAX (1u << 20)      /* largest file a lookup GETs whole */
 #define READ_PATTERN_MIN 8               /* see reads_follow_lookups_locked() */
 #define READ_PATTERN_WINDOW 64
+#define STALE_LISTING_TTLS 10            /* see fs_lookup() */
 
 void fs_handle_add(struct fs *fs, struct fs_handle *list, struct fs_handle *handle)
 {
@@ -698,20 +699,21 @@ static void note_read_open(struct fs *fs, struct inode *inode, const char *key)
 
 /*
  * Attributes of file KEY in directory DIR, whose listing said LISTED: the
- * known headers for its ETag, else from the bucket (*asked). Where files
+ * known headers for its ETag (unless CONFIRM: the listing may be out of
+ * date), else from the bucket (*asked). Where files
  * looked up are then read (reads_follow_lookups_locked), a small file is
  * fetched whole into the cache with one GET, which carries the same
  * headers as a HEAD: the open and read that follow need no request. That
  * costs at most LOOKUP_FETCH_MAX bytes for a file looked up but not read.
  */
 static int lookup_file(struct fs *fs, struct inode *dir, const char *key,
-                       const struct inode_attrs *listed, struct inode_attrs *out,
-                       bool *asked)
+                       const struct inode_attrs *listed, bool confirm,
+                       struct inode_attrs *out, bool *asked)
 {
     struct s3_object_info info;
 
     *asked = false;
-    if (known_file_attrs(fs, key, listed, out))
+    if (!confirm && known_file_attrs(fs, key, listed, out))
         return 0;
     *asked = true;
     inode_table_lock(fs->inodes);
@@ -816,6 +818,29 @@ int fs_lookup(struct fs *fs, fuse_ino_t parent_ino, const char *name,
         fs_now_seconds() - parent->listing->fetched_at < fs->conf.dir_ttl)
         listing = inode_listing_ref_locked(parent->listing); /* fresh */
     bool listed = listing == NULL && worth_relisting_locked(fs, parent);
+    /* A file of the last listing whose headers are not known here needs a
+     * request of its own anyway, and that request (a GET with the listed
+     * ETag, or a HEAD) confirms it: answer from the last listing, if it is
+     * not much older than dir_ttl or another thread is listing the
+     * directory again, rather than wait for a LIST. A data loader's first
+     * pass then lists its directory once, not every dir_ttl (LISTs cost
+     * more than GETs, in money and on the server). What only a new listing
+     * would show is a directory of the same name, which hides the file
+     * ("dir wins", above): that may take STALE_LISTING_TTLS x dir_ttl. */
+    bool confirm = false;
+    if (listed && (parent->listing_fetch ||
+                   fs_now_seconds() - parent->listing->fetched_at <
+                       STALE_LISTING_TTLS * fs->conf.dir_ttl)) {
+        const struct inode_dirent *last = inode_listing_find(parent->listing, name);
+        struct inode *known = inode_find_locked(fs->inodes, file_key);
+        if (last != NULL && last->attrs.kind == INODE_FILE &&
+            (known == NULL || !known->attrs.headers_known ||
+             strcmp(known->attrs.etag, last->attrs.etag) != 0)) {
+            listing = inode_listing_ref_locked(parent->listing);
+            listed = false;
+            confirm = true;
+        }
+    }
     bool try_listing = listing == NULL && !listed && !parent->too_big_to_list &&
                        ++parent->probes >= PROBES_BEFORE_LISTING;
     inode_table_unlock(fs->inodes);
@@ -840,7 +865,8 @@ int fs_lookup(struct fs *fs, fuse_ino_t parent_ino, const char *name,
             attrs = entry->attrs;
             resolve_dir(fs, dir_key, &attrs);
         } else
-            err = lookup_file(fs, parent, file_key, &entry->attrs, &attrs, &asked);
+            err = lookup_file(fs, parent, file_key, &entry->attrs, confirm,
+                              &attrs, &asked);
     } else {
         err = probe_name(fs, file_key, dir_key, &attrs, &is_dir);
         asked = !is_dir;

@@ -166,3 +166,56 @@ def test_lookups_without_reads_fetch_no_data(server, bucket, s3, mount, proxy):
         assert (mnt.path / 'small' / name).stat().st_size == len(body)
     assert proxy.counts['GET'] == 0, proxy.counts
     assert proxy.counts['HEAD'] >= SMALL_FILES, proxy.counts
+
+
+
+def relisting_of(directory):
+    """A request matcher: the LIST of DIRECTORY (with a delimiter)."""
+    prefix = 'prefix=' + directory.replace('/', '%2F')
+    return lambda method, path, query: 'delimiter' in query and prefix in query
+
+
+def test_lookups_that_ask_anyway_use_the_last_listing(server, bucket, s3, mount,
+                                                      proxy):
+    """Past dir_ttl, a lookup of a file the last listing has, whose headers
+    it must ask the bucket for anyway, does not list the directory again
+    (for up to 10 x dir_ttl): its own request confirms the file."""
+    for i in range(12):
+        s3.put_object(Bucket=bucket, Key=f'd/f{i:02d}', Body=b'x' * i)
+    mnt = mount(bucket, endpoint=proxy.endpoint)
+    for i in range(9):  # eight probes, then the directory is listed
+        assert (mnt.path / 'd' / f'f{i:02d}').stat().st_size == i
+    listed = time.monotonic()
+    wait_for(lambda: time.monotonic() - listed > 1.2, 5, 'dir_ttl to pass')
+    proxy.reset_counters()
+    for i in range(9, 12):
+        assert (mnt.path / 'd' / f'f{i:02d}').stat().st_size == i
+    assert not proxy.records(lambda r: relisting_of('d/')(r.method, r.path, r.query))
+    assert proxy.counts['HEAD'] + proxy.counts['GET'] >= 3, proxy.counts
+    assert not (mnt.path / 'd' / 'absent').exists()  # that needs a listing
+    assert proxy.records(lambda r: relisting_of('d/')(r.method, r.path, r.query))
+
+
+def test_lookups_do_not_wait_for_a_relisting(server, bucket, s3, mount, proxy):
+    """While one thread lists a directory again, a lookup of a file the
+    last listing has, whose headers it must ask the bucket for anyway,
+    asks at once rather than waiting for the LIST."""
+    for i in range(12):
+        s3.put_object(Bucket=bucket, Key=f'd/f{i:02d}', Body=b'x' * i)
+    mnt = mount(bucket, endpoint=proxy.endpoint, options=['dir_ttl=0.2'])
+    for i in range(9):  # eight probes, then the directory is listed
+        assert (mnt.path / 'd' / f'f{i:02d}').stat().st_size == i
+    listed = time.monotonic()
+    wait_for(lambda: time.monotonic() - listed > 2.5, 5, '10 x dir_ttl to pass')
+    proxy.inject('hold', 1, relisting_of('d/'))
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        relisting = pool.submit(os.stat, mnt.path / 'd' / 'f09')
+        try:
+            wait_for(lambda: proxy.holding == 1, 10, 'the LIST at the proxy')
+            started = time.monotonic()
+            assert (mnt.path / 'd' / 'f10').stat().st_size == 10
+            assert proxy.holding == 1  # answered while the LIST waits
+            assert time.monotonic() - started < 5
+        finally:
+            proxy.release()
+        assert relisting.result().st_size == 9
