@@ -719,7 +719,10 @@ int cache_block_read(struct cache *cache, struct cache_object *object,
     uint32_t span_end = (last_piece + 1) * CACHE_PIECE_SIZE;
     if (span_end > record.len)
         span_end = record.len;
-    bounce = bounce_buffer(cache, span_end - span_start);
+    /* whole pieces are read and checked in the caller's buffer (it gets
+     * nothing unless they all match); others go through the bounce buffer */
+    bool direct = span_start == offset && span_end == offset + len;
+    bounce = direct ? buf : bounce_buffer(cache, span_end - span_start);
     if (bounce == NULL)
         return ENOMEM;
     ssize_t got = pread(object->fd, bounce, span_end - span_start,
@@ -739,7 +742,8 @@ int cache_block_read(struct cache *cache, struct cache_object *object,
             return ENOENT;
         }
     }
-    memcpy(buf, bounce + (offset - span_start), len);
+    if (!direct)
+        memcpy(buf, bounce + (offset - span_start), len);
     atomic_fetch_add(&cache->served_bytes, len);
     if (reuse)
         cache_add_touch(cache, object->id, block, true);
@@ -796,25 +800,31 @@ int cache_fill_write(struct cache_fill *fill, const void *data, size_t len)
     if (len > fill->len - fill->written)
         return EINVAL; /* more than the block holds */
     while (len > 0) {
-        uint32_t in_piece = fill->written % CACHE_PIECE_SIZE;
-        size_t take = CACHE_PIECE_SIZE - in_piece;
-        if (take > len)
-            take = len;
-        ssize_t done = pwrite(fill->object->fd, bytes, take,
+        /* one write for all the caller has (few system calls), then the
+         * checksums of the pieces it spans */
+        ssize_t done = pwrite(fill->object->fd, bytes, len,
                               (off_t)(base + fill->written));
         if (done < 0)
             return errno;
         if (done == 0)
             return EIO;
-        XXH3_64bits_update(fill->piece_state, bytes, (size_t)done);
-        fill->written += (uint32_t)done;
+        size_t hashed = 0;
+        while (hashed < (size_t)done) {
+            uint32_t in_piece = fill->written % CACHE_PIECE_SIZE;
+            size_t take = CACHE_PIECE_SIZE - in_piece;
+            if (take > (size_t)done - hashed)
+                take = (size_t)done - hashed;
+            XXH3_64bits_update(fill->piece_state, bytes + hashed, take);
+            fill->written += (uint32_t)take;
+            hashed += take;
+            if (fill->written % CACHE_PIECE_SIZE == 0 || fill->written == fill->len) {
+                fill->sums[(fill->written - 1) / CACHE_PIECE_SIZE] =
+                    XXH3_64bits_digest(fill->piece_state);
+                XXH3_64bits_reset(fill->piece_state);
+            }
+        }
         bytes += done;
         len -= (size_t)done;
-        if (fill->written % CACHE_PIECE_SIZE == 0 || fill->written == fill->len) {
-            fill->sums[(fill->written - 1) / CACHE_PIECE_SIZE] =
-                XXH3_64bits_digest(fill->piece_state);
-            XXH3_64bits_reset(fill->piece_state);
-        }
     }
     return 0;
 }

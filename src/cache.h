@@ -129,7 +129,8 @@ bool cache_block_present(struct cache *cache, struct cache_object *object,
 /*
  * Copy LEN bytes at OFFSET inside block BLOCK into BUF, verifying the
  * checksums of the pieces read. Returns 0, ENOENT (not cached, or it was
- * corrupt and has been dropped), or an I/O errno. REUSE says the block is
+ * corrupt and has been dropped), or an I/O errno; on failure BUF may hold
+ * anything (unverified bytes among them). REUSE says the block is
  * being read again: the reader did not fetch it and had not read it just
  * before. Such a read updates the block's recency and moves it to the
  * protected segment; data read right after its fetch stays in probation,

@@ -8,7 +8,8 @@
  * Lookup of NAME in directory P ("dir wins"):
  *   - P's listing is fresh: answer from it (absent -> negative entry); a
  *     file's s3fs headers come from the inode table when known for the
- *     same ETag, else from one HEAD.
+ *     same ETag, else from one HEAD, or from one GET of the whole file
+ *     where lookups in P are followed by reads (see lookup_file()).
  *   - otherwise: LIST prefix=P+NAME+"/" max-keys=1 (a directory?), then
  *     HEAD P+NAME (a file?).
  */
@@ -41,6 +42,10 @@
 #define UNKNOWN_INO 0xffffffffu          /* readdir: the kernel looks it up */
 #define RELIST_PAGES_MAX 10              /* see worth_relisting() */
 #define PROBES_BEFORE_LISTING 8          /* see fs_lookup() */
+#define LOOKUP_FETCH_MAX (1u << 20)      /* largest file a lookup GETs whole */
+#define READ_PATTERN_MIN 8               /* see reads_follow_lookups_locked() */
+#define READ_PATTERN_WINDOW 64
+#define STALE_LISTING_TTLS 10            /* see fs_lookup() */
 
 void fs_handle_add(struct fs *fs, struct fs_handle *list, struct fs_handle *handle)
 {
@@ -651,6 +656,90 @@ int fs_resolve_file(struct fs *fs, const char *key,
     return err;
 }
 
+/*
+ * Whether the files that lookups in directory DIR ask the bucket about are
+ * then read (a data loader opening files by name): at least half of the
+ * recent ones were opened for reading. Lock held.
+ */
+static bool reads_follow_lookups_locked(const struct inode *dir)
+{
+    return dir->asking_lookups >= READ_PATTERN_MIN &&
+           2 * dir->reads_after_lookup >= dir->asking_lookups;
+}
+
+/* A lookup in DIR asked the bucket about file CHILD. Lock held. */
+static void note_asking_lookup_locked(struct inode *dir, struct inode *child)
+{
+    if (++dir->asking_lookups > READ_PATTERN_WINDOW) {
+        /* older lookups count less: a changed pattern shows soon */
+        dir->asking_lookups /= 2;
+        dir->reads_after_lookup /= 2;
+    }
+    child->lookup_asked = true;
+}
+
+/* File INODE (key KEY) is opened for reading: if its lookup asked the
+ * bucket, count it for its directory. */
+static void note_read_open(struct fs *fs, struct inode *inode, const char *key)
+{
+    const char *slash = strrchr(key, '/');
+    char *parent_key = strndup(key, slash ? (size_t)(slash - key) + 1 : 0);
+
+    if (parent_key == NULL)
+        return;
+    inode_table_lock(fs->inodes);
+    struct inode *dir = inode->lookup_asked
+                            ? inode_find_locked(fs->inodes, parent_key) : NULL;
+    inode->lookup_asked = false;
+    if (dir != NULL && dir->reads_after_lookup < dir->asking_lookups)
+        dir->reads_after_lookup++;
+    inode_table_unlock(fs->inodes);
+    free(parent_key);
+}
+
+/*
+ * Attributes of file KEY in directory DIR, whose listing said LISTED: the
+ * known headers for its ETag (unless CONFIRM: the listing may be out of
+ * date), else from the bucket (*asked). Where files
+ * looked up are then read (reads_follow_lookups_locked), a small file is
+ * fetched whole into the cache with one GET, which carries the same
+ * headers as a HEAD: the open and read that follow need no request. That
+ * costs at most LOOKUP_FETCH_MAX bytes for a file looked up but not read.
+ */
+static int lookup_file(struct fs *fs, struct inode *dir, const char *key,
+                       const struct inode_attrs *listed, bool confirm,
+                       struct inode_attrs *out, bool *asked)
+{
+    struct s3_object_info info;
+
+    *asked = false;
+    if (!confirm && known_file_attrs(fs, key, listed, out))
+        return 0;
+    *asked = true;
+    inode_table_lock(fs->inodes);
+    bool fetch = reads_follow_lookups_locked(dir);
+    /* a newer version known here than the listing's: opening the cache
+     * for the listed one would drop the newer one's blocks */
+    struct inode *known = inode_find_locked(fs->inodes, key);
+    if (known != NULL && known->attrs.fetched_at > listed->fetched_at)
+        fetch = false;
+    inode_table_unlock(fs->inodes);
+    if (fetch && listed->size > 0 && listed->size <= LOOKUP_FETCH_MAX &&
+        listed->etag[0] != '\0') {
+        int err = reader_fetch_whole(fs->reader, key, listed->etag,
+                                     listed->size, &info);
+        if (err == 0) {
+            fs_head_file_attrs(fs, &info, out);
+            metacache_put_attrs(fs->conf.cache, key, out);
+            return 0;
+        }
+        if (err == ENOENT)
+            return err;
+        /* cached already, changed since the listing, no room: a HEAD */
+    }
+    return fs_resolve_file(fs, key, NULL, out);
+}
+
 /* Probe the bucket for NAME in DIR_KEY without a listing. */
 static int probe_name(struct fs *fs, const char *file_key, const char *dir_key,
                       struct inode_attrs *attrs, bool *is_dir)
@@ -677,7 +766,7 @@ int fs_lookup(struct fs *fs, fuse_ino_t parent_ino, const char *name,
     struct inode_listing *listing = NULL;
     struct inode_attrs attrs;
     char *file_key = NULL, *dir_key = NULL, *parent_key = NULL;
-    bool is_dir = false;
+    bool is_dir = false, asked = false;
     size_t name_len = strlen(name);
     int err = 0;
 
@@ -729,6 +818,29 @@ int fs_lookup(struct fs *fs, fuse_ino_t parent_ino, const char *name,
         fs_now_seconds() - parent->listing->fetched_at < fs->conf.dir_ttl)
         listing = inode_listing_ref_locked(parent->listing); /* fresh */
     bool listed = listing == NULL && worth_relisting_locked(fs, parent);
+    /* A file of the last listing whose headers are not known here needs a
+     * request of its own anyway, and that request (a GET with the listed
+     * ETag, or a HEAD) confirms it: answer from the last listing, if it is
+     * not much older than dir_ttl or another thread is listing the
+     * directory again, rather than wait for a LIST. A data loader's first
+     * pass then lists its directory once, not every dir_ttl (LISTs cost
+     * more than GETs, in money and on the server). What only a new listing
+     * would show is a directory of the same name, which hides the file
+     * ("dir wins", above): that may take STALE_LISTING_TTLS x dir_ttl. */
+    bool confirm = false;
+    if (listed && (parent->listing_fetch ||
+                   fs_now_seconds() - parent->listing->fetched_at <
+                       STALE_LISTING_TTLS * fs->conf.dir_ttl)) {
+        const struct inode_dirent *last = inode_listing_find(parent->listing, name);
+        struct inode *known = inode_find_locked(fs->inodes, file_key);
+        if (last != NULL && last->attrs.kind == INODE_FILE &&
+            (known == NULL || !known->attrs.headers_known ||
+             strcmp(known->attrs.etag, last->attrs.etag) != 0)) {
+            listing = inode_listing_ref_locked(parent->listing);
+            listed = false;
+            confirm = true;
+        }
+    }
     bool try_listing = listing == NULL && !listed && !parent->too_big_to_list &&
                        ++parent->probes >= PROBES_BEFORE_LISTING;
     inode_table_unlock(fs->inodes);
@@ -753,9 +865,11 @@ int fs_lookup(struct fs *fs, fuse_ino_t parent_ino, const char *name,
             attrs = entry->attrs;
             resolve_dir(fs, dir_key, &attrs);
         } else
-            err = fs_resolve_file(fs, file_key, &entry->attrs, &attrs);
+            err = lookup_file(fs, parent, file_key, &entry->attrs, confirm,
+                              &attrs, &asked);
     } else {
         err = probe_name(fs, file_key, dir_key, &attrs, &is_dir);
+        asked = !is_dir;
     }
     if (err == ENOENT) {
         err = 0; /* negative entry */
@@ -767,6 +881,8 @@ int fs_lookup(struct fs *fs, fuse_ino_t parent_ino, const char *name,
     inode_table_lock(fs->inodes);
     struct inode *child = inode_ref_locked(fs->inodes, is_dir ? dir_key : file_key,
                                            &attrs);
+    if (child != NULL && asked)
+        note_asking_lookup_locked(parent, child);
     if (child != NULL)
         fs_fill_entry(fs, child, out);
     inode_table_unlock(fs->inodes);
@@ -1110,6 +1226,8 @@ int fs_open(struct fs *fs, fuse_ino_t ino, int flags, struct fs_file **out,
     snprintf(inode->opened_etag, sizeof(inode->opened_etag), "%s", attrs.etag);
     key = strdup(inode->key);
     inode_table_unlock(fs->inodes);
+    if (key != NULL)
+        note_read_open(fs, inode, key);
     err = key == NULL ? ENOMEM
                       : reader_open(fs->reader, key, attrs.etag, attrs.size,
                                     &file->reader_file);

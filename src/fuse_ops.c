@@ -9,9 +9,13 @@
 #include "fuse_ops.h"
 
 #include <errno.h>
+#include <linux/fuse.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/uio.h>
+#include <unistd.h>
 
 static struct fs *request_fs(fuse_req_t req)
 {
@@ -44,15 +48,17 @@ static int reply_entry(fuse_req_t req, const struct fs_entry *entry)
 
 static void op_init(void *userdata, struct fuse_conn_info *conn)
 {
-    (void)userdata;
+    struct fuse_ops_context *context = userdata;
     /* Large kernel read-ahead requests mean fewer round trips through FUSE. */
-    conn->max_readahead = 1u << 20;
+    conn->max_readahead = FUSE_OPS_MAX_READAHEAD;
     if (conn->capable & FUSE_CAP_READDIRPLUS)
         conn->want |= FUSE_CAP_READDIRPLUS;
     /* Lookups in one directory may run in parallel (the kernel serialises
      * them otherwise): a data loader's workers open files side by side. */
     if (conn->capable & FUSE_CAP_PARALLEL_DIROPS)
         conn->want |= FUSE_CAP_PARALLEL_DIROPS;
+    /* libfuse 3.14 drops it from the reply: see io_writev() */
+    context->parallel_dirops = (conn->want & FUSE_CAP_PARALLEL_DIROPS) != 0;
     conn->want &= ~(unsigned)FUSE_CAP_READDIRPLUS_AUTO;
     /* open(O_TRUNC) arrives as one request: a truncated file is never
      * loaded first just to be emptied */
@@ -505,4 +511,69 @@ static const struct fuse_lowlevel_ops ops = {
 const struct fuse_lowlevel_ops *fuse_ops_table(void)
 {
     return &ops;
+}
+
+/* ------------------------------------------------------- the session's I/O */
+
+/* Remember which request is INIT, to find its reply in io_writev(). */
+static ssize_t io_read(int fd, void *buf, size_t len, void *userdata)
+{
+    struct fuse_ops_context *context = userdata;
+    ssize_t got = read(fd, buf, len);
+
+    if (got >= (ssize_t)sizeof(struct fuse_in_header)) {
+        const struct fuse_in_header *in = buf;
+        if (in->opcode == FUSE_INIT)
+            __atomic_store_n(&context->init_unique, in->unique, __ATOMIC_RELEASE);
+    }
+    return got;
+}
+
+/*
+ * Send a reply; the successful reply to INIT gets FUSE_PARALLEL_DIROPS
+ * when init wanted it. libfuse up to 3.16.1 takes the capability in
+ * conn->want but never sets the flag in the reply (fixed upstream by
+ * libfuse pull request #861), so without this the kernel serialises the
+ * lookups of a directory: eight readers opening the files of one
+ * directory waited for one another's HEADs. Replies to other requests
+ * pass unchanged.
+ */
+static ssize_t io_writev(int fd, struct iovec *iov, int count, void *userdata)
+{
+    struct fuse_ops_context *context = userdata;
+    uint64_t init_unique = __atomic_load_n(&context->init_unique, __ATOMIC_ACQUIRE);
+    const size_t flags_end = offsetof(struct fuse_init_out, flags) + sizeof(uint32_t);
+
+    if (init_unique == 0 || count != 2 ||
+        iov[0].iov_len != sizeof(struct fuse_out_header))
+        return writev(fd, iov, count);
+    const struct fuse_out_header *out = iov[0].iov_base;
+    if (out->unique != init_unique || out->error != 0 ||
+        iov[1].iov_len < flags_end || iov[1].iov_len > sizeof(struct fuse_init_out))
+        return writev(fd, iov, count);
+
+    struct fuse_init_out init;
+    struct iovec patched[2] = {iov[0], {&init, iov[1].iov_len}};
+    memcpy(&init, iov[1].iov_base, iov[1].iov_len);
+    if (context->parallel_dirops)
+        init.flags |= FUSE_PARALLEL_DIROPS;
+    __atomic_store_n(&context->init_unique, 0, __ATOMIC_RELEASE);
+    return writev(fd, patched, 2);
+}
+
+int fuse_ops_use_io(struct fuse_session *se)
+{
+#ifdef HAVE_FUSE_SESSION_CUSTOM_IO
+    static const struct fuse_custom_io io = {
+        .read = io_read,
+        .writev = io_writev,
+    };
+    int err = fuse_session_custom_io(se, &io, fuse_session_fd(se));
+    return err < 0 ? -err : err;
+#else
+    (void)se;
+    (void)io_read;
+    (void)io_writev;
+    return ENOSYS;
+#endif
 }

@@ -72,6 +72,12 @@ struct inode {
     bool listing_fetch;         /* (L) a thread is listing it now */
     unsigned probes;            /* (L) lookups answered without a listing */
     bool too_big_to_list;       /* (L) more pages than a lookup may list */
+    unsigned asking_lookups;    /* (L) directories: lookups of files here
+                                   that had to ask the bucket (decaying) */
+    unsigned reads_after_lookup; /* (L) directories: files of those opened
+                                    for reading afterwards (decaying) */
+    bool lookup_asked;          /* (L) files: the last lookup asked the
+                                   bucket and no open for reading followed */
     char *symlink_target;       /* (L) symlinks: target for attrs.etag */
     char opened_etag[S3_ETAG_MAX]; /* (L) ETag at the last open, for
                                       keeping the kernel page cache */

@@ -9,6 +9,11 @@
  * will fetch in the same GET) or waits until it leaves the table, then
  * reads the cache again. No lock is held during a GET.
  *
+ * reader->lock also guards lookup_fetched: the objects reader_fetch_whole()
+ * fetched for a lookup. The first reader_open() of one takes it out and
+ * counts its blocks as fetched by that open file, so reading them is
+ * neither a cache hit nor a second use that protects them from eviction.
+ *
  * Per file: file->lock guards the sequential-reader state (next_offset,
  * window, last_block, prefetched_to).
  */
@@ -29,6 +34,7 @@
 #define INITIAL_WINDOW_BLOCKS 4
 #define CLAIMED_RING 128              /* blocks a file remembers fetching */
 #define MAX_FETCHES_PER_READ 3
+#define LOOKUP_FETCHED_RING 256       /* objects fetched whole, not yet opened */
 
 struct inflight {
     uint64_t id;       /* the cache object */
@@ -45,6 +51,10 @@ struct reader {
     pthread_cond_t block_done;
     void *inflight;              /* tsearch tree of struct inflight * */
     bool stopping;
+    uint64_t lookup_fetched[LOOKUP_FETCHED_RING]; /* object ids + 1 that
+                                    reader_fetch_whole() filled and no
+                                    reader_open() took yet */
+    unsigned lookup_fetched_next;
     _Atomic uint64_t bytes_read;
     _Atomic uint64_t blocks_prefetched;
     _Atomic uint64_t direct_bytes;
@@ -209,9 +219,18 @@ static int run_sink_write(void *arg, const void *data, size_t len)
     return 0;
 }
 
+static void log_if_changed(const struct reader_file *file, int err)
+{
+    if (err == ESTALE)
+        log_warn("'%s' changed while open; reopen it to read the new version",
+                 file->key);
+}
+
 /* GET blocks FIRST..FIRST+COUNT-1 (registered in flight by the caller)
- * into the cache; every one leaves the in-flight table, fetched or not. */
-static int fetch_run(struct reader_file *file, uint64_t first, uint64_t count)
+ * into the cache; every one leaves the in-flight table, fetched or not.
+ * INFO (may be NULL) receives the object's headers. */
+static int fetch_run(struct reader_file *file, uint64_t first, uint64_t count,
+                     struct s3_object_info *info)
 {
     struct reader *reader = file->reader;
     uint32_t block_size = reader->block_size;
@@ -223,11 +242,8 @@ static int fetch_run(struct reader_file *file, uint64_t first, uint64_t count)
     if (end > file->size)
         end = file->size;
     int err = s3_get_object_stream(reader->conf.s3, file->key, offset,
-                                   end - offset, file->etag, &sink, NULL);
+                                   end - offset, file->etag, &sink, NULL, info);
     cache_fill_abort(&run.fill);
-    if (err == ESTALE)
-        log_warn("'%s' changed while open; reopen it to read the new version",
-                 file->key);
     inflight_remove(reader, file->object_id, run.done_until,
                     first + count - run.done_until);
     return err;
@@ -250,7 +266,7 @@ static void prefetch_job_main(void *arg)
     if (stopping)
         inflight_remove(reader, job->file->object_id, job->first, job->count);
     else
-        fetch_run(job->file, job->first, job->count);
+        log_if_changed(job->file, fetch_run(job->file, job->first, job->count, NULL));
     reader_close(&job->file);
     free(job);
 }
@@ -346,7 +362,8 @@ static int read_block(struct reader_file *file, uint64_t block, uint32_t offset,
             continue; /* fetched by another thread: read the cache again */
         if (claim_run(file, block, 1) == 0)
             continue; /* another thread claimed or finished it just now */
-        err = fetch_run(file, block, 1);
+        err = fetch_run(file, block, 1, NULL);
+        log_if_changed(file, err);
         if (err != 0)
             return err;
         /* evicted again before we could read it (a cache far too small
@@ -530,6 +547,32 @@ void reader_limit_prefetch(struct reader_file *file, uint64_t end)
     pthread_mutex_unlock(&file->lock);
 }
 
+/* If a lookup fetched FILE's object, its blocks count as fetched by
+ * FILE (see the top of the file). */
+static void take_lookup_fetched(struct reader_file *file)
+{
+    struct reader *reader = file->reader;
+    bool found = false;
+
+    pthread_mutex_lock(&reader->lock);
+    for (unsigned i = 0; i < LOOKUP_FETCHED_RING && !found; i++) {
+        if (reader->lookup_fetched[i] == file->object_id + 1) {
+            reader->lookup_fetched[i] = 0;
+            found = true;
+        }
+    }
+    pthread_mutex_unlock(&reader->lock);
+    if (!found)
+        return;
+    uint64_t blocks = cache_object_blocks(file->object);
+    pthread_mutex_lock(&file->lock);
+    for (uint64_t block = 0; block < blocks && block < CLAIMED_RING; block++) {
+        file->claimed[file->claimed_next] = block + 1;
+        file->claimed_next = (file->claimed_next + 1) % CLAIMED_RING;
+    }
+    pthread_mutex_unlock(&file->lock);
+}
+
 int reader_open(struct reader *reader, const char *key, const char *etag,
                 uint64_t size, struct reader_file **out)
 {
@@ -555,8 +598,10 @@ int reader_open(struct reader *reader, const char *key, const char *etag,
     if (etag[0] != '\0' && size > 0) {
         int cache_err = cache_object_open(reader->conf.cache, key, etag, size,
                                           &file->object);
-        if (cache_err == 0)
+        if (cache_err == 0) {
             file->object_id = cache_object_id(file->object);
+            take_lookup_fetched(file);
+        }
         else if (cache_err != ENOMEM)
             log_warn("cache: cannot cache '%s' (%s); reading it directly",
                      key, strerror(cache_err));
@@ -567,6 +612,45 @@ out:
     if (err != 0)
         reader_close(&file);
     *out = file;
+    return err;
+}
+
+int reader_fetch_whole(struct reader *reader, const char *key, const char *etag,
+                       uint64_t size, struct s3_object_info *info)
+{
+    struct reader_file *file = NULL;
+    int err = 0;
+
+    if (etag[0] == '\0' || size == 0)
+        return EINVAL;
+    err = reader_open(reader, key, etag, size, &file);
+    if (err != 0)
+        return err;
+    uint64_t blocks = file->object ? cache_object_blocks(file->object) : 0;
+    uint64_t run_max = reader->conf.max_request / reader->block_size;
+    if (file->object == NULL || blocks > (run_max ? run_max : 1)) {
+        err = ENOSPC; /* not cached, or more than one GET */
+        goto out;
+    }
+    uint64_t claimed = claim_run(file, 0, blocks);
+    if (claimed < blocks) {
+        /* some of it is cached or being fetched: a HEAD is cheaper */
+        inflight_remove(reader, file->object_id, 0, claimed);
+        err = EEXIST;
+        goto out;
+    }
+    err = fetch_run(file, 0, blocks, info);
+    if (err == 0 && strcmp(info->etag, etag) != 0)
+        err = ESTALE; /* a server that ignored If-Match */
+    if (err == 0) {
+        pthread_mutex_lock(&reader->lock);
+        reader->lookup_fetched[reader->lookup_fetched_next] = file->object_id + 1;
+        reader->lookup_fetched_next = (reader->lookup_fetched_next + 1) %
+                                      LOOKUP_FETCHED_RING;
+        pthread_mutex_unlock(&reader->lock);
+    }
+out:
+    reader_close(&file);
     return err;
 }
 

@@ -74,6 +74,18 @@ int reader_read(struct reader_file *file, uint64_t offset, size_t size,
  * range it needs (the base of an edit) fetches nothing else. */
 void reader_limit_prefetch(struct reader_file *file, uint64_t end);
 
+/*
+ * Fetch all of version ETAG (SIZE bytes, > 0) of KEY into the cache with
+ * one GET, and its headers into *INFO: what a lookup does instead of a
+ * HEAD when the file will be read next (see fs.c). EEXIST when part of it
+ * is already cached or being fetched, ENOSPC when the cache cannot hold it
+ * or it needs more than one GET (nothing fetched in either case), ESTALE
+ * when the object is no longer ETAG, ENOENT when it is gone, or the S3
+ * client's errno.
+ */
+int reader_fetch_whole(struct reader *reader, const char *key, const char *etag,
+                       uint64_t size, struct s3_object_info *info);
+
 void reader_close(struct reader_file **file);
 
 #endif /* S3CFS_READER_H */

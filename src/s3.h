@@ -152,11 +152,14 @@ struct s3_sink {
  * when not NULL (ESTALE if the object changed). A retry resumes where the
  * data stopped, so SINK sees every byte exactly once, in order.
  * *delivered (may be NULL) gets how many bytes SINK accepted, also on
- * failure. No buffer of the object's size is ever held.
+ * failure. No buffer of the object's size is ever held. INFO, when not
+ * NULL, receives the object's headers (those of the last answer, after a
+ * retry; its size is the whole object's).
  */
 int s3_get_object_stream(struct s3_client *client, const char *key,
                          uint64_t offset, uint64_t length, const char *if_match,
-                         const struct s3_sink *sink, uint64_t *delivered);
+                         const struct s3_sink *sink, uint64_t *delivered,
+                         struct s3_object_info *info);
 
 /*
  * One ListObjectsV2 page: keys under PREFIX, grouped by DELIMITER (NULL for

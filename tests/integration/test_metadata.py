@@ -10,7 +10,7 @@ import time
 import pytest
 
 import s3proxy
-from conftest import wait_for
+from conftest import read_stats, wait_for
 
 FILES = 1100  # two LIST pages
 
@@ -91,3 +91,131 @@ def test_negative_lookups_are_cached(server, bucket, s3, mount, proxy):
     for _ in range(20):
         assert not (mnt.path / 'absent').exists()
     assert sum(proxy.counts.values()) == 0, proxy.counts
+
+
+def test_lookups_in_one_directory_run_in_parallel(server, bucket, s3, mount, proxy):
+    """Eight threads looking up eight names of one directory: the kernel
+    sends the eight lookups together (FUSE_PARALLEL_DIROPS, which libfuse
+    3.14 drops from its INIT reply unless s3cachefs puts it back), so eight
+    requests are at the server at once rather than one after another."""
+    names = [f'f{i}' for i in range(8)]
+    for name in names:
+        s3.put_object(Bucket=bucket, Key=f'd/{name}', Body=b'x')
+    mnt = mount(bucket, endpoint=proxy.endpoint,
+                options=['dir_ttl=30', 'attr_ttl=30'])
+    assert (mnt.path / 'd').is_dir()
+    proxy.inject('hold', len(names))
+    with concurrent.futures.ThreadPoolExecutor(len(names)) as pool:
+        stats = [pool.submit(os.stat, mnt.path / 'd' / name) for name in names]
+        try:
+            wait_for(lambda: proxy.holding == len(names), 10,
+                     f'{len(names)} lookups at the server at once '
+                     f'(holding {proxy.holding})')
+        finally:
+            proxy.release()
+        assert all(done.result().st_size == 1 for done in stats)
+
+
+SMALL_FILES = 40
+
+
+def put_small_files(s3, bucket, count=SMALL_FILES):
+    """count files of a few KiB in small/; every fifth has an s3fs mode."""
+    contents = {}
+    for i in range(count):
+        body = os.urandom(1000 + 97 * i)
+        extra = {'Metadata': {'mode': str(0o100600)}} if i % 5 == 0 else {}
+        s3.put_object(Bucket=bucket, Key=f'small/f{i:03d}', Body=body, **extra)
+        contents[f'f{i:03d}'] = body
+    return contents
+
+
+def test_lookups_then_reads_fetch_small_files_in_one_get(server, bucket, s3,
+                                                          mount, proxy):
+    """A data loader opens and reads files by name: once most files looked
+    up in a directory are then read, a lookup GETs a small file whole (the
+    GET has the s3fs headers too) instead of HEADing it, so each file costs
+    one request; every byte is still fetched once."""
+    contents = put_small_files(s3, bucket)
+    mnt = mount(bucket, endpoint=proxy.endpoint)
+    proxy.reset_counters()
+    for name, body in sorted(contents.items()):
+        path = mnt.path / 'small' / name
+        with open(path, 'rb') as file:
+            assert file.read() == body
+        mode = path.stat().st_mode & 0o777
+        assert mode == (0o600 if int(name[1:]) % 5 == 0 else 0o644), name
+    counts = proxy.counts
+    assert counts['GET'] == SMALL_FILES, counts
+    # HEADs only until the pattern shows (8 lookups), and of the directory
+    assert counts['HEAD'] <= 12, counts
+    fetched = proxy.body_bytes(lambda record: record.kind == 'GET')
+    assert fetched == sum(map(len, contents.values()))
+    stats = read_stats(mnt.path)
+    # data fetched by a lookup and read once is not a cache hit
+    assert stats['bytes_from_cache'] == 0, stats
+
+
+def test_lookups_without_reads_fetch_no_data(server, bucket, s3, mount, proxy):
+    """stat() of every file (find, rsync's comparison) reads nothing: the
+    lookups HEAD the files and fetch no data."""
+    contents = put_small_files(s3, bucket)
+    mnt = mount(bucket, endpoint=proxy.endpoint)
+    proxy.reset_counters()
+    for name, body in sorted(contents.items()):
+        assert (mnt.path / 'small' / name).stat().st_size == len(body)
+    assert proxy.counts['GET'] == 0, proxy.counts
+    assert proxy.counts['HEAD'] >= SMALL_FILES, proxy.counts
+
+
+
+def relisting_of(directory):
+    """A request matcher: the LIST of DIRECTORY (with a delimiter)."""
+    prefix = 'prefix=' + directory.replace('/', '%2F')
+    return lambda method, path, query: 'delimiter' in query and prefix in query
+
+
+def test_lookups_that_ask_anyway_use_the_last_listing(server, bucket, s3, mount,
+                                                      proxy):
+    """Past dir_ttl, a lookup of a file the last listing has, whose headers
+    it must ask the bucket for anyway, does not list the directory again
+    (for up to 10 x dir_ttl): its own request confirms the file."""
+    for i in range(12):
+        s3.put_object(Bucket=bucket, Key=f'd/f{i:02d}', Body=b'x' * i)
+    mnt = mount(bucket, endpoint=proxy.endpoint)
+    for i in range(9):  # eight probes, then the directory is listed
+        assert (mnt.path / 'd' / f'f{i:02d}').stat().st_size == i
+    listed = time.monotonic()
+    wait_for(lambda: time.monotonic() - listed > 1.2, 5, 'dir_ttl to pass')
+    proxy.reset_counters()
+    for i in range(9, 12):
+        assert (mnt.path / 'd' / f'f{i:02d}').stat().st_size == i
+    assert not proxy.records(lambda r: relisting_of('d/')(r.method, r.path, r.query))
+    assert proxy.counts['HEAD'] + proxy.counts['GET'] >= 3, proxy.counts
+    assert not (mnt.path / 'd' / 'absent').exists()  # that needs a listing
+    assert proxy.records(lambda r: relisting_of('d/')(r.method, r.path, r.query))
+
+
+def test_lookups_do_not_wait_for_a_relisting(server, bucket, s3, mount, proxy):
+    """While one thread lists a directory again, a lookup of a file the
+    last listing has, whose headers it must ask the bucket for anyway,
+    asks at once rather than waiting for the LIST."""
+    for i in range(12):
+        s3.put_object(Bucket=bucket, Key=f'd/f{i:02d}', Body=b'x' * i)
+    mnt = mount(bucket, endpoint=proxy.endpoint, options=['dir_ttl=0.2'])
+    for i in range(9):  # eight probes, then the directory is listed
+        assert (mnt.path / 'd' / f'f{i:02d}').stat().st_size == i
+    listed = time.monotonic()
+    wait_for(lambda: time.monotonic() - listed > 2.5, 5, '10 x dir_ttl to pass')
+    proxy.inject('hold', 1, relisting_of('d/'))
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        relisting = pool.submit(os.stat, mnt.path / 'd' / 'f09')
+        try:
+            wait_for(lambda: proxy.holding == 1, 10, 'the LIST at the proxy')
+            started = time.monotonic()
+            assert (mnt.path / 'd' / 'f10').stat().st_size == 10
+            assert proxy.holding == 1  # answered while the LIST waits
+            assert time.monotonic() - started < 5
+        finally:
+            proxy.release()
+        assert relisting.result().st_size == 9

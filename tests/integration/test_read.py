@@ -285,3 +285,17 @@ def test_close_to_open_sees_new_version(server, s3, bucket, mount):
     s3.delete_object(Bucket=bucket, Key='changing.txt')
     wait_for(lambda: not (mnt.path / 'changing.txt').exists(), 10,
              'the deletion to show')
+
+
+def test_sequential_reads_ahead_one_mib(tree_bucket, mount):
+    """The kernel reads ahead on a FUSE mount no further than its bdi's
+    read_ahead_kb (128 KiB unless changed), whatever the daemon asks for:
+    the daemon raises it to 1 MiB, so sequential reads come in 1 MiB
+    requests (a third faster re-reads from the cache)."""
+    mnt = mount(tree_bucket)
+    device = os.stat(mnt.path).st_dev
+    setting = f'/sys/class/bdi/{os.major(device)}:{os.minor(device)}/read_ahead_kb'
+    if os.geteuid() != 0:
+        pytest.skip('only root may raise a bdi read-ahead')
+    with open(setting) as text:
+        assert int(text.read()) == 1024
