@@ -73,6 +73,8 @@ struct fs_stats {
 
 /* The extended attribute of the mount root that holds the counters. */
 #define FS_STATS_XATTR "user.s3cachefs.stats"
+/* the daemon's pid, on the mount root (for the unmount helper, unmount.h) */
+#define FS_PID_XATTR "user.s3cachefs.pid"
 
 struct fs;
 struct fs_dir;      /* an open directory: a snapshot of its listing */

@@ -12,6 +12,7 @@
 #include <linux/fuse.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/uio.h>
@@ -450,13 +451,19 @@ static void reply_xattr_value(fuse_req_t req, const char *value, size_t len,
         fuse_reply_buf(req, value, len);
 }
 
-/* The mount root carries the counters (fs.h: FS_STATS_XATTR); nothing
- * else has extended attributes. */
+/* The mount root carries the counters (fs.h: FS_STATS_XATTR) and the
+ * daemon's pid (FS_PID_XATTR); nothing else has extended attributes. */
 static void op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name,
                         size_t size)
 {
     char *text = NULL;
 
+    if (ino == FUSE_ROOT_ID && strcmp(name, FS_PID_XATTR) == 0) {
+        char pid[24];
+        int len = snprintf(pid, sizeof(pid), "%ld", (long)getpid());
+        reply_xattr_value(req, pid, (size_t)len, size);
+        return;
+    }
     if (ino != FUSE_ROOT_ID || strcmp(name, FS_STATS_XATTR) != 0) {
         fuse_reply_err(req, ENODATA);
         return;
@@ -471,8 +478,9 @@ static void op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name,
 
 static void op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
 {
+    static const char names[] = FS_STATS_XATTR "\0" FS_PID_XATTR;
     if (ino == FUSE_ROOT_ID)
-        reply_xattr_value(req, FS_STATS_XATTR, sizeof(FS_STATS_XATTR), size);
+        reply_xattr_value(req, names, sizeof(names), size);
     else
         reply_xattr_value(req, "", 0, size);
 }

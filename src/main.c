@@ -28,6 +28,7 @@
 #include "log.h"
 #include "options.h"
 #include "s3.h"
+#include "unmount.h"
 
 #define MULTIPART_THRESHOLD (16ull << 20)  /* larger files go multipart */
 #define PART_SIZE (8ull << 20)             /* smallest part */
@@ -265,6 +266,10 @@ int main(int argc, char **argv)
     struct journal *journal = NULL;
     int cache_lock_fd = -1;
     int status = 1;
+
+    /* umount(8)'s helper, or s3cachefs --unmount */
+    if (unmount_requested(argc, argv))
+        return unmount_main(argc, argv);
 
     if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
         fprintf(stderr, "s3cachefs: cannot initialise libcurl\n");

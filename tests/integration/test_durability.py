@@ -12,6 +12,7 @@ server.
 import errno
 import os
 import signal
+import subprocess
 import threading
 import time
 
@@ -20,7 +21,7 @@ import botocore.config
 import botocore.exceptions
 import pytest
 
-from conftest import read_stats, wait_for
+from conftest import BINARY, is_fuse_mount, read_stats, wait_for
 from writehelp import (HANG_TIMEOUT, HOLD_ALL, KiB, MiB, MULTIPART_SIZE,
                        assert_multipart, assert_objects, bucket_keys,
                        fsync_path, head, kill_9, object_bytes, payload, proxy,
@@ -205,6 +206,48 @@ def test_unmount_waits_for_pending_uploads(server, s3, bucket, proxy, mount):
         f'the daemon exited {elapsed:.2f}s after unmount, before its uploads could end'
     assert_objects(s3, bucket, files)
     assert bucket_keys(s3, bucket) == sorted(files)
+
+
+def test_unmount_command_waits_for_the_uploads(server, s3, bucket, proxy,
+                                               mount):
+    """`s3cachefs --unmount MNT`, uploads held: it returns only once the
+    daemon has exited, that is after the uploads, and everything is in the
+    bucket by then (a node may be torn down as soon as it returns)."""
+    mnt = mount(bucket, options=['writeback'], endpoint=proxy.endpoint)
+    files = held_files('cmd', 4, big=True)
+    proxy.inject('hold', HOLD_ALL, 'PUT')
+    try:
+        write_all(mnt, files)
+        wait_for(lambda: proxy.holding >= 1, 10, 'uploads at the proxy')
+        timer = threading.Timer(RELEASE_AFTER, proxy.release)
+        started = time.monotonic()
+        timer.start()
+        done = subprocess.run([BINARY, '--unmount', str(mnt.path)],
+                              capture_output=True, text=True,
+                              timeout=HANG_TIMEOUT)
+        elapsed = time.monotonic() - started
+    finally:
+        proxy.release()
+    assert done.returncode == 0, done.stderr
+    assert elapsed >= RELEASE_AFTER - 0.05, \
+        f'--unmount returned {elapsed:.2f}s in, before the uploads could end'
+    # the daemon is gone, the mount too, and every file is in the bucket
+    assert mnt.process.poll() == 0, mnt.log()[-2000:]
+    assert not is_fuse_mount(mnt.path)
+    mnt.process = None
+    assert_objects(s3, bucket, files)
+
+
+def test_unmount_command_refuses_other_mounts(tmp_path):
+    """--unmount only unmounts s3cachefs mounts: anything else is left
+    alone, with a sentence and status 1."""
+    done = subprocess.run([BINARY, '--unmount', str(tmp_path)],
+                          capture_output=True, text=True, timeout=HANG_TIMEOUT)
+    assert done.returncode == 1
+    assert 'not an s3cachefs mount' in done.stderr
+    done = subprocess.run([BINARY, '--unmount'], capture_output=True,
+                          text=True, timeout=HANG_TIMEOUT)
+    assert done.returncode == 1 and 'usage' in done.stderr
 
 
 @pytest.mark.parametrize('signum', [signal.SIGTERM, signal.SIGINT],

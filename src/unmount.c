@@ -1,0 +1,168 @@
+/*
+ * unmount.c - unmounting that waits for the uploads (see unmount.h).
+ *
+ * `s3cachefs --unmount [-l] MOUNTPOINT`. The daemon is found before the
+ * mount goes (a pidfd, so a pid reused
+ * meanwhile cannot be mistaken for it), then the mount point is unmounted
+ * (umount2 as root, fusermount3 -u otherwise), then the helper waits for
+ * the daemon to exit, saying so once if that takes a while.
+ */
+#include "config.h"
+
+#include "unmount.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <sys/xattr.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "fs.h"
+
+#define TELL_AFTER_MS 2000      /* say what it waits for after this long */
+#define POLL_MS 100             /* without pidfd_open: kill(pid, 0) steps */
+
+extern char **environ;
+
+bool unmount_requested(int argc, char **argv)
+{
+    return argc > 1 && strcmp(argv[1], "--unmount") == 0;
+}
+
+/* The pid of the daemon serving MOUNTPOINT, or 0 if it does not say (not
+ * an s3cachefs mount, or its daemon is gone). */
+static pid_t daemon_pid(const char *mountpoint)
+{
+    char text[32];
+    ssize_t len = getxattr(mountpoint, FS_PID_XATTR, text, sizeof(text) - 1);
+
+    if (len <= 0)
+        return 0;
+    text[len] = '\0';
+    char *end = NULL;
+    long pid = strtol(text, &end, 10);
+    return end != text && *end == '\0' && pid > 0 ? (pid_t)pid : 0;
+}
+
+/* Unmount MOUNTPOINT: 0 or an errno (told on stderr). */
+static int do_unmount(const char *mountpoint, bool lazy, bool force)
+{
+    if (geteuid() == 0) {
+        int flags = (lazy ? MNT_DETACH : 0) | (force ? MNT_FORCE : 0);
+        if (umount2(mountpoint, flags) == 0)
+            return 0;
+        int err = errno;
+        fprintf(stderr, "s3cachefs: cannot unmount %s: %s\n", mountpoint,
+                strerror(err));
+        return err;
+    }
+    /* not root: the setuid helper does it */
+    char *args[] = {"fusermount3", "-u", lazy ? "-z" : "-u", (char *)mountpoint,
+                    NULL};
+    pid_t child;
+    int status = 0;
+    int err = posix_spawnp(&child, "fusermount3", NULL, NULL, args, environ);
+    if (err != 0) {
+        fprintf(stderr, "s3cachefs: cannot run fusermount3: %s\n", strerror(err));
+        return err;
+    }
+    while (waitpid(child, &status, 0) < 0 && errno == EINTR)
+        ;
+    return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : EBUSY;
+}
+
+static long elapsed_ms(const struct timespec *since)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (now.tv_sec - since->tv_sec) * 1000 +
+           (now.tv_nsec - since->tv_nsec) / 1000000;
+}
+
+/* Wait for PID (PIDFD, or -1 to poll) to exit. */
+static void wait_daemon(pid_t pid, int pidfd, const char *mountpoint)
+{
+    struct timespec started;
+    bool told = false;
+
+    clock_gettime(CLOCK_MONOTONIC, &started);
+    for (;;) {
+        if (pidfd >= 0) {
+            struct pollfd p = {.fd = pidfd, .events = POLLIN};
+            int ready = poll(&p, 1, told ? -1 : TELL_AFTER_MS);
+            if (ready > 0 || (ready < 0 && errno != EINTR))
+                return;
+        } else {
+            if (kill(pid, 0) != 0 && errno == ESRCH)
+                return;
+            nanosleep(&(struct timespec){0, POLL_MS * 1000000L}, NULL);
+        }
+        if (!told && elapsed_ms(&started) >= TELL_AFTER_MS) {
+            fprintf(stderr, "s3cachefs: %s is unmounted; waiting for its "
+                    "daemon (pid %ld) to finish the uploads\n", mountpoint,
+                    (long)pid);
+            told = true;
+        }
+    }
+}
+
+static int usage(void)
+{
+    fprintf(stderr, "usage: s3cachefs --unmount [-l] MOUNTPOINT\n");
+    return 1;
+}
+
+int unmount_main(int argc, char **argv)
+{
+    const char *mountpoint = NULL;
+    bool lazy = false, force = false;
+    for (int i = 2; i < argc; i++) {
+        const char *arg = argv[i];
+        if (arg[0] != '-' || arg[1] == '\0') {
+            if (mountpoint != NULL)
+                return usage();
+            mountpoint = arg;
+            continue;
+        }
+        for (const char *flag = arg + 1; *flag != '\0'; flag++) {
+            if (*flag == 'l')
+                lazy = true;
+            else if (*flag == 'f')
+                force = true;
+            else
+                return usage();
+        }
+    }
+    if (mountpoint == NULL)
+        return usage();
+
+    pid_t pid = daemon_pid(mountpoint);
+    if (pid == 0) {
+        fprintf(stderr, "s3cachefs: %s is not an s3cachefs mount, or its "
+                "daemon does not answer (fusermount3 -u unmounts it)\n",
+                mountpoint);
+        return 1;
+    }
+    int pidfd = -1;
+#ifdef SYS_pidfd_open
+    pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+#endif
+    int err = do_unmount(mountpoint, lazy, force);
+    if (err != 0) {
+        if (pidfd >= 0)
+            close(pidfd);
+        return 1;
+    }
+    wait_daemon(pid, pidfd, mountpoint);
+    if (pidfd >= 0)
+        close(pidfd);
+    return 0;
+}
