@@ -26,6 +26,13 @@ import servers  # noqa: E402
 
 BINARY = os.environ.get('S3CACHEFS_BIN', str(SRCDIR / 'src' / 's3cachefs'))
 SERVER_KINDS = {'s3rver': servers.S3rverServer, 'swift': servers.SwiftServer}
+# A shell starts background jobs with SIGINT ignored (run.sh runs one
+# pytest per server that way), and an ignored signal stays ignored across
+# exec: every daemon started here would ignore SIGINT. Catching it here
+# instead makes it the default again in every child.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 SELECTED = [k for k in os.environ.get('S3CACHEFS_SERVERS', 's3rver,swift').split(',') if k]
 MOUNT_TIMEOUT = 30.0
 UNMOUNT_TIMEOUT = 30.0
