@@ -267,7 +267,7 @@ int main(int argc, char **argv)
     int cache_lock_fd = -1;
     int status = 1;
 
-    /* umount(8)'s helper, or s3cachefs --unmount */
+    /* s3cachefs --unmount MOUNTPOINT (unmount.h) */
     if (unmount_requested(argc, argv))
         return unmount_main(argc, argv);
 

@@ -2,10 +2,10 @@
  * unmount.c - unmounting that waits for the uploads (see unmount.h).
  *
  * `s3cachefs --unmount [-l] MOUNTPOINT`. The daemon is found before the
- * mount goes (a pidfd, so a pid reused
- * meanwhile cannot be mistaken for it), then the mount point is unmounted
- * (umount2 as root, fusermount3 -u otherwise), then the helper waits for
- * the daemon to exit, saying so once if that takes a while.
+ * mount goes (a pidfd, so that a pid reused meanwhile cannot be mistaken
+ * for it), then the mount point is unmounted (umount2 as root,
+ * fusermount3 -u otherwise), then the command waits for the daemon to
+ * exit, saying so once if that takes a while.
  */
 #include "config.h"
 
@@ -53,11 +53,10 @@ static pid_t daemon_pid(const char *mountpoint)
 }
 
 /* Unmount MOUNTPOINT: 0 or an errno (told on stderr). */
-static int do_unmount(const char *mountpoint, bool lazy, bool force)
+static int do_unmount(const char *mountpoint, bool lazy)
 {
     if (geteuid() == 0) {
-        int flags = (lazy ? MNT_DETACH : 0) | (force ? MNT_FORCE : 0);
-        if (umount2(mountpoint, flags) == 0)
+        if (umount2(mountpoint, lazy ? MNT_DETACH : 0) == 0)
             return 0;
         int err = errno;
         fprintf(stderr, "s3cachefs: cannot unmount %s: %s\n", mountpoint,
@@ -65,8 +64,11 @@ static int do_unmount(const char *mountpoint, bool lazy, bool force)
         return err;
     }
     /* not root: the setuid helper does it */
-    char *args[] = {"fusermount3", "-u", lazy ? "-z" : "-u", (char *)mountpoint,
-                    NULL};
+    char *args[5] = {"fusermount3", "-u"};
+    int count = 2;
+    if (lazy)
+        args[count++] = "-z";
+    args[count] = (char *)mountpoint;
     pid_t child;
     int status = 0;
     int err = posix_spawnp(&child, "fusermount3", NULL, NULL, args, environ);
@@ -123,7 +125,8 @@ static int usage(void)
 int unmount_main(int argc, char **argv)
 {
     const char *mountpoint = NULL;
-    bool lazy = false, force = false;
+    bool lazy = false;
+
     for (int i = 2; i < argc; i++) {
         const char *arg = argv[i];
         if (arg[0] != '-' || arg[1] == '\0') {
@@ -132,14 +135,9 @@ int unmount_main(int argc, char **argv)
             mountpoint = arg;
             continue;
         }
-        for (const char *flag = arg + 1; *flag != '\0'; flag++) {
-            if (*flag == 'l')
-                lazy = true;
-            else if (*flag == 'f')
-                force = true;
-            else
-                return usage();
-        }
+        if (strcmp(arg, "-l") != 0)
+            return usage();
+        lazy = true;
     }
     if (mountpoint == NULL)
         return usage();
@@ -155,7 +153,7 @@ int unmount_main(int argc, char **argv)
 #ifdef SYS_pidfd_open
     pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
 #endif
-    int err = do_unmount(mountpoint, lazy, force);
+    int err = do_unmount(mountpoint, lazy);
     if (err != 0) {
         if (pidfd >= 0)
             close(pidfd);

@@ -173,6 +173,14 @@ static bool invalidate_locked(struct writebehind *wb, uint64_t offset,
     return hit;
 }
 
+/* finish() fails with ERR, unless it failed already; in the background a
+ * failure only leaves parts for finish(). Lock held. */
+static void fail_locked(struct writebehind *wb, int err)
+{
+    if (wb->finishing && wb->first_err == 0)
+        wb->first_err = err;
+}
+
 static void part_job_run(void *arg);
 
 /* Queue the parts that may be sent now, up to conf->parallel in flight.
@@ -198,21 +206,20 @@ static void kick_locked(struct writebehind *wb)
             length = limit - offset;
         }
         if (!grow_locked(wb, i)) {
-            if (wb->finishing && wb->first_err == 0)
-                wb->first_err = ENOMEM;
+            fail_locked(wb, ENOMEM);
             break;
         }
         struct wb_part *part = &wb->parts[i];
-        if (part->state != PART_IDLE || (part->failed && !wb->finishing)) {
-            if (all_before && part->state != PART_IDLE)
+        bool taken = part->state != PART_IDLE;
+        if (taken || (part->failed && !wb->finishing)) {
+            all_before = all_before && taken;
+            if (all_before)
                 wb->first_idle = i + 1;
-            all_before = all_before && part->state != PART_IDLE;
             continue;
         }
         struct part_job *job = malloc(sizeof(*job));
         if (job == NULL) {
-            if (wb->finishing && wb->first_err == 0)
-                wb->first_err = ENOMEM;
+            fail_locked(wb, ENOMEM);
             break;
         }
         *job = (struct part_job){wb, i, offset, length};
@@ -221,8 +228,7 @@ static void kick_locked(struct writebehind *wb)
         if (workers_submit(wb->conf->workers, part_job_run, job) != 0) {
             part->state = PART_IDLE;
             free(job);
-            if (wb->finishing && wb->first_err == 0)
-                wb->first_err = ESHUTDOWN;
+            fail_locked(wb, ESHUTDOWN);
             break;
         }
         wb->in_flight++;
@@ -257,12 +263,10 @@ static void part_job_run(void *arg)
                          "server (%s)", wb->key, strerror(err));
             wb->lost_err = err;
             wb->stopping = true;
-            if (wb->finishing && wb->first_err == 0)
-                wb->first_err = err;
+            fail_locked(wb, err);
         } else if (err != 0 && !part->stale) {
             if (wb->finishing) {
-                if (wb->first_err == 0)
-                    wb->first_err = err;
+                fail_locked(wb, err);
             } else {
                 part->failed = true;
                 log_debug("upload %s: part %u failed while the file is "
@@ -284,7 +288,7 @@ static void part_job_run(void *arg)
 /* ------------------------------------------------------------- API */
 
 int writebehind_start(const struct upload_conf *conf, const char *key,
-                      const struct s3_put_meta *meta, int fd, uint64_t ready,
+                      const struct s3_put_meta *meta, int fd,
                       struct writebehind **out)
 {
     struct writebehind *wb = calloc(1, sizeof(*wb));
@@ -304,13 +308,9 @@ int writebehind_start(const struct upload_conf *conf, const char *key,
     wb->conf = conf;
     wb->fd = fd;
     wb->base = clamp_base(conf->part_size);
-    wb->ready = ready;
     wb->lag = 2 * wb->base;
     pthread_mutex_init(&wb->lock, NULL);
     pthread_cond_init(&wb->part_done, NULL);
-    pthread_mutex_lock(&wb->lock);
-    kick_locked(wb);
-    pthread_mutex_unlock(&wb->lock);
     *out = wb;
     return 0;
 }

@@ -48,11 +48,12 @@ uint64_t writebehind_capacity(uint64_t base);
 
 /*
  * Start: create the multipart upload of KEY with META (one request, in
- * this thread). Parts are read from FD, the first READY bytes of which
- * are written already. Returns 0 or the S3 client's errno.
+ * this thread). Parts are read from FD; none is sent before the first
+ * writebehind_wrote() says how much of it is written. Returns 0 or the
+ * S3 client's errno.
  */
 int writebehind_start(const struct upload_conf *conf, const char *key,
-                      const struct s3_put_meta *meta, int fd, uint64_t ready,
+                      const struct s3_put_meta *meta, int fd,
                       struct writebehind **out);
 
 /* The key and upload id it was created with (valid until freed). */

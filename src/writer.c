@@ -25,9 +25,9 @@
  * complete entry of a file closed before), so that a crash leaves no
  * multipart upload behind. The upload is created with the metadata of
  * that moment but without x-amz-meta-mtime (the object's Last-Modified,
- * which follows the last write, stands for it); if the mode, owner or an
- * explicit mtime changed meanwhile, the object is copied onto itself with
- * the new metadata once complete. A file renamed while its write-behind
+ * read back once it is complete, becomes the file's mtime); if the mode,
+ * owner or an explicit mtime changed meanwhile, the object is copied onto
+ * itself with the new metadata once complete. A file renamed while its write-behind
  * upload is under way is first uploaded under its old name, then moved by
  * the caller as any uploaded object. (In writeback mode files are uploaded
  * after close, so that a file renamed before its upload, the usual fate of
@@ -891,19 +891,16 @@ static void start_writebehind(struct writer *writer, struct writer_file *file)
     pthread_mutex_unlock(&writer->lock);
 
     fill_put_meta(&meta, &put_meta);
-    put_meta.has_mtime = false; /* Last-Modified follows the last write */
+    put_meta.has_mtime = false; /* its Last-Modified is read back at the end */
     int err = key == NULL ? ENOMEM
                           : writebehind_start(&writer->upload, key, &put_meta,
-                                              file->fd, 0, &wb);
+                                              file->fd, &wb);
     if (err == 0) {
         /* never closed: a crash aborts the upload and drops the data; closed
          * before (journaled): the same entry, now naming the upload */
-        if (journaled)
-            journal_entry_of(file, key, journaled_size, &journaled_meta,
-                             writebehind_upload_id(wb), &entry);
-        else
-            journal_entry_of(file, key, size, &meta, writebehind_upload_id(wb),
-                             &entry);
+        journal_entry_of(file, key, journaled ? journaled_size : size,
+                         journaled ? &journaled_meta : &meta,
+                         writebehind_upload_id(wb), &entry);
         entry.unclosed = !journaled;
         err = journal_put(writer->conf.journal, &entry);
         if (err != 0)

@@ -10,6 +10,7 @@ changed while the file is written (fchmod, futimens) is the object's;
 rename and unlink of a file being written; and kill -9 in the middle
 leaves no multipart upload behind once the cache is mounted again.
 """
+import contextlib
 import os
 import stat
 import urllib.parse
@@ -36,6 +37,17 @@ def part_puts(proxy, key=None):
         query = urllib.parse.parse_qs(record.query)
         numbers.append(int(query['partNumber'][0]))
     return numbers
+
+
+@contextlib.contextmanager
+def new_file(mnt, name, access=os.O_WRONLY):
+    """NAME under MNT, created or truncated, open for the block; its close()
+    (where the upload is finished) raises on failure."""
+    fd = os.open(mnt.path / name, access | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
 
 
 def write_chunks(fd, data, offset=0):
@@ -66,16 +78,12 @@ def test_parts_go_up_while_the_file_is_written(server, s3, bucket, proxy,
     mnt = mount(bucket, endpoint=proxy.endpoint)
     data = payload('wb-seq', 72 * MiB + 12345)
     proxy.reset_counters()
-    fd = os.open(mnt.path / 'ckpt.bin', os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
-                 0o644)
-    try:
+    with new_file(mnt, 'ckpt.bin') as fd:
         write_chunks(fd, data[:64 * MiB])
         # nothing closed, nothing fsynced: the parts go up on their own
         wait_parts(proxy, 4, 'ckpt.bin')
         before_close = len(part_puts(proxy))
         write_chunks(fd, data[64 * MiB:], 64 * MiB)
-    finally:
-        os.close(fd)
     assert sha(object_bytes(s3, bucket, 'ckpt.bin')) == sha(data)
     numbers = part_puts(proxy, 'ckpt.bin')
     assert before_close >= 4
@@ -103,9 +111,7 @@ def test_writer_going_back_over_sent_parts(s3, bucket, proxy, mount):
     mnt = mount(bucket, endpoint=proxy.endpoint)
     model = bytearray(payload('wb-back', 64 * MiB))
     proxy.reset_counters()
-    fd = os.open(mnt.path / 'patched.bin', os.O_RDWR | os.O_CREAT | os.O_TRUNC,
-                 0o644)
-    try:
+    with new_file(mnt, 'patched.bin', os.O_RDWR) as fd:
         write_chunks(fd, model)
         wait_parts(proxy, 3, 'patched.bin')
         patch = payload('patch', 4000)
@@ -119,8 +125,6 @@ def test_writer_going_back_over_sent_parts(s3, bucket, proxy, mount):
         write_chunks(fd, tail, len(model))
         model += tail
         assert os.pread(fd, 4000, 100) == patch
-    finally:
-        os.close(fd)
     assert sha(object_bytes(s3, bucket, 'patched.bin')) == sha(bytes(model))
     numbers = part_puts(proxy, 'patched.bin')
     assert numbers.count(1) == 2, numbers       # sent, then sent again
@@ -135,9 +139,7 @@ def test_zip_style_patches_send_nothing_twice(s3, bucket, proxy, mount):
     proxy.reset_counters()
     members = [payload(f'member{i}', 5 * MiB + i * 777) for i in range(10)]
     model = bytearray()
-    fd = os.open(mnt.path / 'archive.bin', os.O_RDWR | os.O_CREAT | os.O_TRUNC,
-                 0o644)
-    try:
+    with new_file(mnt, 'archive.bin', os.O_RDWR) as fd:
         for member in members:
             header = len(model)
             write_chunks(fd, b'\0' * 64, header)         # header, blank
@@ -146,8 +148,6 @@ def test_zip_style_patches_send_nothing_twice(s3, bucket, proxy, mount):
             patched = sha(member)[:64].encode()
             os.pwrite(fd, patched, header)                # filled in
             model[header:header + 64] = patched
-    finally:
-        os.close(fd)
     assert sha(object_bytes(s3, bucket, 'archive.bin')) == sha(bytes(model))
     assert len(model) <= proxy.bytes_from_client < len(model) + 64 * KiB
     numbers = part_puts(proxy, 'archive.bin')
@@ -157,15 +157,11 @@ def test_zip_style_patches_send_nothing_twice(s3, bucket, proxy, mount):
 def test_metadata_changed_while_written(s3, bucket, proxy, mount):
     mnt = mount(bucket, endpoint=proxy.endpoint)
     data = payload('wb-meta', 40 * MiB)
-    fd = os.open(mnt.path / 'meta.bin', os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
-                 0o644)
-    try:
+    with new_file(mnt, 'meta.bin') as fd:
         write_chunks(fd, data)
         wait_parts(proxy, 1, 'meta.bin')
         os.fchmod(fd, 0o600)
         os.utime(fd, ns=(1_600_000_000_123_000_000, 1_600_000_000_123_000_000))
-    finally:
-        os.close(fd)
     answer = head(s3, bucket, 'meta.bin')
     assert answer['ContentLength'] == len(data)
     assert answer['Metadata'].get('mode') == str(stat.S_IFREG | 0o600)
@@ -181,15 +177,11 @@ def test_rename_while_written(s3, bucket, proxy, mount):
     moved on the server, written on; only the new name is left."""
     mnt = mount(bucket, endpoint=proxy.endpoint)
     first, more = payload('wb-ren1', 40 * MiB), payload('wb-ren2', 3 * MiB)
-    fd = os.open(mnt.path / 'tmp.bin', os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
-                 0o644)
-    try:
+    with new_file(mnt, 'tmp.bin') as fd:
         write_chunks(fd, first)
         wait_parts(proxy, 1, 'tmp.bin')
         os.rename(mnt.path / 'tmp.bin', mnt.path / 'final.bin')
         write_chunks(fd, more, len(first))
-    finally:
-        os.close(fd)
     assert bucket_keys(s3, bucket) == ['final.bin']
     assert sha(object_bytes(s3, bucket, 'final.bin')) == sha(first + more)
     assert os.listdir(mnt.path) == ['final.bin']
@@ -197,14 +189,10 @@ def test_rename_while_written(s3, bucket, proxy, mount):
 
 def test_unlink_while_written(server, s3, bucket, proxy, mount):
     mnt = mount(bucket, endpoint=proxy.endpoint)
-    fd = os.open(mnt.path / 'gone.bin', os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
-                 0o644)
-    try:
+    with new_file(mnt, 'gone.bin') as fd:
         write_chunks(fd, payload('wb-gone', 40 * MiB))
         wait_parts(proxy, 1, 'gone.bin')
         os.unlink(mnt.path / 'gone.bin')
-    finally:
-        os.close(fd)
     assert bucket_keys(s3, bucket) == []
     assert read_stats(mnt.path)['uploads_pending'] == 0
     # the upload was aborted (s3rver cannot abort; Swift can)
@@ -253,12 +241,8 @@ def test_small_multipart_files(s3, bucket, proxy, mount, size):
     object is right either way."""
     mnt = mount(bucket, endpoint=proxy.endpoint)
     data = payload(f'wb-small{size}', size)
-    fd = os.open(mnt.path / 'edge.bin', os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
-                 0o644)
-    try:
+    with new_file(mnt, 'edge.bin') as fd:
         write_chunks(fd, data)
-    finally:
-        os.close(fd)
     assert sha(object_bytes(s3, bucket, 'edge.bin')) == sha(data)
     assert len(data) <= proxy.bytes_from_client < len(data) + 64 * KiB
 
@@ -268,14 +252,10 @@ def test_truncated_below_the_threshold(s3, bucket, proxy, mount):
     upload is dropped and the object is the short file."""
     mnt = mount(bucket, endpoint=proxy.endpoint)
     data = payload('wb-cut-short', 48 * MiB)
-    fd = os.open(mnt.path / 'short.bin', os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
-                 0o644)
-    try:
+    with new_file(mnt, 'short.bin') as fd:
         write_chunks(fd, data)
         wait_parts(proxy, 1, 'short.bin')
         os.ftruncate(fd, 5 * MiB + 7)
-    finally:
-        os.close(fd)
     assert sha(object_bytes(s3, bucket, 'short.bin')) == sha(data[:5 * MiB + 7])
     assert os.stat(mnt.path / 'short.bin').st_size == 5 * MiB + 7
 
@@ -286,17 +266,13 @@ def test_part_refused_in_the_background(s3, bucket, proxy, mount):
     mnt = mount(bucket, endpoint=proxy.endpoint)
     data = payload('wb-refused', 56 * MiB + 3)
     proxy.reset_counters()
-    fd = os.open(mnt.path / 'refused.bin',
-                 os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
+    with new_file(mnt, 'refused.bin') as fd:
         write_chunks(fd, data[:8 * MiB])
         proxy.inject('denied', 1, lambda method, path, query:
                      method == 'PUT' and 'uploadId=' in query)
         write_chunks(fd, data[8 * MiB:], 8 * MiB)
         wait_for(lambda: proxy.faults_injected['denied'] == 1, HANG_TIMEOUT,
                  'a part refused while the file is written')
-    finally:
-        os.close(fd)
     assert sha(object_bytes(s3, bucket, 'refused.bin')) == sha(data)
     assert read_stats(mnt.path)['uploads_pending'] == 0
 
@@ -309,16 +285,12 @@ def test_upload_aborted_behind_its_back(server, s3, bucket, proxy, mount):
         pytest.skip('s3rver cannot abort multipart uploads')
     mnt = mount(bucket, endpoint=proxy.endpoint)
     data = payload('wb-aborted', 48 * MiB)
-    fd = os.open(mnt.path / 'aborted.bin',
-                 os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
+    with new_file(mnt, 'aborted.bin') as fd:
         write_chunks(fd, data[:32 * MiB])
         wait_parts(proxy, 1, 'aborted.bin')
         for upload in s3.list_multipart_uploads(Bucket=bucket)['Uploads']:
             s3.abort_multipart_upload(Bucket=bucket, Key=upload['Key'],
                                       UploadId=upload['UploadId'])
         write_chunks(fd, data[32 * MiB:], 32 * MiB)
-    finally:
-        os.close(fd)
     assert sha(object_bytes(s3, bucket, 'aborted.bin')) == sha(data)
     assert multipart_uploads(s3, bucket) == []

@@ -355,7 +355,7 @@ static int run_writers(struct fixture *f, struct writer_model *m,
             break;
         usleep(200);
     }
-    assert_int_equal(writebehind_start(&f->conf, "key", NULL, m->fd, 0, &wb), 0);
+    assert_int_equal(writebehind_start(&f->conf, "key", NULL, m->fd, &wb), 0);
     pthread_mutex_lock(&m->lock);
     m->wb = wb;
     uint64_t ready = m->seq_end;
@@ -455,7 +455,7 @@ static void test_lost_upload(void **state)
     char etag[S3_ETAG_MAX];
 
     model_init(&m, f->fd, 0, 3);
-    assert_int_equal(writebehind_start(&f->conf, "key", NULL, f->fd, 0, &wb), 0);
+    assert_int_equal(writebehind_start(&f->conf, "key", NULL, f->fd, &wb), 0);
     m.wb = wb;
     model_write(&m, 0, 20 * MIB, 7);       /* part 1 may go up */
     pthread_mutex_lock(&server.lock);
@@ -487,7 +487,7 @@ static void test_abandon(void **state)
     struct writer_model m;
 
     model_init(&m, f->fd, 0, 4);
-    assert_int_equal(writebehind_start(&f->conf, "key", NULL, f->fd, 0, &wb), 0);
+    assert_int_equal(writebehind_start(&f->conf, "key", NULL, f->fd, &wb), 0);
     m.wb = wb;
     model_write(&m, 0, 40 * MIB, 1);
     writebehind_abandon(&wb);
