@@ -45,7 +45,7 @@
 #define LOOKUP_FETCH_MAX (1u << 20)      /* largest file a lookup GETs whole */
 #define READ_PATTERN_MIN 8               /* see reads_follow_lookups_locked() */
 #define READ_PATTERN_WINDOW 64
-#define STALE_LISTING_TTLS 10            /* see fs_lookup() */
+#define STALE_LISTING_TTLS 10            /* see fs_lookup(), fs_opendir() */
 
 void fs_handle_add(struct fs *fs, struct fs_handle *list, struct fs_handle *handle)
 {
@@ -988,6 +988,73 @@ int fs_getattr(struct fs *fs, fuse_ino_t ino, struct stat *out, double *timeout)
 
 /* ----------------------------------------------------------- directories */
 
+/* A listing of directory DIR fetched in the background (fs_opendir): the
+ * job holds a pin of DIR and owns the struct. */
+struct listing_refresh {
+    struct fs *fs;
+    struct inode *dir;
+};
+
+static void listing_refresh_main(void *arg)
+{
+    struct listing_refresh *job = arg;
+    struct fs *fs = job->fs;
+    struct inode_listing *listing = NULL;
+
+    inode_table_lock(fs->inodes);
+    bool stopping = fs->stopping;
+    inode_table_unlock(fs->inodes);
+    /* a failure leaves the old listing: the next opendir past the stale
+     * window lists again in the foreground, and reports the error */
+    if (!stopping && fs_get_listing(fs, job->dir, 0, &listing) == 0)
+        inode_listing_put(fs->inodes, listing);
+    inode_table_lock(fs->inodes);
+    job->dir->listing_refresh = false;
+    inode_table_unlock(fs->inodes);
+    inode_put(fs->inodes, job->dir);
+    free(job);
+}
+
+/*
+ * The listing an opendir of DIR may show without waiting for a LIST, one
+ * reference for the caller, or NULL. Stale-while-revalidate: a listing
+ * younger than dir_ttl is shown as is; one younger than
+ * STALE_LISTING_TTLS x dir_ttl is shown too, and a new one is fetched in
+ * the background for the next opendir. So an `ls` repeated within a few
+ * seconds never waits for the bucket (a LIST costs about 0.25 s per 1000
+ * keys on some servers), while what other nodes changed shows at the
+ * latest STALE_LISTING_TTLS x dir_ttl later, as for lookups (fs_lookup).
+ * Local changes are in the listing already (inode_listing_patch_locked).
+ */
+static struct inode_listing *listing_to_show(struct fs *fs, struct inode *dir)
+{
+    struct listing_refresh *job = NULL;
+    struct inode_listing *listing = NULL;
+
+    inode_table_lock(fs->inodes);
+    if (dir->listing != NULL) {
+        double age = fs_now_seconds() - dir->listing->fetched_at;
+        if (age < STALE_LISTING_TTLS * fs->conf.dir_ttl)
+            listing = inode_listing_ref_locked(dir->listing);
+        if (listing != NULL && age >= fs->conf.dir_ttl && !dir->listing_fetch &&
+            !dir->listing_refresh && !fs->stopping &&
+            (job = malloc(sizeof(*job))) != NULL) {
+            *job = (struct listing_refresh){fs, dir};
+            dir->listing_refresh = true;
+            inode_pin_locked(dir);
+        }
+    }
+    inode_table_unlock(fs->inodes);
+    if (job != NULL && workers_submit(fs->workers, listing_refresh_main, job) != 0) {
+        inode_table_lock(fs->inodes);
+        dir->listing_refresh = false;
+        inode_table_unlock(fs->inodes);
+        inode_put(fs->inodes, dir);
+        free(job);
+    }
+    return listing;
+}
+
 int fs_opendir(struct fs *fs, fuse_ino_t ino, struct fs_dir **out)
 {
     struct inode *inode = inode_get(fs->inodes, ino);
@@ -1010,7 +1077,9 @@ int fs_opendir(struct fs *fs, fuse_ino_t ino, struct fs_dir **out)
         goto out;
     }
     dir->ino = ino;
-    err = fs_get_listing(fs, inode, 0, &dir->listing);
+    dir->listing = listing_to_show(fs, inode);
+    if (dir->listing == NULL)
+        err = fs_get_listing(fs, inode, 0, &dir->listing);
     if (err != 0) {
         free(dir);
         dir = NULL;
@@ -1507,6 +1576,11 @@ void fs_destroy(struct fs **fsp)
 
     if (fs == NULL)
         return;
+    if (fs->inodes != NULL) {
+        inode_table_lock(fs->inodes);
+        fs->stopping = true;
+        inode_table_unlock(fs->inodes);
+    }
     /* handles whose release the kernel never sent */
     struct fs_handle *handle;
     while ((handle = handle_pop(fs, &fs->open_files)) != NULL)

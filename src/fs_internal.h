@@ -42,6 +42,8 @@ struct fs {
     void *staged;                 /* (inode table lock) tsearch set of the
                                      inodes that have a wfile */
 
+    bool stopping;                /* (inode table lock) fs_destroy began:
+                                     queued listing refreshes do nothing */
     pthread_cond_t listing_done;  /* with the inode table lock: a directory
                                      listing finished (inode.listing_fetch) */
     pthread_mutex_t handles_lock; /* guards the two lists below */

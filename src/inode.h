@@ -70,6 +70,8 @@ struct inode {
     struct inode_attrs attrs;   /* (L) */
     struct inode_listing *listing; /* (L) directories: last listing */
     bool listing_fetch;         /* (L) a thread is listing it now */
+    bool listing_refresh;       /* (L) a background listing is queued
+                                   (fs_opendir showed an older one) */
     unsigned probes;            /* (L) lookups answered without a listing */
     bool too_big_to_list;       /* (L) more pages than a lookup may list */
     unsigned asking_lookups;    /* (L) directories: lookups of files here

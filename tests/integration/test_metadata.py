@@ -175,6 +175,46 @@ def relisting_of(directory):
     return lambda method, path, query: 'delimiter' in query and prefix in query
 
 
+def test_ls_within_the_stale_window_does_not_wait_for_a_list(server, bucket, s3,
+                                                            mount, proxy):
+    """Past dir_ttl but within 10 x dir_ttl, a directory's last listing is
+    shown at once, and a new one is fetched in the background for the
+    next listing (stale-while-revalidate)."""
+    s3.put_object(Bucket=bucket, Key='d/old', Body=b'o')
+    mnt = mount(bucket, endpoint=proxy.endpoint, options=['dir_ttl=2'])
+    assert os.listdir(mnt.path / 'd') == ['old']
+    listed = time.monotonic()
+    s3.put_object(Bucket=bucket, Key='d/new', Body=b'n')  # another node
+    wait_for(lambda: time.monotonic() - listed > 2.2, 5, 'dir_ttl to pass')
+    proxy.inject('hold', 1, relisting_of('d/'))
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        try:
+            shown = pool.submit(os.listdir, mnt.path / 'd').result(timeout=10)
+            assert shown == ['old']  # the last listing, while the LIST waits
+            wait_for(lambda: proxy.holding == 1, 10, 'the background LIST')
+        finally:
+            proxy.release()
+    wait_for(lambda: sorted(os.listdir(mnt.path / 'd')) == ['new', 'old'], 10,
+             'the new listing to be shown')
+    # one LIST in the background; the listings shown since cost none
+    assert len(proxy.records(lambda r: relisting_of('d/')(r.method, r.path,
+                                                          r.query))) <= 2
+
+
+def test_ls_past_the_stale_window_waits_for_a_list(server, bucket, s3, mount,
+                                                   proxy):
+    """A listing older than 10 x dir_ttl is never shown: opendir lists the
+    directory again first."""
+    s3.put_object(Bucket=bucket, Key='d/old', Body=b'o')
+    mnt = mount(bucket, endpoint=proxy.endpoint, options=['dir_ttl=0.2'])
+    assert os.listdir(mnt.path / 'd') == ['old']
+    listed = time.monotonic()
+    s3.put_object(Bucket=bucket, Key='d/new', Body=b'n')
+    s3.delete_object(Bucket=bucket, Key='d/old')
+    wait_for(lambda: time.monotonic() - listed > 2.2, 5, '10 x dir_ttl to pass')
+    assert os.listdir(mnt.path / 'd') == ['new']
+
+
 def test_lookups_that_ask_anyway_use_the_last_listing(server, bucket, s3, mount,
                                                       proxy):
     """Past dir_ttl, a lookup of a file the last listing has, whose headers
