@@ -1002,11 +1002,11 @@ static void listing_refresh_main(void *arg)
     struct inode_listing *listing = NULL;
 
     inode_table_lock(fs->inodes);
-    bool stopping = fs->stopping;
+    bool skip = fs->stopping || job->dir->unlinked;
     inode_table_unlock(fs->inodes);
     /* a failure leaves the old listing: the next opendir past the stale
      * window lists again in the foreground, and reports the error */
-    if (!stopping && fs_get_listing(fs, job->dir, 0, &listing) == 0)
+    if (!skip && fs_get_listing(fs, job->dir, 0, &listing) == 0)
         inode_listing_put(fs->inodes, listing);
     inode_table_lock(fs->inodes);
     job->dir->listing_refresh = false;
@@ -1191,8 +1191,12 @@ int fs_dir_entries_plus(struct fs *fs, struct fs_dir *dir, size_t index,
                                     strlen(entry->name), attrs[i].kind == INODE_DIR);
         struct inode *known = key ? inode_find_locked(fs->inodes, key) : NULL;
         bool staged = known != NULL && known->wfile != NULL;
+        /* a listing shown stale (listing_to_show) may predate what a HEAD
+         * or an open learnt since: keep the newer attributes */
+        bool newer = known != NULL && known->attrs.fetched_at > attrs[i].fetched_at;
         struct inode *child = key ? inode_ref_locked(fs->inodes, key,
-                                                     staged ? NULL : &attrs[i])
+                                                     staged || newer ? NULL
+                                                                     : &attrs[i])
                                   : NULL;
         free(key);
         if (child == NULL) {
