@@ -1480,6 +1480,14 @@ int fs_create(const struct fs_conf *conf, struct s3_client *s3, struct fs **out)
     }
     fs->conf.root_key = fs->root_key;
     fs_dir_attrs(fs, &root);
+    if (conf->cache != NULL) {
+        /* listings stored by earlier mounts that no lookup may use now */
+        uint64_t pruned = 0;
+        if (metacache_prune_listings(conf->cache, conf->dir_ttl, &pruned) == 0 &&
+            pruned > 0)
+            log_debug("dropped %llu stored listings older than dir_ttl",
+                      (unsigned long long)pruned);
+    }
     err = inode_table_create(fs->root_key, &root, &fs->inodes);
     if (err == 0)
         err = workers_create(conf->connections, &fs->workers);

@@ -19,6 +19,7 @@
 #include "db.h"
 
 #define HASH_LEN 32
+#define PRUNE_BATCH 1024              /* listings dropped per transaction */
 
 struct attrs_record {
     uint8_t kind;
@@ -286,5 +287,77 @@ int metacache_forget_listing(struct cache *cache, const char *dir_key)
             err = db_txn_commit(&txn);
         db_txn_abort(&txn);
     }
+    return err;
+}
+
+/* db_scan visitor of metacache_prune_listings: gather the keys of
+ * listings stored MAX_AGE or more seconds ago, up to PRUNE_BATCH. */
+struct prune_scan {
+    double max_age;
+    double now_wall;
+    unsigned char (*keys)[HASH_LEN];
+    size_t count;
+    size_t seen;                       /* records visited */
+};
+
+static int collect_old_listing(void *arg, const void *key, size_t key_len,
+                               const void *value, size_t value_len)
+{
+    struct prune_scan *scan = arg;
+    struct listing_header header;
+
+    scan->seen++;
+    if (key_len != HASH_LEN)
+        return 0;
+    bool old = value_len < sizeof(header); /* unreadable: useless too */
+    if (!old) {
+        memcpy(&header, value, sizeof(header));
+        double age = scan->now_wall - header.fetched_at_wall;
+        old = !(age >= 0 && age < scan->max_age);
+    }
+    if (old)
+        memcpy(scan->keys[scan->count++], key, HASH_LEN);
+    return scan->count == PRUNE_BATCH ? -1 : 0;
+}
+
+int metacache_prune_listings(struct cache *cache, double max_age, uint64_t *removed)
+{
+    struct prune_scan scan = {.max_age = max_age, .now_wall = wall_seconds()};
+    unsigned char start[HASH_LEN];
+    size_t start_len = 0;
+    int err = 0;
+
+    *removed = 0;
+    scan.keys = malloc(PRUNE_BATCH * sizeof(*scan.keys));
+    if (scan.keys == NULL)
+        return ENOMEM;
+    for (;;) {
+        struct db_txn *txn = NULL;
+        scan.count = 0;
+        scan.seen = 0;
+        err = db_txn_begin(cache_index(cache), false, &txn);
+        if (err == 0)
+            err = db_scan(txn, DB_DIRS, start, start_len, collect_old_listing, &scan);
+        db_txn_abort(&txn);
+        if (err == 0 && scan.count > 0)
+            err = db_txn_begin(cache_index(cache), true, &txn);
+        for (size_t i = 0; err == 0 && i < scan.count; i++) {
+            err = db_del(txn, DB_DIRS, scan.keys[i], HASH_LEN);
+            if (err == ENOENT)
+                err = 0;
+        }
+        if (err == 0 && scan.count > 0)
+            err = db_txn_commit(&txn);
+        db_txn_abort(&txn);
+        if (err != 0)
+            break;
+        *removed += scan.count;
+        if (scan.count < PRUNE_BATCH)
+            break; /* the scan reached the end */
+        /* go on after the last key gathered (deleted now) */
+        memcpy(start, scan.keys[scan.count - 1], HASH_LEN);
+        start_len = HASH_LEN;
+    }
+    free(scan.keys);
     return err;
 }

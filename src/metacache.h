@@ -6,7 +6,8 @@
  * shows the same ETag later (one LIST covers 1000 keys) proves them still
  * valid, so `ls -l` after a remount costs LIST requests, not one HEAD per
  * file. Listings are stored with the wall-clock time they were fetched and
- * are used while younger than dir_ttl.
+ * are used while younger than dir_ttl; older ones are pruned at mount.
+ * Attributes are kept (one small record per object ever HEADed).
  *
  * Thread-safe; each call is one short index transaction. Failures are
  * logged by the index layer and reported as errno, and callers treat them
@@ -43,5 +44,14 @@ int metacache_get_listing(struct cache *cache, const char *dir_key,
 /* Forget the stored listing of DIR_KEY (the directory changed here).
  * 0, or the index's errno. */
 int metacache_forget_listing(struct cache *cache, const char *dir_key);
+
+/*
+ * Drop the stored listings MAX_AGE or more seconds old (and unreadable
+ * ones): nothing uses them any more, since a listing is only served while
+ * younger than dir_ttl. Called at mount, so that the index does not keep
+ * every directory ever listed. *removed gets how many went. 0, ENOMEM or
+ * the index's errno (what was dropped before a failure stays dropped).
+ */
+int metacache_prune_listings(struct cache *cache, double max_age, uint64_t *removed);
 
 #endif /* S3CFS_METACACHE_H */
