@@ -49,6 +49,7 @@
 
 #include "cache.h"
 #include "log.h"
+#include "unit_cache.h"
 
 #define ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 
@@ -165,47 +166,9 @@ struct fixture {
     char *expect;     /* what it should have returned */
 };
 
-/* Remove PATH and everything under it. */
-static void remove_tree(const char *path)
-{
-    struct stat st;
-    DIR *dir;
-    struct dirent *entry;
-
-    if (lstat(path, &st) != 0)
-        return;
-    if (!S_ISDIR(st.st_mode)) {
-        unlink(path);
-        return;
-    }
-    dir = opendir(path);
-    while (dir != NULL && (entry = readdir(dir)) != NULL) {
-        char child[512];
-        if (strcmp(entry->d_name, ".") == 0 || strcmp(entry->d_name, "..") == 0)
-            continue;
-        if (snprintf(child, sizeof(child), "%s/%s", path, entry->d_name) <
-            (int)sizeof(child))
-            remove_tree(child);
-    }
-    if (dir != NULL)
-        closedir(dir);
-    rmdir(path);
-}
-
 static void cache_start(struct fixture *f)
 {
-    char err[512] = "";
-    int fd = -1;
-    int rc = cache_lock_dir(f->dir, &fd, err, sizeof(err));
-
-    if (rc != 0)
-        fail_msg("cache_lock_dir: %s (%s)", strerror(rc), err);
-    rc = cache_open(&f->conf, fd, &f->cache, err, sizeof(err));
-    if (rc != 0) {
-        close(fd);
-        fail_msg("cache_open: %s (%s)", strerror(rc), err);
-    }
-    assert_non_null(f->cache);
+    f->cache = unit_cache_open(&f->conf);
 }
 
 static void cache_stop(struct fixture *f)
@@ -224,7 +187,7 @@ static void cache_restart(struct fixture *f)
 static void cache_wipe(struct fixture *f)
 {
     cache_stop(f);
-    remove_tree(f->dir);
+    unit_remove_tree(f->dir);
     assert_int_equal(mkdir(f->dir, 0700), 0);
     cache_start(f);
 }
@@ -263,7 +226,7 @@ static int teardown(void **state)
     struct fixture *f = *state;
 
     cache_close(&f->cache);
-    remove_tree(f->dir);
+    unit_remove_tree(f->dir);
     free(f->scratch);
     free(f->buf);
     free(f->expect);
@@ -1570,7 +1533,7 @@ static void test_reserve_disk_order(void **state)
         return;
     }
     cache_stop(f);
-    remove_tree(f->dir);
+    unit_remove_tree(f->dir);
     memcpy(f->dir, shm_dir, sizeof(shm_dir)); /* teardown removes it */
     cache_start(f);
 

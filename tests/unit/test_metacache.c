@@ -22,15 +22,13 @@
 
 #include <cmocka.h>
 
-#include <dirent.h>
 #include <errno.h>
-#include <sys/stat.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "cache.h"
 #include "inode.h"
 #include "metacache.h"
+#include "unit_cache.h"
 
 struct fixture {
     char dir[64];
@@ -45,36 +43,9 @@ static double wall_now(void)
     return (double)now.tv_sec + (double)now.tv_nsec / 1e9;
 }
 
-static void remove_tree(const char *path)
-{
-    DIR *dir = opendir(path);
-    struct dirent *entry;
-
-    while (dir != NULL && (entry = readdir(dir)) != NULL) {
-        char child[512];
-        if (strcmp(entry->d_name, ".") == 0 || strcmp(entry->d_name, "..") == 0)
-            continue;
-        if (snprintf(child, sizeof(child), "%s/%s", path, entry->d_name) <
-            (int)sizeof(child))
-            remove_tree(child);
-    }
-    if (dir != NULL)
-        closedir(dir);
-    if (rmdir(path) != 0)
-        unlink(path);
-}
-
 static void cache_start(struct fixture *f)
 {
-    char err[512] = "";
-    int fd = -1;
-    int rc = cache_lock_dir(f->dir, &fd, err, sizeof(err));
-
-    if (rc != 0)
-        fail_msg("cache_lock_dir: %s (%s)", strerror(rc), err);
-    rc = cache_open(&f->conf, fd, &f->cache, err, sizeof(err));
-    if (rc != 0)
-        fail_msg("cache_open: %s (%s)", strerror(rc), err);
+    f->cache = unit_cache_open(&f->conf);
 }
 
 static int setup(void **state)
@@ -100,7 +71,7 @@ static int teardown(void **state)
     struct fixture *f = *state;
 
     cache_close(&f->cache);
-    remove_tree(f->dir);
+    unit_remove_tree(f->dir);
     free(f);
     return 0;
 }
