@@ -46,6 +46,9 @@
 #define READ_PATTERN_MIN 8               /* see reads_follow_lookups_locked() */
 #define READ_PATTERN_WINDOW 64
 #define STALE_LISTING_TTLS 10            /* see fs_lookup(), fs_opendir() */
+#define LISTING_ATTEMPTS 3               /* see fs_get_listing() */
+#define REFRESH_THREADS 2                /* background relistings at once */
+#define REFRESH_QUEUE_MAX 64             /* and queued at most */
 
 void fs_handle_add(struct fs *fs, struct fs_handle *list, struct fs_handle *handle)
 {
@@ -316,6 +319,15 @@ static int add_page(struct fs *fs, const char *dir_key,
     return err;
 }
 
+/* Whether the fs is unmounting (stop_background). */
+static bool stopping(struct fs *fs)
+{
+    inode_table_lock(fs->inodes);
+    bool stopping = fs->stopping;
+    inode_table_unlock(fs->inodes);
+    return stopping;
+}
+
 /* LIST every page of DIR_KEY into a new sorted, de-duplicated listing.
  * EFBIG when it has more than MAX_PAGES pages (0: no limit). */
 static int fetch_listing(struct fs *fs, const char *dir_key, unsigned max_pages,
@@ -337,6 +349,8 @@ static int fetch_listing(struct fs *fs, const char *dir_key, unsigned max_pages,
             err = add_page(fs, dir_key, &page, &builder);
         if (err == 0 && page.truncated && max_pages > 0 && ++pages >= max_pages) {
             err = EFBIG;
+        } else if (err == 0 && page.truncated && stopping(fs)) {
+            err = ECANCELED; /* a background relisting at unmount */
         } else if (err == 0 && page.truncated) {
             if (page.next_token == NULL || page.next_token[0] == '\0') {
                 log_warn("LIST %s: truncated page without a continuation token",
@@ -446,11 +460,36 @@ static void merge_staged_locked(struct fs *fs, struct inode *dir)
     fs_staged_visit_locked(fs, dir->key, merge_one_locked, &merge);
 }
 
+/* Whether PREFIX starts KEY. */
+static bool key_under(const char *key, const char *prefix)
+{
+    return strncmp(key, prefix, strlen(prefix)) == 0;
+}
+
+/* Whether a directory rename may have overlapped a LIST of DIR_KEY made
+ * for directory DIR: DIR was renamed or removed since, or a move of its
+ * keys (from or to a prefix of DIR_KEY) is under way, so the LIST may
+ * describe the old prefix or one half moved. Lock held. */
+static bool renamed_meanwhile_locked(const struct fs *fs, const struct inode *dir,
+                                     const char *dir_key)
+{
+    if (dir->unlinked || strcmp(dir->key, dir_key) != 0)
+        return true;
+    for (const struct fs_dir_move *move = fs->dir_moves; move != NULL;
+         move = move->next)
+        if (key_under(dir_key, move->src_prefix) || key_under(dir_key, move->dst_prefix))
+            return true;
+    return false;
+}
+
 /*
  * The listing of directory DIR, one reference for the caller: the one in
  * memory or in the metadata cache while younger than dir_ttl, else a new
  * one from the bucket (EFBIG past MAX_PAGES pages, 0: any number). One
  * thread lists a directory at a time; the others wait for its listing.
+ * A listing that a directory rename may have overlapped is never kept
+ * (nor stored in the cache index): it is fetched again, up to
+ * LISTING_ATTEMPTS times, then handed to the caller alone.
  */
 int fs_get_listing(struct fs *fs, struct inode *dir, unsigned max_pages,
                        struct inode_listing **out)
@@ -459,48 +498,69 @@ int fs_get_listing(struct fs *fs, struct inode *dir, unsigned max_pages,
     int err = 0;
 
     inode_table_lock(fs->inodes);
-    for (;;) {
-        if (dir->listing != NULL &&
-            fs_now_seconds() - dir->listing->fetched_at < fs->conf.dir_ttl) {
-            *out = inode_listing_ref_locked(dir->listing);
-            inode_table_unlock(fs->inodes);
-            return 0;
+    for (unsigned attempt = 1;; attempt++) {
+        for (;;) {
+            if (dir->listing != NULL &&
+                fs_now_seconds() - dir->listing->fetched_at < fs->conf.dir_ttl) {
+                *out = inode_listing_ref_locked(dir->listing);
+                inode_table_unlock(fs->inodes);
+                return 0;
+            }
+            if (!dir->listing_fetch)
+                break;
+            inode_table_wait(fs->inodes, &fs->listing_done);
         }
-        if (!dir->listing_fetch)
-            break;
-        inode_table_wait(fs->inodes, &fs->listing_done);
-    }
-    dir->listing_fetch = true;
-    inode_listing_forget_patches_locked(dir);
-    char *dir_key = strdup(dir->key);
-    inode_table_unlock(fs->inodes);
-
-    bool from_bucket = false;
-    if (dir_key == NULL) {
-        err = ENOMEM;
-    } else if (metacache_get_listing(fs->conf.cache, dir_key, fs->conf.dir_ttl,
-                                     &listing) != 0) {
-        err = fetch_listing(fs, dir_key, max_pages, &listing);
-        from_bucket = err == 0;
-    }
-    if (from_bucket)
-        metacache_put_listing(fs->conf.cache, dir_key, listing, fs_wall_seconds());
-
-    inode_table_lock(fs->inodes);
-    dir->listing_fetch = false;
-    pthread_cond_broadcast(&fs->listing_done);
-    if (err == 0) {
-        inode_set_listing_locked(fs->inodes, dir, listing);
-        /* what changed here while listing, the LIST may not show yet */
-        inode_listing_replay_locked(fs->inodes, dir);
-        merge_staged_locked(fs, dir);
-        *out = inode_listing_ref_locked(dir->listing);
-    } else {
+        dir->listing_fetch = true;
         inode_listing_forget_patches_locked(dir);
+        char *dir_key = strdup(dir->key);
+        inode_table_unlock(fs->inodes);
+
+        bool from_bucket = false;
+        if (dir_key == NULL) {
+            err = ENOMEM;
+        } else if (metacache_get_listing(fs->conf.cache, dir_key, fs->conf.dir_ttl,
+                                         &listing) != 0) {
+            err = fetch_listing(fs, dir_key, max_pages, &listing);
+            from_bucket = err == 0;
+        }
+        /* stored before the check: a rename that ends after it forgets
+         * the stored listing itself, one that ended before is seen below */
+        if (from_bucket)
+            metacache_put_listing(fs->conf.cache, dir_key, listing, fs_wall_seconds());
+
+        inode_table_lock(fs->inodes);
+        dir->listing_fetch = false;
+        pthread_cond_broadcast(&fs->listing_done);
+        bool moved = err == 0 && renamed_meanwhile_locked(fs, dir, dir_key);
+        if (moved) {
+            inode_listing_forget_patches_locked(dir);
+            if (attempt < LISTING_ATTEMPTS) {
+                inode_table_unlock(fs->inodes);
+                if (from_bucket)
+                    metacache_forget_listing(fs->conf.cache, dir_key);
+                inode_listing_free(listing);
+                listing = NULL;
+                free(dir_key);
+                inode_table_lock(fs->inodes);
+                continue;
+            }
+            listing->refs = 1; /* the caller's alone */
+            *out = listing;
+        } else if (err == 0) {
+            inode_set_listing_locked(fs->inodes, dir, listing);
+            /* what changed here while listing, the LIST may not show yet */
+            inode_listing_replay_locked(fs->inodes, dir);
+            merge_staged_locked(fs, dir);
+            *out = inode_listing_ref_locked(dir->listing);
+        } else {
+            inode_listing_forget_patches_locked(dir);
+        }
+        inode_table_unlock(fs->inodes);
+        if (moved && from_bucket)
+            metacache_forget_listing(fs->conf.cache, dir_key);
+        free(dir_key);
+        return err;
     }
-    inode_table_unlock(fs->inodes);
-    free(dir_key);
-    return err;
 }
 
 /*
@@ -1010,6 +1070,7 @@ static void listing_refresh_main(void *arg)
         inode_listing_put(fs->inodes, listing);
     inode_table_lock(fs->inodes);
     job->dir->listing_refresh = false;
+    fs->refreshes_queued--;
     inode_table_unlock(fs->inodes);
     inode_put(fs->inodes, job->dir);
     free(job);
@@ -1025,6 +1086,8 @@ static void listing_refresh_main(void *arg)
  * keys on some servers), while what other nodes changed shows at the
  * latest STALE_LISTING_TTLS x dir_ttl later, as for lookups (fs_lookup).
  * Local changes are in the listing already (inode_listing_patch_locked).
+ * Relistings run on a pool of their own (REFRESH_THREADS), so that they
+ * never hold up the HEADs and read-ahead that callers wait for.
  */
 static struct inode_listing *listing_to_show(struct fs *fs, struct inode *dir)
 {
@@ -1036,18 +1099,23 @@ static struct inode_listing *listing_to_show(struct fs *fs, struct inode *dir)
         double age = fs_now_seconds() - dir->listing->fetched_at;
         if (age < STALE_LISTING_TTLS * fs->conf.dir_ttl)
             listing = inode_listing_ref_locked(dir->listing);
+        /* a full queue (find, du): the next opendir asks again */
         if (listing != NULL && age >= fs->conf.dir_ttl && !dir->listing_fetch &&
             !dir->listing_refresh && !fs->stopping &&
+            fs->refreshes_queued < REFRESH_QUEUE_MAX &&
             (job = malloc(sizeof(*job))) != NULL) {
             *job = (struct listing_refresh){fs, dir};
             dir->listing_refresh = true;
+            fs->refreshes_queued++;
             inode_pin_locked(dir);
         }
     }
     inode_table_unlock(fs->inodes);
-    if (job != NULL && workers_submit(fs->workers, listing_refresh_main, job) != 0) {
+    if (job != NULL &&
+        workers_submit(fs->refresh_workers, listing_refresh_main, job) != 0) {
         inode_table_lock(fs->inodes);
         dir->listing_refresh = false;
+        fs->refreshes_queued--;
         inode_table_unlock(fs->inodes);
         inode_put(fs->inodes, dir);
         free(job);
@@ -1170,6 +1238,8 @@ int fs_dir_entries_plus(struct fs *fs, struct fs_dir *dir, size_t index,
                 apply_dir_headers(fs, &jobs[j].info, slot);
             else if (jobs[j].err == ENOENT)
                 slot->headers_known = true;
+            if (jobs[j].err == 0 || jobs[j].err == ENOENT)
+                slot->fetched_at = fs_now_seconds(); /* newer than the inode's */
         } else if (jobs[j].err == 0) {
             fs_head_file_attrs(fs, &jobs[j].info, slot);
             metacache_put_attrs(fs->conf.cache, jobs[j].key, slot);
@@ -1491,6 +1561,8 @@ int fs_create(const struct fs_conf *conf, struct s3_client *s3, struct fs **out)
     err = inode_table_create(fs->root_key, &root, &fs->inodes);
     if (err == 0)
         err = workers_create(conf->connections, &fs->workers);
+    if (err == 0)
+        err = workers_create(REFRESH_THREADS, &fs->refresh_workers);
     if (err == 0) {
         struct reader_conf reader_conf = {
             .s3 = s3,
@@ -1573,8 +1645,19 @@ static void detach_all(struct fs *fs)
     }
 }
 
+/* Unmount: background relistings are of no use any more. */
+static void stop_background(struct fs *fs)
+{
+    if (fs->inodes == NULL)
+        return;
+    inode_table_lock(fs->inodes);
+    fs->stopping = true;
+    inode_table_unlock(fs->inodes);
+}
+
 uint64_t fs_drain(struct fs *fs)
 {
+    stop_background(fs);
     if (fs->writer == NULL)
         return 0;
     uint64_t left = writer_drain(fs->writer);
@@ -1588,11 +1671,7 @@ void fs_destroy(struct fs **fsp)
 
     if (fs == NULL)
         return;
-    if (fs->inodes != NULL) {
-        inode_table_lock(fs->inodes);
-        fs->stopping = true;
-        inode_table_unlock(fs->inodes);
-    }
+    stop_background(fs);
     /* handles whose release the kernel never sent */
     struct fs_handle *handle;
     while ((handle = handle_pop(fs, &fs->open_files)) != NULL)
@@ -1605,6 +1684,7 @@ void fs_destroy(struct fs **fsp)
     workers_destroy(&fs->upload_workers);
     if (fs->reader != NULL)
         reader_stop(fs->reader); /* queued read-ahead ends at once */
+    workers_destroy(&fs->refresh_workers);
     workers_destroy(&fs->workers);
     reader_destroy(&fs->reader);
     inode_table_destroy(&fs->inodes);

@@ -26,12 +26,21 @@ struct fs_handle {
     struct fs_handle *prev, *next;
 };
 
+/* A directory rename under way (rename_dir in fs_write.c): listings of
+ * prefixes under either side fetched meanwhile are not kept. */
+struct fs_dir_move {
+    const char *src_prefix, *dst_prefix;
+    struct fs_dir_move *next;
+};
+
 struct fs {
     struct fs_conf conf;
     char *root_key;
     struct s3_client *s3;
     struct inode_table *inodes;
     struct workers *workers;      /* read-ahead, HEADs, directory moves */
+    struct workers *refresh_workers; /* background relistings (fs_opendir) */
+    unsigned refreshes_queued;    /* (inode table lock) jobs on it */
     struct workers *upload_workers; /* parts of uploads and copies: their
                                      own pool, as a part may wait for
                                      read-ahead (an edit's base) */
@@ -42,8 +51,11 @@ struct fs {
     void *staged;                 /* (inode table lock) tsearch set of the
                                      inodes that have a wfile */
 
-    bool stopping;                /* (inode table lock) fs_destroy began:
-                                     queued listing refreshes do nothing */
+    bool stopping;                /* (inode table lock) unmounting
+                                     (fs_drain, fs_destroy): queued
+                                     relistings do nothing */
+    struct fs_dir_move *dir_moves; /* (inode table lock) directory
+                                     renames under way */
     pthread_cond_t listing_done;  /* with the inode table lock: a directory
                                      listing finished (inode.listing_fetch) */
     pthread_mutex_t handles_lock; /* guards the two lists below */

@@ -1037,10 +1037,14 @@ static void collect_staged(void *arg, struct inode *inode)
 static int rename_dir(struct fs *fs, const char *src_prefix, const char *dst_prefix)
 {
     struct staged_rename staged = {src_prefix, dst_prefix, NULL, NULL, 0, 0};
+    struct fs_dir_move move = {src_prefix, dst_prefix, NULL};
     int err;
 
-    /* files not uploaded yet go to their new names when they are */
+    /* files not uploaded yet go to their new names when they are; a
+     * listing fetched meanwhile is not kept (fs_get_listing) */
     inode_table_lock(fs->inodes);
+    move.next = fs->dir_moves;
+    fs->dir_moves = &move;
     fs_staged_visit_locked(fs, src_prefix, collect_staged, &staged);
     inode_table_unlock(fs->inodes);
     size_t renamed = 0;
@@ -1070,11 +1074,16 @@ static int rename_dir(struct fs *fs, const char *src_prefix, const char *dst_pre
     }
     free(staged.files);
     free(staged.new_keys);
+    inode_table_lock(fs->inodes);
+    if (err == 0)
+        err = inode_rekey_prefix_locked(fs->inodes, src_prefix, dst_prefix);
+    struct fs_dir_move **link = &fs->dir_moves;
+    while (*link != &move)
+        link = &(*link)->next;
+    *link = move.next;
+    inode_table_unlock(fs->inodes);
     if (err != 0)
         return err;
-    inode_table_lock(fs->inodes);
-    err = inode_rekey_prefix_locked(fs->inodes, src_prefix, dst_prefix);
-    inode_table_unlock(fs->inodes);
     metacache_forget_listing(fs->conf.cache, src_prefix);
     metacache_forget_listing(fs->conf.cache, dst_prefix);
     return err;

@@ -201,6 +201,61 @@ def test_ls_within_the_stale_window_does_not_wait_for_a_list(server, bucket, s3,
                                                           r.query))) <= 2
 
 
+def test_background_listing_racing_a_rename(server, bucket, s3, mount, proxy):
+    """A background relisting of d/ that a rename of d overlaps is not kept
+    as the listing of the renamed directory: it lists again under the new
+    name (found by a review: `ls d; mv d e` then showed e empty)."""
+    s3.put_object(Bucket=bucket, Key='d/a', Body=b'a')
+    s3.put_object(Bucket=bucket, Key='d/b', Body=b'b')
+    mnt = mount(bucket, endpoint=proxy.endpoint, options=['dir_ttl=2'])
+    assert sorted(os.listdir(mnt.path / 'd')) == ['a', 'b']
+    listed = time.monotonic()
+    wait_for(lambda: time.monotonic() - listed > 2.2, 5, 'dir_ttl to pass')
+    proxy.inject('hold', 1, relisting_of('d/'))
+    try:
+        assert sorted(os.listdir(mnt.path / 'd')) == ['a', 'b']  # stale
+        wait_for(lambda: proxy.holding == 1, 10, 'the background LIST')
+        os.rename(mnt.path / 'd', mnt.path / 'e')
+    finally:
+        proxy.release()
+    wait_for(lambda: proxy.records(lambda r: relisting_of('e/')(r.method, r.path,
+                                                                r.query)),
+             10, 'the relisting under the new name')
+    assert (mnt.path / 'e' / 'a').read_bytes() == b'a'
+    assert sorted(os.listdir(mnt.path / 'e')) == ['a', 'b']
+    assert not (mnt.path / 'd').exists()
+
+
+def test_background_listings_leave_connections_to_callers(server, bucket, s3,
+                                                         mount, proxy):
+    """At most two background relistings run at a time, on threads of
+    their own: with three connections and four relistings held at the
+    proxy, `ls -l` of another directory (a LIST and HEADs) still answers
+    (found by a review: they shared the pool of HEADs and read-ahead)."""
+    for d in range(4):
+        s3.put_object(Bucket=bucket, Key=f's{d}/x', Body=b'x')
+    for i in range(3):
+        s3.put_object(Bucket=bucket, Key=f'd2/f{i}', Body=b'y')
+    mnt = mount(bucket, endpoint=proxy.endpoint,
+                options=['dir_ttl=2', 'connections=3'])
+    for d in range(4):
+        assert os.listdir(mnt.path / f's{d}') == ['x']
+    listed = time.monotonic()
+    wait_for(lambda: time.monotonic() - listed > 2.2, 5, 'dir_ttl to pass')
+    proxy.inject('hold', 4, lambda method, path, query: 'delimiter' in query
+                 and 'prefix=s' in query)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        try:
+            for d in range(4):  # stale listings; four relistings queued
+                assert os.listdir(mnt.path / f's{d}') == ['x']
+            wait_for(lambda: proxy.holding == 2, 10, 'two background LISTs')
+            listing = pool.submit(ls_l, mnt.path / 'd2').result(timeout=10)
+            assert sorted(listing) == ['f0', 'f1', 'f2']
+            assert proxy.holding == 2
+        finally:
+            proxy.release()
+
+
 def test_ls_past_the_stale_window_waits_for_a_list(server, bucket, s3, mount,
                                                    proxy):
     """A listing older than 10 x dir_ttl is never shown: opendir lists the
