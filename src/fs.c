@@ -323,9 +323,9 @@ static int add_page(struct fs *fs, const char *dir_key,
 static bool stopping(struct fs *fs)
 {
     inode_table_lock(fs->inodes);
-    bool stopping = fs->stopping;
+    bool unmounting = fs->stopping;
     inode_table_unlock(fs->inodes);
-    return stopping;
+    return unmounting;
 }
 
 /* LIST every page of DIR_KEY into a new sorted, de-duplicated listing.
@@ -1082,7 +1082,7 @@ static void listing_refresh_main(void *arg)
  * younger than dir_ttl is shown as is; one younger than
  * STALE_LISTING_TTLS x dir_ttl is shown too, and a new one is fetched in
  * the background for the next opendir. So an `ls` repeated within a few
- * seconds never waits for the bucket (a LIST costs about 0.25 s per 1000
+ * seconds never waits for a LIST (one costs about 0.25 s per 1000
  * keys on some servers), while what other nodes changed shows at the
  * latest STALE_LISTING_TTLS x dir_ttl later, as for lookups (fs_lookup).
  * Local changes are in the listing already (inode_listing_patch_locked).
