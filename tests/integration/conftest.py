@@ -212,17 +212,20 @@ def mount(server, tmp_path, home):
         raise failures[0]
 
 
-# run.sh runs one pytest process per server at the same time: a test that
-# relies on the page cache keeping pages holds this lock shared, and
-# drop_caches() takes it exclusive, so the other run cannot empty the cache
-# in the middle of such a test.
-PAGE_CACHE_LOCK = '/tmp/s3cachefs-tests-page-cache.lock'
+# run.sh runs one pytest process per server at the same time. drop_caches()
+# empties the kernel's page cache and its dentry and inode caches, for
+# every mount: the kernel then forgets inodes of the other run's mounts
+# too, and the daemon with them (a directory's listing, its lookup
+# pattern). A test that relies on those caches holds this lock shared, and
+# drop_caches() takes it exclusive, so the other run cannot empty them in
+# the middle of such a test.
+KERNEL_CACHES_LOCK = '/tmp/s3cachefs-tests-page-cache.lock'
 
 
 @contextlib.contextmanager
-def page_cache_kept():
-    """While inside, no test process drops the page cache."""
-    with open(PAGE_CACHE_LOCK, 'a') as lock:
+def kernel_caches_kept():
+    """While inside, no test process drops the kernel's caches."""
+    with open(KERNEL_CACHES_LOCK, 'a') as lock:
         fcntl.flock(lock, fcntl.LOCK_SH)
         try:
             yield
@@ -231,9 +234,10 @@ def page_cache_kept():
 
 
 def drop_caches():
-    """Empty the kernel's page cache, so reads reach the filesystem."""
+    """Empty the kernel's page cache (and dentries and inodes), so reads
+    and lookups reach the filesystem."""
     subprocess.run(['sync'], check=True)
-    with open(PAGE_CACHE_LOCK, 'a') as lock:
+    with open(KERNEL_CACHES_LOCK, 'a') as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         with open('/proc/sys/vm/drop_caches', 'w') as control:
             control.write('3\n')

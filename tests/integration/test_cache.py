@@ -18,7 +18,7 @@ import pytest
 
 import s3proxy
 from conftest import (BINARY, daemon_env, drop_caches, is_fuse_mount,
-                      page_cache_kept, read_stats, wait_for)
+                      kernel_caches_kept, read_stats, wait_for)
 
 MiB = 1 << 20
 RNG = random.Random(3)
@@ -215,13 +215,13 @@ def test_concurrent_readers_share_requests(server, s3, bucket, mount, proxy):
     assert fetched_bytes(proxy, bucket, 'shared.bin') == len(body)
 
 
-def test_page_cache_kept_while_etag_unchanged(server, s3, bucket, mount):
+def test_kernel_caches_kept_while_etag_unchanged(server, s3, bucket, mount):
     """A second open of an unchanged object is served by the kernel's page
     cache: the filesystem sees no read at all. A new version is read anew."""
     body = RNG.randbytes(2 * MiB)
     s3.put_object(Bucket=bucket, Key='kept.bin', Body=body)
     mnt = mount(bucket, options=['attr_ttl=0.2', 'dir_ttl=0.2'])
-    with page_cache_kept():
+    with kernel_caches_kept():
         assert (mnt.path / 'kept.bin').read_bytes() == body
         assert (mnt.path / 'kept.bin').read_bytes() == body  # now keep_cache
         read_before = read_stats(mnt.path)['bytes_read']
