@@ -67,6 +67,13 @@ static void op_init(void *userdata, struct fuse_conn_info *conn)
         conn->want |= FUSE_CAP_ATOMIC_O_TRUNC;
     /* fewer, larger writes */
     conn->max_write = 1u << 20;
+    /* libfuse asks for it by default: the kernel then checks a file's
+     * attributes on every read once attr_ttl has passed, a GETATTR that
+     * holds the read up for a HEAD about once a second while a file is
+     * read. Not needed: an open handle reads the version it opened
+     * (If-Match), and open() drops the page cache of a changed object
+     * (keep_cache only while the ETag is the same). */
+    conn->want &= ~(unsigned)FUSE_CAP_AUTO_INVAL_DATA;
 }
 
 static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)

@@ -215,7 +215,7 @@ def test_concurrent_readers_share_requests(server, s3, bucket, mount, proxy):
     assert fetched_bytes(proxy, bucket, 'shared.bin') == len(body)
 
 
-def test_kernel_caches_kept_while_etag_unchanged(server, s3, bucket, mount):
+def test_page_cache_kept_while_etag_unchanged(server, s3, bucket, mount):
     """A second open of an unchanged object is served by the kernel's page
     cache: the filesystem sees no read at all. A new version is read anew."""
     body = RNG.randbytes(2 * MiB)
@@ -231,6 +231,27 @@ def test_kernel_caches_kept_while_etag_unchanged(server, s3, bucket, mount):
     s3.put_object(Bucket=bucket, Key='kept.bin', Body=changed)
     wait_for(lambda: (mnt.path / 'kept.bin').read_bytes() == changed, 10,
              'the new version')
+
+
+def test_reading_an_open_file_asks_for_no_attributes(server, s3, bucket,
+                                                     mount, proxy):
+    """Reads of an open file do not wait for its attributes, however long
+    it is read: no HEAD (nor LIST) while it is open, although attr_ttl
+    passes between reads (libfuse's default auto_inval_data made the
+    kernel check them before a read once they expired)."""
+    body = RNG.randbytes(4 * MiB)
+    s3.put_object(Bucket=bucket, Key='long.bin', Body=body)
+    mnt = mount(bucket, endpoint=proxy.endpoint, options=['attr_ttl=0.1'])
+    chunks = []
+    with open(mnt.path / 'long.bin', 'rb') as reader:
+        proxy.reset_counters()
+        for _ in range(8):
+            since = time.monotonic()
+            wait_for(lambda: time.monotonic() - since > 0.15, 5, 'attr_ttl to pass')
+            chunks.append(reader.read(MiB // 2))
+        asked = proxy.counts['HEAD'] + proxy.counts['LIST']
+    assert b''.join(chunks) == body
+    assert asked == 0, proxy.counts
 
 
 def test_a_scan_does_not_flush_hot_data(server, s3, bucket, mount, proxy,
