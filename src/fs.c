@@ -319,15 +319,6 @@ static int add_page(struct fs *fs, const char *dir_key,
     return err;
 }
 
-/* Whether the fs is unmounting (stop_background). */
-static bool stopping(struct fs *fs)
-{
-    inode_table_lock(fs->inodes);
-    bool unmounting = fs->stopping;
-    inode_table_unlock(fs->inodes);
-    return unmounting;
-}
-
 /* LIST every page of DIR_KEY into a new sorted, de-duplicated listing.
  * EFBIG when it has more than MAX_PAGES pages (0: no limit). */
 static int fetch_listing(struct fs *fs, const char *dir_key, unsigned max_pages,
@@ -349,7 +340,7 @@ static int fetch_listing(struct fs *fs, const char *dir_key, unsigned max_pages,
             err = add_page(fs, dir_key, &page, &builder);
         if (err == 0 && page.truncated && max_pages > 0 && ++pages >= max_pages) {
             err = EFBIG;
-        } else if (err == 0 && page.truncated && stopping(fs)) {
+        } else if (err == 0 && page.truncated && fs->stopping) {
             err = ECANCELED; /* a background relisting at unmount */
         } else if (err == 0 && page.truncated) {
             if (page.next_token == NULL || page.next_token[0] == '\0') {
@@ -532,21 +523,8 @@ int fs_get_listing(struct fs *fs, struct inode *dir, unsigned max_pages,
         dir->listing_fetch = false;
         pthread_cond_broadcast(&fs->listing_done);
         bool moved = err == 0 && renamed_meanwhile_locked(fs, dir, dir_key);
-        if (moved) {
-            inode_listing_forget_patches_locked(dir);
-            if (attempt < LISTING_ATTEMPTS) {
-                inode_table_unlock(fs->inodes);
-                if (from_bucket)
-                    metacache_forget_listing(fs->conf.cache, dir_key);
-                inode_listing_free(listing);
-                listing = NULL;
-                free(dir_key);
-                inode_table_lock(fs->inodes);
-                continue;
-            }
-            listing->refs = 1; /* the caller's alone */
-            *out = listing;
-        } else if (err == 0) {
+        bool again = moved && attempt < LISTING_ATTEMPTS;
+        if (err == 0 && !moved) {
             inode_set_listing_locked(fs->inodes, dir, listing);
             /* what changed here while listing, the LIST may not show yet */
             inode_listing_replay_locked(fs->inodes, dir);
@@ -555,11 +533,19 @@ int fs_get_listing(struct fs *fs, struct inode *dir, unsigned max_pages,
         } else {
             inode_listing_forget_patches_locked(dir);
         }
+        if (moved && !again) {
+            listing->refs = 1; /* the caller's alone */
+            *out = listing;
+        }
         inode_table_unlock(fs->inodes);
         if (moved && from_bucket)
             metacache_forget_listing(fs->conf.cache, dir_key);
         free(dir_key);
-        return err;
+        if (!again)
+            return err;
+        inode_listing_free(listing);
+        listing = NULL;
+        inode_table_lock(fs->inodes);
     }
 }
 
@@ -1055,6 +1041,19 @@ struct listing_refresh {
     struct inode *dir;
 };
 
+/* JOB ran, or could not be queued: undo what listing_to_show() set. */
+static void listing_refresh_end(struct listing_refresh *job)
+{
+    struct fs *fs = job->fs;
+
+    inode_table_lock(fs->inodes);
+    job->dir->listing_refresh = false;
+    fs->refreshes_queued--;
+    inode_table_unlock(fs->inodes);
+    inode_put(fs->inodes, job->dir);
+    free(job);
+}
+
 static void listing_refresh_main(void *arg)
 {
     struct listing_refresh *job = arg;
@@ -1068,12 +1067,7 @@ static void listing_refresh_main(void *arg)
      * window lists again in the foreground, and reports the error */
     if (!skip && fs_get_listing(fs, job->dir, 0, &listing) == 0)
         inode_listing_put(fs->inodes, listing);
-    inode_table_lock(fs->inodes);
-    job->dir->listing_refresh = false;
-    fs->refreshes_queued--;
-    inode_table_unlock(fs->inodes);
-    inode_put(fs->inodes, job->dir);
-    free(job);
+    listing_refresh_end(job);
 }
 
 /*
@@ -1112,14 +1106,8 @@ static struct inode_listing *listing_to_show(struct fs *fs, struct inode *dir)
     }
     inode_table_unlock(fs->inodes);
     if (job != NULL &&
-        workers_submit(fs->refresh_workers, listing_refresh_main, job) != 0) {
-        inode_table_lock(fs->inodes);
-        dir->listing_refresh = false;
-        fs->refreshes_queued--;
-        inode_table_unlock(fs->inodes);
-        inode_put(fs->inodes, dir);
-        free(job);
-    }
+        workers_submit(fs->refresh_workers, listing_refresh_main, job) != 0)
+        listing_refresh_end(job);
     return listing;
 }
 
@@ -1645,19 +1633,9 @@ static void detach_all(struct fs *fs)
     }
 }
 
-/* Unmount: background relistings are of no use any more. */
-static void stop_background(struct fs *fs)
-{
-    if (fs->inodes == NULL)
-        return;
-    inode_table_lock(fs->inodes);
-    fs->stopping = true;
-    inode_table_unlock(fs->inodes);
-}
-
 uint64_t fs_drain(struct fs *fs)
 {
-    stop_background(fs);
+    fs->stopping = true; /* background relistings are of no use any more */
     if (fs->writer == NULL)
         return 0;
     uint64_t left = writer_drain(fs->writer);
@@ -1671,7 +1649,7 @@ void fs_destroy(struct fs **fsp)
 
     if (fs == NULL)
         return;
-    stop_background(fs);
+    fs->stopping = true;
     /* handles whose release the kernel never sent */
     struct fs_handle *handle;
     while ((handle = handle_pop(fs, &fs->open_files)) != NULL)

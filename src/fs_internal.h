@@ -7,6 +7,7 @@
 #define S3CFS_FS_INTERNAL_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 
 #include "fs.h"
@@ -51,9 +52,8 @@ struct fs {
     void *staged;                 /* (inode table lock) tsearch set of the
                                      inodes that have a wfile */
 
-    bool stopping;                /* (inode table lock) unmounting
-                                     (fs_drain, fs_destroy): queued
-                                     relistings do nothing */
+    atomic_bool stopping;         /* unmounting (fs_drain, fs_destroy):
+                                     queued relistings do nothing */
     struct fs_dir_move *dir_moves; /* (inode table lock) directory
                                      renames under way */
     pthread_cond_t listing_done;  /* with the inode table lock: a directory

@@ -185,6 +185,13 @@ int metacache_put_listing(struct cache *cache, const char *dir_key,
     return err;
 }
 
+/* Whether a listing stored AGE seconds ago may serve a caller that
+ * accepts MAX_AGE (never one from the future: a clock set back). */
+static bool listing_age_usable(double age, double max_age)
+{
+    return age >= 0 && age < max_age;
+}
+
 /* Decode a stored listing; EIO when it does not parse. */
 static int decode_listing(const char *blob, size_t len, double max_age,
                           struct inode_listing **out)
@@ -200,7 +207,7 @@ static int decode_listing(const char *blob, size_t len, double max_age,
         return EIO;
     memcpy(&header, blob, sizeof(header));
     double age = now_wall - header.fetched_at_wall;
-    if (!(age >= 0 && age < max_age))
+    if (!listing_age_usable(age, max_age))
         return ENOENT;
     if (header.count > len / sizeof(struct entry_header))
         return EIO;
@@ -297,7 +304,6 @@ struct prune_scan {
     double now_wall;
     unsigned char (*keys)[HASH_LEN];
     size_t count;
-    size_t seen;                       /* records visited */
 };
 
 static int collect_old_listing(void *arg, const void *key, size_t key_len,
@@ -306,14 +312,13 @@ static int collect_old_listing(void *arg, const void *key, size_t key_len,
     struct prune_scan *scan = arg;
     struct listing_header header;
 
-    scan->seen++;
     if (key_len != HASH_LEN)
         return 0;
     bool old = value_len < sizeof(header); /* unreadable: useless too */
     if (!old) {
         memcpy(&header, value, sizeof(header));
-        double age = scan->now_wall - header.fetched_at_wall;
-        old = !(age >= 0 && age < scan->max_age);
+        old = !listing_age_usable(scan->now_wall - header.fetched_at_wall,
+                                  scan->max_age);
     }
     if (old)
         memcpy(scan->keys[scan->count++], key, HASH_LEN);
@@ -334,7 +339,6 @@ int metacache_prune_listings(struct cache *cache, double max_age, uint64_t *remo
     for (;;) {
         struct db_txn *txn = NULL;
         scan.count = 0;
-        scan.seen = 0;
         err = db_txn_begin(cache_index(cache), false, &txn);
         if (err == 0)
             err = db_scan(txn, DB_DIRS, start, start_len, collect_old_listing, &scan);

@@ -403,10 +403,6 @@ int writebehind_finish(struct writebehind **wbp, uint64_t size, char *etag_out)
     *wbp = NULL;
     if (size == 0 || size > writebehind_capacity(wb->base)) {
         err = size == 0 ? EINVAL : EFBIG;
-        pthread_mutex_lock(&wb->lock);
-        wb->stopping = true;
-        wait_parts_locked(wb);
-        pthread_mutex_unlock(&wb->lock);
         goto out;
     }
     count = part_index(size - 1, wb->base) + 1;
@@ -443,14 +439,11 @@ int writebehind_finish(struct writebehind **wbp, uint64_t size, char *etag_out)
     err = s3_multipart_complete(wb->conf->s3, wb->key, wb->upload_id, etags,
                                 count, etag_out);
 out:
-    if (err != 0) {
-        int abort_err = upload_abort(wb->conf, wb->key, wb->upload_id);
-        if (abort_err != 0)
-            log_warn("upload %s: cannot abort the failed multipart upload: %s",
-                     wb->key, strerror(abort_err));
-    }
     free(etags);
-    free_wb(wb);
+    if (err != 0)
+        writebehind_abandon(&wb); /* stops what is in flight, aborts */
+    else
+        free_wb(wb);
     return err;
 }
 
