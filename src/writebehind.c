@@ -7,9 +7,10 @@
  * (the server has it, with the ETag recorded). A change to a SENDING part
  * marks it stale: when its job ends it goes back to IDLE instead of SENT.
  * In the background only whole parts ending `lag` bytes or more before
- * `ready` are sent; a part whose background send failed is left for
- * finish(); finish() sends every part of the final size, the last one
- * possibly short.
+ * `ready` are sent; a part whose background send failed (even once
+ * finish() has begun) is left for finish(); finish() sends every part of
+ * the final size, the last one possibly short, and fails if one of its
+ * own sends fails.
  *
  * The lag: writers that are sequential but for going back a little to
  * patch what they wrote (Python's zipfile fills in each member's header
@@ -77,6 +78,7 @@ struct part_job {
     struct writebehind *wb;
     unsigned index;
     uint64_t offset, length;
+    bool final;                 /* queued by finish(): no second chance */
 };
 
 /* ------------------------------------------------------------- layout */
@@ -222,7 +224,7 @@ static void kick_locked(struct writebehind *wb)
             fail_locked(wb, ENOMEM);
             break;
         }
-        *job = (struct part_job){wb, i, offset, length};
+        *job = (struct part_job){wb, i, offset, length, wb->finishing};
         part->state = PART_SENDING;
         part->stale = false;
         if (workers_submit(wb->conf->workers, part_job_run, job) != 0) {
@@ -265,11 +267,13 @@ static void part_job_run(void *arg)
             wb->stopping = true;
             fail_locked(wb, err);
         } else if (err != 0 && !part->stale) {
-            if (wb->finishing) {
+            /* a part queued before finish() gets one more try from it,
+             * also when it fails after finish() has begun */
+            if (job->final) {
                 fail_locked(wb, err);
             } else {
                 part->failed = true;
-                log_debug("upload %s: part %u failed while the file is "
+                log_debug("upload %s: part %u failed while the file was "
                           "written (%s); it is sent again at the end",
                           wb->key, job->index + 1, strerror(err));
             }
