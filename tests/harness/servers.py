@@ -215,6 +215,25 @@ class S3Server:
                         f'{response["Errors"][:5]}')
         s3.delete_bucket(Bucket=name)
 
+    def release_bucket(self, name, large=1 << 20):
+        """What a test leaves when it is done with a bucket: its pending
+        multipart uploads aborted and its objects of LARGE bytes or more
+        deleted, as they hold the disk. The small objects and the bucket
+        stay until the server stops: deleting thousands of keys costs Swift
+        about 9 ms of CPU each, a minute of every suite run."""
+        s3 = self.client()
+        self._abort_multipart_uploads(s3, name)
+        for page in s3.get_paginator('list_objects_v2').paginate(Bucket=name):
+            keys = [{'Key': item['Key']} for item in page.get('Contents', [])
+                    if item['Size'] >= large]
+            if keys:
+                response = s3.delete_objects(
+                    Bucket=name, Delete={'Objects': keys, 'Quiet': True})
+                if response.get('Errors'):
+                    raise ServerError(
+                        f'{self.name}: could not delete from {name}: '
+                        f'{response["Errors"][:5]}')
+
     @staticmethod
     def _abort_multipart_uploads(s3, bucket):
         try:

@@ -1,6 +1,7 @@
 """Self-test of the server harness (servers.py): each S3 server it runs
 starts, stores and lists objects with awkward keys, paginates, serves byte
-ranges, keeps 2 KB of user metadata, and checks signatures as expected.
+ranges, keeps 2 KB of user metadata, and checks signatures as expected; a
+released bucket keeps only its small objects.
 
 Run with Debian's python:
     /usr/bin/python3 -m pytest -q tests/harness/test_servers_selftest.py
@@ -83,6 +84,15 @@ def test_listing_paginates_over_many_keys(server, bucket):
     pages = list(s3.get_paginator('list_objects_v2').paginate(Bucket=bucket))
     assert [page['KeyCount'] for page in pages] == [1000, MANY_KEYS - 1000]
     assert [item['Key'] for page in pages for item in page['Contents']] == keys
+
+
+def test_release_bucket_deletes_large_objects_only(server, bucket):
+    s3 = server.client()
+    s3.put_object(Bucket=bucket, Key='small', Body=b's' * 100)
+    s3.put_object(Bucket=bucket, Key='large', Body=b'l' * (2 << 20))
+    server.release_bucket(bucket)
+    listed = s3.list_objects_v2(Bucket=bucket).get('Contents', [])
+    assert [item['Key'] for item in listed] == ['small']
 
 
 def test_ranged_get(server, bucket):

@@ -167,11 +167,12 @@ def new_bucket_name(prefix='t'):
 
 @pytest.fixture
 def bucket(server, s3):
-    """A fresh empty bucket, deleted with its contents afterwards."""
+    """A fresh empty bucket, released afterwards (its large objects and
+    pending uploads deleted; see S3Server.release_bucket)."""
     name = new_bucket_name()
     server.create_bucket(name)
     yield name
-    server.delete_bucket_recursive(name)
+    server.release_bucket(name)
 
 
 @pytest.fixture

@@ -43,7 +43,7 @@ def wide_bucket(server, s3):
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
         list(pool.map(put, range(FILES)))
     yield name
-    server.delete_bucket_recursive(name)
+    server.release_bucket(name)
 
 
 def ls_l(path):

@@ -85,7 +85,7 @@ def tree_bucket(server, s3):
                       'meta/link': {'mode': str(S3FS_MODE_LINK)},
                       'meta/abs-link': {'mode': str(S3FS_MODE_LINK)}})
     yield name
-    server.delete_bucket_recursive(name)
+    server.release_bucket(name)
 
 
 def walk_files(root):
