@@ -457,20 +457,28 @@ static bool key_under(const char *key, const char *prefix)
     return strncmp(key, prefix, strlen(prefix)) == 0;
 }
 
-/* Whether a directory rename may have overlapped a LIST of DIR_KEY made
- * for directory DIR: DIR was renamed or removed since, or a move of its
- * keys (from or to a prefix of DIR_KEY) is under way, so the LIST may
- * describe the old prefix or one half moved. Lock held. */
-static bool renamed_meanwhile_locked(const struct fs *fs, const struct inode *dir,
-                                     const char *dir_key)
+/* Whether a move of keys from or to a prefix of DIR_KEY (a directory
+ * rename) is under way. Lock held. */
+static bool move_under_way_locked(const struct fs *fs, const char *dir_key)
 {
-    if (dir->unlinked || strcmp(dir->key, dir_key) != 0)
-        return true;
     for (const struct fs_dir_move *move = fs->dir_moves; move != NULL;
          move = move->next)
         if (key_under(dir_key, move->src_prefix) || key_under(dir_key, move->dst_prefix))
             return true;
     return false;
+}
+
+/* An empty listing for the caller alone (a removed directory's): NULL
+ * when out of memory. */
+static struct inode_listing *empty_listing(void)
+{
+    struct inode_listing *listing = calloc(1, sizeof(*listing));
+
+    if (listing != NULL) {
+        listing->refs = 1;
+        listing->fetched_at = fs_now_seconds();
+    }
+    return listing;
 }
 
 /*
@@ -479,8 +487,11 @@ static bool renamed_meanwhile_locked(const struct fs *fs, const struct inode *di
  * one from the bucket (EFBIG past MAX_PAGES pages, 0: any number). One
  * thread lists a directory at a time; the others wait for its listing.
  * A listing that a directory rename may have overlapped is never kept
- * (nor stored in the cache index): it is fetched again, up to
- * LISTING_ATTEMPTS times, then handed to the caller alone.
+ * (nor stored in the cache index): when DIR was renamed meanwhile, it is
+ * fetched again under the new name, up to LISTING_ATTEMPTS times; while
+ * a move is under way, it goes to the caller alone (listing again would
+ * only see the move half done again). A removed directory lists empty,
+ * without a request (its key is gone).
  */
 int fs_get_listing(struct fs *fs, struct inode *dir, unsigned max_pages,
                        struct inode_listing **out)
@@ -490,6 +501,11 @@ int fs_get_listing(struct fs *fs, struct inode *dir, unsigned max_pages,
 
     inode_table_lock(fs->inodes);
     for (unsigned attempt = 1;; attempt++) {
+        if (dir->unlinked) {
+            inode_table_unlock(fs->inodes);
+            *out = empty_listing();
+            return *out != NULL ? 0 : ENOMEM;
+        }
         for (;;) {
             if (dir->listing != NULL &&
                 fs_now_seconds() - dir->listing->fetched_at < fs->conf.dir_ttl) {
@@ -522,8 +538,11 @@ int fs_get_listing(struct fs *fs, struct inode *dir, unsigned max_pages,
         inode_table_lock(fs->inodes);
         dir->listing_fetch = false;
         pthread_cond_broadcast(&fs->listing_done);
-        bool moved = err == 0 && renamed_meanwhile_locked(fs, dir, dir_key);
-        bool again = moved && attempt < LISTING_ATTEMPTS;
+        bool renamed = dir->unlinked || strcmp(dir->key, dir_key) != 0;
+        bool moved = err == 0 && (renamed || move_under_way_locked(fs, dir_key));
+        bool again = moved && renamed && attempt < LISTING_ATTEMPTS;
+        /* local changes made while listing: the stored copy lacks them */
+        bool patched = dir->patches != NULL;
         if (err == 0 && !moved) {
             inode_set_listing_locked(fs->inodes, dir, listing);
             /* what changed here while listing, the LIST may not show yet */
@@ -538,7 +557,7 @@ int fs_get_listing(struct fs *fs, struct inode *dir, unsigned max_pages,
             *out = listing;
         }
         inode_table_unlock(fs->inodes);
-        if (moved && from_bucket)
+        if ((moved || patched) && from_bucket)
             metacache_forget_listing(fs->conf.cache, dir_key);
         free(dir_key);
         if (!again)
@@ -1061,7 +1080,8 @@ static void listing_refresh_main(void *arg)
     struct inode_listing *listing = NULL;
 
     inode_table_lock(fs->inodes);
-    bool skip = fs->stopping || job->dir->unlinked;
+    /* (nobody to show it to once the kernel forgot the directory) */
+    bool skip = fs->stopping || job->dir->unlinked || job->dir->nlookup == 0;
     inode_table_unlock(fs->inodes);
     /* a failure leaves the old listing: the next opendir past the stale
      * window lists again in the foreground, and reports the error */

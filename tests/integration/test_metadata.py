@@ -235,6 +235,47 @@ def test_background_listing_racing_a_rename(server, bucket, s3, mount, proxy):
     assert not (mnt.path / 'd').exists()
 
 
+def test_listing_during_a_rename_lists_once(server, bucket, s3, mount, proxy):
+    """A directory listed while a rename moves it is listed once, not
+    again and again for as long as the move lasts (found by a review)."""
+    for name in ('d/sub/x', 'd/sub/y', 'd/z'):
+        s3.put_object(Bucket=bucket, Key=name, Body=b'1')
+    mnt = mount(bucket, endpoint=proxy.endpoint)
+    assert (mnt.path / 'd' / 'sub').is_dir()
+    proxy.inject('hold', 1, 'PUT')  # (copies are PUTs)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        moving = pool.submit(os.rename, mnt.path / 'd', mnt.path / 'e')
+        try:
+            wait_for(lambda: proxy.holding == 1, 10, 'the rename under way')
+            proxy.reset_counters()
+            assert sorted(os.listdir(mnt.path / 'd' / 'sub')) == ['x', 'y']
+            lists = proxy.records(lambda r: relisting_of('d/sub/')(
+                r.method, r.path, r.query))
+            assert len(lists) == 1, lists
+        finally:
+            proxy.release()
+        moving.result(timeout=60)
+    assert sorted(os.listdir(mnt.path / 'e' / 'sub')) == ['x', 'y']
+    assert not (mnt.path / 'd').exists()
+
+
+def test_removed_directory_lists_nothing(server, bucket, mount, proxy):
+    """Opening a directory removed meanwhile (a shell's working
+    directory) asks the bucket nothing: its key is gone (it listed the
+    bucket's root three times)."""
+    mnt = mount(bucket, endpoint=proxy.endpoint, options=['dir_ttl=0'])
+    os.mkdir(mnt.path / 'gone')
+    fd = os.open(mnt.path / 'gone', os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.rmdir(mnt.path / 'gone')
+        proxy.reset_counters()
+        again = os.open(f'/proc/self/fd/{fd}', os.O_RDONLY | os.O_DIRECTORY)
+        os.close(again)
+        assert proxy.counts['LIST'] == 0, proxy.counts
+    finally:
+        os.close(fd)
+
+
 def test_background_listings_leave_connections_to_callers(server, bucket, s3,
                                                          mount, proxy):
     """At most two background relistings run at a time, on threads of
