@@ -205,6 +205,7 @@ void cache_get_stats(struct cache *cache, struct cache_stats *out)
     out->protected_bytes = cache->usage.bytes[SEGMENT_PROTECTED];
     out->blocks = cache->usage.blocks;
     pthread_mutex_unlock(&cache->lock);
+    out->index_bytes = db_file_bytes(cache->db);
     out->size_limit = cache->size_limit;
     out->served_bytes = atomic_load(&cache->served_bytes);
     out->stored_bytes = atomic_load(&cache->stored_bytes);

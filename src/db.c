@@ -125,6 +125,16 @@ int db_sync(struct db *db)
     return mdb_errno(mdb_env_sync(db->env, 1), "sync");
 }
 
+uint64_t db_file_bytes(struct db *db)
+{
+    MDB_envinfo info;
+    MDB_stat stat;
+
+    if (mdb_env_info(db->env, &info) != 0 || mdb_env_stat(db->env, &stat) != 0)
+        return 0;
+    return ((uint64_t)info.me_last_pgno + 1) * stat.ms_psize;
+}
+
 int db_txn_begin(struct db *db, bool write, struct db_txn **out)
 {
     struct db_txn *txn = malloc(sizeof(*txn));

@@ -50,6 +50,10 @@ void db_close(struct db **db);
 /* Flush committed transactions to disk. */
 int db_sync(struct db *db);
 
+/* Bytes of the environment's data file in use: its pages up to the last
+ * one written. The file never shrinks; pages freed inside it are reused. */
+uint64_t db_file_bytes(struct db *db);
+
 int db_txn_begin(struct db *db, bool write, struct db_txn **out);
 /* Commit (or end a read transaction); *txn = NULL either way. */
 int db_txn_commit(struct db_txn **txn);

@@ -1746,6 +1746,7 @@ int fs_stats_text(struct fs *fs, char **text)
         "bytes_read_around_cache %llu\n"
         "cache_hit_ratio %.4f\n"
         "cache_used_bytes %llu\n"
+        "cache_index_bytes %llu\n"
         "cache_protected_bytes %llu\n"
         "cache_size_bytes %llu\n"
         "cache_blocks %llu\n"
@@ -1763,6 +1764,7 @@ int fs_stats_text(struct fs *fs, char **text)
         (unsigned long long)fetched, (unsigned long long)st.s3.bytes_sent,
         (unsigned long long)st.direct_bytes, hit_ratio,
         (unsigned long long)st.cache.used_bytes,
+        (unsigned long long)st.cache.index_bytes,
         (unsigned long long)st.cache.protected_bytes,
         (unsigned long long)st.cache.size_limit,
         (unsigned long long)st.cache.blocks,

@@ -64,6 +64,9 @@ def test_read_once_then_from_cache(server, s3, bucket, mount, proxy, tmp_path):
     stats = read_stats(mnt.path)
     assert stats['bytes_from_bucket'] == len(body)
     assert stats['cache_used_bytes'] >= len(body)
+    # the index's pages in use: within its file, which holds them all
+    index_file = (cache / 'index' / 'data.mdb').stat().st_size
+    assert 0 < stats['cache_index_bytes'] <= index_file, (stats, index_file)
     mnt.unmount()
 
     again = mount(bucket, endpoint=proxy.endpoint, cache=cache, name='again')
