@@ -1049,10 +1049,11 @@ static int rename_dir(struct fs *fs, const char *src_prefix, const char *dst_pre
     inode_table_unlock(fs->inodes);
     size_t renamed = 0;
     err = 0;
+    /* (the objects of all of them move below, as every key does) */
     for (; err == 0 && renamed < staged.count; renamed++) {
-        bool was_pending;
+        enum writer_renamed state;
         err = writer_file_rename(staged.files[renamed], staged.new_keys[renamed],
-                                 &was_pending);
+                                 &state);
     }
     if (err == 0)
         err = move_prefix(fs, src_prefix, dst_prefix);
@@ -1062,9 +1063,9 @@ static int rename_dir(struct fs *fs, const char *src_prefix, const char *dst_pre
         size_t len = strlen(dst_prefix);
         for (size_t i = 0; i < renamed; i++) {
             char *back = NULL;
-            bool was_pending;
+            enum writer_renamed state;
             if (asprintf(&back, "%s%s", src_prefix, staged.new_keys[i] + len) >= 0)
-                writer_file_rename(staged.files[i], back, &was_pending);
+                writer_file_rename(staged.files[i], back, &state);
             free(back);
         }
     }
@@ -1093,8 +1094,8 @@ static int rename_file(struct fs *fs, struct inode *inode, const char *src_key,
                        const char *dst_key)
 {
     struct writer_file *wfile = NULL;
-    struct inode_attrs attrs;
-    bool was_pending = false;
+    struct inode_attrs attrs, object;
+    enum writer_renamed state = WRITER_RENAMED_UPLOADED;
     int err = 0;
 
     inode_table_lock(fs->inodes);
@@ -1103,21 +1104,28 @@ static int rename_file(struct fs *fs, struct inode *inode, const char *src_key,
     inode_table_unlock(fs->inodes);
 
     if (wfile != NULL)
-        err = writer_file_rename(wfile, dst_key, &was_pending);
+        err = writer_file_rename(wfile, dst_key, &state);
     inode_table_lock(fs->inodes);
     attrs = inode->attrs;
+    object = inode->attrs; /* the object at the old key, if any */
     if (inode->wfile != NULL)
         fs_staged_attrs_locked(fs, inode, &attrs); /* what was uploaded */
     inode_table_unlock(fs->inodes);
-    if (err == 0 && wfile != NULL && !was_pending) {
+    if (err == 0 && wfile != NULL && state == WRITER_RENAMED_UPLOADED) {
         char etag[S3_ETAG_MAX];
         if (writer_file_etag(wfile, etag))
             snprintf(attrs.etag, sizeof(attrs.etag), "%s", etag);
     }
-    if (err == 0 && was_pending) {
-        /* not uploaded yet: only where it goes changes; an older version
-         * under the old name goes away as rename says */
-        if (attrs.etag[0] != '\0')
+    if (err == 0 && state != WRITER_RENAMED_UPLOADED) {
+        /* not uploaded yet: only where it goes changes, and an older
+         * version under the old name goes away as rename says. Unless
+         * that version is the only saved one (a file open and written):
+         * it moves first, so that a crash before the file's upload
+         * leaves it under the new name rather than nowhere */
+        if (object.etag[0] != '\0' && state == WRITER_RENAMED_UNSAVED)
+            err = upload_copy(&fs->upload, src_key, object.etag, object.size,
+                              dst_key, NULL, NULL);
+        if (err == 0 && object.etag[0] != '\0')
             err = s3_delete_object(fs->s3, src_key);
     } else if (err == 0) {
         char etag[S3_ETAG_MAX] = "";
@@ -1140,7 +1148,7 @@ static int rename_file(struct fs *fs, struct inode *inode, const char *src_key,
         }
     }
     if (err != 0 && wfile != NULL) {
-        bool ignored;
+        enum writer_renamed ignored;
         writer_file_rename(wfile, src_key, &ignored); /* back where it was */
     }
     writer_file_put(&wfile);

@@ -1140,12 +1140,12 @@ bool writer_file_pending(struct writer_file *file)
 }
 
 int writer_file_rename(struct writer_file *file, const char *new_key,
-                       bool *was_pending)
+                       enum writer_renamed *state)
 {
     struct writer *writer = file->writer;
     char *copy = strdup(new_key);
 
-    *was_pending = false;
+    *state = WRITER_RENAMED_UPLOADED;
     if (copy == NULL)
         return ENOMEM;
     /* a write-behind upload is under way at the old key: finish it there,
@@ -1177,7 +1177,9 @@ int writer_file_rename(struct writer_file *file, const char *new_key,
     }
     free(file->key);
     file->key = copy;
-    *was_pending = is_pending(file);
+    if (is_pending(file))
+        *state = file->journaled ? WRITER_RENAMED_JOURNALED
+                                 : WRITER_RENAMED_UNSAVED;
     /* a write that got in after the upload above may have begun another
      * write-behind upload, for the old key: it goes */
     struct writebehind *stale = file->wb;

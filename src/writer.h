@@ -179,12 +179,25 @@ void writer_file_close_writer(struct writer_file *file);
  * uploaded or failed). */
 bool writer_file_pending(struct writer_file *file);
 
+/* What a renamed file's data was, as writer_file_rename() found it. */
+enum writer_renamed {
+    /* in the bucket: the object at the old key is the file (to be moved) */
+    WRITER_RENAMED_UPLOADED,
+    /* to be uploaded, journaled under the new key: an object at the old
+     * key is an older version (it may go) */
+    WRITER_RENAMED_JOURNALED,
+    /* to be uploaded, saved nowhere yet (written, not yet closed): an
+     * object at the old key is the last saved version, the only one a
+     * crash would leave (it is to be kept, under the new key) */
+    WRITER_RENAMED_UNSAVED,
+};
+
 /* The file is now to be uploaded as NEW_KEY (a rename; the journal
- * follows). Waits while the file is busy. *WAS_PENDING says whether the
- * data had not reached the bucket yet (then nothing else is to be done:
- * it goes to NEW_KEY); otherwise the object is at the old key. */
+ * follows). Waits while the file is busy. *STATE says what the data was
+ * (see enum writer_renamed); once not UPLOADED, the data goes to NEW_KEY
+ * when it is uploaded. */
 int writer_file_rename(struct writer_file *file, const char *new_key,
-                       bool *was_pending);
+                       enum writer_renamed *state);
 
 /* Fetch every byte of an edit's base that is not staged yet (its object
  * is about to go away). 0 or the fetch's errno. */

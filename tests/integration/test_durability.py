@@ -421,3 +421,33 @@ def test_unlink_while_uploading_removes_the_object(server, s3, bucket, proxy,
     wait_stat(mnt, 'uploads_pending', lambda v: v == 0)
     assert head(s3, bucket, 'gone.bin') is None
     assert not (mnt.path / 'gone.bin').exists()
+
+
+@pytest.mark.parametrize('mode', ['default', 'writeback'])
+def test_rename_of_a_file_being_written_keeps_its_saved_version(
+        server, s3, bucket, mount, tmp_path, mode):
+    """A file in the bucket, open and appended to (not closed), renamed
+    (logrotate's `mv app.log app.log.1`), then kill -9: the new name holds
+    the last saved version, the one the bucket had (found by a review: the
+    rename deleted it, and the new bytes were saved nowhere yet)."""
+    saved = payload('saved-log', 300 * KiB + 5)
+    s3.put_object(Bucket=bucket, Key='app.log', Body=saved)
+    cache = tmp_path / 'cache'
+    options = ['writeback'] if mode == 'writeback' else []
+    mnt = mount(bucket, options=options, cache=cache)
+    fd = os.open(mnt.path / 'app.log', os.O_WRONLY | os.O_APPEND)
+    try:
+        os.write(fd, b'a line not closed yet\n')
+        os.rename(mnt.path / 'app.log', mnt.path / 'app.log.1')
+        assert head(s3, bucket, 'app.log') is None
+        kill_9(mnt)
+    finally:
+        try:
+            os.close(fd)
+        except OSError as error:  # the daemon is gone
+            assert error.errno == errno.ENOTCONN
+    assert object_bytes(s3, bucket, 'app.log.1') == saved
+    again = mount(bucket, options=options, cache=cache, name='again')
+    wait_stat(again, 'uploads_pending', lambda v: v == 0)
+    assert (again.path / 'app.log.1').read_bytes() == saved
+    assert not (again.path / 'app.log').exists()
