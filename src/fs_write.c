@@ -1049,14 +1049,18 @@ static int rename_dir(struct fs *fs, const char *src_prefix, const char *dst_pre
     inode_table_unlock(fs->inodes);
     size_t renamed = 0;
     err = 0;
-    /* (the objects of all of them move below, as every key does) */
+    /* The objects of all of them move below, as every key does; they are
+     * held meanwhile, so that no upload of their new data under the new
+     * name lands before the move of their old object there. */
     for (; err == 0 && renamed < staged.count; renamed++) {
         enum writer_renamed state;
         err = writer_file_rename(staged.files[renamed], staged.new_keys[renamed],
-                                 &state);
+                                 true, &state);
     }
     if (err == 0)
         err = move_prefix(fs, src_prefix, dst_prefix);
+    for (size_t i = 0; i < renamed; i++)
+        writer_file_release(staged.files[i]);
     if (err != 0) {
         /* what moved in the bucket stays moved (not atomic); files not
          * uploaded yet go back where the directory still is */
@@ -1065,7 +1069,7 @@ static int rename_dir(struct fs *fs, const char *src_prefix, const char *dst_pre
             char *back = NULL;
             enum writer_renamed state;
             if (asprintf(&back, "%s%s", src_prefix, staged.new_keys[i] + len) >= 0)
-                writer_file_rename(staged.files[i], back, &state);
+                writer_file_rename(staged.files[i], back, false, &state);
             free(back);
         }
     }
@@ -1104,7 +1108,7 @@ static int rename_file(struct fs *fs, struct inode *inode, const char *src_key,
     inode_table_unlock(fs->inodes);
 
     if (wfile != NULL)
-        err = writer_file_rename(wfile, dst_key, &state);
+        err = writer_file_rename(wfile, dst_key, false, &state);
     inode_table_lock(fs->inodes);
     attrs = inode->attrs;
     object = inode->attrs; /* the object at the old key, if any */
@@ -1149,7 +1153,7 @@ static int rename_file(struct fs *fs, struct inode *inode, const char *src_key,
     }
     if (err != 0 && wfile != NULL) {
         enum writer_renamed ignored;
-        writer_file_rename(wfile, src_key, &ignored); /* back where it was */
+        writer_file_rename(wfile, src_key, false, &ignored); /* back where it was */
     }
     writer_file_put(&wfile);
     return err;

@@ -1139,15 +1139,27 @@ bool writer_file_pending(struct writer_file *file)
     return pending;
 }
 
+/* Make FILE busy for the caller (writer_file_rename's hold). */
+static void hold(struct writer *writer, struct writer_file *file)
+{
+    pthread_mutex_lock(&writer->lock);
+    wait_idle_locked(writer, file);
+    file->busy = true;
+    pthread_mutex_unlock(&writer->lock);
+}
+
 int writer_file_rename(struct writer_file *file, const char *new_key,
-                       enum writer_renamed *state)
+                       bool held, enum writer_renamed *state)
 {
     struct writer *writer = file->writer;
     char *copy = strdup(new_key);
 
     *state = WRITER_RENAMED_UPLOADED;
-    if (copy == NULL)
+    if (copy == NULL) {
+        if (held)
+            hold(writer, file);
         return ENOMEM;
+    }
     /* a write-behind upload is under way at the old key: finish it there,
      * then the object moves as any uploaded one (if that upload fails,
      * the file is pending again and goes to the new key later) */
@@ -1166,6 +1178,8 @@ int writer_file_rename(struct writer_file *file, const char *new_key,
         int err = make_present(writer, file, 0, whole, false);
         if (err != 0) {
             free(copy);
+            if (held)
+                hold(writer, file);
             return err;
         }
     }
@@ -1187,8 +1201,8 @@ int writer_file_rename(struct writer_file *file, const char *new_key,
     file->wb = NULL;
     file->wb_journaled = false;
     bool rejournal = file->journaled && is_pending(file);
-    if (rejournal || stale != NULL)
-        file->busy = true;
+    if (rejournal || stale != NULL || held)
+        file->busy = true; /* (held: from the new key on, in one step) */
     pthread_mutex_unlock(&writer->lock);
     if (!rejournal && stale == NULL)
         return 0;
@@ -1198,8 +1212,14 @@ int writer_file_rename(struct writer_file *file, const char *new_key,
         err = journal_file(writer, file, NULL);
     else if (unclosed_entry)
         journal_del(writer->conf.journal, file->id);
-    end_busy(writer, file);
+    if (!held)
+        end_busy(writer, file);
     return err;
+}
+
+void writer_file_release(struct writer_file *file)
+{
+    end_busy(file->writer, file);
 }
 
 int writer_file_complete(struct writer_file *file)

@@ -195,9 +195,15 @@ enum writer_renamed {
 /* The file is now to be uploaded as NEW_KEY (a rename; the journal
  * follows). Waits while the file is busy. *STATE says what the data was
  * (see enum writer_renamed); once not UPLOADED, the data goes to NEW_KEY
- * when it is uploaded. */
+ * when it is uploaded. With HOLD, the file stays busy on return, even on
+ * failure (no upload, write or other change of it begins) until
+ * writer_file_release(): a directory rename moves the old objects first,
+ * and an upload of the new data must not land before them. */
 int writer_file_rename(struct writer_file *file, const char *new_key,
-                       enum writer_renamed *state);
+                       bool hold, enum writer_renamed *state);
+
+/* End the hold of writer_file_rename(). */
+void writer_file_release(struct writer_file *file);
 
 /* Fetch every byte of an edit's base that is not staged yet (its object
  * is about to go away). 0 or the fetch's errno. */

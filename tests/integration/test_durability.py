@@ -451,3 +451,38 @@ def test_rename_of_a_file_being_written_keeps_its_saved_version(
     wait_stat(again, 'uploads_pending', lambda v: v == 0)
     assert (again.path / 'app.log.1').read_bytes() == saved
     assert not (again.path / 'app.log').exists()
+
+
+def test_directory_rename_lets_no_old_object_over_a_new_upload(
+        server, s3, bucket, proxy, mount):
+    """-o writeback: d/f rewritten and closed (its upload queued), then
+    `mv d e`. The move copies the old d/f object to e/f; the new data's
+    upload to e/f waits for the move, so the old object never lands over
+    it (found by a review: with the copy delayed, it did)."""
+    s3.put_object(Bucket=bucket, Key='d/f', Body=b'old bytes')
+    s3.put_object(Bucket=bucket, Key='d/g', Body=b'g')
+    mnt = mount(bucket, options=['writeback'], endpoint=proxy.endpoint)
+    new = payload('renamed-dir-file', 100 * KiB)
+    write_file(mnt.path / 'd' / 'f', new)
+
+    def put_of_e_f(method, path, query):
+        return method == 'PUT' and path.endswith('/e/f')
+    proxy.inject('hold', 1, put_of_e_f)  # the first: the move's copy
+    try:
+        moving = start_in_thread(os.rename, mnt.path / 'd', mnt.path / 'e')
+        wait_for(lambda: proxy.holding == 1, 10, 'the copy of d/f held')
+        # an upload of the new data landing now would be overwritten by
+        # the copy: none may begin while the move is under way
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline:
+            uploads = proxy.records(lambda r: put_of_e_f(r.method, r.path,
+                                                         r.query))
+            assert len(uploads) == 1, uploads
+            time.sleep(0.05)
+    finally:
+        proxy.release()
+    assert moving.result(timeout=HANG_TIMEOUT) is None
+    wait_stat(mnt, 'uploads_pending', lambda v: v == 0)
+    assert object_bytes(s3, bucket, 'e/f') == new
+    assert head(s3, bucket, 'd/f') is None
+    assert (mnt.path / 'e' / 'f').read_bytes() == new
