@@ -1059,26 +1059,18 @@ static int rename_dir(struct fs *fs, const char *src_prefix, const char *dst_pre
     }
     if (err == 0)
         err = move_prefix(fs, src_prefix, dst_prefix);
-    for (size_t i = 0; i < renamed; i++)
-        writer_file_release(staged.files[i]);
     if (err != 0) {
         /* what moved in the bucket stays moved (not atomic); files not
-         * uploaded yet go back where the directory still is */
+         * uploaded yet go back where the directory still is, before
+         * anything of theirs is uploaded under the new name */
         size_t len = strlen(dst_prefix);
         for (size_t i = 0; i < renamed; i++) {
             char *back = NULL;
-            enum writer_renamed state;
             if (asprintf(&back, "%s%s", src_prefix, staged.new_keys[i] + len) >= 0)
-                writer_file_rename(staged.files[i], back, false, &state);
+                writer_file_rename_back(staged.files[i], back);
             free(back);
         }
     }
-    for (size_t i = 0; i < staged.count; i++) {
-        writer_file_put(&staged.files[i]);
-        free(staged.new_keys[i]);
-    }
-    free(staged.files);
-    free(staged.new_keys);
     inode_table_lock(fs->inodes);
     if (err == 0)
         err = inode_rekey_prefix_locked(fs->inodes, src_prefix, dst_prefix);
@@ -1087,6 +1079,15 @@ static int rename_dir(struct fs *fs, const char *src_prefix, const char *dst_pre
         link = &(*link)->next;
     *link = move.next;
     inode_table_unlock(fs->inodes);
+    /* uploads may go now: their inodes have the files' keys (fs_uploaded) */
+    for (size_t i = 0; i < renamed; i++)
+        writer_file_release(staged.files[i]);
+    for (size_t i = 0; i < staged.count; i++) {
+        writer_file_put(&staged.files[i]);
+        free(staged.new_keys[i]);
+    }
+    free(staged.files);
+    free(staged.new_keys);
     if (err != 0)
         return err;
     metacache_forget_listing(fs->conf.cache, src_prefix);
@@ -1094,21 +1095,28 @@ static int rename_dir(struct fs *fs, const char *src_prefix, const char *dst_pre
     return err;
 }
 
+/* Rename the file INODE from SRC_KEY to DST_KEY in the bucket. A staged
+ * file is held (writer_file_rename) and handed to the caller in *HELD, to
+ * release once the inode has its new key: no upload of it may land under
+ * the new name before the old object is moved there. */
 static int rename_file(struct fs *fs, struct inode *inode, const char *src_key,
-                       const char *dst_key)
+                       const char *dst_key, struct writer_file **held)
 {
     struct writer_file *wfile = NULL;
     struct inode_attrs attrs, object;
     enum writer_renamed state = WRITER_RENAMED_UPLOADED;
     int err = 0;
 
+    *held = NULL;
     inode_table_lock(fs->inodes);
     if (inode->wfile != NULL)
         wfile = writer_file_ref(inode->wfile);
     inode_table_unlock(fs->inodes);
 
-    if (wfile != NULL)
-        err = writer_file_rename(wfile, dst_key, false, &state);
+    if (wfile != NULL) {
+        err = writer_file_rename(wfile, dst_key, true, &state);
+        *held = wfile;
+    }
     inode_table_lock(fs->inodes);
     attrs = inode->attrs;
     object = inode->attrs; /* the object at the old key, if any */
@@ -1120,16 +1128,23 @@ static int rename_file(struct fs *fs, struct inode *inode, const char *src_key,
         if (writer_file_etag(wfile, etag))
             snprintf(attrs.etag, sizeof(attrs.etag), "%s", etag);
     }
-    if (err == 0 && state != WRITER_RENAMED_UPLOADED) {
-        /* not uploaded yet: only where it goes changes, and an older
-         * version under the old name goes away as rename says. Unless
-         * that version is the only saved one (a file open and written):
-         * it moves first, so that a crash before the file's upload
-         * leaves it under the new name rather than nowhere */
-        if (object.etag[0] != '\0' && state == WRITER_RENAMED_UNSAVED)
-            err = upload_copy(&fs->upload, src_key, object.etag, object.size,
+    if (err == 0 && state == WRITER_RENAMED_UNSAVED && object.etag[0] != '\0') {
+        /* not uploaded yet, and its new bytes saved nowhere else (open,
+         * written): the object at the old key is its only saved version,
+         * so it moves first, and a crash before the file's upload leaves
+         * it under the new name. Whatever version is there now (the
+         * inode's ETag may be older than a copy's): a HEAD says. */
+        struct s3_object_info info;
+        err = s3_head_object(fs->s3, src_key, &info);
+        if (err == 0)
+            err = upload_copy(&fs->upload, src_key, info.etag, info.size,
                               dst_key, NULL, NULL);
-        if (err == 0 && object.etag[0] != '\0')
+        if (err == 0 || err == ENOENT)
+            err = s3_delete_object(fs->s3, src_key);
+    } else if (err == 0 && state != WRITER_RENAMED_UPLOADED) {
+        /* not uploaded yet (journaled): only where it goes changes; an
+         * older version under the old name goes away as rename says */
+        if (object.etag[0] != '\0')
             err = s3_delete_object(fs->s3, src_key);
     } else if (err == 0) {
         char etag[S3_ETAG_MAX] = "";
@@ -1151,11 +1166,8 @@ static int rename_file(struct fs *fs, struct inode *inode, const char *src_key,
                 metacache_put_attrs(fs->conf.cache, dst_key, &attrs);
         }
     }
-    if (err != 0 && wfile != NULL) {
-        enum writer_renamed ignored;
-        writer_file_rename(wfile, src_key, false, &ignored); /* back where it was */
-    }
-    writer_file_put(&wfile);
+    if (err != 0 && wfile != NULL)
+        writer_file_rename_back(wfile, src_key); /* back where it was */
     return err;
 }
 
@@ -1164,7 +1176,7 @@ int fs_rename(struct fs *fs, fuse_ino_t parent, const char *name,
 {
     struct inode *src = NULL, *dst = NULL;
     char *src_key = NULL, *dst_key = NULL, *dst_file_key = NULL;
-    struct writer_file *dst_wfile = NULL;
+    struct writer_file *dst_wfile = NULL, *held = NULL;
     int err;
 
     if (fs->writer == NULL)
@@ -1219,7 +1231,7 @@ int fs_rename(struct fs *fs, fuse_ino_t parent, const char *name,
         err = s3_delete_object(fs->s3, dst_key);
     if (err == 0)
         err = src_dir ? rename_dir(fs, src_key, dst_file_key)
-                      : rename_file(fs, src, src_key, dst_file_key);
+                      : rename_file(fs, src, src_key, dst_file_key, &held);
     if (err != 0) {
         if (dst_wfile != NULL)
             writer_file_relink(dst_wfile); /* the target stays */
@@ -1239,6 +1251,10 @@ int fs_rename(struct fs *fs, fuse_ino_t parent, const char *name,
     patch_parent(fs, src_key, NULL);
     patch_parent(fs, dst_file_key, &attrs);
 out:
+    if (held != NULL) { /* the inode has the file's key again: uploads may go */
+        writer_file_release(held);
+        writer_file_put(&held);
+    }
     writer_file_put(&dst_wfile);
     if (dst != NULL) {
         fs_maybe_detach(fs, dst);

@@ -1217,6 +1217,21 @@ int writer_file_rename(struct writer_file *file, const char *new_key,
     return err;
 }
 
+int writer_file_rename_back(struct writer_file *file, const char *key)
+{
+    struct writer *writer = file->writer;
+    char *copy = strdup(key);
+
+    if (copy == NULL)
+        return ENOMEM;
+    pthread_mutex_lock(&writer->lock);
+    free(file->key);
+    file->key = copy;
+    bool rejournal = file->journaled && is_pending(file);
+    pthread_mutex_unlock(&writer->lock);
+    return rejournal ? journal_file(writer, file, NULL) : 0; /* (held: busy) */
+}
+
 void writer_file_release(struct writer_file *file)
 {
     end_busy(file->writer, file);

@@ -202,6 +202,10 @@ enum writer_renamed {
 int writer_file_rename(struct writer_file *file, const char *new_key,
                        bool hold, enum writer_renamed *state);
 
+/* Undo the rename of a file held by writer_file_rename(): it is to be
+ * uploaded as KEY again (re-journaled if it was), still held. */
+int writer_file_rename_back(struct writer_file *file, const char *key);
+
 /* End the hold of writer_file_rename(). */
 void writer_file_release(struct writer_file *file);
 

@@ -486,3 +486,46 @@ def test_directory_rename_lets_no_old_object_over_a_new_upload(
     assert object_bytes(s3, bucket, 'e/f') == new
     assert head(s3, bucket, 'd/f') is None
     assert (mnt.path / 'e' / 'f').read_bytes() == new
+
+
+def test_rename_of_a_file_being_written_lets_no_old_object_over_its_upload(
+        server, s3, bucket, proxy, mount):
+    """A file open on two descriptors and written, renamed: the rename
+    moves the old object to the new name, and a close of the other
+    descriptor (which uploads the file) waits for that, so the old bytes
+    never land over the new ones (found by a review of the fix above)."""
+    old = payload('old-log', 200 * KiB)
+    s3.put_object(Bucket=bucket, Key='app.log', Body=old)
+    mnt = mount(bucket, endpoint=proxy.endpoint)
+    first = os.open(mnt.path / 'app.log', os.O_WRONLY | os.O_APPEND)
+    second = os.open(mnt.path / 'app.log', os.O_WRONLY | os.O_APPEND)
+    closing = None
+    try:
+        os.write(first, b'a new line\n')
+
+        def put_of_new_name(method, path, query):
+            return method == 'PUT' and path.endswith('/app.log.1')
+        proxy.inject('hold', 1, put_of_new_name)  # the first: the copy
+        try:
+            moving = start_in_thread(os.rename, mnt.path / 'app.log',
+                                     mnt.path / 'app.log.1')
+            wait_for(lambda: proxy.holding == 1, 10, 'the copy held')
+            closing = start_in_thread(os.close, second)  # uploads the file
+            deadline = time.monotonic() + 2
+            while time.monotonic() < deadline:
+                puts = proxy.records(lambda r: put_of_new_name(
+                    r.method, r.path, r.query))
+                assert len(puts) == 1, puts
+                time.sleep(0.05)
+        finally:
+            proxy.release()
+        assert moving.result(timeout=HANG_TIMEOUT) is None
+        assert closing.result(timeout=HANG_TIMEOUT) is None
+    finally:
+        if closing is None:
+            os.close(second)
+        else:
+            closing.exception(timeout=HANG_TIMEOUT)
+        os.close(first)
+    assert object_bytes(s3, bucket, 'app.log.1') == old + b'a new line\n'
+    assert head(s3, bucket, 'app.log') is None
