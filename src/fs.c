@@ -457,9 +457,7 @@ static bool key_under(const char *key, const char *prefix)
     return strncmp(key, prefix, strlen(prefix)) == 0;
 }
 
-/* Whether a move of keys from or to a prefix of DIR_KEY (a directory
- * rename) is under way. Lock held. */
-static bool move_under_way_locked(const struct fs *fs, const char *dir_key)
+bool fs_move_under_way_locked(const struct fs *fs, const char *dir_key)
 {
     for (const struct fs_dir_move *move = fs->dir_moves; move != NULL;
          move = move->next)
@@ -539,7 +537,7 @@ int fs_get_listing(struct fs *fs, struct inode *dir, unsigned max_pages,
         dir->listing_fetch = false;
         pthread_cond_broadcast(&fs->listing_done);
         bool renamed = dir->unlinked || strcmp(dir->key, dir_key) != 0;
-        bool moved = err == 0 && (renamed || move_under_way_locked(fs, dir_key));
+        bool moved = err == 0 && (renamed || fs_move_under_way_locked(fs, dir_key));
         bool again = moved && renamed && attempt < LISTING_ATTEMPTS;
         /* local changes made while listing: the stored copy lacks them */
         bool patched = dir->patches != NULL;
@@ -1550,6 +1548,7 @@ int fs_create(const struct fs_conf *conf, struct s3_client *s3, struct fs **out)
     fs->open_dirs.next = fs->open_dirs.prev = &fs->open_dirs;
     fs->open_files.next = fs->open_files.prev = &fs->open_files;
     pthread_cond_init(&fs->listing_done, NULL);
+    pthread_cond_init(&fs->move_done, NULL);
     clock_gettime(CLOCK_REALTIME, &fs->mount_time);
     fs->root_key = strdup(conf->root_key);
     if (fs->root_key == NULL) {
@@ -1691,6 +1690,7 @@ void fs_destroy(struct fs **fsp)
     pthread_mutex_destroy(&fs->logged_lock);
     pthread_mutex_destroy(&fs->handles_lock);
     pthread_cond_destroy(&fs->listing_done);
+    pthread_cond_destroy(&fs->move_done);
     free(fs->root_key);
     free(fs);
     *fsp = NULL;

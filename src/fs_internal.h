@@ -58,6 +58,8 @@ struct fs {
                                      renames under way */
     pthread_cond_t listing_done;  /* with the inode table lock: a directory
                                      listing finished (inode.listing_fetch) */
+    pthread_cond_t move_done;     /* with the inode table lock: a directory
+                                     rename left dir_moves */
     pthread_mutex_t handles_lock; /* guards the two lists below */
     struct fs_handle open_dirs;   /* circular lists with a sentinel */
     struct fs_handle open_files;
@@ -113,6 +115,10 @@ void fs_meta_attrs(const struct writer_meta *meta, uint64_t size, const char *et
 void fs_staged_visit_locked(struct fs *fs, const char *prefix,
                             void (*visit)(void *arg, struct inode *inode),
                             void *arg);
+
+/* Whether a directory rename moving keys from or to a prefix of KEY is
+ * under way (fs->dir_moves). Lock held. */
+bool fs_move_under_way_locked(const struct fs *fs, const char *key);
 
 /* Attributes of a staged file (lock held). */
 void fs_staged_attrs_locked(const struct fs *fs, const struct inode *inode,

@@ -180,7 +180,12 @@ int fs_stage_file(struct fs *fs, struct inode *inode, bool truncate,
     int err = 0;
 
     *out = NULL;
+again:
     inode_table_lock(fs->inodes);
+    /* a directory rename collects the staged files under it when it
+     * starts: one staged during the move would keep the old key */
+    while (inode->wfile == NULL && fs_move_under_way_locked(fs, inode->key))
+        inode_table_wait(fs->inodes, &fs->move_done);
     if (inode->wfile != NULL) {
         *out = writer_file_ref(inode->wfile);
         inode_table_unlock(fs->inodes);
@@ -201,21 +206,30 @@ int fs_stage_file(struct fs *fs, struct inode *inode, bool truncate,
     else /* nothing is fetched until it is needed */
         err = writer_file_create_edit(fs->writer, key, &meta, attrs.etag,
                                       attrs.size, owner_of(inode->ino), &wfile);
+    bool moving = false;
     if (err == 0) {
         inode_table_lock(fs->inodes);
-        attach_locked(fs, inode, &wfile, out);
+        /* a rename that began meanwhile would not know of ours: again */
+        moving = inode->wfile == NULL &&
+                 (strcmp(inode->key, key) != 0 ||
+                  fs_move_under_way_locked(fs, key));
+        if (!moving)
+            attach_locked(fs, inode, &wfile, out);
         inode_table_unlock(fs->inodes);
     }
     if (wfile != NULL) {
-        /* another open attached one first: ours never existed */
+        /* another open attached one first, or a rename came: ours never
+         * existed */
         writer_file_unlink(wfile);
-        if (err == 0 && truncate)
+        if (err == 0 && truncate && !moving)
             err = writer_file_truncate(*out, 0);
     }
     writer_file_put(&wfile);
+    free(key);
+    if (moving)
+        goto again;
     if (err != 0)
         writer_file_put(out);
-    free(key);
     return err;
 }
 
@@ -1078,6 +1092,7 @@ static int rename_dir(struct fs *fs, const char *src_prefix, const char *dst_pre
     while (*link != &move)
         link = &(*link)->next;
     *link = move.next;
+    pthread_cond_broadcast(&fs->move_done);
     inode_table_unlock(fs->inodes);
     /* uploads may go now: their inodes have the files' keys (fs_uploaded) */
     for (size_t i = 0; i < renamed; i++)

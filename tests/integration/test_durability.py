@@ -529,3 +529,45 @@ def test_rename_of_a_file_being_written_lets_no_old_object_over_its_upload(
         os.close(first)
     assert object_bytes(s3, bucket, 'app.log.1') == old + b'a new line\n'
     assert head(s3, bucket, 'app.log') is None
+
+
+def test_file_opened_during_a_directory_rename_goes_to_the_new_name(
+        server, s3, bucket, proxy, mount):
+    """A file opened for writing under a directory while a rename moves
+    that directory waits for the move, and is uploaded under the new
+    name, not the old one (found by a review: it kept the old key, and
+    its upload after the move brought the old directory back)."""
+    s3.put_object(Bucket=bucket, Key='d/f', Body=b'saved\n')
+    s3.put_object(Bucket=bucket, Key='d/g', Body=b'g')
+    mnt = mount(bucket, endpoint=proxy.endpoint)
+    assert (mnt.path / 'd' / 'f').read_bytes() == b'saved\n'
+    moved = threading.Event()
+
+    def append():
+        fd = os.open(mnt.path / 'd' / 'f', os.O_WRONLY | os.O_APPEND)
+        try:
+            moved.wait(HANG_TIMEOUT)  # written and closed after the move
+            os.write(fd, b'appended\n')
+        finally:
+            os.close(fd)
+
+    def copy_to_e(method, path, query):
+        return method == 'PUT' and '/e/' in path
+    proxy.inject('hold', 1, copy_to_e)  # the move's first copy
+    try:
+        moving = start_in_thread(os.rename, mnt.path / 'd', mnt.path / 'e')
+        wait_for(lambda: proxy.holding == 1, 10, 'the move held')
+        appending = start_in_thread(append)
+        # (its open waits for the move; before, it went through at once)
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline and not appending.done():
+            time.sleep(0.05)
+    finally:
+        proxy.release()
+        try:
+            assert moving.result(timeout=HANG_TIMEOUT) is None
+        finally:
+            moved.set()
+    assert appending.result(timeout=HANG_TIMEOUT) is None
+    assert object_bytes(s3, bucket, 'e/f') == b'saved\nappended\n'
+    assert [key for key in bucket_keys(s3, bucket) if key.startswith('d/')] == []
