@@ -3,9 +3,10 @@
 #   1. installs what the build and the tests need (tests/install-deps.sh);
 #   2. builds s3cachefs twice, plain and with ASan+UBSan
 #      (./configure --enable-sanitizers), each in its own build directory;
-#   3. runs `make check` in both: cmocka unit tests, then the integration
-#      tests that mount for real against s3rver and OpenStack Swift s3api
-#      (the ASan+UBSan build against s3rver only, with smaller files).
+#   3. runs `make check` in both at the same time: cmocka unit tests, then
+#      the integration tests that mount for real against s3rver and
+#      OpenStack Swift s3api (the ASan+UBSan build against s3rver only,
+#      with smaller files).
 # Prints the logs of failed tests and a closing "N passed, N failed" line.
 # Options: --quick (plain build only), --no-install (skip step 1).
 set -euo pipefail
@@ -32,6 +33,9 @@ fi
 
 passed=0
 failed=0
+# Build every tree first, then run their checks at the same time: the
+# sanitizer run (s3rver only) then overlaps the plain run's Swift half,
+# which lasts longest; the tests wait on servers far more than on CPU.
 for build in "${builds[@]}"; do
     dir="$srcdir/build-$build"
     flags=()
@@ -40,10 +44,13 @@ for build in "${builds[@]}"; do
     mkdir -p "$dir"
     (cd "$dir" && [ -f Makefile ] || "$srcdir/configure" -q "${flags[@]}")
     make -C "$dir" -j"$(nproc)" >/dev/null
-    status=0
+done
+
+check() {  # check BUILD: make check in its tree; output in check.log there
+    local build=$1 dir="$srcdir/build-$1"
     # the multi-GiB multipart file is for the plain build; under ASan a
     # 96 MiB one (still multipart) keeps the suite's time in bounds
-    large_mb=2048 untar_files=2000 servers=${S3CACHEFS_SERVERS:-s3rver,swift}
+    local large_mb=2048 untar_files=2000 servers=${S3CACHEFS_SERVERS:-s3rver,swift}
     if [ "$build" = sanitizers ]; then
         # ASan is about our C code, which talks to both servers alike: one
         # server and smaller trees keep the suite's time in bounds
@@ -55,7 +62,21 @@ for build in "${builds[@]}"; do
     S3CACHEFS_SERVERS=$servers \
     ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0} \
     UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1} \
-        make -C "$dir" check || status=$?
+        make -C "$dir" check >"$dir/check.log" 2>&1
+}
+
+pids=()
+for build in "${builds[@]}"; do
+    check "$build" &
+    pids+=($!)
+done
+for index in "${!builds[@]}"; do
+    build=${builds[$index]}
+    dir="$srcdir/build-$build"
+    status=0
+    wait "${pids[$index]}" || status=$?
+    echo "=== make check, $build build"
+    cat "$dir/check.log"
     # what the automake driver counted
     for trs in "$dir"/tests/unit/*.trs "$dir"/tests/integration/*.trs; do
         [ -f "$trs" ] || continue
