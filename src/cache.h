@@ -61,7 +61,8 @@ struct cache_conf {
 
 struct cache_stats {
     uint64_t used_bytes;          /* recorded, rounded to 4 KiB */
-    uint64_t index_bytes;         /* the index file (also under size_limit) */
+    uint64_t index_bytes;         /* the index file's pages in use (not
+                                     under size_limit) */
     uint64_t protected_bytes;     /* of which read again (kept longest) */
     uint64_t size_limit;
     uint64_t blocks;              /* blocks recorded */

@@ -1069,7 +1069,7 @@ static int rename_dir(struct fs *fs, const char *src_prefix, const char *dst_pre
     for (; err == 0 && renamed < staged.count; renamed++) {
         enum writer_renamed state;
         err = writer_file_rename(staged.files[renamed], staged.new_keys[renamed],
-                                 true, &state);
+                                 &state);
     }
     if (err == 0)
         err = move_prefix(fs, src_prefix, dst_prefix);
@@ -1129,7 +1129,7 @@ static int rename_file(struct fs *fs, struct inode *inode, const char *src_key,
     inode_table_unlock(fs->inodes);
 
     if (wfile != NULL) {
-        err = writer_file_rename(wfile, dst_key, true, &state);
+        err = writer_file_rename(wfile, dst_key, &state);
         *held = wfile;
     }
     inode_table_lock(fs->inodes);

@@ -1139,7 +1139,7 @@ bool writer_file_pending(struct writer_file *file)
     return pending;
 }
 
-/* Make FILE busy for the caller (writer_file_rename's hold). */
+/* Make FILE busy for the caller (the hold of writer_file_rename). */
 static void hold(struct writer *writer, struct writer_file *file)
 {
     pthread_mutex_lock(&writer->lock);
@@ -1149,15 +1149,14 @@ static void hold(struct writer *writer, struct writer_file *file)
 }
 
 int writer_file_rename(struct writer_file *file, const char *new_key,
-                       bool held, enum writer_renamed *state)
+                       enum writer_renamed *state)
 {
     struct writer *writer = file->writer;
     char *copy = strdup(new_key);
 
     *state = WRITER_RENAMED_UPLOADED;
     if (copy == NULL) {
-        if (held)
-            hold(writer, file);
+        hold(writer, file);
         return ENOMEM;
     }
     /* a write-behind upload is under way at the old key: finish it there,
@@ -1178,8 +1177,7 @@ int writer_file_rename(struct writer_file *file, const char *new_key,
         int err = make_present(writer, file, 0, whole, false);
         if (err != 0) {
             free(copy);
-            if (held)
-                hold(writer, file);
+            hold(writer, file);
             return err;
         }
     }
@@ -1201,20 +1199,14 @@ int writer_file_rename(struct writer_file *file, const char *new_key,
     file->wb = NULL;
     file->wb_journaled = false;
     bool rejournal = file->journaled && is_pending(file);
-    if (rejournal || stale != NULL || held)
-        file->busy = true; /* (held: from the new key on, in one step) */
+    file->busy = true; /* held from the new key on, in one step */
     pthread_mutex_unlock(&writer->lock);
-    if (!rejournal && stale == NULL)
-        return 0;
-    writebehind_abandon(&stale);
-    int err = 0;
+    writebehind_abandon(&stale); /* (safe on NULL) */
     if (rejournal)
-        err = journal_file(writer, file, NULL);
-    else if (unclosed_entry)
+        return journal_file(writer, file, NULL);
+    if (unclosed_entry)
         journal_del(writer->conf.journal, file->id);
-    if (!held)
-        end_busy(writer, file);
-    return err;
+    return 0;
 }
 
 int writer_file_rename_back(struct writer_file *file, const char *key)

@@ -195,12 +195,12 @@ enum writer_renamed {
 /* The file is now to be uploaded as NEW_KEY (a rename; the journal
  * follows). Waits while the file is busy. *STATE says what the data was
  * (see enum writer_renamed); once not UPLOADED, the data goes to NEW_KEY
- * when it is uploaded. With HOLD, the file stays busy on return, even on
- * failure (no upload, write or other change of it begins) until
- * writer_file_release(): a directory rename moves the old objects first,
- * and an upload of the new data must not land before them. */
+ * when it is uploaded. The file stays busy on return, also on failure
+ * (no upload, write or other change of it begins) until
+ * writer_file_release(): a rename moves the old object first, and an
+ * upload of the new data must not land before it. */
 int writer_file_rename(struct writer_file *file, const char *new_key,
-                       bool hold, enum writer_renamed *state);
+                       enum writer_renamed *state);
 
 /* Undo the rename of a file held by writer_file_rename(): it is to be
  * uploaded as KEY again (re-journaled if it was), still held. */

@@ -204,15 +204,7 @@ class S3Server:
         bucket."""
         s3 = self.client()
         self._abort_multipart_uploads(s3, name)
-        for page in s3.get_paginator('list_objects_v2').paginate(Bucket=name):
-            keys = [{'Key': item['Key']} for item in page.get('Contents', [])]
-            if keys:
-                response = s3.delete_objects(
-                    Bucket=name, Delete={'Objects': keys, 'Quiet': True})
-                if response.get('Errors'):
-                    raise ServerError(
-                        f'{self.name}: could not delete from {name}: '
-                        f'{response["Errors"][:5]}')
+        self._delete_objects(s3, name, lambda item: True)
         s3.delete_bucket(Bucket=name)
 
     def release_bucket(self, name, large=1 << 20):
@@ -223,15 +215,20 @@ class S3Server:
         about 9 ms of CPU each, a minute of every suite run."""
         s3 = self.client()
         self._abort_multipart_uploads(s3, name)
-        for page in s3.get_paginator('list_objects_v2').paginate(Bucket=name):
+        self._delete_objects(s3, name, lambda item: item['Size'] >= large)
+
+    def _delete_objects(self, s3, bucket, wanted):
+        """Deletes the objects of BUCKET whose listing entry WANTED
+        accepts, a page at a time."""
+        for page in s3.get_paginator('list_objects_v2').paginate(Bucket=bucket):
             keys = [{'Key': item['Key']} for item in page.get('Contents', [])
-                    if item['Size'] >= large]
+                    if wanted(item)]
             if keys:
                 response = s3.delete_objects(
-                    Bucket=name, Delete={'Objects': keys, 'Quiet': True})
+                    Bucket=bucket, Delete={'Objects': keys, 'Quiet': True})
                 if response.get('Errors'):
                     raise ServerError(
-                        f'{self.name}: could not delete from {name}: '
+                        f'{self.name}: could not delete from {bucket}: '
                         f'{response["Errors"][:5]}')
 
     @staticmethod

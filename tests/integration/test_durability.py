@@ -423,6 +423,16 @@ def test_unlink_while_uploading_removes_the_object(server, s3, bucket, proxy,
     assert not (mnt.path / 'gone.bin').exists()
 
 
+def assert_no_second(proxy, match, seconds=2):
+    """For SECONDS, the proxy has seen one request MATCH (the one held)
+    and no other: nothing that should wait for it began."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        seen = proxy.records(lambda r: match(r.method, r.path, r.query))
+        assert len(seen) == 1, seen
+        time.sleep(0.05)
+
+
 @pytest.mark.parametrize('mode', ['default', 'writeback'])
 def test_rename_of_a_file_being_written_keeps_its_saved_version(
         server, s3, bucket, mount, tmp_path, mode):
@@ -473,12 +483,7 @@ def test_directory_rename_lets_no_old_object_over_a_new_upload(
         wait_for(lambda: proxy.holding == 1, 10, 'the copy of d/f held')
         # an upload of the new data landing now would be overwritten by
         # the copy: none may begin while the move is under way
-        deadline = time.monotonic() + 2
-        while time.monotonic() < deadline:
-            uploads = proxy.records(lambda r: put_of_e_f(r.method, r.path,
-                                                         r.query))
-            assert len(uploads) == 1, uploads
-            time.sleep(0.05)
+        assert_no_second(proxy, put_of_e_f)
     finally:
         proxy.release()
     assert moving.result(timeout=HANG_TIMEOUT) is None
@@ -511,12 +516,7 @@ def test_rename_of_a_file_being_written_lets_no_old_object_over_its_upload(
                                      mnt.path / 'app.log.1')
             wait_for(lambda: proxy.holding == 1, 10, 'the copy held')
             closing = start_in_thread(os.close, second)  # uploads the file
-            deadline = time.monotonic() + 2
-            while time.monotonic() < deadline:
-                puts = proxy.records(lambda r: put_of_new_name(
-                    r.method, r.path, r.query))
-                assert len(puts) == 1, puts
-                time.sleep(0.05)
+            assert_no_second(proxy, put_of_new_name)
         finally:
             proxy.release()
         assert moving.result(timeout=HANG_TIMEOUT) is None
