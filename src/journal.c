@@ -22,10 +22,12 @@
  * A record that does not decode is logged and skipped by scans, never
  * deleted: it may be all that is left of what a user wrote.
  *
- * Group commit: journal_put() and journal_del() queue an operation and
- * wait. One waiting thread at a time is the leader: it takes every queued
+ * Group commit: journal_update() (and journal_put/journal_del, one change
+ * each) queue an operation and wait. One waiting thread at a time is the leader: it takes every queued
  * operation, applies them in one write transaction (one fsync), and wakes
- * the others. Operations that arrive meanwhile form the next batch.
+ * the others. Operations that arrive meanwhile form the next batch. If a
+ * batch fails, each operation is tried again on its own: the changes of one
+ * operation always share a transaction (all or none).
  * Locks: journal.lock guards queue_head/queue_tail, leader_active and each
  * queued operation's done/err; op_done is broadcast after every batch.
  * The lock is never held during the transaction. next_id is atomic.
@@ -56,11 +58,18 @@
 #define SCAN_BATCH 256
 #define RESUME_KEY_MAX 512      /* LMDB's longest key is 511 bytes */
 
-/* One queued put or delete. Lives on the stack of the thread waiting. */
-struct journal_op {
+/* One record to write (VALUE) or remove (VALUE NULL). */
+struct journal_change {
     uint64_t id;
-    const unsigned char *value;    /* NULL: delete */
+    unsigned char *value;
     size_t value_len;
+};
+
+/* One queued update: its changes are applied in one transaction. Lives
+ * on the stack of the thread waiting. */
+struct journal_op {
+    const struct journal_change *changes;
+    size_t count;
     int err;
     bool done;
     struct journal_op *next;
@@ -316,12 +325,21 @@ uint64_t journal_next_id(struct journal *journal)
 static int apply_op(struct db_txn *txn, const struct journal_op *op)
 {
     unsigned char key[8];
+    int err = 0;
 
-    id_key(op->id, key);
-    if (op->value != NULL)
-        return db_put(txn, DB_JOURNAL, key, sizeof(key), op->value, op->value_len);
-    int err = db_del(txn, DB_JOURNAL, key, sizeof(key));
-    return err == ENOENT ? 0 : err;
+    for (size_t i = 0; err == 0 && i < op->count; i++) {
+        const struct journal_change *change = &op->changes[i];
+        id_key(change->id, key);
+        if (change->value != NULL) {
+            err = db_put(txn, DB_JOURNAL, key, sizeof(key), change->value,
+                         change->value_len);
+        } else {
+            err = db_del(txn, DB_JOURNAL, key, sizeof(key));
+            if (err == ENOENT)
+                err = 0;
+        }
+    }
+    return err;
 }
 
 /* Apply OPS (COUNT of them, linked) in one transaction: 0 or an errno. */
@@ -394,25 +412,46 @@ static int submit(struct journal *journal, struct journal_op *op)
     return op->err;
 }
 
+int journal_update(struct journal *journal, const struct journal_entry *puts,
+                   size_t put_count, const uint64_t *dels, size_t del_count)
+{
+    struct journal_change *changes = calloc(put_count + del_count + 1,
+                                            sizeof(*changes));
+    size_t count = 0;
+    int err = changes == NULL ? ENOMEM : 0;
+
+    for (size_t i = 0; err == 0 && i < put_count; i++) {
+        changes[count].id = puts[i].id;
+        err = record_encode(&puts[i], &changes[count].value,
+                            &changes[count].value_len);
+        if (err == 0)
+            count++;
+    }
+    for (size_t i = 0; err == 0 && i < del_count; i++) {
+        bool replaced = false; /* a put of the same id wins */
+        for (size_t j = 0; j < put_count; j++)
+            replaced = replaced || puts[j].id == dels[i];
+        if (!replaced)
+            changes[count++].id = dels[i];
+    }
+    if (err == 0 && count > 0) {
+        struct journal_op op = {.changes = changes, .count = count};
+        err = submit(journal, &op);
+    }
+    for (size_t i = 0; changes != NULL && i < count; i++)
+        free(changes[i].value);
+    free(changes);
+    return err;
+}
+
 int journal_put(struct journal *journal, const struct journal_entry *entry)
 {
-    unsigned char *record = NULL;
-    size_t record_len = 0;
-    int err = record_encode(entry, &record, &record_len);
-
-    if (err != 0)
-        return err;
-    struct journal_op op = {.id = entry->id, .value = record,
-                            .value_len = record_len};
-    err = submit(journal, &op);
-    free(record);
-    return err;
+    return journal_update(journal, entry, 1, NULL, 0);
 }
 
 int journal_del(struct journal *journal, uint64_t id)
 {
-    struct journal_op op = {.id = id};
-    return submit(journal, &op);
+    return journal_update(journal, NULL, 0, &id, 1);
 }
 
 /* ---------------------------------------------------------------- scan */

@@ -64,6 +64,15 @@ int journal_put(struct journal *journal, const struct journal_entry *entry);
 int journal_del(struct journal *journal, uint64_t id);
 
 /*
+ * Insert or replace the PUT_COUNT entries PUTS and remove the entries
+ * DELS (absent ones are ignored; an id both put and removed is put) in
+ * one transaction: after a crash either every change is there or none.
+ * Durable when it returns 0. ENOSPC, EIO, EINVAL (a bad entry), ENOMEM.
+ */
+int journal_update(struct journal *journal, const struct journal_entry *puts,
+                   size_t put_count, const uint64_t *dels, size_t del_count);
+
+/*
  * Visit every entry in id order. The entry's strings are valid during the
  * call only. VISIT returns 0 to go on or an errno to stop (returned).
  */

@@ -3,7 +3,8 @@
  *
  * Every test gets a fresh directory under /tmp (removed in teardown) and
  * checks what a reopened journal holds, since surviving a close is the
- * journal's whole point. Covered: put, replace, delete, scan order, ids
+ * journal's whole point. Covered: put, replace, delete, updates of several
+ * entries in one transaction, scan order, ids
  * after reopen, keys with control and non-UTF-8 bytes, argument errors,
  * a damaged record (skipped with a log line, kept), a directory that is
  * not a journal (an error, not emptied), records of the first format and
@@ -221,6 +222,43 @@ static void test_replace_and_delete(void **state)
     assert_int_equal(journal_scan(journal, remember, &seen), 0);
     assert_int_equal(seen.count, 0);
     assert_int_equal(journal_next_id(journal), 1);
+    journal_close(&journal);
+}
+
+/* journal_update: puts and deletes of one call land together or not at
+ * all (a rename moves one promise over another this way) */
+static void test_update_is_one_transaction(void **state)
+{
+    struct fixture *f = *state;
+    struct journal *journal = open_journal(f);
+    struct seen seen = {0};
+    struct journal_entry a = make_entry(1, "ckpt", NULL);
+    struct journal_entry b = make_entry(2, "tmp", NULL);
+    struct journal_entry moved = make_entry(2, "ckpt", NULL);
+    struct journal_entry bad = make_entry(3, "", NULL);  /* empty key */
+    struct journal_entry c = make_entry(4, "c", NULL);
+    uint64_t dels[] = {1, 77};
+
+    assert_int_equal(journal_put(journal, &a), 0);
+    assert_int_equal(journal_put(journal, &b), 0);
+    /* b moves over a: one call */
+    assert_int_equal(journal_update(journal, &moved, 1, dels, 2), 0);
+    /* a bad put fails the whole call: 2 is not deleted */
+    uint64_t two = 2;
+    assert_int_equal(journal_update(journal, &bad, 1, &two, 1), EINVAL);
+    /* an id both put and deleted is put */
+    uint64_t four = 4;
+    assert_int_equal(journal_update(journal, &c, 1, &four, 1), 0);
+    /* nothing at all: nothing happens */
+    assert_int_equal(journal_update(journal, NULL, 0, NULL, 0), 0);
+    journal_close(&journal);
+
+    journal = open_journal(f);
+    assert_int_equal(journal_scan(journal, remember, &seen), 0);
+    assert_int_equal(seen.count, 2);
+    assert_entry(&seen, 0, &moved);
+    assert_entry(&seen, 1, &c);
+    seen_free(&seen);
     journal_close(&journal);
 }
 
@@ -525,6 +563,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_put_scan_reopen, setup, teardown),
         cmocka_unit_test_setup_teardown(test_replace_and_delete, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_update_is_one_transaction, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_odd_bytes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_scan_stops_and_batches, setup,
                                         teardown),
