@@ -1382,7 +1382,7 @@ int fs_open(struct fs *fs, fuse_ino_t ino, int flags, struct fs_file **out,
                                     &file->reader_file);
 out:
     if (err != 0 && file != NULL) {
-        writer_file_put(&file->wfile);
+        fs_staged_put(fs, inode, &file->wfile);
         free(file);
         file = NULL;
     }
@@ -1414,9 +1414,8 @@ int fs_read(struct fs *fs, struct fs_file *file, uint64_t offset, size_t size,
         if (inode != NULL) {
             inode_table_lock(fs->inodes);
             if (inode->unlinked && inode->wfile != NULL)
-                kept = writer_file_ref(inode->wfile);
+                kept = fs_staged_get_locked(inode);
             inode_table_unlock(fs->inodes);
-            inode_put(fs->inodes, inode);
         }
         if (kept != NULL) {
             /* concurrent reads of this handle may all get here: one sets
@@ -1424,9 +1423,11 @@ int fs_read(struct fs *fs, struct fs_file *file, uint64_t offset, size_t size,
             struct writer_file *none = NULL;
             if (!__atomic_compare_exchange_n(&file->wfile, &none, kept, false,
                                              __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
-                writer_file_put(&kept);
+                fs_staged_put(fs, inode, &kept);
             err = writer_file_read(file->wfile, offset, size, buf, got);
         }
+        if (inode != NULL)
+            inode_put(fs->inodes, inode);
     }
     return err;
 }
@@ -1448,9 +1449,10 @@ void fs_release(struct fs *fs, struct fs_file *file)
     if (file->wfile != NULL) {
         if (file->writable)
             writer_file_close_writer(file->wfile);
-        writer_file_put(&file->wfile);
         if (inode != NULL)
-            fs_maybe_detach(fs, inode);
+            fs_staged_put(fs, inode, &file->wfile);
+        else
+            writer_file_put(&file->wfile);
     }
     if (inode != NULL)
         inode_put(fs->inodes, inode);
@@ -1715,6 +1717,8 @@ void fs_get_stats(struct fs *fs, struct fs_stats *out)
         out->uploads_pending = writer.uploads_pending;
         out->uploads_completed = writer.uploads_completed;
         out->upload_failures = writer.upload_failures;
+        out->upload_retries = writer.upload_retries;
+        out->copies_on_write = writer.copies_on_write;
     }
 }
 
@@ -1759,7 +1763,9 @@ int fs_stats_text(struct fs *fs, char **text)
         "bytes_written %llu\n"
         "uploads_pending %llu\n"
         "uploads_completed %llu\n"
-        "upload_failures %llu\n",
+        "upload_failures %llu\n"
+        "upload_retries %llu\n"
+        "copies_on_write %llu\n",
         (unsigned long long)st.bytes_read, (unsigned long long)served,
         (unsigned long long)fetched, (unsigned long long)st.s3.bytes_sent,
         (unsigned long long)st.direct_bytes, hit_ratio,
@@ -1774,7 +1780,9 @@ int fs_stats_text(struct fs *fs, char **text)
         (unsigned long long)st.inodes, (unsigned long long)st.bytes_written,
         (unsigned long long)st.uploads_pending,
         (unsigned long long)st.uploads_completed,
-        (unsigned long long)st.upload_failures);
+        (unsigned long long)st.upload_failures,
+        (unsigned long long)st.upload_retries,
+        (unsigned long long)st.copies_on_write);
     if (n < 0) {
         *text = NULL;
         return ENOMEM;

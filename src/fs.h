@@ -69,6 +69,8 @@ struct fs_stats {
     uint64_t uploads_pending;
     uint64_t uploads_completed;
     uint64_t upload_failures;
+    uint64_t upload_retries;
+    uint64_t copies_on_write;
 };
 
 /* The extended attribute of the mount root that holds the counters. */

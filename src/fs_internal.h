@@ -126,12 +126,25 @@ void fs_staged_attrs_locked(const struct fs *fs, const struct inode *inode,
 
 /* Stage INODE's current content for writing (lock not held): attaches a
  * writer_file to the inode unless it has one; TRUNCATE skips loading the
- * old bytes. Returns 0 with a reference in *out. */
+ * old bytes. Returns 0 with a reference in *out, to drop with
+ * fs_staged_put(): the staged file stays attached until then. */
 int fs_stage_file(struct fs *fs, struct inode *inode, bool truncate,
                   struct writer_file **out);
 
-/* Detach INODE's staged file when it is neither open for writing nor
- * pending (lock not held). */
+/* A reference to INODE's staged file (lock held, one attached), to drop
+ * with fs_staged_put(): it stays attached until then, so that every
+ * change made through it is what the inode shows. */
+struct writer_file *fs_staged_get_locked(struct inode *inode);
+
+/* Drop a reference from fs_stage_file() or fs_staged_get_locked() (lock
+ * not held; *wfile = NULL, safe with NULL), then detach the staged file if
+ * nothing needs it any more (fs_maybe_detach). */
+void fs_staged_put(struct fs *fs, struct inode *inode, struct writer_file **wfile);
+
+/* Detach INODE's staged file when no reference of the fs layer uses it,
+ * and it is neither open for writing nor pending (lock not held). Until
+ * then every open, write and read of the inode goes to that one staged
+ * file: two staged files for one key would upload in any order. */
 void fs_maybe_detach(struct fs *fs, struct inode *inode);
 
 /* Writer callback: an upload finished. */

@@ -157,8 +157,26 @@ int fs_fetch_base(void *arg, const char *key, const char *etag, uint64_t size,
     return err;
 }
 
+struct writer_file *fs_staged_get_locked(struct inode *inode)
+{
+    inode->wfile_users++;
+    return writer_file_ref(inode->wfile);
+}
+
+void fs_staged_put(struct fs *fs, struct inode *inode, struct writer_file **wfile)
+{
+    if (*wfile == NULL)
+        return;
+    inode_table_lock(fs->inodes);
+    inode->wfile_users--;
+    inode_table_unlock(fs->inodes);
+    writer_file_put(wfile);
+    fs_maybe_detach(fs, inode);
+}
+
 /* Attach WFILE (our reference passes to the inode) unless another thread
- * attached one first; *out gets a reference to the attached one. */
+ * attached one first; *out gets a reference to the attached one (for
+ * fs_staged_put), unless OUT is NULL. */
 static void attach_locked(struct fs *fs, struct inode *inode,
                           struct writer_file **wfile, struct writer_file **out)
 {
@@ -168,7 +186,8 @@ static void attach_locked(struct fs *fs, struct inode *inode,
         inode_pin_locked(inode);
         tsearch(inode, &fs->staged, compare_pointers);
     }
-    *out = writer_file_ref(inode->wfile);
+    if (out != NULL)
+        *out = fs_staged_get_locked(inode);
 }
 
 int fs_stage_file(struct fs *fs, struct inode *inode, bool truncate,
@@ -187,9 +206,12 @@ again:
     while (inode->wfile == NULL && fs_move_under_way_locked(fs, inode->key))
         inode_table_wait(fs->inodes, &fs->move_done);
     if (inode->wfile != NULL) {
-        *out = writer_file_ref(inode->wfile);
+        *out = fs_staged_get_locked(inode);
         inode_table_unlock(fs->inodes);
-        return truncate ? writer_file_truncate(*out, 0) : 0;
+        err = truncate ? writer_file_truncate(*out, 0) : 0;
+        if (err != 0)
+            fs_staged_put(fs, inode, out);
+        return err;
     }
     attrs = inode->attrs;
     char *key = strdup(inode->key);
@@ -220,7 +242,7 @@ again:
     if (wfile != NULL) {
         /* another open attached one first, or a rename came: ours never
          * existed */
-        writer_file_unlink(wfile);
+        writer_file_unlink(wfile, true);
         if (err == 0 && truncate && !moving)
             err = writer_file_truncate(*out, 0);
     }
@@ -229,7 +251,7 @@ again:
     if (moving)
         goto again;
     if (err != 0)
-        writer_file_put(out);
+        fs_staged_put(fs, inode, out);
     return err;
 }
 
@@ -239,7 +261,8 @@ void fs_maybe_detach(struct fs *fs, struct inode *inode)
 
     inode_table_lock(fs->inodes);
     /* an unlinked file's data stays for the descriptors still open */
-    if (inode->wfile != NULL && inode->write_handles == 0 &&
+    if (inode->wfile != NULL && inode->wfile_users == 0 &&
+        inode->write_handles == 0 &&
         !(inode->unlinked && inode->open_handles > 0) &&
         !writer_file_pending(inode->wfile)) {
         wfile = inode->wfile;
@@ -294,8 +317,6 @@ void fs_recovered(void *arg, struct writer_file *file, const char *key,
 {
     struct fs *fs = arg;
     struct inode_attrs attrs;
-    struct writer_file *attached = NULL;
-
     fs_meta_attrs(meta, size, "", &attrs);
 
     inode_table_lock(fs->inodes);
@@ -304,11 +325,15 @@ void fs_recovered(void *arg, struct writer_file *file, const char *key,
         if (inode->wfile == NULL)
             inode->attrs = attrs;
         writer_file_set_owner(file, owner_of(inode->ino));
-        attach_locked(fs, inode, &file, &attached);
+        attach_locked(fs, inode, &file, NULL);
     }
     inode_table_unlock(fs->inodes);
-    writer_file_put(&attached);
-    writer_file_put(&file);
+    if (file != NULL) {
+        /* cannot happen: recovery runs before any request, with one entry
+         * per key; the file stays queued and journaled all the same */
+        log_error("'%s' was recovered twice; uploading both versions", key);
+        writer_file_put(&file);
+    }
     if (inode != NULL)
         inode_put(fs->inodes, inode); /* obtain's pin; attach holds its own */
 }
@@ -644,7 +669,7 @@ int fs_unlink(struct fs *fs, fuse_ino_t parent, const char *name)
     bool in_bucket = inode->attrs.etag[0] != '\0';
     bool open = inode->open_handles > 0;
     if (inode->wfile != NULL)
-        wfile = writer_file_ref(inode->wfile);
+        wfile = fs_staged_get_locked(inode);
     inode_table_unlock(fs->inodes);
     if (is_dir) {
         err = EISDIR;
@@ -659,7 +684,7 @@ int fs_unlink(struct fs *fs, fuse_ino_t parent, const char *name)
         goto out;
     /* never uploaded now; if an upload got there meanwhile, its object
      * goes too */
-    if (wfile != NULL && writer_file_unlink(wfile))
+    if (wfile != NULL && writer_file_unlink(wfile, true))
         in_bucket = true;
     if (in_bucket || wfile == NULL)
         err = s3_delete_object(fs->s3, key);
@@ -674,9 +699,9 @@ int fs_unlink(struct fs *fs, fuse_ino_t parent, const char *name)
     cache_forget_key(fs->conf.cache, key);
     patch_parent(fs, key, NULL);
     keep_parent_dir(fs, key);
-    fs_maybe_detach(fs, inode);
 out:
-    writer_file_put(&wfile);
+    if (wfile != NULL)
+        fs_staged_put(fs, inode, &wfile);
     if (inode != NULL)
         inode_put(fs->inodes, inode);
     free(key);
@@ -795,10 +820,7 @@ int fs_setattr(struct fs *fs, fuse_ino_t ino, const struct stat *want, int to_se
             err = EISDIR;
             goto out;
         }
-        if (file != NULL && file->wfile != NULL)
-            wfile = writer_file_ref(file->wfile);
-        else
-            err = fs_stage_file(fs, inode, want->st_size == 0, &wfile);
+        err = fs_stage_file(fs, inode, want->st_size == 0, &wfile);
         if (err == 0)
             err = writer_file_truncate(wfile, (uint64_t)want->st_size);
         /* truncate(2) by path: no close() will follow to upload it */
@@ -815,8 +837,8 @@ int fs_setattr(struct fs *fs, fuse_ino_t ino, const struct stat *want, int to_se
         attrs = inode->attrs;
         if (inode->wfile != NULL) {
             fs_staged_attrs_locked(fs, inode, &attrs);
-            writer_file_put(&wfile);
-            wfile = writer_file_ref(inode->wfile);
+            if (wfile == NULL)
+                wfile = fs_staged_get_locked(inode);
         }
         inode_table_unlock(fs->inodes);
         meta_of_attrs(&attrs, &meta);
@@ -882,7 +904,7 @@ int fs_setattr(struct fs *fs, fuse_ino_t ino, const struct stat *want, int to_se
     fs_attrs_to_stat(fs, ino, &attrs, out);
     *timeout = fs->conf.attr_ttl;
 out:
-    writer_file_put(&wfile);
+    fs_staged_put(fs, inode, &wfile);
     fs_maybe_detach(fs, inode);
     inode_put(fs->inodes, inode);
     free(key);
@@ -1016,10 +1038,16 @@ static int move_prefix(struct fs *fs, const char *src_prefix, const char *dst_pr
     return err;
 }
 
+/* One staged file under a directory being renamed. */
+struct staged_move {
+    struct inode *inode;          /* pinned */
+    struct writer_file *wfile;    /* for fs_staged_put */
+    char *new_key;
+};
+
 struct staged_rename {
     const char *src_prefix, *dst_prefix;
-    struct writer_file **files;
-    char **new_keys;
+    struct staged_move *files;
     size_t count, capacity;
 };
 
@@ -1031,26 +1059,24 @@ static void collect_staged(void *arg, struct inode *inode)
     if (rename->count == rename->capacity) {
         size_t capacity = rename->capacity ? rename->capacity * 2 : 16;
         void *files = realloc(rename->files, capacity * sizeof(*rename->files));
-        if (files != NULL)
-            rename->files = files;
-        void *keys = realloc(rename->new_keys, capacity * sizeof(*rename->new_keys));
-        if (keys != NULL)
-            rename->new_keys = keys;
-        if (files == NULL || keys == NULL)
+        if (files == NULL)
             return;
+        rename->files = files;
         rename->capacity = capacity;
     }
     char *key = NULL;
     if (asprintf(&key, "%s%s", rename->dst_prefix, inode->key + len) < 0)
         return;
-    rename->files[rename->count] = writer_file_ref(inode->wfile);
-    rename->new_keys[rename->count] = key;
+    inode_pin_locked(inode);
+    rename->files[rename->count] = (struct staged_move){
+        .inode = inode, .wfile = fs_staged_get_locked(inode), .new_key = key,
+    };
     rename->count++;
 }
 
 static int rename_dir(struct fs *fs, const char *src_prefix, const char *dst_prefix)
 {
-    struct staged_rename staged = {src_prefix, dst_prefix, NULL, NULL, 0, 0};
+    struct staged_rename staged = {src_prefix, dst_prefix, NULL, 0, 0};
     struct fs_dir_move move = {src_prefix, dst_prefix, NULL};
     int err;
 
@@ -1068,8 +1094,8 @@ static int rename_dir(struct fs *fs, const char *src_prefix, const char *dst_pre
      * name lands before the move of their old object there. */
     for (; err == 0 && renamed < staged.count; renamed++) {
         enum writer_renamed state;
-        err = writer_file_rename(staged.files[renamed], staged.new_keys[renamed],
-                                 &state);
+        err = writer_file_rename(staged.files[renamed].wfile,
+                                 staged.files[renamed].new_key, NULL, &state);
     }
     if (err == 0)
         err = move_prefix(fs, src_prefix, dst_prefix);
@@ -1080,8 +1106,8 @@ static int rename_dir(struct fs *fs, const char *src_prefix, const char *dst_pre
         size_t len = strlen(dst_prefix);
         for (size_t i = 0; i < renamed; i++) {
             char *back = NULL;
-            if (asprintf(&back, "%s%s", src_prefix, staged.new_keys[i] + len) >= 0)
-                writer_file_rename_back(staged.files[i], back);
+            if (asprintf(&back, "%s%s", src_prefix, staged.files[i].new_key + len) >= 0)
+                writer_file_rename_back(staged.files[i].wfile, back);
             free(back);
         }
     }
@@ -1096,13 +1122,13 @@ static int rename_dir(struct fs *fs, const char *src_prefix, const char *dst_pre
     inode_table_unlock(fs->inodes);
     /* uploads may go now: their inodes have the files' keys (fs_uploaded) */
     for (size_t i = 0; i < renamed; i++)
-        writer_file_release(staged.files[i]);
+        writer_file_release(staged.files[i].wfile);
     for (size_t i = 0; i < staged.count; i++) {
-        writer_file_put(&staged.files[i]);
-        free(staged.new_keys[i]);
+        fs_staged_put(fs, staged.files[i].inode, &staged.files[i].wfile);
+        inode_put(fs->inodes, staged.files[i].inode);
+        free(staged.files[i].new_key);
     }
     free(staged.files);
-    free(staged.new_keys);
     if (err != 0)
         return err;
     metacache_forget_listing(fs->conf.cache, src_prefix);
@@ -1110,12 +1136,14 @@ static int rename_dir(struct fs *fs, const char *src_prefix, const char *dst_pre
     return err;
 }
 
-/* Rename the file INODE from SRC_KEY to DST_KEY in the bucket. A staged
- * file is held (writer_file_rename) and handed to the caller in *HELD, to
- * release once the inode has its new key: no upload of it may land under
- * the new name before the old object is moved there. */
+/* Rename the file INODE from SRC_KEY to DST_KEY in the bucket, replacing
+ * the staged file REPLACED (may be NULL). A staged file is held
+ * (writer_file_rename) and handed to the caller in *HELD (a reference for
+ * fs_staged_put), to release once the inode has its new key: no upload of
+ * it may land under the new name before the old object is moved there. */
 static int rename_file(struct fs *fs, struct inode *inode, const char *src_key,
-                       const char *dst_key, struct writer_file **held)
+                       const char *dst_key, struct writer_file *replaced,
+                       struct writer_file **held)
 {
     struct writer_file *wfile = NULL;
     struct inode_attrs attrs, object;
@@ -1125,11 +1153,11 @@ static int rename_file(struct fs *fs, struct inode *inode, const char *src_key,
     *held = NULL;
     inode_table_lock(fs->inodes);
     if (inode->wfile != NULL)
-        wfile = writer_file_ref(inode->wfile);
+        wfile = fs_staged_get_locked(inode);
     inode_table_unlock(fs->inodes);
 
     if (wfile != NULL) {
-        err = writer_file_rename(wfile, dst_key, &state);
+        err = writer_file_rename(wfile, dst_key, replaced, &state);
         *held = wfile;
     }
     inode_table_lock(fs->inodes);
@@ -1230,14 +1258,17 @@ int fs_rename(struct fs *fs, fuse_ino_t parent, const char *name,
         goto out;
     }
 
-    /* a file replaced by the rename never reaches the bucket */
+    /* a file replaced by the rename never reaches the bucket; its journal
+     * entry goes once the rename is done (or with the move of the source's
+     * entry, in the same journal transaction): a crash before leaves the
+     * version it promised */
     if (dst != NULL) {
         inode_table_lock(fs->inodes);
         if (dst->wfile != NULL)
-            dst_wfile = writer_file_ref(dst->wfile);
+            dst_wfile = fs_staged_get_locked(dst);
         inode_table_unlock(fs->inodes);
         if (dst_wfile != NULL)
-            writer_file_unlink(dst_wfile);
+            writer_file_unlink(dst_wfile, false);
     }
 
     /* the empty target directory is replaced: its marker goes first, so
@@ -1246,12 +1277,15 @@ int fs_rename(struct fs *fs, fuse_ino_t parent, const char *name,
         err = s3_delete_object(fs->s3, dst_key);
     if (err == 0)
         err = src_dir ? rename_dir(fs, src_key, dst_file_key)
-                      : rename_file(fs, src, src_key, dst_file_key, &held);
+                      : rename_file(fs, src, src_key, dst_file_key, dst_wfile,
+                                    &held);
     if (err != 0) {
         if (dst_wfile != NULL)
             writer_file_relink(dst_wfile); /* the target stays */
         goto out;
     }
+    if (dst_wfile != NULL)
+        writer_file_forget(dst_wfile);
 
     struct inode_attrs attrs;
     inode_table_lock(fs->inodes);
@@ -1268,10 +1302,10 @@ int fs_rename(struct fs *fs, fuse_ino_t parent, const char *name,
 out:
     if (held != NULL) { /* the inode has the file's key again: uploads may go */
         writer_file_release(held);
-        writer_file_put(&held);
+        fs_staged_put(fs, src, &held);
     }
-    writer_file_put(&dst_wfile);
     if (dst != NULL) {
+        fs_staged_put(fs, dst, &dst_wfile);
         fs_maybe_detach(fs, dst);
         inode_put(fs->inodes, dst);
     }

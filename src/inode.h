@@ -86,6 +86,9 @@ struct inode {
     struct writer_file *wfile;  /* (L) staged data while written or
                                    pending upload (writer.h); one
                                    reference, and a pin of the inode */
+    unsigned wfile_users;       /* (L) references to wfile the fs layer
+                                   took (handles, operations under way):
+                                   it stays attached while there are any */
     unsigned write_handles;     /* (L) handles open for writing */
     unsigned open_handles;      /* (L) handles open at all */
     bool unlinked;              /* (L) removed: no longer found by key */

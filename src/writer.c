@@ -1,47 +1,82 @@
 /*
  * writer.c - staged files, their uploads and the journal (see writer.h).
  *
+ * Versions. A file's data lives in a staging file (staging.h); the one
+ * writes go to is the file's `data`. A staging file is *sealed* up to a
+ * size while a journal entry names it (the bytes promised) or an upload
+ * reads it (the bytes being sent): those bytes never change in place. A
+ * write or truncate that would change sealed bytes first copies the data
+ * to a new staging file (copy on write) and goes on there, so that
+ *   - close() and writes never wait for an upload under way;
+ *   - a journal entry always names exactly the bytes that were closed, and
+ *     after a crash the next mount uploads those (the issue of a journaled
+ *     file reopened and rewritten in place is gone);
+ *   - an upload reads a version that does not change underneath it.
+ * Writes past the sealed size (appends) go in place: they do not touch
+ * the sealed bytes, and an entry records its size. An edit of an object
+ * with bytes not fetched yet cannot be copied (its holes are fetched into
+ * its staging file by the upload itself): its writes wait for the seal to
+ * end, as every write did before.
+ *
  * State of a file, under the writer lock:
- *   gen           bumped by every change of data or metadata
- *   uploaded_gen  the gen now in the bucket (NEVER before a first upload
- *                 of a file that must be uploaded); dirty = the two differ
+ *   gen           bumped by every change of data or metadata; data_gen by
+ *                 changes of data only
+ *   uploaded_gen  the gen now in the bucket (0 before a first upload)
+ *   data          the staging file of the current data (a reference)
+ *   entry         the staging file its journal entry names (a reference),
+ *                 NULL when the journal has none; entry_gen is the gen it
+ *                 promises (0 for an `unclosed` entry, which only names a
+ *                 write-behind upload to abort after a crash)
+ *   sending       the staging file an upload of it is reading (a
+ *                 reference): at most one upload of a file at a time,
+ *                 so versions of one file reach the bucket in order
+ *   journal_busy  a journal update for it is under way (they are
+ *                 serialized, so an entry is never deleted after a newer
+ *                 promise of the same id was written)
+ *   held          a rename or unlink holds it: writes, uploads and
+ *                 journal updates of others wait
+ *   copying       a copy on write is under way: writes wait
+ *   active_writes writes and truncates running outside the lock; a seal
+ *                 and a copy wait for them
  *   queued        in the upload queue (the queue holds a reference)
- *   failed        the last upload failed (the data stays staged)
- *   journaled     the journal has an entry for it
- *   busy          an upload, rename, unlink or journal write is under way;
- *                 writes and other such operations wait (file_idle)
- *   active_writes writes and truncates running outside the lock; busy
- *                 operations wait for them to end (file_idle)
- * A file is pending when it is dirty and not unlinked. The fs layer keeps a
- * reference while a file is pending, so pending files live until uploaded.
+ * A file is pending when gen != uploaded_gen and it is not unlinked. The
+ * fs layer keeps a reference while a file is pending.
+ *
+ * Invariants: a journal entry is replaced (newer promise, rename) in one
+ * journal transaction with the entry it supersedes (journal_update), so
+ * the journal never holds two promises for one key; an entry is deleted
+ * only once the bucket has its version or a later one, or the file is
+ * unlinked; a staging file is removed when nothing references it.
  *
  * Write-behind (writebehind.h), in the default mode: a file that is not an
- * edit, written from its start past the multipart threshold (close() will
- * have to wait for its upload), gets a multipart upload (wb)
- * created by the write that crossed it; every write then tells it what
- * changed and how far the file is written contiguously from byte 0
- * (seq_end), and upload_now() finishes it instead of uploading the file.
- * Its upload id is journaled at once (an `unclosed` entry, or the
- * complete entry of a file closed before), so that a crash leaves no
- * multipart upload behind. The upload is created with the metadata of
- * that moment but without x-amz-meta-mtime (the object's Last-Modified,
- * read back once it is complete, becomes the file's mtime); if the mode,
- * owner or an explicit mtime changed meanwhile, the object is copied onto
- * itself with the new metadata once complete. A file renamed while its write-behind
- * upload is under way is first uploaded under its old name, then moved by
- * the caller as any uploaded object. (In writeback mode files are uploaded
- * after close, so that a file renamed before its upload, the usual fate of
- * a temporary name, is only ever sent under its final name.)
+ * edit, written from its start past the multipart threshold, gets a
+ * multipart upload (wb) created by the write that crossed it; every write
+ * then tells it what changed and how far the file is written contiguously
+ * from byte 0 (seq_end), and the upload at close finishes it instead of
+ * uploading the file. Its upload id is journaled at once (an `unclosed`
+ * entry, or the file's complete entry), so that a crash leaves no
+ * multipart upload behind. The upload is created without x-amz-meta-mtime
+ * (the object's Last-Modified, read back once it is complete, becomes the
+ * file's mtime); if the mode, owner or an explicit mtime changed
+ * meanwhile, the object is copied onto itself with them. A copy on write
+ * abandons it (its parts read the old staging file). A file renamed while
+ * its write-behind upload is under way is first uploaded under its old
+ * name, then moved by the caller as any uploaded object.
+ *
+ * Failed uploads are retried in the background with exponential backoff
+ * (RETRY_FIRST_SECONDS doubling up to RETRY_MAX_SECONDS), until they reach
+ * the bucket, the file is unlinked, or the drain at unmount.
  *
  * Threads: `uploaders` background threads take files from the queue
  * (work_queued); writer_drain() waits on upload_done for the queue to
- * empty.
+ * empty. Lock order: a caller may hold the fs layer's inode table lock
+ * when it calls in; the writer lock is taken inside and never held across
+ * disk or network I/O.
  */
 #include "config.h"
 
 #include "writer.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -54,10 +89,10 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "staging.h"
 #include "upload.h"
 #include "writebehind.h"
 
-#define NEVER UINT64_MAX
 #define GRANULE (1ull << 20)        /* unit of fetching an edited object */
 #define RUN_MAX 64                  /* granules fetched in one go */
 #define RESERVE_STEP (8ull << 20)   /* disk checked per 8 MiB of growth */
@@ -67,22 +102,43 @@
                                        file reopened at once (the Hugging
                                        Face hub appends in a second open)
                                        is uploaded once */
+#define RETRY_FIRST_SECONDS 1.0     /* a failed upload is tried again ... */
+#define RETRY_MAX_SECONDS 300.0     /* ... doubling the wait up to this */
+
+/* One staging file: a version of a file's data. */
+struct staging_file {
+    uint64_t id;
+    int fd;
+    unsigned refs;                /* (W) data, entry, sending, callers */
+    uint64_t journal_seal;        /* (W) bytes an entry promises, or one
+                                     being written will */
+    unsigned promising;           /* (W) journal writes of it under way */
+    uint64_t upload_seal;         /* (W) bytes an upload is reading */
+};
 
 struct writer_file {
     struct writer *writer;
-    uint64_t id;                  /* staging file name */
-    int fd;
     void *owner;
     unsigned refs;
     char *key;
     uint64_t size;
     uint64_t reserved;            /* disk space checked up to here */
     struct writer_meta meta;
-    uint64_t gen, uploaded_gen;
-    bool queued, failed, journaled, unlinked, busy, uploaded;
+    uint64_t gen, uploaded_gen, data_gen;
+    struct staging_file *data;
+    /* the journal entry (see the top of this file) */
+    struct staging_file *entry;
+    uint64_t entry_gen, entry_data_gen, entry_size;
+    struct writer_meta entry_meta;
+    bool entry_unclosed;
+    char *entry_upload_id;        /* the multipart upload it names, or NULL */
+    struct staging_file *sending;
+    bool journal_busy, held, copying;
+    bool queued, failed, unlinked, uploaded;
     unsigned active_writes;
     unsigned open_writers;        /* handles open for writing */
-    double due;                   /* writeback: upload not before (monotonic) */
+    double due;                   /* upload not before (monotonic) */
+    unsigned retries;             /* failed uploads since the last one */
     int last_error;
     char etag[S3_ETAG_MAX];
     /* an edit of an object in the bucket (the base): its bytes are fetched
@@ -102,11 +158,8 @@ struct writer_file {
     uint64_t seq_end;             /* bytes written contiguously from 0 */
     bool wb_starting;             /* a write is creating wb */
     bool wb_refused;              /* creating it failed: not again */
-    bool wb_journaled;            /* an unclosed journal entry names wb */
     bool mtime_set;               /* mtime set explicitly since the last write */
     struct writer_meta wb_meta;   /* the metadata wb was created with */
-    uint64_t journaled_size;      /* the journal entry's, when journaled */
-    struct writer_meta journaled_meta;
     struct writer_file *queue_next;
     struct writer_file *all_prev, *all_next;
 };
@@ -114,10 +167,9 @@ struct writer_file {
 struct writer {
     struct writer_conf conf;
     struct upload_conf upload;
-    char *staging_dir;
-    int staging_dir_fd;           /* fsynced so new staging files persist */
+    struct staging_dir *staging;
     pthread_mutex_t lock;
-    pthread_cond_t file_idle;     /* a file stopped being busy or written */
+    pthread_cond_t file_idle;     /* a file's state changed (see above) */
     pthread_cond_t work_queued;   /* the queue got a file, or stopping */
     pthread_cond_t upload_done;   /* a background upload ended */
     struct writer_file *queue_head, *queue_tail;
@@ -130,11 +182,23 @@ struct writer {
     struct writer_stats stats;
 };
 
+/* A version of a file: what an upload sends or a journal entry names. */
+struct version {
+    struct staging_file *staging; /* a reference */
+    uint64_t size, gen, data_gen;
+    struct writer_meta meta;
+};
+
 static double monotonic_now(void)
 {
     struct timespec now;
     clock_gettime(CLOCK_MONOTONIC, &now);
     return (double)now.tv_sec + (double)now.tv_nsec / 1e9;
+}
+
+static void now_wall(struct timespec *out)
+{
+    clock_gettime(CLOCK_REALTIME, out);
 }
 
 static bool is_dirty(const struct writer_file *file)
@@ -147,10 +211,11 @@ static bool is_pending(const struct writer_file *file)
     return is_dirty(file) && !file->unlinked;
 }
 
-static void staging_path(const struct writer *writer, uint64_t id, char *out,
-                         size_t cap)
+/* Whether the journal promises a version newer than the bucket's. */
+static bool has_promise(const struct writer_file *file)
 {
-    snprintf(out, cap, "%s/%016" PRIx64, writer->staging_dir, id);
+    return file->entry != NULL && !file->entry_unclosed &&
+           file->entry_gen > file->uploaded_gen;
 }
 
 static bool bit_get(const unsigned char *bits, uint64_t i)
@@ -166,12 +231,125 @@ static void bit_set(unsigned char *bits, uint64_t i, bool value)
         bits[i / 8] &= (unsigned char)~(1u << (i % 8));
 }
 
+/* ------------------------------------------------------- staging files */
+
+static int staging_file_new(struct writer *writer, struct staging_file **out)
+{
+    struct staging_file *staging = calloc(1, sizeof(*staging));
+    int err;
+
+    *out = NULL;
+    if (staging == NULL)
+        return ENOMEM;
+    staging->id = journal_next_id(writer->conf.journal);
+    staging->refs = 1;
+    err = staging_create(writer->staging, staging->id, &staging->fd);
+    if (err != 0) {
+        free(staging);
+        return err;
+    }
+    *out = staging;
+    return 0;
+}
+
+static struct staging_file *hold_locked(struct staging_file *staging)
+{
+    staging->refs++;
+    return staging;
+}
+
+/* Drop a reference (lock held); returns STAGING when it was the last, for
+ * staging_file_free() once the lock is released, else NULL. */
+static struct staging_file *unref_locked(struct staging_file *staging)
+{
+    if (staging == NULL || --staging->refs > 0)
+        return NULL;
+    return staging;
+}
+
+/* Close and free STAGING, removing its file unless KEEP. Lock not held. */
+static void staging_file_free(struct writer *writer, struct staging_file *staging,
+                              bool keep)
+{
+    if (staging == NULL)
+        return;
+    close(staging->fd);
+    if (!keep)
+        staging_remove(writer->staging, staging->id);
+    free(staging);
+}
+
+/* Drop a reference, lock not held; *STAGING = NULL. */
+static void staging_file_drop(struct writer *writer, struct staging_file **staging)
+{
+    pthread_mutex_lock(&writer->lock);
+    struct staging_file *last = unref_locked(*staging);
+    pthread_mutex_unlock(&writer->lock);
+    staging_file_free(writer, last, false);
+    *staging = NULL;
+}
+
+/* The bytes of STAGING that must not change in place. */
+static uint64_t sealed_size(const struct staging_file *staging)
+{
+    return staging->journal_seal > staging->upload_seal ? staging->journal_seal
+                                                        : staging->upload_seal;
+}
+
+/* A journal write of the first SIZE bytes of STAGING begins (lock held):
+ * they are sealed until end_promising_locked(). */
+static void begin_promising_locked(struct staging_file *staging, uint64_t size)
+{
+    staging->promising++;
+    if (size > staging->journal_seal)
+        staging->journal_seal = size;
+}
+
+/* A journal write of STAGING ended (lock held): its seal is what its entry
+ * promises, if it has one, unless another write of it is still under way. */
+static void end_promising_locked(struct writer_file *file,
+                                 struct staging_file *staging)
+{
+    if (--staging->promising > 0)
+        return;
+    staging->journal_seal = file->entry == staging && !file->entry_unclosed
+                                ? file->entry_size : 0;
+}
+
+/*
+ * Take FILE's current version (lock held): waits until no write or copy of
+ * its data is under way, and seals the version's bytes in its staging file
+ * (FOR_UPLOAD: for an upload, else for a journal write, which the caller
+ * ends with end_promising_locked()).
+ */
+static void version_take_locked(struct writer *writer, struct writer_file *file,
+                                bool for_upload, struct version *out)
+{
+    while (file->active_writes > 0 || file->copying)
+        pthread_cond_wait(&writer->file_idle, &writer->lock);
+    *out = (struct version){
+        .staging = hold_locked(file->data),
+        .size = file->size,
+        .gen = file->gen,
+        .data_gen = file->data_gen,
+        .meta = file->meta,
+    };
+    if (for_upload)
+        out->staging->upload_seal = file->size;
+    else
+        begin_promising_locked(out->staging, file->size);
+}
+
+/* ------------------------------------------------------------- edits */
+
 /*
  * Make the base's bytes of [OFFSET, OFFSET + LEN) present in the staging
  * file, fetching the granules that are not (runs of them in one fetch).
  * With COVERED, granules the range covers entirely are only marked
  * present: the caller is about to write all of them. Threads needing the
  * same granule share the work: one fetches, the others wait (file_idle).
+ * (An edit with granules missing is never copied on write: its data
+ * staging file stays the same meanwhile.)
  */
 static int make_present(struct writer *writer, struct writer_file *file,
                         uint64_t offset, uint64_t len, bool covered)
@@ -183,7 +361,8 @@ static int make_present(struct writer *writer, struct writer_file *file,
     uint64_t end = offset + len;
     pthread_mutex_lock(&writer->lock);
     uint64_t g = offset / GRANULE;
-    while (err == 0 && g < file->granules && g * GRANULE < end) {
+    while (err == 0 && file->base_key != NULL && g < file->granules &&
+           g * GRANULE < end) {
         uint64_t start = g * GRANULE;
         if (bit_get(file->loading, g)) {
             pthread_cond_wait(&writer->file_idle, &writer->lock);
@@ -220,11 +399,12 @@ static int make_present(struct writer *writer, struct writer_file *file,
         char etag[S3_ETAG_MAX];
         snprintf(etag, sizeof(etag), "%s", file->base_etag);
         uint64_t base_size = file->base_size;
+        int fd = file->data->fd;
         pthread_mutex_unlock(&writer->lock);
 
         err = key == NULL ? ENOMEM
             : writer->conf.fetch_base(writer->conf.fetch_arg, key, etag, base_size,
-                                      start, stop - start, file->fd);
+                                      start, stop - start, fd);
         free(key);
 
         pthread_mutex_lock(&writer->lock);
@@ -273,33 +453,34 @@ static void mark_written_locked(struct writer_file *file, uint64_t offset,
         bit_set(file->written, g, true);
 }
 
-static void now_wall(struct timespec *out)
+/* Whether FILE's data may be copied: every byte of it is in its staging
+ * file (not an edit, or an edit with every granule fetched). */
+static bool copyable(const struct writer_file *file)
 {
-    clock_gettime(CLOCK_REALTIME, out);
+    return file->base_key == NULL || file->missing == 0;
 }
 
-/* Wait until FILE may be changed (not busy, no write under way). Lock held. */
-static void wait_idle_locked(struct writer *writer, struct writer_file *file)
+/* Forget the base of a complete edit (lock held, no upload under way: an
+ * upload's request points at it): nothing is copied from it any more. */
+static void drop_base_locked(struct writer_file *file)
 {
-    while (file->busy || file->active_writes > 0)
-        pthread_cond_wait(&writer->file_idle, &writer->lock);
+    if (file->base_key != NULL && file->missing == 0 && file->sending == NULL) {
+        free(file->base_key);
+        file->base_key = NULL;
+    }
 }
 
-static void end_busy(struct writer *writer, struct writer_file *file)
-{
-    pthread_mutex_lock(&writer->lock);
-    file->busy = false;
-    pthread_cond_broadcast(&writer->file_idle);
-    pthread_mutex_unlock(&writer->lock);
-}
+/* ------------------------------------------------------------- queue */
 
-/* Queue FILE for a background upload (a reference goes with it). Lock held. */
-static void enqueue_locked(struct writer *writer, struct writer_file *file)
+/* Queue FILE for a background upload not before DELAY seconds from now
+ * (a reference goes with it). Lock held. */
+static void enqueue_locked(struct writer *writer, struct writer_file *file,
+                           double delay)
 {
     if (file->queued)
         return;
     file->queued = true;
-    file->due = monotonic_now() + SETTLE_SECONDS;
+    file->due = monotonic_now() + delay;
     file->refs++;
     file->queue_next = NULL;
     if (writer->queue_tail != NULL)
@@ -310,14 +491,55 @@ static void enqueue_locked(struct writer *writer, struct writer_file *file)
     pthread_cond_signal(&writer->work_queued);
 }
 
+/* Take FILE out of the upload queue (lock held); returns whether it was
+ * there (the queue's reference is then the caller's to drop). */
+static bool dequeue_locked(struct writer *writer, struct writer_file *file)
+{
+    struct writer_file **link = &writer->queue_head, *previous = NULL;
+
+    if (!file->queued)
+        return false;
+    while (*link != NULL && *link != file) {
+        previous = *link;
+        link = &(*link)->queue_next;
+    }
+    if (*link == NULL)
+        return false;
+    *link = file->queue_next;
+    if (writer->queue_tail == file)
+        writer->queue_tail = previous;
+    file->queued = false;
+    return true;
+}
+
+/* A failed upload of FILE: try again in the background, later each time
+ * (lock held). Not during the drain, which tries each file once more. */
+static void schedule_retry_locked(struct writer *writer, struct writer_file *file)
+{
+    if (writer->draining || writer->stopping || !is_pending(file) || file->queued)
+        return;
+    double delay = RETRY_FIRST_SECONDS;
+    for (unsigned i = 0; i < file->retries && delay < RETRY_MAX_SECONDS; i++)
+        delay *= 2;
+    if (delay > RETRY_MAX_SECONDS)
+        delay = RETRY_MAX_SECONDS;
+    /* a little jitter, so that files failed together do not retry in step */
+    delay *= 0.75 + 0.25 * (double)arc4random_uniform(1001) / 1000.0;
+    file->retries++;
+    writer->stats.upload_retries++;
+    log_warn("'%s' is tried again in %.0f s (retry %u)", file->key, delay,
+             file->retries);
+    enqueue_locked(writer, file, delay);
+}
+
 /* ------------------------------------------------------------- journal */
 
-static void journal_entry_of(const struct writer_file *file, const char *key,
-                             uint64_t size, const struct writer_meta *meta,
-                             const char *upload_id, struct journal_entry *out)
+static void entry_of(uint64_t id, const char *key, uint64_t size,
+                     const struct writer_meta *meta, const char *upload_id,
+                     bool unclosed, struct journal_entry *out)
 {
     *out = (struct journal_entry){
-        .id = file->id,
+        .id = id,
         .key = key,
         .size = size,
         .mode = meta->mode,
@@ -325,79 +547,181 @@ static void journal_entry_of(const struct writer_file *file, const char *key,
         .gid = meta->gid,
         .mtime = meta->mtime,
         .upload_id = upload_id,
+        .unclosed = unclosed,
     };
 }
 
-/* Make FILE's staged data durable and journal it (FILE is busy, so its
- * fields do not change; they are read under the lock all the same). */
-static int journal_file(struct writer *writer, struct writer_file *file,
-                        const char *upload_id)
+/* Wait for FILE's journal updates to be its caller's (lock held). */
+static void journal_begin_locked(struct writer *writer, struct writer_file *file)
+{
+    while (file->journal_busy)
+        pthread_cond_wait(&writer->file_idle, &writer->lock);
+    file->journal_busy = true;
+}
+
+static void journal_end_locked(struct writer *writer, struct writer_file *file)
+{
+    file->journal_busy = false;
+    pthread_cond_broadcast(&writer->file_idle);
+}
+
+/*
+ * Promise version V of FILE (taken with version_take_locked(..., false),
+ * whose seal this ends): make its staging file durable and journal it,
+ * replacing the file's previous entry in the same transaction. UPLOAD_ID
+ * (may be NULL) is a multipart upload of it to abort after a crash.
+ * Returns 0 when the journal promises V (or a later version, or the
+ * bucket has it), else the errno (logged). Lock not held.
+ */
+static int promise(struct writer *writer, struct writer_file *file,
+                   const struct version *v, const char *upload_id)
 {
     struct journal_entry entry;
-    struct writer_meta meta;
-    uint64_t size;
-    char *key;
+    struct staging_file *old = NULL, *freed = NULL;
+    char *key = NULL, *id_copy = NULL;
+    int err = 0;
 
     /* the journal must name complete data: fetch what an edit lacks */
-    pthread_mutex_lock(&writer->lock);
-    uint64_t whole = file->size;
-    pthread_mutex_unlock(&writer->lock);
-    int fetched = make_present(writer, file, 0, whole, false);
-    if (fetched != 0) {
+    err = make_present(writer, file, 0, v->size, false);
+    if (err != 0) {
         log_error("cannot stage all of '%s' for the journal: %s", file->key,
-                  strerror(fetched));
-        return fetched;
-    }
-    if (fsync(file->fd) != 0 ||
-        (writer->staging_dir_fd >= 0 && fsync(writer->staging_dir_fd) != 0)) {
-        int err = errno;
-        log_error("staging file of '%s': fsync: %s", file->key, strerror(err));
-        return err == ENOSPC ? ENOSPC : EIO;
+                  strerror(err));
+        pthread_mutex_lock(&writer->lock);
+        end_promising_locked(file, v->staging);
+        pthread_mutex_unlock(&writer->lock);
+        return err;
     }
     pthread_mutex_lock(&writer->lock);
-    key = strdup(file->key);
-    size = file->size;
-    meta = file->meta;
-    /* a write-behind upload under way is named, to be aborted after a
-     * crash (the next mount uploads the staged file whole) */
-    if (upload_id == NULL && file->wb != NULL)
-        upload_id = writebehind_upload_id(file->wb);
-    pthread_mutex_unlock(&writer->lock);
-    if (key == NULL)
-        return ENOMEM;
-    journal_entry_of(file, key, size, &meta, upload_id, &entry);
-    int err = journal_put(writer->conf.journal, &entry);
-    if (err == 0) {
-        pthread_mutex_lock(&writer->lock);
-        file->journaled = true;
-        file->wb_journaled = false; /* the entry is complete now */
-        file->journaled_size = size;
-        file->journaled_meta = meta;
-        pthread_mutex_unlock(&writer->lock);
-    } else {
-        log_error("cannot journal the upload of '%s': %s", key, strerror(err));
+    journal_begin_locked(writer, file);
+    bool done = file->unlinked ||
+                (file->uploaded && file->uploaded_gen >= v->gen) ||
+                (has_promise(file) && file->entry_gen >= v->gen &&
+                 upload_id == NULL);
+    if (!done) {
+        key = strdup(file->key);
+        if (upload_id == NULL && file->wb != NULL && file->data == v->staging)
+            upload_id = writebehind_upload_id(file->wb);
+        id_copy = upload_id != NULL ? strdup(upload_id) : NULL;
+        if (file->entry != NULL && file->entry != v->staging)
+            old = file->entry;
     }
+    pthread_mutex_unlock(&writer->lock);
+
+    if (!done && (key == NULL || (upload_id != NULL && id_copy == NULL)))
+        err = ENOMEM;
+    if (!done && err == 0)
+        err = staging_sync(writer->staging, v->staging->fd, key);
+    if (!done && err == 0) {
+        entry_of(v->staging->id, key, v->size, &v->meta, id_copy, false, &entry);
+        err = journal_update(writer->conf.journal, &entry, 1,
+                             old != NULL ? &old->id : NULL, old != NULL);
+        if (err != 0)
+            log_error("cannot journal the upload of '%s': %s", key,
+                      strerror(err));
+    }
+
+    pthread_mutex_lock(&writer->lock);
+    if (!done && err == 0) {
+        if (file->entry != v->staging) {
+            freed = unref_locked(file->entry);
+            file->entry = hold_locked(v->staging);
+        }
+        if (old != NULL && old->promising == 0)
+            old->journal_seal = 0;
+        file->entry_gen = v->gen;
+        file->entry_data_gen = v->data_gen;
+        file->entry_size = v->size;
+        file->entry_meta = v->meta;
+        file->entry_unclosed = false;
+        free(file->entry_upload_id);
+        file->entry_upload_id = id_copy;
+        id_copy = NULL;
+    }
+    end_promising_locked(file, v->staging);
+    journal_end_locked(writer, file);
+    pthread_mutex_unlock(&writer->lock);
+    staging_file_free(writer, freed, false);
+    free(id_copy);
     free(key);
     return err;
 }
 
+/*
+ * Delete FILE's journal entry if what it promises is in the bucket
+ * (UP_TO: the gen that is) or the file is unlinked (UP_TO 0: whatever it
+ * promises). Lock not held. A failure is logged: the next mount uploads
+ * the entry again, which costs a request, never data.
+ */
+static void forget_entry(struct writer *writer, struct writer_file *file,
+                         uint64_t up_to)
+{
+    pthread_mutex_lock(&writer->lock);
+    journal_begin_locked(writer, file);
+    struct staging_file *entry = file->entry;
+    /* (an unclosed entry names a write-behind upload: it stays while that
+     * upload is under way) */
+    bool forget = entry != NULL &&
+                  (up_to == 0 ||
+                   (file->entry_unclosed ? file->wb == NULL
+                                         : file->entry_gen <= up_to));
+    uint64_t id = forget ? entry->id : 0;
+    pthread_mutex_unlock(&writer->lock);
+
+    int err = forget ? journal_del(writer->conf.journal, id) : 0;
+
+    struct staging_file *freed = NULL;
+    pthread_mutex_lock(&writer->lock);
+    if (forget && err == 0) {
+        file->entry = NULL;
+        entry->journal_seal = entry->promising > 0 ? entry->journal_seal : 0;
+        free(file->entry_upload_id);
+        file->entry_upload_id = NULL;
+        freed = unref_locked(entry);
+    }
+    journal_end_locked(writer, file);
+    pthread_mutex_unlock(&writer->lock);
+    if (err != 0)
+        log_warn("'%s' stays in the journal (%s): the next mount uploads it "
+                 "again", file->key, strerror(err));
+    staging_file_free(writer, freed, false);
+}
+
+/* ------------------------------------------------------------- uploads */
+
 struct upload_context {
     struct writer *writer;
     struct writer_file *file;
+    const struct version *version;
 };
 
 /* A multipart upload started: journal its id, so that a crash leaves no
- * stale upload behind (the next mount aborts it). */
+ * stale upload behind (the next mount aborts it and uploads the version
+ * again; in the default mode the close under way had not returned, so
+ * nobody was promised otherwise). */
 static int on_multipart(void *arg, const char *upload_id)
 {
     struct upload_context *context = arg;
+    struct writer *writer = context->writer;
+    struct writer_file *file = context->file;
+    struct version promised;
+
     /* journaling an edit would fetch every byte it copies server-side;
      * in default mode nothing was promised yet, so it is not journaled
      * (a crash leaves this upload for the bucket's lifecycle rules) */
-    if (context->file->base_key != NULL && !context->writer->conf.writeback &&
-        !context->file->journaled)
+    pthread_mutex_lock(&writer->lock);
+    bool skip = file->base_key != NULL && !writer->conf.writeback &&
+                !has_promise(file);
+    if (!skip) {
+        promised = *context->version;
+        hold_locked(promised.staging);
+        begin_promising_locked(promised.staging, promised.size);
+    }
+    pthread_mutex_unlock(&writer->lock);
+    if (skip)
         return 0;
-    return journal_file(context->writer, context->file, upload_id);
+    int err = promise(writer, file, &promised, upload_id);
+    staging_file_drop(writer, &promised.staging);
+    return err;
 }
 
 static bool base_range_unchanged(void *arg, uint64_t offset, uint64_t length)
@@ -422,8 +746,6 @@ static int base_materialize(void *arg, uint64_t offset, uint64_t length)
     return make_present(context->writer, context->file, offset, length, false);
 }
 
-/* ------------------------------------------------------------- uploads */
-
 static void fill_put_meta(const struct writer_meta *meta, struct s3_put_meta *out)
 {
     *out = (struct s3_put_meta){
@@ -441,9 +763,9 @@ static void fill_put_meta(const struct writer_meta *meta, struct s3_put_meta *ou
 
 /*
  * Complete write-behind upload *WBP of a file now SIZE bytes at KEY with
- * META (the writer is done: FILE is busy). If its mode or owner, or its
- * mtime explicitly, changed since the upload was created, the object is
- * copied onto itself with META. Otherwise the object carries no mtime
+ * META (the writer is done with this version). If its mode or owner, or
+ * its mtime explicitly, changed since the upload was created, the object
+ * is copied onto itself with META. Otherwise the object carries no mtime
  * header and META->mtime becomes its Last-Modified time (one HEAD), so
  * that this mount shows what every other client sees.
  *
@@ -503,128 +825,164 @@ static int finish_writebehind(struct writer *writer, struct writebehind **wbp,
     return 0;
 }
 
-/*
- * Upload FILE if it is dirty, in this thread. Returns 0 when the file is
- * in the bucket (now or already), else the upload's errno (the file stays
- * pending, journaled).
- */
-static int upload_now(struct writer *writer, struct writer_file *file)
+/* The uploaded object is the base of what comes next (lock held, the
+ * upload of version V just ended): what is not fetched yet is its bytes.
+ * If the data changed since V was taken, the base is no longer known to
+ * hold what the file does anywhere: it is dropped (the file is complete
+ * then: only complete data is copied on write). */
+static void rebase_locked(struct writer_file *file, const struct version *v,
+                          const char *key, const char *etag)
 {
-    struct writer_meta meta;
+    if (file->base_key == NULL)
+        return;
+    if (file->data_gen != v->data_gen) {
+        drop_base_locked(file);
+        return;
+    }
+    char *base_key = strdup(key);
+    if (base_key == NULL)
+        return;
+    free(file->base_key);
+    file->base_key = base_key;
+    snprintf(file->base_etag, sizeof(file->base_etag), "%s", etag);
+    file->base_size = v->size;
+    file->base_limit = v->size;
+    memset(file->written, 0, (size_t)((file->granules + 7) / 8));
+}
+
+/*
+ * Upload a version of FILE in this thread: the current one, or with
+ * PROMISED_ONLY the one its journal entry promises (a background retry
+ * while the file is open for writing: what is written and not closed is
+ * not sent). Waits for an upload of the file under way first. Returns 0
+ * when that version (or a later one) is in the bucket, or when there is
+ * nothing to send; else the upload's errno (the file stays pending,
+ * journaled, and is tried again in the background).
+ */
+static int upload_version(struct writer *writer, struct writer_file *file,
+                          bool promised_only)
+{
+    struct version v;
     struct s3_put_meta put_meta;
     char etag[S3_ETAG_MAX] = "";
-    uint64_t gen, size;
-    char *key;
+    char *base_key = NULL;
+    char base_etag[S3_ETAG_MAX] = "";
+    uint64_t base_limit = 0;
     int err;
 
     pthread_mutex_lock(&writer->lock);
-    wait_idle_locked(writer, file);
-    if (!is_pending(file)) {
-        err = file->unlinked || !file->failed ? 0 : file->last_error;
+    while (file->held || file->sending != NULL)
+        pthread_cond_wait(&writer->file_idle, &writer->lock);
+    if (!is_pending(file) || (promised_only && !has_promise(file))) {
+        err = file->unlinked || !file->failed || !is_pending(file)
+                  ? 0 : file->last_error;
         pthread_mutex_unlock(&writer->lock);
         return err;
     }
-    file->busy = true;
-    gen = file->gen;
-    size = file->size;
-    meta = file->meta;
-    key = strdup(file->key);
-    void *owner = file->owner;
-    struct writebehind *wb = file->wb;
+    struct writebehind *wb = NULL;
     struct writer_meta wb_meta = file->wb_meta;
-    bool mtime_set = file->mtime_set;
-    bool wb_journaled = file->wb_journaled;
-    /* finished or abandoned below, whatever happens; its unclosed entry
-     * is deleted (uploaded) or replaced by a complete one (failed) */
-    file->wb = NULL;
-    file->wb_journaled = false;
-    pthread_mutex_unlock(&writer->lock);
-    if (key == NULL) {
-        writebehind_abandon(&wb);
-        end_busy(writer, file);
-        return ENOMEM;
+    bool mtime_set = false;
+    if (promised_only) {
+        v = (struct version){
+            .staging = hold_locked(file->entry),
+            .size = file->entry_size,
+            .gen = file->entry_gen,
+            .data_gen = file->entry_data_gen,
+            .meta = file->entry_meta,
+        };
+        v.staging->upload_seal = v.size;
+    } else {
+        version_take_locked(writer, file, true, &v);
+        /* finished or abandoned below, whatever happens */
+        wb = file->wb;
+        file->wb = NULL;
+        mtime_set = file->mtime_set;
     }
+    file->sending = v.staging;
+    char *key = strdup(file->key);
+    void *owner = file->owner;
+    if (file->base_key != NULL) {
+        base_key = strdup(file->base_key);
+        snprintf(base_etag, sizeof(base_etag), "%s", file->base_etag);
+        base_limit = file->base_limit;
+    }
+    pthread_mutex_unlock(&writer->lock);
 
-    struct upload_context context = {writer, file};
+    struct upload_context context = {writer, file, &v};
     struct upload_base base = {
-        .key = file->base_key,
-        .etag = file->base_etag,
-        .size = file->base_limit,
+        .key = base_key,
+        .etag = base_etag,
+        .size = base_limit,
         .range_unchanged = base_range_unchanged,
         .materialize = base_materialize,
         .arg = &context,
     };
     struct upload_request request = {
         .key = key,
-        .fd = file->fd,
-        .size = size,
+        .fd = v.staging->fd,
+        .size = v.size,
         .meta = &put_meta,
-        .base = file->base_key != NULL ? &base : NULL,
+        .base = base_key != NULL ? &base : NULL,
         .on_multipart = on_multipart,
         .arg = &context,
     };
-    fill_put_meta(&meta, &put_meta);
+    fill_put_meta(&v.meta, &put_meta);
     bool fall_back = true;
-    err = 0;
-    if (wb != NULL)
-        err = finish_writebehind(writer, &wb, key, size, &meta, &wb_meta,
+    err = key == NULL ? ENOMEM : 0;
+    if (err == 0 && wb != NULL)
+        err = finish_writebehind(writer, &wb, key, v.size, &v.meta, &wb_meta,
                                  mtime_set, etag, &fall_back);
-    if (fall_back)
+    writebehind_abandon(&wb); /* (on a failure before finishing) */
+    if (err == 0 && fall_back)
         err = upload_file(&writer->upload, &request, etag);
 
-    bool forget = false, remember = false;
+    bool need_promise = false;
     pthread_mutex_lock(&writer->lock);
+    file->sending = NULL;
+    v.staging->upload_seal = 0;
     if (err == 0) {
-        file->uploaded_gen = gen;
+        if (v.gen > file->uploaded_gen)
+            file->uploaded_gen = v.gen;
         file->uploaded = true;
         file->failed = false;
+        file->retries = 0;
         snprintf(file->etag, sizeof(file->etag), "%s", etag);
-        if (file->base_key != NULL) {
-            /* the uploaded object is the base of what comes next: what is
-             * not fetched yet is its bytes now */
-            char *base_key = strdup(key);
-            if (base_key != NULL) {
-                free(file->base_key);
-                file->base_key = base_key;
-                snprintf(file->base_etag, sizeof(file->base_etag), "%s", etag);
-                file->base_size = size;
-                file->base_limit = size;
-                memset(file->written, 0, (size_t)((file->granules + 7) / 8));
-            }
-        }
+        rebase_locked(file, &v, key, etag);
         writer->stats.uploads_completed++;
-        forget = (file->journaled || wb_journaled) && !is_dirty(file);
-        file->mtime_set = false;
-        file->meta.mtime = meta.mtime; /* (the object's, after write-behind) */
+        if (!is_dirty(file)) {
+            file->mtime_set = false;
+            file->meta.mtime = v.meta.mtime; /* (the object's, after write-behind) */
+        }
     } else {
         file->failed = true;
         file->last_error = err;
         writer->stats.upload_failures++;
-        remember = !file->journaled;
+        /* a failed upload must survive a crash: journal it */
+        need_promise = !file->unlinked &&
+                       !(has_promise(file) && file->entry_gen >= v.gen);
+        if (need_promise)
+            begin_promising_locked(v.staging, v.size);
     }
+    pthread_cond_broadcast(&writer->file_idle);
     pthread_mutex_unlock(&writer->lock);
 
-    if (err != 0) {
+    if (err == 0) {
+        forget_entry(writer, file, v.gen);
+    } else {
         log_error("upload of '%s' failed: %s; the data is kept in the cache "
-                  "directory and the upload will be retried", key, strerror(err));
-        /* a failed upload must survive a crash: journal it */
-        if (remember)
-            journal_file(writer, file, NULL);
-    } else if (forget) {
-        int del = journal_del(writer->conf.journal, file->id);
-        if (del == 0) {
-            pthread_mutex_lock(&writer->lock);
-            file->journaled = false;
-            pthread_mutex_unlock(&writer->lock);
-        } else {
-            log_warn("'%s' is in the bucket but stays in the journal (%s): "
-                     "the next mount uploads it again", key, strerror(del));
-        }
+                  "directory and the upload will be retried",
+                  key != NULL ? key : "?", strerror(err));
+        if (need_promise)
+            promise(writer, file, &v, NULL);
+        pthread_mutex_lock(&writer->lock);
+        schedule_retry_locked(writer, file);
+        pthread_mutex_unlock(&writer->lock);
     }
-    end_busy(writer, file);
     if (err == 0 && writer->conf.uploaded != NULL)
         writer->conf.uploaded(writer->conf.uploaded_arg, file, owner, key,
-                              etag, size, &meta);
+                              etag, v.size, &v.meta);
+    staging_file_drop(writer, &v.staging);
+    free(base_key);
     free(key);
     return err;
 }
@@ -637,11 +995,23 @@ static void *uploader_main(void *arg)
     for (;;) {
         while (writer->queue_head == NULL && !writer->stopping)
             pthread_cond_wait(&writer->work_queued, &writer->lock);
-        struct writer_file *file = writer->queue_head;
-        if (file == NULL)
+        /* the first file that is due (retries wait longer than new ones) */
+        double now = monotonic_now(), first_due = 0;
+        struct writer_file *file = NULL, *previous = NULL;
+        for (struct writer_file *at = writer->queue_head, *before = NULL;
+             at != NULL; before = at, at = at->queue_next) {
+            if (at->due <= now || writer->stopping || writer->draining) {
+                file = at;
+                previous = before;
+                break;
+            }
+            if (first_due == 0 || at->due < first_due)
+                first_due = at->due;
+        }
+        if (file == NULL && writer->queue_head == NULL)
             break; /* stopping, nothing left */
-        double wait = file->due - monotonic_now();
-        if (wait > 0 && !writer->stopping && !writer->draining) {
+        if (file == NULL) {
+            double wait = first_due - now;
             struct timespec until;
             clock_gettime(CLOCK_MONOTONIC, &until);
             until.tv_sec += (time_t)wait;
@@ -653,17 +1023,23 @@ static void *uploader_main(void *arg)
             pthread_cond_timedwait(&writer->work_queued, &writer->lock, &until);
             continue;
         }
-        writer->queue_head = file->queue_next;
-        if (writer->queue_head == NULL)
-            writer->queue_tail = NULL;
+        if (previous != NULL)
+            previous->queue_next = file->queue_next;
+        else
+            writer->queue_head = file->queue_next;
+        if (writer->queue_tail == file)
+            writer->queue_tail = previous;
         file->queued = false;
-        /* reopened for writing meanwhile: its last close queues it again */
-        bool skip = file->open_writers > 0 && !writer->draining;
+        /* open for writing: in writeback mode its last close queues it
+         * again; in the default mode only what was promised goes (a
+         * retry), not what is being written */
+        bool writing = file->open_writers > 0 && !writer->draining;
+        bool skip = writing && writer->conf.writeback;
         writer->running++;
         pthread_mutex_unlock(&writer->lock);
 
         if (!skip)
-            upload_now(writer, file);
+            upload_version(writer, file, writing);
         writer_file_put(&file);
 
         pthread_mutex_lock(&writer->lock);
@@ -676,19 +1052,19 @@ static void *uploader_main(void *arg)
 
 /* ------------------------------------------------------------- files */
 
-static int file_new(struct writer *writer, uint64_t id, int fd, const char *key,
-                    const struct writer_meta *meta, void *owner,
-                    struct writer_file **out)
+static int file_new(struct writer *writer, struct staging_file *data,
+                    const char *key, const struct writer_meta *meta,
+                    void *owner, struct writer_file **out)
 {
     struct writer_file *file = calloc(1, sizeof(*file));
 
+    *out = NULL;
     if (file == NULL || (file->key = strdup(key)) == NULL) {
         free(file);
         return ENOMEM;
     }
     file->writer = writer;
-    file->id = id;
-    file->fd = fd;
+    file->data = data;
     file->owner = owner;
     file->refs = 1;
     file->meta = *meta;
@@ -706,22 +1082,15 @@ int writer_file_create(struct writer *writer, const char *key,
                        const struct writer_meta *meta, bool dirty, void *owner,
                        struct writer_file **out)
 {
-    char path[PATH_MAX];
-    uint64_t id = journal_next_id(writer->conf.journal);
-    int err;
+    struct staging_file *data = NULL;
+    int err = staging_file_new(writer, &data);
 
     *out = NULL;
-    staging_path(writer, id, path, sizeof(path));
-    int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (fd < 0) {
-        err = errno;
-        log_error("cannot create staging file %s: %s", path, strerror(err));
-        return err == ENOSPC || err == EDQUOT ? ENOSPC : EIO;
-    }
-    err = file_new(writer, id, fd, key, meta, owner, out);
+    if (err != 0)
+        return err;
+    err = file_new(writer, data, key, meta, owner, out);
     if (err != 0) {
-        close(fd);
-        unlink(path);
+        staging_file_free(writer, data, false);
         return err;
     }
     (*out)->gen = dirty ? 1 : 0;
@@ -748,7 +1117,7 @@ int writer_file_create_edit(struct writer *writer, const char *key,
     if (file->base_key == NULL || file->present == NULL || file->loading == NULL ||
         file->written == NULL)
         err = ENOMEM;
-    else if (ftruncate(file->fd, (off_t)size) != 0)
+    else if (ftruncate(file->data->fd, (off_t)size) != 0)
         err = errno == ENOSPC || errno == EDQUOT ? ENOSPC : EIO;
     if (err != 0) {
         writer_file_put(&file);
@@ -794,23 +1163,40 @@ void writer_file_put(struct writer_file **filep)
     if (file->all_next != NULL)
         file->all_next->all_prev = file->all_prev;
     bool pending = is_pending(file);
-    bool adopt = !pending && !file->unlinked && file->uploaded &&
-                 file->uploaded_gen == file->gen && file->missing == 0;
+    /* an entry left by a failed delete, for a file in the bucket */
+    bool stale_entry = file->entry != NULL && !pending;
     pthread_mutex_unlock(&writer->lock);
 
     /* (a write-behind upload left only on a file never uploaded: gone) */
     writebehind_abandon(&file->wb);
-    staging_path(writer, file->id, path, sizeof(path));
-    close(file->fd);
+    if (stale_entry)
+        forget_entry(writer, file, 0);
+    pthread_mutex_lock(&writer->lock);
+    bool adopt = !pending && !file->unlinked && file->uploaded &&
+                 file->uploaded_gen == file->gen && file->missing == 0 &&
+                 file->entry == NULL && file->data->refs == 1;
+    struct staging_file *entry = file->entry, *data = file->data;
+    file->entry = file->data = NULL;
+    pthread_mutex_unlock(&writer->lock);
+
     if (pending) {
         /* cannot happen while the fs layer keeps pending files; the data
-         * stays for the next mount all the same */
+         * and its entry stay for the next mount all the same */
         log_warn("'%s' is not uploaded yet; its staged data is kept", file->key);
-    } else if (!adopt ||
-               cache_adopt_file(writer->conf.cache, file->key, file->etag,
-                                file->size, path) != 0) {
-        unlink(path);
+        if (entry != NULL && entry != data)
+            staging_file_free(writer, entry, true);
+        staging_file_free(writer, data, true);
+    } else {
+        staging_path(writer->staging, data->id, path, sizeof(path));
+        /* the uploaded data becomes the cached version */
+        bool adopted = adopt && cache_adopt_file(writer->conf.cache, file->key,
+                                                 file->etag, file->size,
+                                                 path) == 0;
+        if (entry != NULL && entry != data)
+            staging_file_free(writer, entry, true); /* (its entry stays) */
+        staging_file_free(writer, data, adopted || entry == data);
     }
+    free(file->entry_upload_id);
     free(file->key);
     free(file->base_key);
     free(file->present);
@@ -819,22 +1205,94 @@ void writer_file_put(struct writer_file **filep)
     free(file);
 }
 
-/* Begin a change that grows the file to END: wait until it may change,
- * check the disk has room. Returns with active_writes taken, or an errno. */
-static int begin_change(struct writer *writer, struct writer_file *file,
-                        uint64_t end)
+/*
+ * Copy FILE's data to a new staging file (copy on write), keeping its
+ * first KEEP bytes (lock held on entry and return; dropped meanwhile).
+ * Its write-behind upload goes: its parts read the old staging file. The
+ * old staging file stays as long as an entry or an upload needs it.
+ */
+static int copy_on_write_locked(struct writer *writer, struct writer_file *file,
+                                uint64_t keep)
 {
+    struct staging_file *fresh = NULL, *freed = NULL;
+
+    file->copying = true;
+    while (file->active_writes > 0)
+        pthread_cond_wait(&writer->file_idle, &writer->lock);
+    uint64_t length = keep < file->size ? keep : file->size;
+    struct staging_file *from = hold_locked(file->data);
+    struct writebehind *wb = file->wb;
+    file->wb = NULL;
+    pthread_mutex_unlock(&writer->lock);
+
+    writebehind_abandon(&wb);
+    int err = cache_reserve_disk(writer->conf.cache, length);
+    if (err == 0)
+        err = staging_file_new(writer, &fresh);
+    if (err == 0)
+        err = staging_copy(from->fd, fresh->fd, length);
+    if (err != 0)
+        log_error("cannot copy the staged data of '%s' before changing it: %s",
+                  file->key, strerror(err));
+    else
+        log_debug("'%s': %llu bytes copied on write (the old ones are being "
+                  "uploaded or journaled)", file->key, (unsigned long long)length);
+
+    pthread_mutex_lock(&writer->lock);
+    if (err == 0) {
+        freed = unref_locked(file->data);
+        file->data = fresh;
+        fresh = NULL;
+        file->reserved = length;
+        writer->stats.copies_on_write++;
+    }
+    struct staging_file *freed_from = unref_locked(from);
+    file->copying = false;
+    pthread_cond_broadcast(&writer->file_idle);
+    pthread_mutex_unlock(&writer->lock);
+    staging_file_free(writer, freed, false);
+    staging_file_free(writer, freed_from, false);
+    staging_file_free(writer, fresh, false);
+    pthread_mutex_lock(&writer->lock);
+    return err;
+}
+
+/*
+ * Begin a change of FILE's data from byte FROM (a write's offset, or a
+ * truncate's new size) that grows the file to END, keeping its first KEEP
+ * bytes if it must be copied first: waits while the file is held or
+ * copied, copies on write when the change would touch sealed bytes,
+ * checks the disk has room. Returns with active_writes taken, or an errno.
+ */
+static int begin_change(struct writer *writer, struct writer_file *file,
+                        uint64_t from, uint64_t keep, uint64_t end)
+{
+    int err = 0;
+
     if (end > MAX_FILE_SIZE)
         return EFBIG;
     pthread_mutex_lock(&writer->lock);
-    while (file->busy)
-        pthread_cond_wait(&writer->file_idle, &writer->lock);
+    for (;;) {
+        while (file->held || file->copying)
+            pthread_cond_wait(&writer->file_idle, &writer->lock);
+        if (from >= sealed_size(file->data))
+            break;
+        if (!copyable(file)) { /* an edit with holes: wait for the seal */
+            pthread_cond_wait(&writer->file_idle, &writer->lock);
+            continue;
+        }
+        err = copy_on_write_locked(writer, file, keep);
+        if (err != 0) {
+            pthread_mutex_unlock(&writer->lock);
+            return err;
+        }
+    }
     file->active_writes++;
     uint64_t reserved = file->reserved;
     pthread_mutex_unlock(&writer->lock);
     if (end > reserved) {
         uint64_t step = end - reserved > RESERVE_STEP ? end - reserved : RESERVE_STEP;
-        int err = cache_reserve_disk(writer->conf.cache, step);
+        err = cache_reserve_disk(writer->conf.cache, step);
         pthread_mutex_lock(&writer->lock);
         if (err == 0 && reserved + step > file->reserved)
             file->reserved = reserved + step;
@@ -843,10 +1301,8 @@ static int begin_change(struct writer *writer, struct writer_file *file,
             pthread_cond_broadcast(&writer->file_idle);
         }
         pthread_mutex_unlock(&writer->lock);
-        if (err != 0)
-            return err;
     }
-    return 0;
+    return err;
 }
 
 static void end_change(struct writer *writer, struct writer_file *file,
@@ -861,6 +1317,7 @@ static void end_change(struct writer *writer, struct writer_file *file,
         else if (new_size > file->size)
             file->size = new_size;
         file->gen++;
+        file->data_gen++;
         now_wall(&file->meta.mtime);
         file->mtime_set = false;
         writer->stats.bytes_written += written;
@@ -871,38 +1328,64 @@ static void end_change(struct writer *writer, struct writer_file *file,
 
 /*
  * Create FILE's write-behind upload: a write (still under way, so the
- * file is neither busy nor renamed meanwhile) took it past the multipart
- * threshold from its start. On failure the file is uploaded the usual way
- * at close.
+ * file is neither held nor copied meanwhile) took it past the multipart
+ * threshold from its start. Its upload id goes into the journal: in an
+ * `unclosed` entry (nobody was promised this data: after a crash the
+ * upload is aborted, the data dropped), or into the file's entry if it
+ * has one (the promised version is uploaded after the abort). On failure
+ * the file is uploaded the usual way at close.
  */
 static void start_writebehind(struct writer *writer, struct writer_file *file)
 {
     struct writebehind *wb = NULL;
     struct s3_put_meta put_meta;
     struct journal_entry entry;
+    struct staging_file *freed = NULL;
 
     pthread_mutex_lock(&writer->lock);
     struct writer_meta meta = file->meta;
     char *key = strdup(file->key);
-    uint64_t size = file->size;
-    bool journaled = file->journaled;
-    uint64_t journaled_size = file->journaled_size;
-    struct writer_meta journaled_meta = file->journaled_meta;
+    int fd = file->data->fd;
     pthread_mutex_unlock(&writer->lock);
 
     fill_put_meta(&meta, &put_meta);
     put_meta.has_mtime = false; /* its Last-Modified is read back at the end */
     int err = key == NULL ? ENOMEM
                           : writebehind_start(&writer->upload, key, &put_meta,
-                                              file->fd, &wb);
+                                              fd, &wb);
+    char *upload_id = err == 0 ? strdup(writebehind_upload_id(wb)) : NULL;
+    if (err == 0 && upload_id == NULL)
+        err = ENOMEM;
+    bool promised = false;
     if (err == 0) {
-        /* never closed: a crash aborts the upload and drops the data; closed
-         * before (journaled): the same entry, now naming the upload */
-        journal_entry_of(file, key, journaled ? journaled_size : size,
-                         journaled ? &journaled_meta : &meta,
-                         writebehind_upload_id(wb), &entry);
-        entry.unclosed = !journaled;
-        err = journal_put(writer->conf.journal, &entry);
+        pthread_mutex_lock(&writer->lock);
+        journal_begin_locked(writer, file);
+        promised = has_promise(file);
+        struct staging_file *named = promised ? file->entry : file->data;
+        if (promised)
+            entry_of(named->id, key, file->entry_size, &file->entry_meta,
+                     upload_id, false, &entry);
+        else
+            entry_of(named->id, key, file->size, &meta, upload_id, true, &entry);
+        uint64_t old_id = file->entry != NULL && file->entry != named
+                              ? file->entry->id : 0;
+        pthread_mutex_unlock(&writer->lock);
+        err = journal_update(writer->conf.journal, &entry, 1, &old_id,
+                             old_id != 0);
+        pthread_mutex_lock(&writer->lock);
+        if (err == 0) {
+            if (!promised && file->entry != file->data) {
+                freed = unref_locked(file->entry);
+                file->entry = hold_locked(file->data);
+                file->entry_gen = 0;
+                file->entry_unclosed = true;
+            }
+            free(file->entry_upload_id);
+            file->entry_upload_id = upload_id;
+            upload_id = NULL;
+        }
+        journal_end_locked(writer, file);
+        pthread_mutex_unlock(&writer->lock);
         if (err != 0)
             writebehind_abandon(&wb);
     }
@@ -914,7 +1397,6 @@ static void start_writebehind(struct writer *writer, struct writer_file *file)
     file->wb_starting = false;
     file->wb = wb;
     file->wb_refused = wb == NULL;
-    file->wb_journaled = wb != NULL && !journaled;
     file->wb_meta = meta;
     uint64_t ready = file->seq_end;
     pthread_mutex_unlock(&writer->lock);
@@ -922,6 +1404,8 @@ static void start_writebehind(struct writer *writer, struct writer_file *file)
      * wb what it changed */
     if (wb != NULL)
         writebehind_wrote(wb, 0, 0, ready);
+    staging_file_free(writer, freed, false);
+    free(upload_id);
     free(key);
 }
 
@@ -929,7 +1413,7 @@ int writer_file_write(struct writer_file *file, uint64_t offset, const void *dat
                       size_t len)
 {
     struct writer *writer = file->writer;
-    int err = begin_change(writer, file, offset + len);
+    int err = begin_change(writer, file, offset, UINT64_MAX, offset + len);
     const char *at = data;
     uint64_t pos = offset;
     size_t left = len;
@@ -947,9 +1431,10 @@ int writer_file_write(struct writer_file *file, uint64_t offset, const void *dat
     }
     pthread_mutex_lock(&writer->lock);
     mark_written_locked(file, offset, len);
+    int fd = file->data->fd; /* (no copy while this write is active) */
     pthread_mutex_unlock(&writer->lock);
     while (left > 0) {
-        ssize_t done = pwrite(file->fd, at, left, (off_t)pos);
+        ssize_t done = pwrite(fd, at, left, (off_t)pos);
         if (done < 0 && errno == EINTR)
             continue;
         if (done <= 0) {
@@ -989,25 +1474,33 @@ int writer_file_write(struct writer_file *file, uint64_t offset, const void *dat
 int writer_file_read(struct writer_file *file, uint64_t offset, size_t len,
                      void *buf, size_t *got)
 {
+    struct writer *writer = file->writer;
     char *at = buf;
 
     *got = 0;
-    pthread_mutex_lock(&file->writer->lock);
+    pthread_mutex_lock(&writer->lock);
     uint64_t size = file->size;
-    pthread_mutex_unlock(&file->writer->lock);
+    pthread_mutex_unlock(&writer->lock);
     if (offset >= size)
         return 0;
     if (len > size - offset)
         len = (size_t)(size - offset);
-    int err = make_present(file->writer, file, offset, len, false);
+    int err = make_present(writer, file, offset, len, false);
     if (err != 0)
         return err;
+    /* the staging file of the data now, kept while it is read: a copy on
+     * write may replace it meanwhile */
+    pthread_mutex_lock(&writer->lock);
+    struct staging_file *staging = hold_locked(file->data);
+    pthread_mutex_unlock(&writer->lock);
     while (len > 0) {
-        ssize_t done = pread(file->fd, at, len, (off_t)offset);
+        ssize_t done = pread(staging->fd, at, len, (off_t)offset);
         if (done < 0 && errno == EINTR)
             continue;
-        if (done < 0)
-            return EIO;
+        if (done < 0) {
+            err = EIO;
+            break;
+        }
         if (done == 0) { /* a hole at the end not yet extended: zeros */
             memset(at, 0, len);
             done = (ssize_t)len;
@@ -1017,13 +1510,14 @@ int writer_file_read(struct writer_file *file, uint64_t offset, size_t len,
         len -= (size_t)done;
         *got += (size_t)done;
     }
-    return 0;
+    staging_file_drop(writer, &staging);
+    return err;
 }
 
 int writer_file_truncate(struct writer_file *file, uint64_t size)
 {
     struct writer *writer = file->writer;
-    int err = begin_change(writer, file, size);
+    int err = begin_change(writer, file, size, size, size);
 
     if (err != 0)
         return err;
@@ -1037,8 +1531,9 @@ int writer_file_truncate(struct writer_file *file, uint64_t size)
             while (bit_get(file->loading, g))
                 pthread_cond_wait(&writer->file_idle, &writer->lock);
     }
+    int fd = file->data->fd;
     pthread_mutex_unlock(&writer->lock);
-    if (ftruncate(file->fd, (off_t)size) != 0)
+    if (ftruncate(fd, (off_t)size) != 0)
         err = errno == ENOSPC || errno == EDQUOT ? ENOSPC : EIO;
     pthread_mutex_lock(&writer->lock);
     if (err == 0 && size < file->seq_end)
@@ -1069,7 +1564,8 @@ void writer_file_set_meta(struct writer_file *file, const struct writer_meta *me
     struct writer *writer = file->writer;
 
     pthread_mutex_lock(&writer->lock);
-    wait_idle_locked(writer, file);
+    while (file->held)
+        pthread_cond_wait(&writer->file_idle, &writer->lock);
     if (meta->mtime.tv_sec != file->meta.mtime.tv_sec ||
         meta->mtime.tv_nsec != file->meta.mtime.tv_nsec)
         file->mtime_set = true;
@@ -1078,38 +1574,49 @@ void writer_file_set_meta(struct writer_file *file, const struct writer_meta *me
     pthread_mutex_unlock(&writer->lock);
 }
 
+/* Promise FILE's current version in the journal (writeback close). */
+static int promise_current(struct writer *writer, struct writer_file *file)
+{
+    struct version v;
+
+    pthread_mutex_lock(&writer->lock);
+    version_take_locked(writer, file, false, &v);
+    pthread_mutex_unlock(&writer->lock);
+    int err = promise(writer, file, &v, NULL);
+    staging_file_drop(writer, &v.staging);
+    return err;
+}
+
 int writer_file_flush(struct writer_file *file)
 {
     struct writer *writer = file->writer;
 
     if (!writer->conf.writeback)
-        return upload_now(writer, file);
+        return upload_version(writer, file, false);
 
     pthread_mutex_lock(&writer->lock);
-    wait_idle_locked(writer, file);
-    if (!is_pending(file)) {
-        pthread_mutex_unlock(&writer->lock);
-        return 0;
-    }
-    file->busy = true;
+    while (file->held)
+        pthread_cond_wait(&writer->file_idle, &writer->lock);
+    bool pending = is_pending(file);
     pthread_mutex_unlock(&writer->lock);
+    if (!pending)
+        return 0;
 
     /* the promise of writeback mode: durable before close() returns; the
-     * upload is queued when the last writer closes */
-    int err = journal_file(writer, file, NULL);
+     * upload is queued when the last writer closes (an upload of an older
+     * version under way is not waited for) */
+    int err = promise_current(writer, file);
 
     pthread_mutex_lock(&writer->lock);
-    if (file->open_writers == 0)
-        enqueue_locked(writer, file);
-    file->busy = false;
-    pthread_cond_broadcast(&writer->file_idle);
+    if (file->open_writers == 0 && is_pending(file))
+        enqueue_locked(writer, file, SETTLE_SECONDS);
     pthread_mutex_unlock(&writer->lock);
     return err;
 }
 
 int writer_file_sync(struct writer_file *file)
 {
-    return upload_now(file->writer, file);
+    return upload_version(file->writer, file, false);
 }
 
 void writer_file_open_writer(struct writer_file *file)
@@ -1127,7 +1634,7 @@ void writer_file_close_writer(struct writer_file *file)
     if (file->open_writers > 0)
         file->open_writers--;
     if (file->open_writers == 0 && writer->conf.writeback && is_pending(file))
-        enqueue_locked(writer, file);
+        enqueue_locked(writer, file, SETTLE_SECONDS);
     pthread_mutex_unlock(&writer->lock);
 }
 
@@ -1139,74 +1646,132 @@ bool writer_file_pending(struct writer_file *file)
     return pending;
 }
 
-/* Make FILE busy for the caller (the hold of writer_file_rename). */
-static void hold(struct writer *writer, struct writer_file *file)
+/* ------------------------------------------------------ rename, unlink */
+
+/* Wait until FILE may be held by a rename or unlink, and hold it (lock
+ * held): no write, copy, upload or journal update of it is under way. */
+static void hold_locked_wait(struct writer *writer, struct writer_file *file)
 {
+    while (file->held || file->sending != NULL || file->journal_busy ||
+           file->active_writes > 0 || file->copying)
+        pthread_cond_wait(&writer->file_idle, &writer->lock);
+    file->held = true;
+}
+
+/*
+ * Move FILE's journal entry to FILE's key (after a rename; FILE is held),
+ * deleting REPLACED's entry in the same transaction when REPLACED is not
+ * NULL. An unclosed entry only goes: its upload was for the old key.
+ */
+static int move_entry(struct writer *writer, struct writer_file *file,
+                      struct writer_file *replaced)
+{
+    struct journal_entry entry;
+    struct staging_file *freed = NULL;
+    uint64_t dels[2];
+    size_t del_count = 0;
+    int err;
+
     pthread_mutex_lock(&writer->lock);
-    wait_idle_locked(writer, file);
-    file->busy = true;
+    file->journal_busy = true; /* (held: no other journal update runs) */
+    bool promised = has_promise(file);
+    if (file->entry != NULL && !promised)
+        dels[del_count++] = file->entry->id;
+    if (promised)
+        entry_of(file->entry->id, file->key, file->entry_size, &file->entry_meta,
+                 NULL, false, &entry);
+    if (replaced != NULL && replaced != file) {
+        journal_begin_locked(writer, replaced);
+        if (replaced->entry != NULL)
+            dels[del_count++] = replaced->entry->id;
+    }
     pthread_mutex_unlock(&writer->lock);
+
+    err = promised || del_count > 0
+              ? journal_update(writer->conf.journal, &entry, promised ? 1 : 0,
+                               dels, del_count)
+              : 0;
+    if (err != 0)
+        log_error("cannot move the journal entry of '%s': %s", file->key,
+                  strerror(err));
+
+    pthread_mutex_lock(&writer->lock);
+    if (err == 0 && file->entry != NULL && !promised) {
+        freed = unref_locked(file->entry);
+        file->entry = NULL;
+    }
+    if (err == 0) {
+        free(file->entry_upload_id);
+        file->entry_upload_id = NULL;
+    }
+    struct staging_file *freed_replaced = NULL;
+    if (replaced != NULL && replaced != file) {
+        if (err == 0 && replaced->entry != NULL) {
+            replaced->entry->journal_seal = 0;
+            freed_replaced = unref_locked(replaced->entry);
+            replaced->entry = NULL;
+        }
+        journal_end_locked(writer, replaced);
+    }
+    file->journal_busy = false;
+    pthread_cond_broadcast(&writer->file_idle);
+    pthread_mutex_unlock(&writer->lock);
+    staging_file_free(writer, freed, false);
+    staging_file_free(writer, freed_replaced, false);
+    return err;
 }
 
 int writer_file_rename(struct writer_file *file, const char *new_key,
-                       enum writer_renamed *state)
+                       struct writer_file *replaced, enum writer_renamed *state)
 {
     struct writer *writer = file->writer;
     char *copy = strdup(new_key);
+    int err = 0;
 
     *state = WRITER_RENAMED_UPLOADED;
-    if (copy == NULL) {
-        hold(writer, file);
-        return ENOMEM;
-    }
+    if (copy == NULL)
+        err = ENOMEM;
     /* a write-behind upload is under way at the old key: finish it there,
      * then the object moves as any uploaded one (if that upload fails,
      * the file is pending again and goes to the new key later) */
     pthread_mutex_lock(&writer->lock);
     bool streamed = file->wb != NULL && is_pending(file);
-    pthread_mutex_unlock(&writer->lock);
-    if (streamed)
-        upload_now(writer, file);
-    /* the base object is about to move or go: fetch what is still there */
-    pthread_mutex_lock(&writer->lock);
-    wait_idle_locked(writer, file);
     uint64_t whole = file->size;
-    bool partial = file->base_key != NULL;
     pthread_mutex_unlock(&writer->lock);
-    if (partial) {
-        int err = make_present(writer, file, 0, whole, false);
-        if (err != 0) {
-            free(copy);
-            hold(writer, file);
-            return err;
-        }
-    }
+    if (err == 0 && streamed)
+        upload_version(writer, file, false);
+    /* the base object is about to move or go: fetch what is still there */
+    if (err == 0)
+        err = make_present(writer, file, 0, whole, false);
+
     pthread_mutex_lock(&writer->lock);
-    wait_idle_locked(writer, file);
-    if (file->missing == 0) {
-        free(file->base_key); /* complete: nothing is copied from it now */
-        file->base_key = NULL;
+    hold_locked_wait(writer, file); /* held from here on, even on failure */
+    if (err != 0) {
+        pthread_mutex_unlock(&writer->lock);
+        free(copy);
+        return err;
     }
+    drop_base_locked(file); /* complete: nothing is copied from it now */
     free(file->key);
     file->key = copy;
     if (is_pending(file))
-        *state = file->journaled ? WRITER_RENAMED_JOURNALED
-                                 : WRITER_RENAMED_UNSAVED;
+        *state = has_promise(file) ? WRITER_RENAMED_JOURNALED
+                                   : WRITER_RENAMED_UNSAVED;
     /* a write that got in after the upload above may have begun another
      * write-behind upload, for the old key: it goes */
     struct writebehind *stale = file->wb;
-    bool unclosed_entry = stale != NULL && file->wb_journaled;
     file->wb = NULL;
-    file->wb_journaled = false;
-    bool rejournal = file->journaled && is_pending(file);
-    file->busy = true; /* held from the new key on, in one step */
+    bool journaled = file->entry != NULL;
     pthread_mutex_unlock(&writer->lock);
     writebehind_abandon(&stale); /* (safe on NULL) */
-    if (rejournal)
-        return journal_file(writer, file, NULL);
-    if (unclosed_entry)
-        journal_del(writer->conf.journal, file->id);
-    return 0;
+    /* the entry names the new key; the replaced file's promise goes in the
+     * same transaction only when this one takes its place in the journal
+     * (otherwise the caller drops it once the bucket has the new object:
+     * writer_file_forget) */
+    bool takes_place = *state == WRITER_RENAMED_JOURNALED;
+    if (journaled || (takes_place && replaced != NULL))
+        err = move_entry(writer, file, takes_place ? replaced : NULL);
+    return err;
 }
 
 int writer_file_rename_back(struct writer_file *file, const char *key)
@@ -1219,14 +1784,19 @@ int writer_file_rename_back(struct writer_file *file, const char *key)
     pthread_mutex_lock(&writer->lock);
     free(file->key);
     file->key = copy;
-    bool rejournal = file->journaled && is_pending(file);
+    bool journaled = file->entry != NULL;
     pthread_mutex_unlock(&writer->lock);
-    return rejournal ? journal_file(writer, file, NULL) : 0; /* (held: busy) */
+    return journaled ? move_entry(writer, file, NULL) : 0; /* (held) */
 }
 
 void writer_file_release(struct writer_file *file)
 {
-    end_busy(file->writer, file);
+    struct writer *writer = file->writer;
+
+    pthread_mutex_lock(&writer->lock);
+    file->held = false;
+    pthread_cond_broadcast(&writer->file_idle);
+    pthread_mutex_unlock(&writer->lock);
 }
 
 int writer_file_complete(struct writer_file *file)
@@ -1238,10 +1808,8 @@ int writer_file_complete(struct writer_file *file)
     pthread_mutex_unlock(&writer->lock);
     int err = make_present(writer, file, 0, whole, false);
     pthread_mutex_lock(&writer->lock);
-    if (err == 0 && file->missing == 0 && !file->busy) {
-        free(file->base_key); /* nothing is copied from it now */
-        file->base_key = NULL;
-    }
+    if (err == 0 && !file->held)
+        drop_base_locked(file);
     pthread_mutex_unlock(&writer->lock);
     return err;
 }
@@ -1253,56 +1821,38 @@ void writer_file_set_owner(struct writer_file *file, void *owner)
     pthread_mutex_unlock(&file->writer->lock);
 }
 
-/* Take FILE out of the upload queue (lock held); returns whether it was
- * there (the queue's reference is then the caller's to drop). */
-static bool dequeue_locked(struct writer *writer, struct writer_file *file)
-{
-    struct writer_file **link = &writer->queue_head, *previous = NULL;
-
-    if (!file->queued)
-        return false;
-    while (*link != NULL && *link != file) {
-        previous = *link;
-        link = &(*link)->queue_next;
-    }
-    if (*link == NULL)
-        return false;
-    *link = file->queue_next;
-    if (writer->queue_tail == file)
-        writer->queue_tail = previous;
-    file->queued = false;
-    return true;
-}
-
 void writer_file_relink(struct writer_file *file)
 {
     struct writer *writer = file->writer;
 
     pthread_mutex_lock(&writer->lock);
-    wait_idle_locked(writer, file);
+    while (file->held)
+        pthread_cond_wait(&writer->file_idle, &writer->lock);
     file->unlinked = false;
     bool pending = is_pending(file);
-    if (pending)
-        file->busy = true;
+    /* its promise was dropped with the unlink (or the rename that failed
+     * had replaced it): promise what it holds again */
+    bool promise_again = pending && !(has_promise(file) &&
+                                      file->entry_gen >= file->gen) &&
+                         (writer->conf.writeback || file->failed);
     pthread_mutex_unlock(&writer->lock);
     if (!pending)
         return;
-    /* it was journaled before the unlink took it out: again */
-    int err = journal_file(writer, file, NULL);
+    int err = promise_again ? promise_current(writer, file) : 0;
     pthread_mutex_lock(&writer->lock);
-    if (err == 0 && file->open_writers == 0)
-        enqueue_locked(writer, file);
-    file->busy = false;
-    pthread_cond_broadcast(&writer->file_idle);
+    if (err == 0 && file->open_writers == 0 && writer->conf.writeback)
+        enqueue_locked(writer, file, 0);
     pthread_mutex_unlock(&writer->lock);
 }
 
-bool writer_file_unlink(struct writer_file *file)
+bool writer_file_unlink(struct writer_file *file, bool forget)
 {
     struct writer *writer = file->writer;
 
     pthread_mutex_lock(&writer->lock);
-    wait_idle_locked(writer, file);
+    /* an upload under way lands first: the caller deletes what it made */
+    while (file->held || file->sending != NULL)
+        pthread_cond_wait(&writer->file_idle, &writer->lock);
     file->unlinked = true;
     bool uploaded = file->uploaded;
     /* its staged data goes as soon as nobody reads it: not at the queue's
@@ -1311,21 +1861,20 @@ bool writer_file_unlink(struct writer_file *file)
         file->refs--; /* the caller holds one more: never the last */
     struct writebehind *wb = file->wb;
     file->wb = NULL;
-    bool forget = file->journaled || file->wb_journaled;
-    if (forget || wb != NULL)
-        file->busy = true;
     pthread_mutex_unlock(&writer->lock);
-    if (!forget && wb == NULL)
-        return uploaded;
     writebehind_abandon(&wb);
-    if (forget && journal_del(writer->conf.journal, file->id) == 0) {
-        pthread_mutex_lock(&writer->lock);
-        file->journaled = false;
-        file->wb_journaled = false;
-        pthread_mutex_unlock(&writer->lock);
-    }
-    end_busy(writer, file);
+    if (forget)
+        forget_entry(writer, file, 0);
     return uploaded;
+}
+
+void writer_file_forget(struct writer_file *file)
+{
+    pthread_mutex_lock(&file->writer->lock);
+    bool unlinked = file->unlinked;
+    pthread_mutex_unlock(&file->writer->lock);
+    if (unlinked)
+        forget_entry(file->writer, file, 0);
 }
 
 bool writer_file_etag(struct writer_file *file, char *etag_out)
@@ -1349,7 +1898,6 @@ int writer_create(const struct writer_conf *conf, struct writer **out)
     if (writer == NULL)
         return ENOMEM;
     writer->conf = *conf;
-    writer->staging_dir_fd = -1;
     writer->upload = (struct upload_conf){
         .s3 = conf->s3,
         .workers = conf->workers,
@@ -1365,24 +1913,9 @@ int writer_create(const struct writer_conf *conf, struct writer **out)
     pthread_cond_init(&writer->work_queued, &monotonic);
     pthread_condattr_destroy(&monotonic);
     pthread_cond_init(&writer->upload_done, NULL);
-    if (asprintf(&writer->staging_dir, "%s/staging",
-                 cache_dir_path(conf->cache)) < 0) {
-        writer->staging_dir = NULL;
-        err = ENOMEM;
+    err = staging_dir_open(cache_dir_path(conf->cache), &writer->staging);
+    if (err != 0)
         goto out;
-    }
-    writer->staging_dir_fd = -1;
-    if (mkdir(writer->staging_dir, 0700) != 0 && errno != EEXIST) {
-        err = errno;
-        log_error("cannot create %s: %s", writer->staging_dir, strerror(err));
-        goto out;
-    }
-    writer->staging_dir_fd = open(writer->staging_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (writer->staging_dir_fd < 0) {
-        err = errno;
-        log_error("cannot open %s: %s", writer->staging_dir, strerror(err));
-        goto out;
-    }
     unsigned count = conf->uploaders ? conf->uploaders : 1;
     writer->threads = calloc(count, sizeof(*writer->threads));
     if (writer->threads == NULL) {
@@ -1415,13 +1948,11 @@ void writer_destroy(struct writer **writerp)
     for (unsigned i = 0; i < writer->thread_count; i++)
         pthread_join(writer->threads[i], NULL);
     free(writer->threads);
-    if (writer->staging_dir_fd >= 0)
-        close(writer->staging_dir_fd);
+    staging_dir_close(&writer->staging);
     pthread_mutex_destroy(&writer->lock);
     pthread_cond_destroy(&writer->file_idle);
     pthread_cond_destroy(&writer->work_queued);
     pthread_cond_destroy(&writer->upload_done);
-    free(writer->staging_dir);
     free(writer);
     *writerp = NULL;
 }
@@ -1445,16 +1976,21 @@ uint64_t writer_drain(struct writer *writer)
     writer->draining = true;
     for (struct writer_file *file = writer->all; file != NULL; file = file->all_next)
         if (is_pending(file))
-            enqueue_locked(writer, file);
+            enqueue_locked(writer, file, 0);
     pthread_cond_broadcast(&writer->work_queued);
     while (writer->queue_head != NULL || writer->running > 0)
         pthread_cond_wait(&writer->upload_done, &writer->lock);
     for (struct writer_file *file = writer->all; file != NULL; file = file->all_next)
         if (is_pending(file)) {
             left++;
-            log_error("'%s' could not be uploaded; it stays in the journal of "
-                      "the cache directory and the next mount uploads it",
-                      file->key);
+            if (has_promise(file))
+                log_error("'%s' could not be uploaded; it stays in the journal "
+                          "of the cache directory and the next mount uploads "
+                          "it", file->key);
+            else
+                log_error("'%s' could not be uploaded, nor recorded in the "
+                          "journal: its data is lost when this mount ends",
+                          file->key);
         }
     pthread_mutex_unlock(&writer->lock);
     return left;
@@ -1462,96 +1998,57 @@ uint64_t writer_drain(struct writer *writer)
 
 /* ------------------------------------------------------------- recovery */
 
+/* A journal entry read back, its strings copied. */
+struct recovered {
+    struct journal_entry entry;
+    char *key, *upload_id;
+};
+
 struct recovery {
     struct writer *writer;
     writer_adopt_fn adopt;
     void *arg;
-    uint64_t *ids;               /* journaled ids, for the staging sweep */
-    size_t id_count, id_capacity;
+    struct recovered *entries;   /* every entry, in id order */
+    size_t count, capacity;
+    uint64_t *ids;               /* ids of staging files kept (sorted) */
+    size_t id_count;
     unsigned queued;
 };
 
-static int recover_entry(void *arg, const struct journal_entry *entry)
+static int collect_entry(void *arg, const struct journal_entry *entry)
 {
     struct recovery *recovery = arg;
-    struct writer *writer = recovery->writer;
-    struct writer_meta meta = {
-        .mode = entry->mode, .uid = entry->uid, .gid = entry->gid,
-        .mtime = entry->mtime,
-    };
-    struct writer_file *file = NULL;
-    char path[PATH_MAX];
-    struct stat st;
 
-    if (recovery->id_count == recovery->id_capacity) {
-        size_t capacity = recovery->id_capacity ? recovery->id_capacity * 2 : 64;
-        uint64_t *grown = realloc(recovery->ids, capacity * sizeof(*grown));
+    if (recovery->count == recovery->capacity) {
+        size_t capacity = recovery->capacity ? recovery->capacity * 2 : 64;
+        void *grown = realloc(recovery->entries, capacity * sizeof(*recovery->entries));
         if (grown == NULL)
             return ENOMEM;
-        recovery->ids = grown;
-        recovery->id_capacity = capacity;
+        recovery->entries = grown;
+        recovery->capacity = capacity;
     }
-    if (entry->unclosed) {
-        /* written when the crash came, never closed: nobody was promised
-         * its data (its staging file goes with the others not journaled);
-         * only its write-behind upload is to be aborted */
-        int err = entry->upload_id != NULL
-                      ? upload_abort(&writer->upload, entry->key, entry->upload_id)
-                      : 0;
-        if (err == 0)
-            journal_del(writer->conf.journal, entry->id);
-        else
-            log_warn("cannot abort the unfinished upload of '%s' (%s); the "
-                     "next mount tries again", entry->key, strerror(err));
-        return 0;
+    struct recovered *copy = &recovery->entries[recovery->count];
+    copy->entry = *entry;
+    copy->key = strdup(entry->key);
+    copy->upload_id = entry->upload_id != NULL ? strdup(entry->upload_id) : NULL;
+    if (copy->key == NULL || (entry->upload_id != NULL && copy->upload_id == NULL)) {
+        free(copy->key);
+        free(copy->upload_id);
+        return ENOMEM;
     }
-    recovery->ids[recovery->id_count++] = entry->id;
-
-    if (entry->upload_id != NULL)
-        upload_abort(&writer->upload, entry->key, entry->upload_id);
-    staging_path(writer, entry->id, path, sizeof(path));
-    int fd = open(path, O_RDWR | O_CLOEXEC);
-    if (fd < 0 || fstat(fd, &st) != 0) {
-        log_error("the journal names '%s' but its staging file %s is missing; "
-                  "it cannot be uploaded and is dropped from the journal",
-                  entry->key, path);
-        if (fd >= 0)
-            close(fd);
-        journal_del(writer->conf.journal, entry->id);
-        return 0;
-    }
-    uint64_t size = entry->size;
-    if ((uint64_t)st.st_size != size) {
-        /* changed in place after it was journaled (reopened and written
-         * before its upload): what is on disk is the latest */
-        log_warn("'%s' changed after it was closed and before the crash; "
-                 "uploading it as it was then (%llu bytes)", entry->key,
-                 (unsigned long long)st.st_size);
-        size = (uint64_t)st.st_size;
-    }
-    int err = file_new(writer, entry->id, fd, entry->key, &meta, NULL, &file);
-    if (err != 0) {
-        close(fd);
-        return err;
-    }
-    file->size = size;
-    file->reserved = size;
-    file->gen = 1;
-    file->uploaded_gen = NEVER;
-    file->journaled = true;
-    file->journaled_size = entry->size;
-    file->journaled_meta = meta;
-    if (entry->upload_id != NULL || size != entry->size)
-        journal_file(writer, file, NULL); /* the aborted id is gone */
-    if (recovery->adopt != NULL)
-        recovery->adopt(recovery->arg, writer_file_ref(file), entry->key,
-                        size, &meta);
-    pthread_mutex_lock(&writer->lock);
-    enqueue_locked(writer, file);
-    pthread_mutex_unlock(&writer->lock);
-    writer_file_put(&file);
-    recovery->queued++;
+    copy->entry.key = copy->key;
+    copy->entry.upload_id = copy->upload_id;
+    recovery->count++;
     return 0;
+}
+
+static int compare_by_key(const void *a, const void *b)
+{
+    const struct recovered *x = a, *y = b;
+    int order = strcmp(x->key, y->key);
+    if (order != 0)
+        return order;
+    return x->entry.id < y->entry.id ? -1 : x->entry.id > y->entry.id;
 }
 
 static int compare_ids(const void *a, const void *b)
@@ -1560,41 +2057,157 @@ static int compare_ids(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* Upload the promise ENTRY again: a file for it, attached and queued.
+ * Returns whether its staging file is kept. */
+static bool recover_promise(struct recovery *recovery, const struct journal_entry *entry)
+{
+    struct writer *writer = recovery->writer;
+    struct writer_meta meta = {
+        .mode = entry->mode, .uid = entry->uid, .gid = entry->gid,
+        .mtime = entry->mtime,
+    };
+    struct staging_file *staging = calloc(1, sizeof(*staging));
+    struct writer_file *file = NULL;
+    char path[PATH_MAX];
+    struct stat st;
+
+    if (entry->upload_id != NULL)
+        upload_abort(&writer->upload, entry->key, entry->upload_id);
+    staging_path(writer->staging, entry->id, path, sizeof(path));
+    int err = staging == NULL ? ENOMEM
+            : staging_open(writer->staging, entry->id, &staging->fd);
+    if (err == 0 && (fstat(staging->fd, &st) != 0 ||
+                     (uint64_t)st.st_size < entry->size)) {
+        close(staging->fd);
+        err = ENODATA;
+    }
+    if (err != 0) {
+        log_error("the journal names '%s' but its staging file %s is %s; it "
+                  "cannot be uploaded and is dropped from the journal",
+                  entry->key, path, err == ENODATA ? "shorter" : "missing");
+        free(staging);
+        journal_del(writer->conf.journal, entry->id);
+        return false;
+    }
+    if ((uint64_t)st.st_size > entry->size) {
+        /* appended to after it was closed, never closed again: what was
+         * closed is what goes */
+        log_info("'%s': uploading the %llu bytes that were closed (%llu more "
+                 "were written and not closed before the crash)", entry->key,
+                 (unsigned long long)entry->size,
+                 (unsigned long long)((uint64_t)st.st_size - entry->size));
+        if (ftruncate(staging->fd, (off_t)entry->size) != 0)
+            log_warn("'%s': cannot cut its staging file to what was closed: %s",
+                     entry->key, strerror(errno));
+    }
+    staging->id = entry->id;
+    staging->refs = 2; /* data and entry */
+    staging->journal_seal = entry->size;
+    if (file_new(writer, staging, entry->key, &meta, NULL, &file) != 0) {
+        staging_file_free(writer, staging, true);
+        return true; /* the entry stays for the next mount */
+    }
+    file->size = entry->size;
+    file->reserved = entry->size;
+    file->gen = file->data_gen = 1;
+    file->uploaded_gen = 0;
+    file->entry = staging;
+    file->entry_gen = file->entry_data_gen = 1;
+    file->entry_size = entry->size;
+    file->entry_meta = meta;
+    if (entry->upload_id != NULL) {
+        /* the aborted upload is gone: the entry without it */
+        struct journal_entry again = *entry;
+        again.upload_id = NULL;
+        journal_put(writer->conf.journal, &again);
+    }
+    if (recovery->adopt != NULL)
+        recovery->adopt(recovery->arg, writer_file_ref(file), entry->key,
+                        entry->size, &meta);
+    pthread_mutex_lock(&writer->lock);
+    enqueue_locked(writer, file, 0);
+    pthread_mutex_unlock(&writer->lock);
+    writer_file_put(&file);
+    recovery->queued++;
+    return true;
+}
+
+static int sweep_staging(void *arg, uint64_t id)
+{
+    struct recovery *recovery = arg;
+
+    if (recovery->id_count > 0 &&
+        bsearch(&id, recovery->ids, recovery->id_count, sizeof(uint64_t),
+                compare_ids) != NULL)
+        return 0;
+    /* a record this version cannot read may name promised data; an
+     * unclosed entry whose abort failed keeps its data until a later
+     * mount removes both */
+    if (!journal_has(recovery->writer->conf.journal, id))
+        staging_remove(recovery->writer->staging, id);
+    return 0;
+}
+
 int writer_recover(struct writer *writer, writer_adopt_fn adopt, void *arg)
 {
     struct recovery recovery = {.writer = writer, .adopt = adopt, .arg = arg};
-    int err = journal_scan(writer->conf.journal, recover_entry, &recovery);
+    int err = journal_scan(writer->conf.journal, collect_entry, &recovery);
 
+    if (err == 0 && recovery.count > 0 &&
+        (recovery.ids = calloc(recovery.count, sizeof(uint64_t))) == NULL)
+        err = ENOMEM;
+    if (err == 0)
+        qsort(recovery.entries, recovery.count, sizeof(*recovery.entries),
+              compare_by_key);
+    for (size_t i = 0; err == 0 && i < recovery.count; i++) {
+        const struct journal_entry *entry = &recovery.entries[i].entry;
+        if (entry->unclosed) {
+            /* written when the crash came, never closed: nobody was
+             * promised its data (its staging file goes with the others
+             * not kept); only its write-behind upload is to be aborted */
+            int aborted = entry->upload_id != NULL
+                ? upload_abort(&writer->upload, entry->key, entry->upload_id) : 0;
+            if (aborted == 0)
+                journal_del(writer->conf.journal, entry->id);
+            else
+                log_warn("cannot abort the unfinished upload of '%s' (%s); the "
+                         "next mount tries again", entry->key, strerror(aborted));
+            continue;
+        }
+        /* one promise per key: the journal replaces an entry in the same
+         * transaction as it writes the next, so two would be a defect;
+         * the newest (the last one here) is the one kept */
+        bool superseded = false;
+        for (size_t j = i + 1; j < recovery.count; j++) {
+            if (strcmp(recovery.entries[j].key, entry->key) != 0)
+                break;
+            superseded = superseded || !recovery.entries[j].entry.unclosed;
+        }
+        if (superseded) {
+            log_warn("the journal holds more than one upload of '%s'; the "
+                     "newest one goes, entry %016" PRIx64 " is dropped",
+                     entry->key, entry->id);
+            journal_del(writer->conf.journal, entry->id);
+            continue;
+        }
+        if (recover_promise(&recovery, entry))
+            recovery.ids[recovery.id_count++] = entry->id;
+    }
     if (recovery.queued > 0)
         log_info("uploading %u file%s written before the last mount ended",
                  recovery.queued, recovery.queued == 1 ? "" : "s");
-    /* staging files the journal does not name were never closed (or
-     * were being written when the crash came: their entries are gone) */
-    DIR *dir = err == 0 ? opendir(writer->staging_dir) : NULL;
-    if (dir != NULL) {
+    /* staging files no entry keeps were never closed (or were being
+     * written when the crash came: their entries are gone) */
+    if (err == 0) {
         if (recovery.id_count > 0)
             qsort(recovery.ids, recovery.id_count, sizeof(uint64_t), compare_ids);
-        struct dirent *entry;
-        while ((entry = readdir(dir)) != NULL) {
-            char *end = NULL;
-            uint64_t id = strtoull(entry->d_name, &end, 16);
-            if (entry->d_name[0] == '.' || end == NULL || *end != '\0')
-                continue;
-            if (recovery.id_count > 0 &&
-                bsearch(&id, recovery.ids, recovery.id_count, sizeof(uint64_t),
-                        compare_ids) != NULL)
-                continue;
-            /* a record this version cannot read may name promised data;
-             * (an unclosed entry whose abort failed keeps its data until a
-             * later mount removes both) */
-            if (journal_has(writer->conf.journal, id))
-                continue;
-            char path[PATH_MAX];
-            staging_path(writer, id, path, sizeof(path));
-            unlink(path);
-        }
-        closedir(dir);
+        staging_scan(writer->staging, sweep_staging, &recovery);
     }
+    for (size_t i = 0; i < recovery.count; i++) {
+        free(recovery.entries[i].key);
+        free(recovery.entries[i].upload_id);
+    }
+    free(recovery.entries);
     free(recovery.ids);
     return err;
 }

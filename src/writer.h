@@ -17,17 +17,20 @@
  *   - writer_file_sync() (fsync()) returns after the object is in the
  *     bucket, in both modes;
  *   - a failed upload keeps the staged data and its journal entry, counts
- *     in the statistics, and is returned by flush/sync; the next sync, the
- *     drain at unmount, or the next mount (writer_recover()) tries again;
+ *     in the statistics, and is returned by flush/sync; it is tried again
+ *     in the background (backoff from 1 s up to 5 min), by the next sync,
+ *     the drain at unmount, or the next mount (writer_recover());
+ *   - versions of one file reach the bucket in the order they were written,
+ *     and a version that was not closed never replaces one that was.
  *   - writer_drain() (unmount) returns once nothing is left to upload, or
  *     what is left has failed again (it stays journaled for the next mount).
  *
  * Locking: one writer mutex guards the fields of every file and the
- * queues; it is never held across disk or network I/O. A file that is
- * being uploaded, renamed or journaled is "busy": writes, truncates and
- * other such operations on it wait until it is not (condition
- * file_idle), so an upload never reads a staging file that changes
- * underneath it. Writes themselves run outside the lock.
+ * queues; it is never held across disk or network I/O. Bytes being
+ * uploaded or promised by the journal never change in place: a write over
+ * them goes to a copy (see writer.c), so writes and close() do not wait
+ * for uploads. A rename or an unlink holds a file (writes wait) and waits
+ * for an upload of it under way. Writes themselves run outside the lock.
  */
 #ifndef S3CFS_WRITER_H
 #define S3CFS_WRITER_H
@@ -85,7 +88,9 @@ struct writer_stats {
     uint64_t bytes_written;       /* by applications */
     uint64_t uploads_pending;     /* staged files not yet in the bucket */
     uint64_t uploads_completed;
-    uint64_t upload_failures;     /* uploads that failed for good */
+    uint64_t upload_failures;     /* uploads that failed (each attempt) */
+    uint64_t upload_retries;      /* of which tried again in the background */
+    uint64_t copies_on_write;     /* staged data copied before a change */
 };
 
 struct writer;
@@ -193,14 +198,20 @@ enum writer_renamed {
 };
 
 /* The file is now to be uploaded as NEW_KEY (a rename; the journal
- * follows). Waits while the file is busy. *STATE says what the data was
- * (see enum writer_renamed); once not UPLOADED, the data goes to NEW_KEY
- * when it is uploaded. The file stays busy on return, also on failure
- * (no upload, write or other change of it begins) until
+ * follows). Waits for an upload of it under way. *STATE says what the data
+ * was (see enum writer_renamed); once not UPLOADED, the data goes to
+ * NEW_KEY when it is uploaded. REPLACED (may be NULL) is the staged file
+ * the rename replaces at NEW_KEY, unlinked before with
+ * writer_file_unlink(REPLACED, false): when the state is JOURNALED, its
+ * journal entry goes in the same transaction as this file's entry moves
+ * to NEW_KEY (a crash leaves one promise or the other); otherwise the
+ * caller drops it with writer_file_forget() once the bucket holds what
+ * NEW_KEY now names. The file stays held on return, also on failure (no
+ * upload, write or other change of it begins) until
  * writer_file_release(): a rename moves the old object first, and an
  * upload of the new data must not land before it. */
 int writer_file_rename(struct writer_file *file, const char *new_key,
-                       enum writer_renamed *state);
+                       struct writer_file *replaced, enum writer_renamed *state);
 
 /* Undo the rename of a file held by writer_file_rename(): it is to be
  * uploaded as KEY again (re-journaled if it was), still held. */
@@ -217,13 +228,20 @@ int writer_file_complete(struct writer_file *file);
 void writer_file_set_owner(struct writer_file *file, void *owner);
 
 /* The file was unlinked: never upload it; its data goes when the last
- * reference does (the caller holds one). Waits while the file is busy.
- * Returns whether an upload of it reached the bucket (then the object is
- * there to delete). */
-bool writer_file_unlink(struct writer_file *file);
+ * reference does (the caller holds one). Waits for an upload of it under
+ * way (so that the caller's DELETE comes after it). FORGET: its journal
+ * entry goes now (else it stays until writer_file_forget() or
+ * writer_file_rename(), for a rename that replaces it). Returns whether
+ * an upload of it reached the bucket (then the object is there to
+ * delete). */
+bool writer_file_unlink(struct writer_file *file, bool forget);
+
+/* Drop the journal entry of a file unlinked with writer_file_unlink(file,
+ * false). */
+void writer_file_forget(struct writer_file *file);
 
 /* Undo writer_file_unlink() (the operation that unlinked it failed): it
- * is journaled and uploaded again if it was pending. */
+ * is journaled again if its entry went, and uploaded if it is pending. */
 void writer_file_relink(struct writer_file *file);
 
 /* Whether the object was uploaded and its ETag (S3_ETAG_MAX bytes). */

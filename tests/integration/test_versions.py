@@ -1,0 +1,237 @@
+"""Versions of one file: a read after close() returns what was closed, the
+bucket ends with the last version whatever older uploads do, a crash never
+lets a version that was not closed (or an older one) replace the one that
+was promised, and a failed upload heals by itself.
+
+Each test makes its race a fact with the proxy (tests/harness/s3proxy.py):
+an upload held at the proxy is "under way" for as long as the test wants.
+What is in the bucket is checked with boto3, straight to the server.
+"""
+import errno
+import os
+import random
+import subprocess
+import time
+
+import pytest
+
+import s3proxy
+
+from conftest import BINARY, read_stats, wait_for
+from writehelp import (HANG_TIMEOUT, HOLD_ALL, KiB, MiB, bucket_keys, head,
+                       kill_9, object_bytes, payload, proxy, run_within, sha,
+                       start_in_thread, wait_stat, write_file)
+
+__all__ = ['proxy']   # the fixture, imported for pytest
+
+
+def put_to(key):
+    """inject() matcher: object PUTs (not copies: those carry a header the
+    matcher cannot see, so tests keep copies away) to KEY."""
+    def match(method, path, query):
+        return method == 'PUT' and path.endswith('/' + key)
+    return match
+
+
+def unmount_command(mnt):
+    """`s3cachefs --unmount`: returns once every upload is done."""
+    done = subprocess.run([BINARY, '--unmount', str(mnt.path)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr + mnt.log()[-3000:]
+    mnt.process.wait(timeout=HANG_TIMEOUT)
+    mnt.process = None
+
+
+def rewrite_and_read(path, data):
+    write_file(path, data)
+    with open(path, 'rb') as reading:
+        return reading.read()
+
+
+# ------------------------------------------------------ reads after close
+
+@pytest.mark.parametrize('mode', ['default', 'writeback'])
+def test_read_after_close_while_an_older_version_uploads(server, s3, bucket,
+                                                        proxy, mount, mode):
+    """A 1 MiB version's upload is held at the proxy; the file is opened
+    with O_TRUNC, 10 bytes are written and closed: a read returns those 10
+    bytes, and neither the writes nor (with -o writeback) close() waited
+    for the held upload. After the upload is let through, the bucket ends
+    with the 10 bytes. (Before: the file's staged data was detached once
+    the old upload ended, the rewrite went to a copy nobody read, and the
+    read returned the 1 MiB version; 20-25 of 300 reads in a loop.)"""
+    options = ['writeback'] if mode == 'writeback' else []
+    mnt = mount(bucket, options=options, endpoint=proxy.endpoint)
+    path = mnt.path / 'ckpt.bin'
+    old, new = payload('v1', MiB), b'0123456789'
+    proxy.inject('hold', HOLD_ALL, 'PUT')
+    try:
+        if mode == 'writeback':
+            write_file(path, old)
+        else:
+            # default mode: the closing thread uploads; the rewrite comes
+            # from another descriptor while that upload is held
+            closing = start_in_thread(write_file, path, old)
+        wait_for(lambda: proxy.holding >= 1, 10, 'the upload at the proxy')
+        rewriting = start_in_thread(rewrite_and_read, path, new)
+        if mode == 'writeback':
+            try:
+                got = rewriting.result(timeout=10)
+            except TimeoutError:
+                pytest.fail('the rewrite waited for the held upload of the '
+                            'older version')
+            assert got == new, f'read {len(got)} bytes after writing 10'
+            assert sha(path.read_bytes()) == sha(new)
+        else:
+            time.sleep(1)
+            # the default mode's close uploads, and waits: let both go
+            proxy.release()
+            closing.result(timeout=HANG_TIMEOUT)
+            got = rewriting.result(timeout=HANG_TIMEOUT)
+            assert got == new, f'read {len(got)} bytes after writing 10'
+    finally:
+        proxy.release()
+    unmount_command(mnt)
+    assert object_bytes(s3, bucket, 'ckpt.bin') == new
+
+
+def test_rewrites_in_a_loop_read_back_what_was_closed(server, s3, bucket,
+                                                      mount):
+    """-o writeback, 40 ms per request at the proxy: three names written
+    and read back in turn, 60 times, sizes 0 B to 3 MiB. Every read is the
+    version just closed; after `--unmount`, each name holds its last."""
+    with s3proxy.S3Proxy(server.endpoint, latency=0.04) as slow:
+        mnt = mount(bucket, options=['writeback'], endpoint=slow.endpoint)
+        rng = random.Random(7)
+        last = {}
+        wrong = []
+        for i in range(60):
+            name = f'f{i % 3}'
+            size = rng.choice([0, 10, 4 * KiB, 300 * KiB, MiB, 3 * MiB])
+            data = payload(f'loop{i}', size)
+            got = rewrite_and_read(mnt.path / name, data)
+            last[name] = data
+            if got != data:
+                wrong.append((i, name, size, len(got)))
+        assert not wrong, f'reads returned another version: {wrong}'
+        unmount_command(mnt)
+    for name, data in last.items():
+        assert sha(object_bytes(s3, bucket, name)) == sha(data), name
+
+
+# ------------------------------------------------------ crashes
+
+@pytest.mark.parametrize('change', ['truncate', 'overwrite', 'append'])
+def test_crash_uploads_what_was_closed(server, s3, bucket, proxy, mount,
+                                       tmp_path, change):
+    """-o writeback: a file closed (journaled; its uploads refused), reopened
+    and changed without a close (O_TRUNC and a few bytes, the same size
+    rewritten in place, or appended to), then kill -9: the next mount
+    uploads exactly the bytes that were closed. (Before: it uploaded the
+    staging file as it was, bytes nobody had closed; a rewrite of the same
+    size silently.)"""
+    cache = tmp_path / 'cache'
+    mnt = mount(bucket, options=['writeback'], endpoint=proxy.endpoint,
+                cache=cache)
+    path = mnt.path / 'model.bin'
+    closed = payload('closed', 200 * KiB + 3)
+    proxy.inject('denied', HOLD_ALL, 'PUT')
+    fd = -1
+    try:
+        write_file(path, closed)
+        if change == 'truncate':
+            fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
+            os.write(fd, b'not closed')
+        elif change == 'overwrite':
+            fd = os.open(path, os.O_WRONLY)
+            os.write(fd, payload('other', len(closed)))
+        else:
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+            os.write(fd, b'appended, not closed')
+        kill_9(mnt)
+    finally:
+        if fd >= 0:
+            try:
+                os.close(fd)
+            except OSError as error:
+                assert error.errno == errno.ENOTCONN
+        proxy.clear_faults()
+    assert head(s3, bucket, 'model.bin') is None
+    again = mount(bucket, options=['writeback'], cache=cache, name='again')
+    assert (again.path / 'model.bin').read_bytes() == closed
+    unmount_command(again)
+    assert sha(object_bytes(s3, bucket, 'model.bin')) == sha(closed)
+
+
+def test_crash_during_a_rename_over_a_pending_file(server, s3, bucket, proxy,
+                                                  mount, tmp_path):
+    """-o writeback: b closed (journaled, not uploaded: another descriptor
+    keeps it open for writing), then a (in the bucket) renamed over b, and
+    kill -9 while the rename's server-side copy is held at the proxy. The
+    next mount leaves b with one of its two versions: b's promise or a's
+    bytes. (Before: b's journal entry was dropped before the copy, and b
+    was gone.)"""
+    cache = tmp_path / 'cache'
+    mnt = mount(bucket, options=['writeback'], endpoint=proxy.endpoint,
+                cache=cache)
+    a_data, b_data = payload('a', 100 * KiB), payload('b', 150 * KiB)
+    write_file(mnt.path / 'a', a_data)
+    fsync_fd = os.open(mnt.path / 'a', os.O_RDONLY)
+    os.fsync(fsync_fd)
+    os.close(fsync_fd)
+    assert object_bytes(s3, bucket, 'a') == a_data
+    keeper = os.open(mnt.path / 'b', os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        write_file(mnt.path / 'b', b_data)
+        time.sleep(0.5)   # past the settle: b stays unsent while open
+        assert head(s3, bucket, 'b') is None
+        proxy.inject('hold', HOLD_ALL, put_to('b'))
+        renaming = start_in_thread(os.rename, mnt.path / 'a', mnt.path / 'b')
+        wait_for(lambda: proxy.holding >= 1, 10, 'the copy to b at the proxy')
+        kill_9(mnt)
+        with pytest.raises(OSError):
+            renaming.result(timeout=HANG_TIMEOUT)
+    finally:
+        try:
+            os.close(keeper)
+        except OSError as error:
+            assert error.errno == errno.ENOTCONN
+        proxy.stop()   # the held copy is reset, never forwarded
+    assert head(s3, bucket, 'b') is None
+    again = mount(bucket, options=['writeback'], cache=cache, name='again')
+    unmount_command(again)
+    answer = head(s3, bucket, 'b')
+    assert answer is not None, 'b is gone: its promise was dropped before ' \
+                               'the rename was done'
+    assert sha(object_bytes(s3, bucket, 'b')) in (sha(b_data), sha(a_data))
+
+
+# ------------------------------------------------------ failures heal
+
+@pytest.mark.parametrize('mode', ['default', 'writeback'])
+def test_failed_upload_is_retried_in_the_background(server, s3, bucket, proxy,
+                                                    mount, mode):
+    """Every PUT refused (403) three times, then allowed: the file reaches
+    the bucket by itself, with no fsync, close or unmount to push it, and
+    the counters say it was retried. (Before: only fsync, the unmount or
+    the next mount tried again.)"""
+    options = ['writeback'] if mode == 'writeback' else []
+    mnt = mount(bucket, options=options, endpoint=proxy.endpoint)
+    data = payload('retried', 50 * KiB)
+    proxy.inject('denied', 3, 'PUT')
+    outcome, _ = run_within(HANG_TIMEOUT, write_file, mnt.path / 'r.bin', data)
+    if mode == 'writeback':
+        assert outcome is None, outcome
+    else:
+        assert isinstance(outcome, OSError) and outcome.errno == errno.EACCES, \
+            outcome
+    wait_for(lambda: head(s3, bucket, 'r.bin') is not None, 30,
+             'the background retry to upload the file')
+    assert object_bytes(s3, bucket, 'r.bin') == data
+    stats = read_stats(mnt.path)
+    assert stats['upload_retries'] >= 1, stats
+    assert stats['upload_failures'] >= 1, stats
+    wait_stat(mnt, 'uploads_pending', lambda v: v == 0)
+    assert 'tried again' in mnt.log()
+    assert bucket_keys(s3, bucket) == ['r.bin']
+
