@@ -761,6 +761,50 @@ int fs_link(struct fs *fs)
     return EPERM; /* S3 has no hard links */
 }
 
+/* ------------------------------------------------------ copies */
+
+/*
+ * Server-side copy of object SRC_KEY to DST_KEY (META: new metadata; NULL:
+ * its own). ETAG and SIZE are the version this mount knows (ETAG may be
+ * ""): the copy is conditional on it, and if another client replaced the
+ * object since, the version there now is copied instead (what rename and
+ * chmod mean). The blocks cached for ETAG follow the copy only when it is
+ * known to be of that version; otherwise SRC_KEY's are dropped, never
+ * served as the bytes of the copy. NEW_ETAG (S3_ETAG_MAX bytes) and
+ * *NEW_SIZE get the copy's. May run on a worker thread for objects up to
+ * UPLOAD_MAX_COPY_SIZE (larger ones wait for parts on the upload pool).
+ */
+static int copy_object(struct fs *fs, const char *src_key, const char *etag,
+                       uint64_t size, const char *dst_key,
+                       const struct s3_put_meta *meta, char *new_etag,
+                       uint64_t *new_size)
+{
+    bool same = false;
+    int err = upload_copy(&fs->upload, src_key, etag[0] ? etag : NULL, size,
+                          dst_key, meta, new_etag, &same);
+
+    *new_size = size;
+    if (err == ESTALE) {
+        struct s3_object_info info;
+        log_info("'%s' was replaced by another client since it was read "
+                 "here; copying the version there now", src_key);
+        err = s3_head_object(fs->s3, src_key, &info);
+        if (err == 0) {
+            *new_size = info.size;
+            err = upload_copy(&fs->upload, src_key, info.etag, info.size,
+                              dst_key, meta, new_etag, NULL);
+        }
+    }
+    if (err != 0)
+        return err;
+    if (same)
+        cache_rename_object(fs->conf.cache, src_key, etag, dst_key,
+                            new_etag[0] ? new_etag : etag);
+    else
+        cache_forget_key(fs->conf.cache, src_key);
+    return 0;
+}
+
 /* ------------------------------------------------------ metadata */
 
 /* Rewrite the metadata of object KEY (ATTRS: what it is now) server-side;
@@ -770,17 +814,17 @@ static int replace_metadata(struct fs *fs, const char *key,
 {
     struct s3_put_meta put_meta;
     char etag[S3_ETAG_MAX] = "";
+    uint64_t size = 0;
     int err;
 
     put_meta_of(meta, NULL, &put_meta);
-    err = upload_copy(&fs->upload, key, attrs->etag[0] ? attrs->etag : NULL,
-                      attrs->size, key, &put_meta, etag);
+    err = copy_object(fs, key, attrs->etag, attrs->size, key, &put_meta, etag,
+                      &size);
     if (err != 0)
         return err;
-    if (etag[0] != '\0' && strcmp(etag, attrs->etag) != 0) {
-        cache_rename_object(fs->conf.cache, key, attrs->etag, key, etag);
+    if (etag[0] != '\0')
         snprintf(attrs->etag, sizeof(attrs->etag), "%s", etag);
-    }
+    attrs->size = size;
     attrs->mode = meta->mode & 07777;
     attrs->uid = meta->uid;
     attrs->gid = meta->gid;
@@ -931,11 +975,13 @@ static void move_job_main(void *arg)
 {
     struct move_job *job = arg;
 
+    uint64_t size;
+
     if (job->delete_only)
         job->err = s3_delete_object(job->fs->s3, job->src_key);
     else
-        job->err = s3_copy_object(job->fs->s3, job->src_key, job->dst_key, NULL,
-                                  job->new_etag);
+        job->err = copy_object(job->fs, job->src_key, job->etag, job->size,
+                               job->dst_key, NULL, job->new_etag, &size);
     pthread_mutex_lock(job->lock);
     if (--*job->pending == 0)
         pthread_cond_signal(job->done);
@@ -956,12 +1002,7 @@ static void run_move_jobs(struct fs *fs, struct move_job *jobs, size_t count)
         jobs[i].pending = &pending;
         if (!jobs[i].delete_only && jobs[i].size > UPLOAD_MAX_COPY_SIZE) {
             /* multipart copy waits on the pool: not from inside it */
-            jobs[i].err = upload_copy(&fs->upload, jobs[i].src_key, NULL,
-                                      jobs[i].size, jobs[i].dst_key, NULL,
-                                      jobs[i].new_etag);
-            pthread_mutex_lock(&lock);
-            pending--;
-            pthread_mutex_unlock(&lock);
+            move_job_main(&jobs[i]);
         } else if (workers_submit(fs->workers, move_job_main, &jobs[i]) != 0) {
             move_job_main(&jobs[i]);
         }
@@ -1014,12 +1055,8 @@ static int move_prefix(struct fs *fs, const char *src_prefix, const char *dst_pr
         for (size_t i = 0; err == 0 && i < count; i++)
             err = jobs[i].err;
         if (err == 0) {
-            for (size_t i = 0; i < count; i++) {
-                cache_rename_object(fs->conf.cache, jobs[i].src_key, jobs[i].etag,
-                                    jobs[i].dst_key,
-                                    jobs[i].new_etag[0] ? jobs[i].new_etag : jobs[i].etag);
+            for (size_t i = 0; i < count; i++)
                 jobs[i].delete_only = true;
-            }
             run_move_jobs(fs, jobs, count);
             for (size_t i = 0; err == 0 && i < count; i++)
                 err = jobs[i].err;
@@ -1178,10 +1215,12 @@ static int rename_file(struct fs *fs, struct inode *inode, const char *src_key,
          * it under the new name. Whatever version is there now (the
          * inode's ETag may be older than a copy's): a HEAD says. */
         struct s3_object_info info;
+        char etag[S3_ETAG_MAX] = "";
+        uint64_t size;
         err = s3_head_object(fs->s3, src_key, &info);
         if (err == 0)
-            err = upload_copy(&fs->upload, src_key, info.etag, info.size,
-                              dst_key, NULL, NULL);
+            err = copy_object(fs, src_key, info.etag, info.size, dst_key, NULL,
+                              etag, &size);
         if (err == 0 || err == ENOENT)
             err = s3_delete_object(fs->s3, src_key);
     } else if (err == 0 && state != WRITER_RENAMED_UPLOADED) {
@@ -1191,16 +1230,12 @@ static int rename_file(struct fs *fs, struct inode *inode, const char *src_key,
             err = s3_delete_object(fs->s3, src_key);
     } else if (err == 0) {
         char etag[S3_ETAG_MAX] = "";
-        err = upload_copy(&fs->upload, src_key, attrs.etag[0] ? attrs.etag : NULL,
-                          attrs.size, dst_key, NULL, etag);
+        err = copy_object(fs, src_key, attrs.etag, attrs.size, dst_key, NULL,
+                          etag, &attrs.size);
         if (err == 0)
             err = s3_delete_object(fs->s3, src_key);
-        if (err == 0 && attrs.etag[0] != '\0') {
-            cache_rename_object(fs->conf.cache, src_key, attrs.etag, dst_key,
-                                etag[0] ? etag : attrs.etag);
-            if (etag[0] != '\0')
-                snprintf(attrs.etag, sizeof(attrs.etag), "%s", etag);
-        }
+        if (err == 0 && etag[0] != '\0')
+            snprintf(attrs.etag, sizeof(attrs.etag), "%s", etag);
         if (err == 0) {
             inode_table_lock(fs->inodes);
             inode->attrs = attrs;

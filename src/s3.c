@@ -1225,14 +1225,17 @@ static int copy_source_header(const struct s3_client *client,
 }
 
 int s3_copy_object(struct s3_client *client, const char *src_key,
-                   const char *dst_key, const struct s3_put_meta *meta,
-                   char *etag_out)
+                   const char *src_etag, const char *dst_key,
+                   const struct s3_put_meta *meta, char *etag_out)
 {
     char meta_storage[5][160];
+    char if_match_header[S3_ETAG_MAX + 40];
     struct capped_buf xml = {.cap = SMALL_BODY_MAX};
+    struct s3_failure failure;
+    /* quiet: a failed condition is the caller's to report */
     struct s3_request req = {
         .op = S3_OP_COPY, .method = "PUT", .key = dst_key, .xml = &xml,
-        .idempotent = true,
+        .idempotent = true, .quiet = true,
     };
     char *source_header = NULL;
     char *etag = NULL;
@@ -1242,11 +1245,16 @@ int s3_copy_object(struct s3_client *client, const char *src_key,
     if (err != 0)
         goto out;
     req.extra_headers[slot++] = source_header;
+    if (src_etag != NULL) {
+        snprintf(if_match_header, sizeof(if_match_header),
+                 "x-amz-copy-source-if-match: %s", src_etag);
+        req.extra_headers[slot++] = if_match_header;
+    }
     if (meta != NULL) {
         req.extra_headers[slot++] = "x-amz-metadata-directive: REPLACE";
         add_meta_headers(&req, &slot, meta, meta_storage);
     }
-    err = s3_perform(client, &req, NULL);
+    err = s3_perform(client, &req, &failure);
     if (err == 0) {
         struct s3xml_error body_error;
         err = s3xml_parse_etag_result(xml.data ? xml.data : "", xml.len, &etag,
@@ -1255,6 +1263,8 @@ int s3_copy_object(struct s3_client *client, const char *src_key,
             log_warn("COPY %s -> %s: %s", src_key, dst_key, body_error.code);
         if (err == 0 && etag_out != NULL)
             snprintf(etag_out, S3_ETAG_MAX, "%s", etag);
+    } else if (err != ESTALE && err != ENOENT) {
+        log_warn("COPY %s -> %s: %s", src_key, dst_key, failure.description);
     }
 out:
     free(etag);

@@ -182,12 +182,16 @@ int s3_put_object(struct s3_client *client, const char *key,
 int s3_delete_object(struct s3_client *client, const char *key);
 
 /*
- * Server-side copy of SRC_KEY to DST_KEY (objects up to 5 GiB). With META
- * the metadata is replaced, otherwise copied. ETAG_OUT may be NULL.
+ * Server-side copy of SRC_KEY to DST_KEY (objects up to 5 GiB), only if
+ * SRC_KEY still has ETag SRC_ETAG (x-amz-copy-source-if-match; NULL: any
+ * version). With META the metadata is replaced, otherwise copied.
+ * ETAG_OUT may be NULL. ESTALE when the condition failed (412, not
+ * logged: some servers refuse the condition for sources they hold in
+ * parts, and the caller tells which with a HEAD).
  */
 int s3_copy_object(struct s3_client *client, const char *src_key,
-                   const char *dst_key, const struct s3_put_meta *meta,
-                   char *etag_out);
+                   const char *src_etag, const char *dst_key,
+                   const struct s3_put_meta *meta, char *etag_out);
 
 /* Start a multipart upload; *upload_id is malloc'd (caller frees). */
 int s3_multipart_create(struct s3_client *client, const char *key,

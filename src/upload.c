@@ -383,18 +383,82 @@ static int copy_meta_from_head(const struct upload_conf *conf,
     return 0;
 }
 
+/* Whether a copy whose result has ETag COPIED is of version SRC_ETAG, as
+ * far as the ETags tell. A single-part ETag is the MD5 of the bytes, and so
+ * is the copy's: they must be equal (a server that ignores the condition,
+ * as s3rver does, is caught here). A multipart one ("...-N") says nothing
+ * of the copy's, which is single-part: the server's check is all there is. */
+static bool copy_matches(const char *src_etag, const char *copied)
+{
+    if (strchr(src_etag, '-') != NULL)
+        return true;
+    return strcmp(src_etag, copied) == 0;
+}
+
+/* One CopyObject of SRC_KEY, conditional on SRC_ETAG (see upload_copy). */
+static int copy_single(const struct upload_conf *conf, const char *src_key,
+                       const char *src_etag, const char *dst_key,
+                       const struct s3_put_meta *meta, char *etag_out,
+                       bool *same_version)
+{
+    struct s3_object_info info;
+    char copied[S3_ETAG_MAX] = "";
+
+    if (etag_out == NULL)
+        etag_out = copied;
+    *same_version = false;
+    int err = s3_copy_object(conf->s3, src_key, src_etag, dst_key, meta,
+                             etag_out);
+    if (err != ESTALE || src_etag == NULL) {
+        *same_version = err == 0 && src_etag != NULL &&
+                        copy_matches(src_etag, etag_out);
+        if (err == 0 && src_etag != NULL && !*same_version)
+            log_info("copy %s -> %s: the copy is not version %s (the server "
+                     "did not check it); what this mount cached of it is not "
+                     "kept", src_key, dst_key, src_etag);
+        return err;
+    }
+    /* 412: the source changed, or the server refuses the condition */
+    err = s3_head_object(conf->s3, src_key, &info);
+    if (err == 0 && strcmp(info.etag, src_etag) != 0)
+        err = ESTALE;
+    if (err != 0)
+        return err;
+    err = s3_copy_object(conf->s3, src_key, NULL, dst_key, meta, etag_out);
+    if (err != 0)
+        return err;
+    /* the same version before and after the copy: the copy is of it
+     * (unless it was replaced and put back in between, by a writer this
+     * mount cannot see) */
+    *same_version = s3_head_object(conf->s3, src_key, &info) == 0 &&
+                    strcmp(info.etag, src_etag) == 0 &&
+                    copy_matches(src_etag, etag_out);
+    if (!*same_version)
+        log_info("copy %s -> %s: the source changed meanwhile; what this "
+                 "mount cached of it is not kept", src_key, dst_key);
+    return 0;
+}
+
 int upload_copy(const struct upload_conf *conf, const char *src_key,
                 const char *src_etag, uint64_t size, const char *dst_key,
-                const struct s3_put_meta *meta, char *etag_out)
+                const struct s3_put_meta *meta, char *etag_out,
+                bool *same_version)
 {
     struct s3_object_info info;
     struct s3_put_meta head_meta;
     struct upload_run run;
     char *upload_id = NULL;
+    bool same = false;
     int err;
 
+    bool asked = src_etag != NULL;
+
+    if (same_version == NULL)
+        same_version = &same;
+    *same_version = false;
     if (size <= UPLOAD_COPY_LIMIT)
-        return s3_copy_object(conf->s3, src_key, dst_key, meta, etag_out);
+        return copy_single(conf, src_key, src_etag, dst_key, meta, etag_out,
+                           same_version);
 
     /* a multipart upload takes its metadata at creation */
     if (meta == NULL) {
@@ -417,6 +481,9 @@ int upload_copy(const struct upload_conf *conf, const char *src_key,
                     etag_out);
     run_destroy(&run);
     free(upload_id);
+    /* every part was copied from SRC_ETAG (checked per part, or by HEAD
+     * before completing where the server refuses the condition) */
+    *same_version = err == 0 && asked;
     return err;
 }
 

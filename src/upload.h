@@ -14,8 +14,8 @@
  * downloaded and sent again; where the server cannot copy (501), the part
  * is materialized and uploaded instead.
  *
- * Server-side copies (rename): CopyObject up to 5 GiB, multipart copy
- * above.
+ * Server-side copies (rename, metadata): CopyObject up to 5 GiB,
+ * multipart copy above, both conditional on the source's ETag.
  *
  * Threads: upload_file() and upload_copy() block until done and must not
  * be called from a thread of CONF->workers (they wait for jobs on it).
@@ -79,12 +79,21 @@ int upload_file(const struct upload_conf *conf, const struct upload_request *req
                 char *etag_out);
 
 /*
- * Copy SRC_KEY (SIZE bytes, ETag SRC_ETAG or NULL) to DST_KEY server-side,
- * with META replacing the metadata (NULL: copied). ETAG_OUT may be NULL.
+ * Copy SRC_KEY (SIZE bytes) to DST_KEY server-side, with META replacing
+ * the metadata (NULL: copied), only if SRC_KEY is still version SRC_ETAG
+ * (NULL: whatever it is). ETAG_OUT may be NULL. *SAME_VERSION (may be
+ * NULL) says whether DST_KEY is known to hold version SRC_ETAG now: true
+ * when the server checked the condition; where it refuses the condition
+ * (Swift, for sources it holds in parts), the copy is made without it
+ * between two HEADs that see SRC_ETAG, and true only then. Only with it
+ * true may a caller treat the copy's bytes as the ones it knows (cached
+ * blocks). Returns 0, ESTALE when SRC_KEY is another version (nothing was
+ * copied), or the S3 client's errno.
  */
 int upload_copy(const struct upload_conf *conf, const char *src_key,
                 const char *src_etag, uint64_t size, const char *dst_key,
-                const struct s3_put_meta *meta, char *etag_out);
+                const struct s3_put_meta *meta, char *etag_out,
+                bool *same_version);
 
 /* Abort multipart upload UPLOAD_ID of KEY (a left-over after a crash);
  * a server that cannot abort is logged and counts as done. */

@@ -805,8 +805,11 @@ static int finish_writebehind(struct writer *writer, struct writebehind **wbp,
         fill_put_meta(meta, &put_meta);
         put_meta.has_mtime = mtime_set;
         snprintf(source_etag, sizeof(source_etag), "%s", etag);
+        bool same = false;
         err = upload_copy(&writer->upload, key, source_etag, size, key,
-                          &put_meta, etag);
+                          &put_meta, etag, &same);
+        if (err == 0 && !same)
+            err = ESTALE; /* another client's object now: ours goes again */
         if (err != 0) {
             log_warn("upload %s: cannot set its metadata after the upload "
                      "(%s); uploading it again with it", key, strerror(err));

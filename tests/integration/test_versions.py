@@ -235,3 +235,46 @@ def test_failed_upload_is_retried_in_the_background(server, s3, bucket, proxy,
     assert 'tried again' in mnt.log()
     assert bucket_keys(s3, bucket) == ['r.bin']
 
+
+# ------------------------------------------------------ copies
+
+@pytest.mark.parametrize('change', ['chmod', 'rename', 'dirmove'])
+def test_copy_keeps_no_old_blocks_for_a_new_version(server, s3, bucket, proxy,
+                                                    mount, tmp_path, change):
+    """An object read through the mount (its blocks cached), then chmod'ed,
+    renamed, or moved with its directory through the mount, while another
+    client replaces it with other bytes of the same size: the server-side
+    copy is held at the proxy until the object is replaced. After a
+    remount, a read returns the bucket's bytes. (Before: the copy was
+    unconditional and the cached blocks were relabelled as the copy's
+    version: the old bytes came back, across remounts, and nothing was
+    fetched.)"""
+    key = 'd/w.bin' if change == 'dirmove' else 'w.bin'
+    old, new = payload('old', 4 * MiB), payload('new', 4 * MiB)
+    s3.put_object(Bucket=bucket, Key=key, Body=old)
+    cache = tmp_path / 'cache'
+    options = ['attr_ttl=60', 'dir_ttl=60']
+    mnt = mount(bucket, options=options, endpoint=proxy.endpoint, cache=cache)
+    assert sha((mnt.path / key).read_bytes()) == sha(old)
+    if change == 'chmod':
+        name = key
+        operation = (os.chmod, mnt.path / key, 0o600)
+    elif change == 'rename':
+        name = 'moved.bin'
+        operation = (os.rename, mnt.path / key, mnt.path / name)
+    else:
+        name = 'e/w.bin'
+        operation = (os.rename, mnt.path / 'd', mnt.path / 'e')
+    proxy.inject('hold', 1, put_to(name))
+    try:
+        changing = start_in_thread(*operation)
+        wait_for(lambda: proxy.holding >= 1, 10, 'the copy at the proxy')
+        s3.put_object(Bucket=bucket, Key=key, Body=new)
+    finally:
+        proxy.release()
+    assert changing.result(timeout=HANG_TIMEOUT) is None
+    unmount_command(mnt)
+    assert sha(object_bytes(s3, bucket, name)) == sha(new)
+    again = mount(bucket, options=options, cache=cache, name='again')
+    assert sha((again.path / name).read_bytes()) == sha(new), \
+        'the old version\'s cached blocks were served for the new one'
