@@ -195,8 +195,8 @@ static void read_boot_id(char *out, size_t len)
     out[strcspn(out, "\n")] = '\0';
 }
 
-/* The state file says "BOOT_ID clean|open": written (and fsynced) when the
- * index is opened and when it is closed cleanly. */
+/* The state file says "BOOT_ID clean|open": written (and fsynced, with
+ * its directory) when the index is opened and when it is closed cleanly. */
 static int write_state(const struct cache *cache, const char *boot_id,
                        bool clean)
 {
@@ -223,6 +223,16 @@ static int write_state(const struct cache *cache, const char *boot_id,
     close(fd);
     if (err == 0 && rename(tmp, path) != 0)
         err = errno;
+    /* the rename is durable only with its directory: after a power cut,
+     * a state of an older boot saying "clean" would have the next boot
+     * trust an index that was open, and written without fsync */
+    if (err == 0) {
+        int dir = open(cache->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (dir < 0 || fsync(dir) != 0)
+            err = errno ? errno : EIO;
+        if (dir >= 0)
+            close(dir);
+    }
 out:
     free(path);
     free(tmp);
