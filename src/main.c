@@ -11,6 +11,7 @@
 #include <curl/curl.h>
 #include <errno.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -271,6 +272,9 @@ int main(int argc, char **argv)
     if (unmount_requested(argc, argv))
         return unmount_main(argc, argv);
 
+    /* the process is about to hold credentials: no core dump of it (and
+     * the secrets themselves are in MADV_DONTDUMP pages, secret.h) */
+    prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
     if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
         fprintf(stderr, "s3cachefs: cannot initialise libcurl\n");
         return 1;

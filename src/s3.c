@@ -33,6 +33,7 @@
 #include "endpoint.h"
 #include "errmap.h"
 #include "log.h"
+#include "secret.h"
 #include "sigv4.h"
 
 #define ERROR_BODY_MAX (64u << 10)      /* error documents */
@@ -146,15 +147,6 @@ static bool capped_buf_append(struct capped_buf *buf, const char *data,
     buf->len += len;
     buf->data[buf->len] = '\0';
     return true;
-}
-
-static void wipe_free(char **secret)
-{
-    if (*secret != NULL) {
-        explicit_bzero(*secret, strlen(*secret));
-        free(*secret);
-        *secret = NULL;
-    }
 }
 
 static char *strdup_or_null(const char *text)
@@ -855,8 +847,9 @@ int s3_client_create(const struct s3_conf *conf, struct s3_client **out,
     client->bucket = strdup(conf->bucket);
     client->region = strdup(conf->region ? conf->region : "us-east-1");
     client->access_key = strdup_or_null(conf->access_key);
-    client->secret_key = strdup_or_null(conf->secret_key);
-    client->session_token = strdup_or_null(conf->session_token);
+    /* kept out of core dumps */
+    client->secret_key = secret_strdup(conf->secret_key);
+    client->session_token = secret_strdup(conf->session_token);
     client->ca_bundle = strdup_or_null(conf->ca_bundle);
     client->pool.idle = calloc(client->pool.max, sizeof(CURL *));
     client->share = curl_share_init();
@@ -901,8 +894,8 @@ void s3_client_destroy(struct s3_client **clientp)
     pthread_mutex_destroy(&client->share_lock);
     pthread_mutex_destroy(&client->pool.lock);
     pthread_cond_destroy(&client->pool.handle_free);
-    wipe_free(&client->secret_key);
-    wipe_free(&client->session_token);
+    secret_free(&client->secret_key);
+    secret_free(&client->session_token);
     free(client->access_key);
     free(client->bucket);
     free(client->region);
