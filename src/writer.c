@@ -2159,7 +2159,7 @@ int writer_recover(struct writer *writer, writer_adopt_fn adopt, void *arg)
     if (err == 0 && recovery.count > 0 &&
         (recovery.ids = calloc(recovery.count, sizeof(uint64_t))) == NULL)
         err = ENOMEM;
-    if (err == 0)
+    if (err == 0 && recovery.count > 0)
         qsort(recovery.entries, recovery.count, sizeof(*recovery.entries),
               compare_by_key);
     for (size_t i = 0; err == 0 && i < recovery.count; i++) {
