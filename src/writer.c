@@ -460,11 +460,12 @@ static bool copyable(const struct writer_file *file)
     return file->base_key == NULL || file->missing == 0;
 }
 
-/* Forget the base of a complete edit (lock held, no upload under way: an
- * upload's request points at it): nothing is copied from it any more. */
+/* Forget the base of a complete edit (lock held): nothing is copied from
+ * it any more. (An upload under way has its own copy of the base's key,
+ * and nothing left to fetch from it.) */
 static void drop_base_locked(struct writer_file *file)
 {
-    if (file->base_key != NULL && file->missing == 0 && file->sending == NULL) {
+    if (file->base_key != NULL && file->missing == 0) {
         free(file->base_key);
         file->base_key = NULL;
     }
@@ -939,10 +940,12 @@ static int upload_version(struct writer *writer, struct writer_file *file,
     if (err == 0 && fall_back)
         err = upload_file(&writer->upload, &request, etag);
 
+    /* the upload counts as under way (sending) until its consequences are
+     * recorded: its journal entry, and the fs layer told under the key it
+     * went to; a rename or unlink waiting for it comes after all of that
+     * (else a late callback put the old name back in a listing) */
     bool need_promise = false;
     pthread_mutex_lock(&writer->lock);
-    file->sending = NULL;
-    v.staging->upload_seal = 0;
     if (err == 0) {
         if (v.gen > file->uploaded_gen)
             file->uploaded_gen = v.gen;
@@ -966,24 +969,27 @@ static int upload_version(struct writer *writer, struct writer_file *file,
         if (need_promise)
             begin_promising_locked(v.staging, v.size);
     }
-    pthread_cond_broadcast(&writer->file_idle);
     pthread_mutex_unlock(&writer->lock);
 
     if (err == 0) {
         forget_entry(writer, file, v.gen);
+        if (writer->conf.uploaded != NULL)
+            writer->conf.uploaded(writer->conf.uploaded_arg, file, owner, key,
+                                  etag, v.size, &v.meta);
     } else {
         log_error("upload of '%s' failed: %s; the data is kept in the cache "
                   "directory and the upload will be retried",
                   key != NULL ? key : "?", strerror(err));
         if (need_promise)
             promise(writer, file, &v, NULL);
-        pthread_mutex_lock(&writer->lock);
-        schedule_retry_locked(writer, file);
-        pthread_mutex_unlock(&writer->lock);
     }
-    if (err == 0 && writer->conf.uploaded != NULL)
-        writer->conf.uploaded(writer->conf.uploaded_arg, file, owner, key,
-                              etag, v.size, &v.meta);
+    pthread_mutex_lock(&writer->lock);
+    file->sending = NULL;
+    v.staging->upload_seal = 0;
+    if (err != 0)
+        schedule_retry_locked(writer, file);
+    pthread_cond_broadcast(&writer->file_idle);
+    pthread_mutex_unlock(&writer->lock);
     staging_file_drop(writer, &v.staging);
     free(base_key);
     free(key);

@@ -56,7 +56,8 @@ struct writer_file;
 
 /* Told to the fs layer when an upload of FILE (created for OWNER) finished,
  * from the thread that ran it, no lock held; FILE stays referenced during
- * the call. ETAG is the new object's. */
+ * the call, and its upload counts as under way until it returns (a rename
+ * or unlink of FILE waits for it). ETAG is the new object's. */
 typedef void (*writer_uploaded_fn)(void *arg, struct writer_file *file,
                                    void *owner, const char *key,
                                    const char *etag, uint64_t size,
