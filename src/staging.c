@@ -19,6 +19,8 @@
 #include "log.h"
 
 #define COPY_CHUNK (1u << 20)          /* read/write fallback of a copy */
+#define MARK_SUFFIX ".promise"
+#define MARK_MAX (64u << 10)           /* a journal record is far smaller */
 
 struct staging_dir {
     char *path;
@@ -211,6 +213,93 @@ int staging_scan(struct staging_dir *dir, int (*visit)(void *arg, uint64_t id),
             continue;
         err = visit(arg, id);
     }
+    closedir(stream);
+    return err;
+}
+
+static void mark_path(const struct staging_dir *dir, uint64_t id,
+                      const char *suffix, char *out, size_t cap)
+{
+    snprintf(out, cap, "%s/%016" PRIx64 "%s%s", dir->path, id, MARK_SUFFIX,
+             suffix);
+}
+
+int staging_mark(struct staging_dir *dir, uint64_t id, const void *record,
+                 size_t len)
+{
+    char path[PATH_MAX], tmp[PATH_MAX];
+    int err = 0;
+
+    mark_path(dir, id, "", path, sizeof(path));
+    mark_path(dir, id, ".tmp", tmp, sizeof(tmp));
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        err = disk_errno(errno);
+        goto out;
+    }
+    ssize_t done = write(fd, record, len);
+    if (done != (ssize_t)len || fsync(fd) != 0)
+        err = done < 0 || done == (ssize_t)len ? disk_errno(errno) : ENOSPC;
+    close(fd);
+    if (err == 0 && rename(tmp, path) != 0)
+        err = disk_errno(errno);
+    if (err == 0 && fsync(dir->fd) != 0)
+        err = disk_errno(errno);
+out:
+    if (err != 0) {
+        log_error("cannot keep a promise in %s: %s", path, strerror(err));
+        unlink(tmp);
+    }
+    return err;
+}
+
+void staging_unmark(struct staging_dir *dir, uint64_t id)
+{
+    char path[PATH_MAX];
+
+    mark_path(dir, id, "", path, sizeof(path));
+    if (unlink(path) == 0)
+        fsync(dir->fd);
+}
+
+int staging_scan_marks(struct staging_dir *dir,
+                       int (*visit)(void *arg, uint64_t id, const void *record,
+                                    size_t len),
+                       void *arg)
+{
+    DIR *stream = opendir(dir->path);
+    struct dirent *entry;
+    char *record = NULL;
+    int err = 0;
+
+    if (stream == NULL)
+        return errno == ENOENT ? 0 : EIO;
+    if ((record = malloc(MARK_MAX)) == NULL) {
+        closedir(stream);
+        return ENOMEM;
+    }
+    while (err == 0 && (entry = readdir(stream)) != NULL) {
+        char *end = NULL;
+        if (strlen(entry->d_name) != 16 + strlen(MARK_SUFFIX) ||
+            strcmp(entry->d_name + 16, MARK_SUFFIX) != 0)
+            continue;
+        uint64_t id = strtoull(entry->d_name, &end, 16);
+        if (end != entry->d_name + 16)
+            continue;
+        char path[PATH_MAX];
+        mark_path(dir, id, "", path, sizeof(path));
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        ssize_t got = fd >= 0 ? read(fd, record, MARK_MAX) : -1;
+        if (fd >= 0)
+            close(fd);
+        if (got <= 0 || (size_t)got >= MARK_MAX) {
+            log_error("cannot read the promise kept in %s; it is left there",
+                      path);
+            continue;
+        }
+        err = visit(arg, id, record, (size_t)got);
+    }
+    free(record);
     closedir(stream);
     return err;
 }

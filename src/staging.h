@@ -61,4 +61,25 @@ void staging_remove(struct staging_dir *dir, uint64_t id);
 int staging_scan(struct staging_dir *dir,
                  int (*visit)(void *arg, uint64_t id), void *arg);
 
+/*
+ * Promises kept beside their staging files, for when the journal cannot
+ * be written (a full or failing disk under it): staging file ID gets
+ * ID.promise, holding RECORD (LEN bytes, a journal record), written
+ * durably (fsync of the file and the directory). The next mount puts it
+ * back into the journal. ENOSPC or EIO, logged.
+ */
+int staging_mark(struct staging_dir *dir, uint64_t id, const void *record,
+                 size_t len);
+
+/* Remove the promise kept for ID (none: no error). */
+void staging_unmark(struct staging_dir *dir, uint64_t id);
+
+/* Visit every promise kept (ID and its record, valid during the call;
+ * records over 64 KiB are skipped with a log line). VISIT returns 0 to go
+ * on. 0 or an errno. */
+int staging_scan_marks(struct staging_dir *dir,
+                       int (*visit)(void *arg, uint64_t id, const void *record,
+                                    size_t len),
+                       void *arg);
+
 #endif /* S3CFS_STAGING_H */

@@ -135,6 +135,9 @@ struct writer_file {
     struct staging_file *sending;
     bool journal_busy, held, copying;
     bool queued, failed, unlinked, uploaded;
+    bool drain_tried;             /* the drain tried to journal it */
+    bool marked;                  /* its promise is kept beside its staging
+                                     file (the journal refused it) */
     unsigned active_writes;
     unsigned open_writers;        /* handles open for writing */
     double due;                   /* upload not before (monotonic) */
@@ -1977,6 +1980,46 @@ void writer_get_stats(struct writer *writer, struct writer_stats *out)
     pthread_mutex_unlock(&writer->lock);
 }
 
+/*
+ * The drain's last try for a pending file the journal does not hold (its
+ * promise could not be written before: a full or failing disk): promise
+ * it now, or failing that, keep its promise beside its staging file
+ * (staging_mark), which the next mount puts back into the journal. Its
+ * staged data is kept either way (it is pending).
+ */
+static void promise_at_drain(struct writer *writer, struct writer_file *file)
+{
+    struct version v;
+    struct journal_entry entry;
+    unsigned char *record = NULL;
+    size_t len = 0;
+
+    pthread_mutex_lock(&writer->lock);
+    version_take_locked(writer, file, false, &v);
+    char *key = strdup(file->key);
+    pthread_mutex_unlock(&writer->lock);
+    int err = promise(writer, file, &v, NULL);
+    if (err != 0 && key != NULL) {
+        entry_of(v.staging->id, key, v.size, &v.meta, NULL, false, &entry);
+        err = journal_record_encode(&entry, &record, &len);
+        if (err == 0)
+            err = staging_sync(writer->staging, v.staging->fd, key);
+        if (err == 0)
+            err = staging_mark(writer->staging, v.staging->id, record, len);
+        if (err == 0) {
+            log_warn("'%s': the journal refuses it; its promise is kept in "
+                     "%s for the next mount", key,
+                     staging_dir_path(writer->staging));
+            pthread_mutex_lock(&writer->lock);
+            file->marked = true;
+            pthread_mutex_unlock(&writer->lock);
+        }
+    }
+    free(record);
+    free(key);
+    staging_file_drop(writer, &v.staging);
+}
+
 uint64_t writer_drain(struct writer *writer)
 {
     uint64_t left = 0;
@@ -1989,13 +2032,29 @@ uint64_t writer_drain(struct writer *writer)
     pthread_cond_broadcast(&writer->work_queued);
     while (writer->queue_head != NULL || writer->running > 0)
         pthread_cond_wait(&writer->upload_done, &writer->lock);
+    /* what is left must be in the journal for the next mount: a promise
+     * that could not be written before (a full disk, an I/O error) gets
+     * one more try now */
+    for (;;) {
+        struct writer_file *file = writer->all;
+        while (file != NULL && !(is_pending(file) && !has_promise(file) &&
+                                 !file->drain_tried))
+            file = file->all_next;
+        if (file == NULL)
+            break;
+        file->drain_tried = true; /* (tried once here) */
+        file->refs++;
+        pthread_mutex_unlock(&writer->lock);
+        promise_at_drain(writer, file);
+        writer_file_put(&file);
+        pthread_mutex_lock(&writer->lock);
+    }
     for (struct writer_file *file = writer->all; file != NULL; file = file->all_next)
         if (is_pending(file)) {
             left++;
-            if (has_promise(file))
-                log_error("'%s' could not be uploaded; it stays in the journal "
-                          "of the cache directory and the next mount uploads "
-                          "it", file->key);
+            if (has_promise(file) || file->marked)
+                log_error("'%s' could not be uploaded; it stays in the cache "
+                          "directory and the next mount uploads it", file->key);
             else
                 log_error("'%s' could not be uploaded, nor recorded in the "
                           "journal: its data is lost when this mount ends",
@@ -2157,10 +2216,50 @@ static int sweep_staging(void *arg, uint64_t id)
     return 0;
 }
 
+/* A promise a drain kept beside its staging file: back into the journal,
+ * and recovered with the journal's entries. */
+static int collect_mark(void *arg, uint64_t id, const void *record, size_t len)
+{
+    struct recovery *recovery = arg;
+    struct writer *writer = recovery->writer;
+    struct journal_entry entry;
+    unsigned char key[8];
+    char *strings = NULL;
+    const char *why = NULL;
+
+    for (unsigned i = 0; i < 8; i++)
+        key[i] = (unsigned char)(id >> (8 * (7 - i)));
+    if (journal_has(writer->conf.journal, id)) {
+        staging_unmark(writer->staging, id); /* the journal has it again */
+        return 0;
+    }
+    int err = journal_record_decode(key, sizeof(key), record, len, &entry,
+                                    &strings, &why);
+    if (err != 0) {
+        log_error("a promise kept in %s (%016" PRIx64 ") does not decode (%s); "
+                  "it is left there", staging_dir_path(writer->staging), id,
+                  why != NULL ? why : strerror(err));
+        return 0;
+    }
+    err = journal_put(writer->conf.journal, &entry);
+    if (err == 0)
+        staging_unmark(writer->staging, id);
+    else
+        log_error("'%s': the journal still refuses it (%s); it is uploaded "
+                  "now and its promise stays beside it", entry.key,
+                  strerror(err));
+    err = collect_entry(recovery, &entry);
+    free(strings);
+    return err;
+}
+
 int writer_recover(struct writer *writer, writer_adopt_fn adopt, void *arg)
 {
     struct recovery recovery = {.writer = writer, .adopt = adopt, .arg = arg};
     int err = journal_scan(writer->conf.journal, collect_entry, &recovery);
+
+    if (err == 0)
+        err = staging_scan_marks(writer->staging, collect_mark, &recovery);
 
     if (err == 0 && recovery.count > 0 &&
         (recovery.ids = calloc(recovery.count, sizeof(uint64_t))) == NULL)

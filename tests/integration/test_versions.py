@@ -278,3 +278,59 @@ def test_copy_keeps_no_old_blocks_for_a_new_version(server, s3, bucket, proxy,
     again = mount(bucket, options=options, cache=cache, name='again')
     assert sha((again.path / name).read_bytes()) == sha(new), \
         'the old version\'s cached blocks were served for the new one'
+
+
+# ------------------------------------------------------ a journal that fails
+
+@pytest.mark.parametrize('journal', ['back', 'gone'])
+def test_unmount_keeps_what_the_journal_refused(server, s3, bucket, proxy,
+                                                mount, tmp_path, journal):
+    """-o writeback, the journal on a tmpfs the test fills, every PUT
+    refused: close() fails (the journal cannot take the file), and so does
+    every upload. The unmount tries the journal again: with room again
+    ('back') the file is journaled; with the journal still full ('gone',
+    then the tmpfs and the journal on it gone for good) its promise is kept
+    beside its staging file. Either way the next mount uploads it. (Before:
+    the unmount logged that the file stayed in the journal, and the next
+    mount's sweep deleted its staging file.)"""
+    cache = tmp_path / 'cache'
+    journal_dir = cache / 'journal'
+    journal_dir.mkdir(parents=True)
+    subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=1m', 'tmpfs',
+                    str(journal_dir)], check=True)
+    try:
+        mnt = mount(bucket, options=['writeback'], endpoint=proxy.endpoint,
+                    cache=cache)
+        proxy.inject('denied', HOLD_ALL, 'PUT')
+        filler = journal_dir / 'filler'
+        with open(filler, 'wb', buffering=0) as fill:
+            try:
+                while True:
+                    fill.write(b'\0' * 4096)
+            except OSError as error:
+                assert error.errno == errno.ENOSPC
+        data = payload('refused', 30 * KiB)
+        outcome, _ = run_within(HANG_TIMEOUT, write_file, mnt.path / 'j.bin',
+                                data)
+        assert isinstance(outcome, OSError), \
+            f'close() gave {outcome!r} with the journal full'
+        if journal == 'back':
+            filler.unlink()
+        done = subprocess.run([BINARY, '--unmount', str(mnt.path)],
+                              capture_output=True, text=True, timeout=120)
+        code = mnt.process.wait(timeout=HANG_TIMEOUT)
+        mnt.process = None
+        assert code == 1, f'the daemon exited {code}:\n{mnt.log()[-3000:]}'
+        assert 'its data is lost' not in mnt.log(), mnt.log()[-3000:]
+        proxy.clear_faults()
+        assert head(s3, bucket, 'j.bin') is None
+        if journal == 'gone':
+            subprocess.run(['umount', str(journal_dir)], check=True)
+            assert not (journal_dir / 'data.mdb').exists()
+        again = mount(bucket, options=['writeback'], cache=cache, name='again')
+        unmount_command(again)
+        assert object_bytes(s3, bucket, 'j.bin') == data
+    finally:
+        proxy.clear_faults()
+        if journal_dir.is_mount():
+            subprocess.run(['umount', '-l', str(journal_dir)])
