@@ -455,6 +455,10 @@ static CURL *pool_new_handle(struct s3_client *client)
     curl_easy_setopt(curl, CURLOPT_LOW_SPEED_LIMIT, (long)LOW_SPEED_LIMIT);
     curl_easy_setopt(curl, CURLOPT_LOW_SPEED_TIME, (long)LOW_SPEED_TIME_S);
     curl_easy_setopt(curl, CURLOPT_PROTOCOLS_STR, "http,https");
+    /* the path goes out as it was signed: curl would remove dot segments
+     * ("/b/d/../x" became "/b/x"), so another key than the one listed was
+     * read, copied or deleted, or the signature did not match */
+    curl_easy_setopt(curl, CURLOPT_PATH_AS_IS, 1L);
     curl_easy_setopt(curl, CURLOPT_SSL_VERIFYPEER, 1L);
     curl_easy_setopt(curl, CURLOPT_SSL_VERIFYHOST, 2L);
     if (client->ca_bundle != NULL)

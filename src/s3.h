@@ -9,7 +9,10 @@
  * retried with jittered exponential backoff on throttling, server errors,
  * timeouts and connection resets.
  *
- * Keys are passed as the raw UTF-8 object key; this module encodes them.
+ * Keys are passed as the raw UTF-8 object key; this module encodes them
+ * and sends the path exactly as signed (dot segments and empty segments
+ * included: "d/../x" is that key, never "x").
+ *
  * Functions return 0 or a positive errno: ENOENT (no such key or bucket),
  * EACCES (credentials, permissions), ESTALE (If-Match failed), EIO, ...
  * Secrets never leave the client: logs name the method, key and status.
