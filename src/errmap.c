@@ -113,6 +113,12 @@ static const struct curl_row curl_table[] = {
     {CURLE_GOT_NOTHING, ECONNRESET, true, true,
      "the server closed the connection without answering"},
     {CURLE_PARTIAL_FILE, EIO, true, true, "the response was cut short"},
+    {CURLE_WEIRD_SERVER_REPLY, EIO, true, true,
+     "the server's answer is not valid HTTP"},
+    /* a request resent on a fresh connection (the kept-alive one had been
+     * closed by the server) whose body could not be read again */
+    {CURLE_SEND_FAIL_REWIND, EIO, true, true,
+     "the request had to be sent again and its body could not be rewound"},
     {CURLE_SSL_CONNECT_ERROR, ECONNREFUSED, true, false,
      "the TLS handshake failed"},
     {CURLE_PEER_FAILED_VERIFICATION, EACCES, false, false,

@@ -424,6 +424,21 @@ static size_t on_upload_read(char *buffer, size_t size, size_t count,
     return want;
 }
 
+/* curl rewinds the body when it sends the request again by itself: on a
+ * fresh connection after the kept-alive one turned out closed by the
+ * server. Without this it gave up (CURLE_SEND_FAIL_REWIND), and the
+ * upload failed. */
+static int on_upload_seek(void *userp, curl_off_t offset, int origin)
+{
+    struct s3_request *req = userp;
+
+    if (origin != SEEK_SET || req->body == NULL || offset < 0 ||
+        (uint64_t)offset > req->body->length)
+        return CURL_SEEKFUNC_FAIL;
+    req->body_pos = (uint64_t)offset;
+    return CURL_SEEKFUNC_OK;
+}
+
 /* ------------------------------------------------------------ the pool */
 
 static void share_lock_cb(CURL *handle, curl_lock_data data,
@@ -663,6 +678,8 @@ static int prepare_attempt(struct s3_client *client, CURL *curl,
     curl_easy_setopt(curl, CURLOPT_HEADERDATA, req);
     curl_easy_setopt(curl, CURLOPT_READFUNCTION, on_upload_read);
     curl_easy_setopt(curl, CURLOPT_READDATA, req);
+    curl_easy_setopt(curl, CURLOPT_SEEKFUNCTION, on_upload_seek);
+    curl_easy_setopt(curl, CURLOPT_SEEKDATA, req);
 
     /* No "Expect: 100-continue" round trip; the body follows at once. */
     *headers = curl_slist_append(NULL, "Expect:");

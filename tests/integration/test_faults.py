@@ -13,7 +13,9 @@ What must hold, whatever the fault:
 Defects fixed with these tests (each failed before its fix):
 - keys with "." / ".." segments: curl removed dot segments from the path
   it sent while SigV4 signed the raw path, so a directory rename read,
-  copied and deleted other keys than it listed, or never ended.
+  copied and deleted other keys than it listed, or never ended;
+- bodies could not be rewound: curl resending a PUT on a fresh connection
+  (the kept-alive one closed by the server) failed the upload with EIO.
 
 The faults injected are counted per kind and printed at the end of the
 module.
@@ -22,13 +24,14 @@ import collections
 import errno
 import os
 import subprocess
+import time
 
 import pytest
 
 import s3proxy
 from conftest import BINARY, check_sanitizer_log, is_fuse_mount
-from writehelp import (assert_objects, bucket_keys, object_bytes, run_within,
-                       sha)
+from writehelp import (KiB, assert_objects, bucket_keys, object_bytes, payload,
+                       put_kind, run_within, sha)
 
 # what a failed read or close may say: EIO, or the network errnos the man
 # page lists for network and server failures
@@ -192,3 +195,43 @@ def test_keys_with_dot_segments_are_moved_exactly(server, s3, bucket, proxy,
     assert sorted(listing) == shown
     print(f'{server.name}: moved {len(under_d)} keys ({len(odd)} odd) in '
           f'{seconds:.2f}s')
+
+
+# ----------------------------------------- 8: a kept-alive connection closed
+
+IDLE = 0.3   # seconds a connection must idle before idle_close hits it
+
+
+@pytest.mark.parametrize('what', ['file', 'symlink'])
+def test_upload_resent_after_the_server_closed_its_connection(
+        server, s3, bucket, proxy, mount, what):
+    """The PUT of a file (a body read from the staging file) or a symlink
+    (a body in memory) arrives on a kept-alive connection that the server
+    closes as the request comes: its keep-alive timeout fired after 0.3 s
+    idle (the file, closed 0.6 s after its last use), or it closes every
+    connection once the next request comes (the symlink, whose PUT follows
+    the lookup that create-like calls always send). curl sends the PUT
+    again on a fresh connection, rewinding the body, and the upload
+    succeeds. Before: curl could not rewind (no seek callback), and the
+    upload failed with EIO."""
+    mnt = via_proxy(mount, proxy, bucket)
+    path = mnt.path / what
+    data = payload(what, 300 * KiB)
+    if what == 'file':
+        proxy.inject('idle_close', 1, put_kind, seconds=IDLE)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.write(fd, data)
+        time.sleep(2 * IDLE)  # the connection's idle time is the fault
+        outcome, _ = run_within(BOUND, os.close, fd)
+        expected = data
+    else:
+        proxy.inject('idle_close', 1, put_kind, seconds=0)
+        target = 'a-target/' + 't' * 200
+        outcome, _ = run_within(BOUND, os.symlink, target, path)
+        expected = target.encode()
+    assert outcome is None, f'{outcome!r}\n{mnt.log()[-3000:]}'
+    assert proxy.faults_injected == {'idle_close': 1}, \
+        [(r.method, r.path, r.query) for r in proxy.records()]
+    puts = proxy.records(lambda r: r.method == 'PUT')
+    assert [r.fault for r in puts] == ['idle_close', None], puts
+    assert object_bytes(s3, bucket, what) == expected

@@ -121,6 +121,9 @@ static const struct map_case map_cases[] = {
     CURL("recv error", CURLE_RECV_ERROR, ECONNRESET, true, true),
     CURL("got nothing", CURLE_GOT_NOTHING, ECONNRESET, true, true),
     CURL("partial file", CURLE_PARTIAL_FILE, EIO, true, true),
+    CURL("weird server reply", CURLE_WEIRD_SERVER_REPLY, EIO, true, true),
+    /* curl resent a body on a fresh connection and could not rewind it */
+    CURL("rewind failed", CURLE_SEND_FAIL_REWIND, EIO, true, true),
     CURL("TLS handshake", CURLE_SSL_CONNECT_ERROR, ECONNREFUSED, true, false),
     CURL("peer failed verification", CURLE_PEER_FAILED_VERIFICATION, EACCES,
          false, false),
