@@ -168,11 +168,14 @@ int errmap_errno(const struct errmap_result *result)
         const struct curl_row *row = find_curl(result->curl_code);
         return row != NULL ? row->err : EIO;
     }
-    if (result->http_status >= 200 && result->http_status < 300)
+    if (result->http_status >= 200 && result->http_status < 300 &&
+        !result->error_in_body)
         return 0;
     const struct code_row *code = find_code(result->s3_code);
     if (code != NULL)
         return code->err;
+    if (result->error_in_body)
+        return EIO;
     const struct status_row *status = find_status(result->http_status);
     if (status != NULL)
         return status->err;
@@ -192,14 +195,20 @@ bool errmap_retryable(const struct errmap_result *result,
         *sent_request_may_have_run = row->may_have_run;
         return row->retry;
     }
-    if (result->http_status >= 200 && result->http_status < 300)
+    if (result->http_status >= 200 && result->http_status < 300 &&
+        !result->error_in_body)
         return false;
     /* The server answered: a throttled request was not carried out, an
-     * internal error may have been. */
+     * internal error may have been. After a 200 it may have been, always. */
     const struct code_row *code = find_code(result->s3_code);
     if (code != NULL) {
-        *sent_request_may_have_run = code->err != EAGAIN;
+        *sent_request_may_have_run = code->err != EAGAIN ||
+                                     result->error_in_body;
         return code->retry;
+    }
+    if (result->error_in_body) {
+        *sent_request_may_have_run = true;
+        return false;
     }
     const struct status_row *status = find_status(result->http_status);
     if (status != NULL) {
@@ -225,7 +234,13 @@ const char *errmap_describe(const struct errmap_result *result, char *buf,
     const char *phrase = code != NULL ? code->phrase
                          : status != NULL ? status->phrase
                                           : "unexpected response";
-    if (result->s3_code != NULL && result->s3_code[0] != '\0')
+    if (result->error_in_body)
+        snprintf(buf, len, "%s (an error in the body of an HTTP %ld answer: "
+                 "%s)", code != NULL ? code->phrase : "unexpected error",
+                 result->http_status,
+                 result->s3_code != NULL && result->s3_code[0] != '\0'
+                     ? result->s3_code : "no code");
+    else if (result->s3_code != NULL && result->s3_code[0] != '\0')
         snprintf(buf, len, "%s (HTTP %ld %s)", phrase, result->http_status,
                  result->s3_code);
     else
