@@ -56,6 +56,7 @@ struct s3_client {
     char *ca_bundle;
     struct endpoint endpoint; /* base URL, Host header, path prefix */
     unsigned max_retries;
+    uint64_t deadline_base_ms;
 
     CURLSH *share;
     pthread_mutex_t share_lock;
@@ -873,6 +874,10 @@ int s3_client_create(const struct s3_conf *conf, struct s3_client **out,
     pthread_cond_init(&client->pool.handle_free, NULL);
     client->pool.max = conf->max_connections > 0 ? conf->max_connections : 1;
     client->max_retries = conf->max_retries;
+    client->deadline_base_ms = (uint64_t)((conf->request_timeout > 0
+                                               ? conf->request_timeout
+                                               : S3_REQUEST_TIMEOUT_DEFAULT) *
+                                          1000.0);
     client->bucket = strdup(conf->bucket);
     client->region = strdup(conf->region ? conf->region : "us-east-1");
     client->access_key = strdup_or_null(conf->access_key);

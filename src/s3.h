@@ -30,6 +30,10 @@
 /* Longest ETag we keep (quotes included); S3's are 34 or ~40 bytes. */
 #define S3_ETAG_MAX 128
 
+/* The base deadline of a request, in seconds, unless conf.request_timeout
+ * says otherwise (see s3.c for what is added to it). */
+#define S3_REQUEST_TIMEOUT_DEFAULT 30.0
+
 struct s3_conf {
     const char *endpoint;       /* "http://127.0.0.1:9000"; NULL: AWS */
     const char *region;         /* signing region, e.g. "us-east-1" */
@@ -41,6 +45,8 @@ struct s3_conf {
     const char *ca_bundle;      /* PEM file; NULL: the system's */
     unsigned max_connections;   /* parallel requests, >= 1 */
     unsigned max_retries;       /* retries after the first attempt */
+    double request_timeout;     /* seconds, the base deadline of every
+                                   request; 0: S3_REQUEST_TIMEOUT_DEFAULT */
 };
 
 /* Request types, for the counters. */
