@@ -13,6 +13,12 @@
  * and sends the path exactly as signed (dot segments and empty segments
  * included: "d/../x" is that key, never "x").
  *
+ * Every request has a deadline, its retries and the pauses between them
+ * included: request_timeout plus the time its bytes take at a floor rate
+ * (the numbers are in one block at the top of s3.c). Past it the request
+ * fails with ETIMEDOUT, so a server that trickles its answer cannot hold
+ * a thread for longer.
+ *
  * Functions return 0 or a positive errno: ENOENT (no such key or bucket),
  * EACCES (credentials, permissions), ESTALE (If-Match failed), EIO, ...
  * Secrets never leave the client: logs name the method, key and status.
