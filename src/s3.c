@@ -128,6 +128,8 @@ struct s3_request {
     bool quiet;                   /* the caller reports failures itself */
     uint64_t wire_bytes;          /* for the deadline: bytes to transfer */
     uint64_t server_bytes;        /* ... and bytes the server copies */
+    bool may_have_run;            /* an attempt the server may have carried
+                                     out failed (its answer lost) */
     /* checks a 2xx answer and parses its XML (req->xml) into parse_out: 0,
      * EPROTO (cut short, garbled, no ETag: retried), EIO with
      * req->s3_code (an <Error> in the body), or another errno; leaves
@@ -922,6 +924,8 @@ static int s3_perform(struct s3_client *client, struct s3_request *req,
             retry = errmap_retryable(&result, &may_have_run);
             errmap_describe(&result, description, sizeof(description));
         }
+        /* what the complete of a multipart upload checks afterwards */
+        req->may_have_run = req->may_have_run || (retry && may_have_run);
         if (!retry || attempt >= client->max_retries ||
             (!req->idempotent && may_have_run))
             break;
@@ -1336,10 +1340,9 @@ static void add_meta_headers(struct s3_request *req, size_t *slot,
     }
 }
 
-/* Base64 MD5 of a body (memory or file range), for Content-MD5. */
-static int body_md5(const struct s3_body *body, char *out, size_t cap)
+/* The MD5 of a body (memory or file range) into DIGEST. */
+static int body_md5_digest(const struct s3_body *body, unsigned char digest[16])
 {
-    unsigned char digest[16];
     unsigned int digest_len = 0;
     EVP_MD_CTX *ctx = EVP_MD_CTX_new();
     char *chunk = NULL;
@@ -1372,10 +1375,22 @@ static int body_md5(const struct s3_body *body, char *out, size_t cap)
         }
     }
     EVP_DigestFinal_ex(ctx, digest, &digest_len);
-    base64(digest, digest_len, out, cap);
+    if (digest_len != 16)
+        err = EIO;
 out:
     free(chunk);
     EVP_MD_CTX_free(ctx);
+    return err;
+}
+
+/* Base64 MD5 of a body, for Content-MD5. */
+static int body_md5(const struct s3_body *body, char *out, size_t cap)
+{
+    unsigned char digest[16];
+    int err = body_md5_digest(body, digest);
+
+    if (err == 0)
+        base64(digest, sizeof(digest), out, cap);
     return err;
 }
 
@@ -1601,19 +1616,150 @@ out:
     return err;
 }
 
+/* ------------------------------------------------- completing uploads */
+
+static int hex_digit(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+/* The 16 bytes of an ETag that is a quoted (or bare) 32-digit MD5. */
+static bool etag_md5(const char *etag, unsigned char md5[16])
+{
+    size_t len = strlen(etag);
+
+    if (len >= 2 && etag[0] == '"' && etag[len - 1] == '"') {
+        etag++;
+        len -= 2;
+    }
+    if (len != 32)
+        return false;
+    for (size_t i = 0; i < 16; i++) {
+        int hi = hex_digit(etag[2 * i]), lo = hex_digit(etag[2 * i + 1]);
+        if (hi < 0 || lo < 0)
+            return false;
+        md5[i] = (unsigned char)(hi << 4 | lo);
+    }
+    return true;
+}
+
+static void hex_text(const unsigned char *bytes, size_t len, char *out)
+{
+    static const char digits[] = "0123456789abcdef";
+    for (size_t i = 0; i < len; i++) {
+        out[2 * i] = digits[bytes[i] >> 4];
+        out[2 * i + 1] = digits[bytes[i] & 15];
+    }
+    out[2 * len] = '\0';
+}
+
+/* The ETag AWS and Swift give the object of these parts, unquoted:
+ * hex(MD5(part MD5s))-N. False when a part's ETag is not an MD5. */
+static bool multipart_etag(const char *const *part_etags, unsigned part_count,
+                           char out[48])
+{
+    unsigned char md5[16], digest[16];
+    unsigned int digest_len = 0;
+    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+    bool ok = ctx != NULL && EVP_DigestInit_ex(ctx, EVP_md5(), NULL) == 1;
+
+    for (unsigned i = 0; ok && i < part_count; i++) {
+        ok = etag_md5(part_etags[i], md5) &&
+             EVP_DigestUpdate(ctx, md5, sizeof(md5)) == 1;
+    }
+    ok = ok && EVP_DigestFinal_ex(ctx, digest, &digest_len) == 1 &&
+         digest_len == sizeof(digest);
+    if (ok) {
+        hex_text(digest, sizeof(digest), out);
+        snprintf(out + 32, 16, "-%u", part_count);
+    }
+    EVP_MD_CTX_free(ctx);
+    return ok;
+}
+
+static bool etag_equals(const char *etag, const char *unquoted)
+{
+    size_t len = strlen(etag);
+
+    if (len >= 2 && etag[0] == '"' && etag[len - 1] == '"') {
+        etag++;
+        len -= 2;
+    }
+    return len == strlen(unquoted) && strncasecmp(etag, unquoted, len) == 0;
+}
+
+/*
+ * After a failed complete whose earlier attempt may have run: whether KEY
+ * in the bucket is the object of these parts (see
+ * s3_multipart_complete_object()). 0 with its ETag in ETAG_OUT, ESTALE
+ * when it is not (or cannot be shown to be), or HEAD's errno.
+ */
+static int complete_check_object(struct s3_client *client, const char *key,
+                                 const char *const *part_etags,
+                                 unsigned part_count,
+                                 const struct s3_body *whole, char *etag_out)
+{
+    struct s3_object_info info;
+    char expected[48];
+    unsigned char md5[16], whole_md5[16];
+    const char *proof = NULL;
+    int err = s3_head_object(client, key, &info);
+
+    if (err != 0)
+        return err;
+    if (whole != NULL && info.size != whole->length)
+        return ESTALE;
+    if (multipart_etag(part_etags, part_count, expected) &&
+        etag_equals(info.etag, expected)) {
+        proof = "its ETag is that of these parts";
+    } else if (whole != NULL && (whole->data != NULL || whole->fd >= 0) &&
+               etag_md5(info.etag, md5)) {
+        /* a plain MD5 of the object (s3rver): hash what was uploaded */
+        err = body_md5_digest(whole, whole_md5);
+        if (err != 0)
+            return err;
+        if (memcmp(md5, whole_md5, sizeof(md5)) == 0)
+            proof = "its ETag is the MD5 of the bytes uploaded";
+    }
+    if (proof == NULL)
+        return ESTALE;
+    log_info("complete multipart %s: the answer to an earlier attempt was "
+             "lost, and the object in the bucket is this upload (%s, %llu "
+             "bytes)", key, proof, (unsigned long long)info.size);
+    copy_etag(&info, etag_out);
+    return 0;
+}
+
 int s3_multipart_complete(struct s3_client *client, const char *key,
                           const char *upload_id, const char *const *part_etags,
                           unsigned part_count, char *etag_out)
+{
+    return s3_multipart_complete_object(client, key, upload_id, part_etags,
+                                        part_count, NULL, etag_out);
+}
+
+int s3_multipart_complete_object(struct s3_client *client, const char *key,
+                                 const char *upload_id,
+                                 const char *const *part_etags,
+                                 unsigned part_count,
+                                 const struct s3_body *whole, char *etag_out)
 {
     char *query = NULL;
     struct capped_buf body = {.cap = PART_ETAGS_XML_MAX};
     struct capped_buf xml = {.cap = SMALL_BODY_MAX};
     char *etag = NULL;
-    /* the size unknown here: 8 MiB (write-behind's part) per part */
+    /* without the size, count 8 MiB (write-behind's part) per part */
     struct s3_request req = {
         .op = S3_OP_MULTIPART, .method = "POST", .key = key,
         .xml = &xml, .idempotent = true,
-        .server_bytes = (uint64_t)part_count * (8u << 20),
+        .server_bytes = whole != NULL ? whole->length
+                                      : (uint64_t)part_count * (8u << 20),
         .parse = parse_etag, .parse_out = &etag,
     };
     char part[S3_ETAG_MAX + 96];
@@ -1639,6 +1785,20 @@ int s3_multipart_complete(struct s3_client *client, const char *key,
     err = s3_perform(client, &req, NULL);
     if (err == 0 && etag_out != NULL)
         snprintf(etag_out, S3_ETAG_MAX, "%s", etag);
+    /* (curl itself sends a request again, unseen here, when the answer
+     * on a kept-alive connection breaks off before its first byte: so a
+     * NoSuchUpload is checked as well, even from a first attempt) */
+    if (err != 0 && (req.may_have_run || err == ENOENT)) {
+        int check = complete_check_object(client, key, part_etags, part_count,
+                                          whole, etag_out);
+        if (check == 0)
+            err = 0;
+        else
+            log_warn("complete multipart %s: an attempt may have completed "
+                     "it, but the object in the bucket cannot be shown to be "
+                     "this upload (%s)", key,
+                     check == ESTALE ? "another size or ETag" : strerror(check));
+    }
 out:
     free(etag);
     free(query);

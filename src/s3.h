@@ -229,10 +229,35 @@ int s3_multipart_copy_part(struct s3_client *client, const char *key,
                            const char *src_key, const char *src_etag,
                            uint64_t offset, uint64_t length, char *etag_out);
 
-/* Complete with PART_COUNT parts whose ETags are PART_ETAGS[0..]. */
+/* Complete with PART_COUNT parts whose ETags are PART_ETAGS[0..]: as
+ * s3_multipart_complete_object() with WHOLE NULL. */
 int s3_multipart_complete(struct s3_client *client, const char *key,
                           const char *upload_id, const char *const *part_etags,
                           unsigned part_count, char *etag_out);
+
+/*
+ * Complete the upload with PART_COUNT parts whose ETags are PART_ETAGS[0..]
+ * into ETAG_OUT (may be NULL). WHOLE, when not NULL, is the object the
+ * parts make (its length is the object's size; its bytes, in memory or in
+ * an fd as for uploads, or neither: fd -1 and data NULL).
+ *
+ * A complete whose answer was lost (the server completed it, the
+ * connection broke) is retried, and the retry fails: NoSuchUpload on AWS,
+ * InternalError on s3rver. So when an attempt may have run, or the
+ * answer is NoSuchUpload (curl resends by itself, unseen, a request whose
+ * kept-alive connection broke before the answer began), and the request
+ * fails in the end, the object is checked with one HEAD and taken
+ * as this upload when it is: its size is WHOLE's length (when given), and
+ * its ETag is the multipart ETag of these parts ("MD5 of the part MD5s-N",
+ * as AWS and Swift make it) or, where the server gives a plain MD5 of the
+ * object (s3rver), the MD5 of WHOLE's bytes (one more pass over them; not
+ * possible without them). Anything else returns the complete's errno.
+ */
+int s3_multipart_complete_object(struct s3_client *client, const char *key,
+                                 const char *upload_id,
+                                 const char *const *part_etags,
+                                 unsigned part_count,
+                                 const struct s3_body *whole, char *etag_out);
 
 /* Abort an upload; an upload already gone counts as success. ENOSYS
  * (405/501: the server cannot abort) is returned without a log line. */

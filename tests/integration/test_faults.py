@@ -19,7 +19,9 @@ Defects fixed with these tests (each failed before its fix):
 - a trickled answer held a thread (and the drain) far past any sensible
   time; XML cut short or garbled failed at once; a PUT answered 200
   without an ETag counted as done;
-- upload ids longer than 1 KiB (the journal keeps 2 KiB) were refused.
+- upload ids longer than 1 KiB (the journal keeps 2 KiB) were refused;
+- a CompleteMultipartUpload whose answer was lost failed the close() of
+  an object that was in the bucket.
 
 The faults injected are counted per kind and printed at the end of the
 module.
@@ -35,8 +37,8 @@ import pytest
 import s3proxy
 from conftest import BINARY, check_sanitizer_log, is_fuse_mount, wait_for
 from writehelp import (KiB, MiB, MULTIPART_SIZE, HOLD_ALL, assert_objects,
-                       bucket_keys, head, object_bytes, payload, put_kind,
-                       run_within, sha, write_file)
+                       bucket_keys, fsync_path, head, object_bytes, payload,
+                       put_kind, run_within, sha, write_file)
 
 # what a failed read or close may say: EIO, or the network errnos the man
 # page lists for network and server failures
@@ -240,6 +242,41 @@ def test_upload_resent_after_the_server_closed_its_connection(
     puts = proxy.records(lambda r: r.method == 'PUT')
     assert [r.fault for r in puts] == ['idle_close', None], puts
     assert object_bytes(s3, bucket, what) == expected
+
+
+# -------------------------------------------- 9: the complete's answer lost
+
+@pytest.mark.parametrize('mode', ['default', 'writeback'])
+@pytest.mark.parametrize('answer', ['nosuchupload', 'server'])
+def test_lost_complete_answer(server, s3, bucket, proxy, mount, mode, answer):
+    """CompleteMultipartUpload done by the server, its answer lost: the
+    retry gets NoSuchUpload (as on AWS; 'nosuchupload') or what this server
+    answers itself ('server': s3rver 500 InternalError, Swift the result
+    again). The daemon checks the object with a HEAD (size, and the ETag
+    of these parts or the MD5 of the bytes) and the upload succeeds.
+    Before: close() (or fsync) failed although the object was there."""
+    options = ['writeback'] if mode == 'writeback' else []
+    mnt = via_proxy(mount, proxy, bucket, *options)
+    data = payload(f'lost-{mode}-{answer}', MULTIPART_SIZE)
+    proxy.inject('lost', 1, complete_post)
+    if answer == 'nosuchupload':
+        proxy.inject('nosuchupload', 1, complete_post)
+    path = mnt.path / 'big.bin'
+
+    def write_and_sync():
+        write_file(path, data)
+        if mode == 'writeback':
+            fsync_path(path)
+    outcome, _ = run_within(BOUND * 2, write_and_sync)
+    assert outcome is None, f'{outcome!r}\n{mnt.log()[-3000:]}'
+    expected = {'lost': 1, **({'nosuchupload': 1}
+                              if answer == 'nosuchupload' else {})}
+    assert proxy.faults_injected == expected
+    # (Swift answers a retried complete with its result: nothing to check)
+    checked = answer == 'nosuchupload' or server.name != 'swift'
+    assert checked == ('the object in the bucket is this upload' in mnt.log())
+    assert_objects(s3, bucket, {'big.bin': data})
+    assert unmount_and_drain(mnt) == 0
 
 
 # ----------------------------------------------------- 10: deadlines
