@@ -21,12 +21,14 @@ Defects fixed with these tests (each failed before its fix):
   without an ETag counted as done;
 - upload ids longer than 1 KiB (the journal keeps 2 KiB) were refused;
 - a CompleteMultipartUpload whose answer was lost failed the close() of
-  an object that was in the bucket.
+  an object that was in the bucket;
+- a listing that repeated its continuation token never ended.
 
 The faults injected are counted per kind and printed at the end of the
 module.
 """
 import collections
+import concurrent.futures
 import errno
 import os
 import subprocess
@@ -358,6 +360,33 @@ def test_trickled_upload_does_not_hold_the_drain(server, s3, bucket, proxy,
              'the recovered upload')
     assert_objects(s3, bucket, {'held.bin': data})
     assert unmount_and_drain(again) == 0
+
+
+# ------------------------------------------- 10: listings that never end
+
+def test_repeated_continuation_token_ends_the_listing(server, s3, bucket,
+                                                      proxy, mount):
+    """A listing of 1001 keys (two pages) whose second page names its own
+    continuation token as the next: `ls` fails with EIO and one log line
+    instead of listing page two forever (growing the listing in memory);
+    without the fault it lists all 1001."""
+    keys = [f'many/{index:05d}' for index in range(1001)]
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda key: s3.put_object(Bucket=bucket, Key=key,
+                                                Body=b'.'), keys))
+    mnt = via_proxy(mount, proxy, bucket)
+    proxy.inject('repeat_token', 1, 'LIST')
+    outcome, seconds = run_within(BOUND, os.listdir, mnt.path / 'many')
+    assert isinstance(outcome, OSError) and outcome.errno == errno.EIO, \
+        f'{outcome!r}\n{mnt.log()[-2000:]}'
+    assert proxy.faults_injected == {'repeat_token': 1}
+    lines = [line for line in mnt.log().splitlines()
+             if 'continuation token' in line]
+    assert len(lines) == 1, lines
+    listing, _ = run_within(BOUND, os.listdir, mnt.path / 'many')
+    assert len(listing) == 1001
+    print(f'{server.name}: the repeated token ended the listing in '
+          f'{seconds:.2f}s')
 
 
 # --------------------------------------------------- 13c: long upload ids
