@@ -105,7 +105,8 @@ static const struct curl_row curl_table[] = {
      "cannot resolve the proxy's host name"},
     {CURLE_COULDNT_CONNECT, ECONNREFUSED, true, false,
      "cannot connect to the endpoint"},
-    {CURLE_OPERATION_TIMEDOUT, ETIMEDOUT, true, true, "the request timed out"},
+    {CURLE_OPERATION_TIMEDOUT, ETIMEDOUT, true, true,
+     "the request timed out (its deadline passed, or no progress for 30 s)"},
     {CURLE_SEND_ERROR, ECONNRESET, true, true,
      "the connection failed while sending"},
     {CURLE_RECV_ERROR, ECONNRESET, true, true,
@@ -113,6 +114,12 @@ static const struct curl_row curl_table[] = {
     {CURLE_GOT_NOTHING, ECONNRESET, true, true,
      "the server closed the connection without answering"},
     {CURLE_PARTIAL_FILE, EIO, true, true, "the response was cut short"},
+    {CURLE_WEIRD_SERVER_REPLY, EIO, true, true,
+     "the server's answer is not valid HTTP"},
+    /* a request resent on a fresh connection (the kept-alive one had been
+     * closed by the server) whose body could not be read again */
+    {CURLE_SEND_FAIL_REWIND, EIO, true, true,
+     "the request had to be sent again and its body could not be rewound"},
     {CURLE_SSL_CONNECT_ERROR, ECONNREFUSED, true, false,
      "the TLS handshake failed"},
     {CURLE_PEER_FAILED_VERIFICATION, EACCES, false, false,
@@ -162,11 +169,14 @@ int errmap_errno(const struct errmap_result *result)
         const struct curl_row *row = find_curl(result->curl_code);
         return row != NULL ? row->err : EIO;
     }
-    if (result->http_status >= 200 && result->http_status < 300)
+    if (result->http_status >= 200 && result->http_status < 300 &&
+        !result->error_in_body)
         return 0;
     const struct code_row *code = find_code(result->s3_code);
     if (code != NULL)
         return code->err;
+    if (result->error_in_body)
+        return EIO;
     const struct status_row *status = find_status(result->http_status);
     if (status != NULL)
         return status->err;
@@ -186,14 +196,20 @@ bool errmap_retryable(const struct errmap_result *result,
         *sent_request_may_have_run = row->may_have_run;
         return row->retry;
     }
-    if (result->http_status >= 200 && result->http_status < 300)
+    if (result->http_status >= 200 && result->http_status < 300 &&
+        !result->error_in_body)
         return false;
     /* The server answered: a throttled request was not carried out, an
-     * internal error may have been. */
+     * internal error may have been. After a 200 it may have been, always. */
     const struct code_row *code = find_code(result->s3_code);
     if (code != NULL) {
-        *sent_request_may_have_run = code->err != EAGAIN;
+        *sent_request_may_have_run = code->err != EAGAIN ||
+                                     result->error_in_body;
         return code->retry;
+    }
+    if (result->error_in_body) {
+        *sent_request_may_have_run = true;
+        return false;
     }
     const struct status_row *status = find_status(result->http_status);
     if (status != NULL) {
@@ -219,7 +235,13 @@ const char *errmap_describe(const struct errmap_result *result, char *buf,
     const char *phrase = code != NULL ? code->phrase
                          : status != NULL ? status->phrase
                                           : "unexpected response";
-    if (result->s3_code != NULL && result->s3_code[0] != '\0')
+    if (result->error_in_body)
+        snprintf(buf, len, "%s (an error in the body of an HTTP %ld answer: "
+                 "%s)", code != NULL ? code->phrase : "unexpected error",
+                 result->http_status,
+                 result->s3_code != NULL && result->s3_code[0] != '\0'
+                     ? result->s3_code : "no code");
+    else if (result->s3_code != NULL && result->s3_code[0] != '\0')
         snprintf(buf, len, "%s (HTTP %ld %s)", phrase, result->http_status,
                  result->s3_code);
     else

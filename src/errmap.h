@@ -16,16 +16,23 @@ struct errmap_result {
     int curl_code;          /* CURLcode; 0 (CURLE_OK) if a response came */
     long http_status;       /* 0 if no response */
     const char *s3_code;    /* <Code> of the error body, or NULL */
+    bool error_in_body;     /* a 2xx answer whose body is an <Error>
+                               document with S3_CODE: S3 may answer a copy
+                               or a complete so once it has sent 200 */
 };
 
-/* errno for a failed exchange (0 only for 2xx with CURLE_OK; redirects
- * are errors: the client never follows them). */
+/* errno for a failed exchange (0 only for 2xx with CURLE_OK and no error
+ * in the body; redirects are errors: the client never follows them). An
+ * error in the body takes its code's errno, EIO for a code in no table. */
 int errmap_errno(const struct errmap_result *result);
 
 /*
  * Whether a retry may succeed: throttling (503, SlowDown), server errors
  * (500, 502, 504, InternalError, RequestTimeout), timeouts, resets and
- * refused connections. Client errors (4xx) never retry.
+ * refused connections, a request curl had to send again but could not
+ * rewind. Client errors (4xx) never retry. An error in a 2xx body is
+ * retried as its code says (InternalError, SlowDown: yes), and the server
+ * may have acted on the request.
  * SENT_REQUEST_MAY_HAVE_RUN is true when the server may have acted on the
  * request (response lost, timeout after sending): non-idempotent requests
  * must not be retried then.

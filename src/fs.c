@@ -320,39 +320,29 @@ static int add_page(struct fs *fs, const char *dir_key,
 }
 
 /* LIST every page of DIR_KEY into a new sorted, de-duplicated listing.
- * EFBIG when it has more than MAX_PAGES pages (0: no limit). */
+ * EFBIG when it has more than MAX_PAGES pages (0: no limit); EIO when the
+ * server's pages would go round for ever (s3_list_walk_next()). */
 static int fetch_listing(struct fs *fs, const char *dir_key, unsigned max_pages,
                          struct inode_listing **out)
 {
     struct listing_builder builder = {0};
-    char *token = NULL;
+    struct s3_list_walk walk = {0};
     unsigned pages = 0;
     int err = 0;
 
     *out = NULL;
     do {
         struct s3xml_listing page;
-        err = s3_list_objects(fs->s3, dir_key, "/", token, NULL, LIST_PAGE,
-                              &page);
-        free(token);
-        token = NULL;
+        err = s3_list_walk_next(fs->s3, &walk, dir_key, "/", LIST_PAGE, &page);
         if (err == 0)
             err = add_page(fs, dir_key, &page, &builder);
-        if (err == 0 && page.truncated && max_pages > 0 && ++pages >= max_pages) {
+        if (err == 0 && !walk.done && max_pages > 0 && ++pages >= max_pages)
             err = EFBIG;
-        } else if (err == 0 && page.truncated && fs->stopping) {
+        else if (err == 0 && !walk.done && fs->stopping)
             err = ECANCELED; /* a background relisting at unmount */
-        } else if (err == 0 && page.truncated) {
-            if (page.next_token == NULL || page.next_token[0] == '\0') {
-                log_warn("LIST %s: truncated page without a continuation token",
-                         dir_key);
-                err = EIO;
-            } else if ((token = strdup(page.next_token)) == NULL) {
-                err = ENOMEM;
-            }
-        }
         s3xml_listing_free(&page);
-    } while (err == 0 && token != NULL);
+    } while (err == 0 && !walk.done);
+    s3_list_walk_clear(&walk);
     if (err != 0)
         goto out;
 

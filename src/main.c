@@ -341,6 +341,7 @@ int main(int argc, char **argv)
         .ca_bundle = ca_bundle,
         .max_connections = opts.connections,
         .max_retries = opts.retries,
+        .request_timeout = opts.request_timeout,
     };
     errbuf[0] = '\0';
     if (s3_client_create(&s3_conf, &s3, errbuf, sizeof(errbuf)) != 0) {

@@ -10,6 +10,7 @@
 #include "config.h"
 
 #include "options.h"
+#include "s3.h"                 /* S3_REQUEST_TIMEOUT_DEFAULT */
 
 #include <errno.h>
 #include <math.h>
@@ -25,6 +26,9 @@
 #define DEFAULT_READ_AHEAD (64u << 20)
 #define DEFAULT_CONNECTIONS 16
 #define DEFAULT_RETRIES 6
+#define DEFAULT_REQUEST_TIMEOUT S3_REQUEST_TIMEOUT_DEFAULT
+#define MIN_REQUEST_TIMEOUT 1.0
+#define MAX_REQUEST_TIMEOUT 3600.0
 #define MAX_CONNECTIONS 256
 #define DEFAULT_MIN_FREE_RATIO 0.05
 #define DEFAULT_BLOCK_SIZE (1u << 20)
@@ -37,6 +41,7 @@ struct raw_options {
     char *endpoint, *region, *profile, *credentials_file, *cache_dir;
     char *uid, *gid, *file_mode, *dir_mode;
     char *attr_ttl, *dir_ttl, *read_ahead, *connections, *retries;
+    char *request_timeout;
     char *cache_size, *cache_min_free, *block_size;
     int no_sign, path_style, allow_other, read_only, writeback;
 };
@@ -75,6 +80,7 @@ static const struct fuse_opt option_spec[] = {
     RAW("read_ahead=%s", read_ahead),
     RAW("connections=%s", connections),
     RAW("retries=%s", retries),
+    RAW("request_timeout=%s", request_timeout),
     RAW("cache_size=%s", cache_size),
     RAW("cache_min_free=%s", cache_min_free),
     RAW("block_size=%s", block_size),
@@ -345,6 +351,7 @@ static void set_defaults(struct options *opts)
     opts->read_ahead = DEFAULT_READ_AHEAD;
     opts->connections = DEFAULT_CONNECTIONS;
     opts->retries = DEFAULT_RETRIES;
+    opts->request_timeout = DEFAULT_REQUEST_TIMEOUT;
     opts->cache_min_free_ratio = DEFAULT_MIN_FREE_RATIO;
     opts->block_size = DEFAULT_BLOCK_SIZE;
 }
@@ -414,6 +421,12 @@ static void convert_raw(const struct raw_options *raw, struct options *opts,
         set_error(state, "option 'connections=%s': expected a number from 1 to 256", raw->connections);
     if (raw->retries != NULL && parse_count(raw->retries, 0, 100, &opts->retries) != 0)
         set_error(state, "option 'retries=%s': expected a number from 0 to 100", raw->retries);
+    if (raw->request_timeout != NULL &&
+        (options_parse_seconds(raw->request_timeout, &opts->request_timeout) != 0 ||
+         opts->request_timeout < MIN_REQUEST_TIMEOUT ||
+         opts->request_timeout > MAX_REQUEST_TIMEOUT))
+        set_error(state, "option 'request_timeout=%s': expected seconds from "
+                  "1 to 3600, such as 30", raw->request_timeout);
     if (raw->cache_min_free != NULL &&
         parse_size_or_percent(raw->cache_min_free, &opts->cache_min_free,
                               &opts->cache_min_free_ratio) != 0)
@@ -444,7 +457,8 @@ static void free_raw(struct raw_options *raw)
                        &raw->cache_size, &raw->cache_min_free, &raw->block_size,
                        &raw->uid, &raw->gid, &raw->file_mode, &raw->dir_mode,
                        &raw->attr_ttl, &raw->dir_ttl, &raw->read_ahead,
-                       &raw->connections, &raw->retries};
+                       &raw->connections, &raw->retries,
+                       &raw->request_timeout};
     for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++) {
         free(*fields[i]);
         *fields[i] = NULL;
@@ -553,6 +567,8 @@ void options_print_help(FILE *fp, const char *progname)
 "  -o path_style          path-style addressing (default for endpoint=)\n"
 "  -o connections=N       parallel requests to the bucket (default %d)\n"
 "  -o retries=N           retries of a failed request (default %d)\n"
+"  -o request_timeout=SECONDS  a request's deadline, retries included,\n"
+"                         before the time its bytes take (default %g)\n"
 "\n"
 "File attributes:\n"
 "  -o uid=N, -o gid=N     owner of every file, overriding s3fs headers\n"
@@ -581,6 +597,6 @@ void options_print_help(FILE *fp, const char *progname)
 "  -o read_ahead=SIZE     largest read-ahead window per file (default 64M)\n"
 "\n"
 "See s3cachefs(1) for details.\n",
-            progname, DEFAULT_CONNECTIONS, DEFAULT_RETRIES, DEFAULT_ATTR_TTL,
-            DEFAULT_DIR_TTL);
+            progname, DEFAULT_CONNECTIONS, DEFAULT_RETRIES,
+            DEFAULT_REQUEST_TIMEOUT, DEFAULT_ATTR_TTL, DEFAULT_DIR_TTL);
 }

@@ -61,6 +61,7 @@ struct options {
     uint64_t read_ahead;      /* largest read-ahead window per open file */
     unsigned connections;     /* parallel requests to the bucket */
     unsigned retries;         /* retries of a failed idempotent request */
+    double request_timeout;   /* seconds: the base deadline of a request */
 
     struct fuse_args fuse_args; /* what goes on to libfuse (argv[0] first) */
 };

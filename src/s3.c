@@ -48,6 +48,35 @@
 #define RECEIVE_BUFFER (256L << 10)     /* per connection: GET bodies reach
                                            the cache in writes this large */
 
+/*
+ * Deadlines. A request ends within its deadline, every attempt, retry and
+ * pause between them included (the waits for a free connection are not:
+ * the requests holding them have deadlines of their own); past it, it
+ * fails with ETIMEDOUT, or the error of its last attempt. Curl's
+ * low-speed check alone let a server that trickles its answer just above
+ * LOW_SPEED_LIMIT hold a FUSE thread (and the drain at unmount) for as
+ * long as it liked. The deadline is
+ *
+ *     request_timeout                     (S3_REQUEST_TIMEOUT_DEFAULT, 30 s)
+ *   + bytes on the wire / DEADLINE_WIRE_RATE         (GET ranges, PUT and
+ *                                          part bodies; a LIST page counts
+ *                                          as DEADLINE_LIST_BYTES)
+ *   + bytes the server copies or joins / DEADLINE_SERVER_RATE  (CopyObject,
+ *                                          UploadPartCopy, complete)
+ *
+ * So with the defaults: a HEAD, DELETE or small PUT 30 s, a 1 MiB block
+ * 46 s, an 8 MiB read-ahead GET or part 158 s, a 16 MiB PUT 286 s, a 512
+ * MiB part copy 62 s, a CopyObject (its size unknown here: counted as the
+ * 5 GiB it can be) 350 s, completing a 1 GiB upload 94 s. The rates are
+ * floors, far below what a working link or server does, so that only a
+ * stuck or trickling transfer meets them: 64 KiB/s is 16 connections
+ * sharing 8 Mbit/s.
+ */
+#define DEADLINE_WIRE_RATE (64u << 10)          /* bytes/s */
+#define DEADLINE_SERVER_RATE (16u << 20)        /* bytes/s */
+#define DEADLINE_LIST_BYTES (256u << 10)
+#define DEADLINE_COPY_UNKNOWN (5ull << 30)
+
 struct s3_client {
     char *bucket;
     char *region;
@@ -57,6 +86,7 @@ struct s3_client {
     char *ca_bundle;
     struct endpoint endpoint; /* base URL, Host header, path prefix */
     unsigned max_retries;
+    uint64_t deadline_base_ms;
 
     CURLSH *share;
     pthread_mutex_t share_lock;
@@ -97,6 +127,16 @@ struct s3_request {
     char range[64];               /* formatted for the current attempt */
     bool idempotent;
     bool quiet;                   /* the caller reports failures itself */
+    uint64_t wire_bytes;          /* for the deadline: bytes to transfer */
+    uint64_t server_bytes;        /* ... and bytes the server copies */
+    bool may_have_run;            /* an attempt the server may have carried
+                                     out failed (its answer lost) */
+    /* checks a 2xx answer and parses its XML (req->xml) into parse_out: 0,
+     * EPROTO (cut short, garbled, no ETag: retried), EIO with
+     * req->s3_code (an <Error> in the body), or another errno; leaves
+     * nothing to free on failure */
+    int (*parse)(struct s3_request *req);
+    void *parse_out;
 
     /* request body: at most one of these */
     const struct s3_body *body;   /* streamed upload */
@@ -110,7 +150,7 @@ struct s3_request {
     int sink_err;                 /* why the sink refused data */
     bool answer_checked;          /* this attempt's headers were checked */
     bool range_seen;              /* this attempt's Content-Range ... */
-    uint64_t range_first, range_last;
+    uint64_t range_first, range_last, range_total;
     char answer_etag[S3_ETAG_MAX];/* ... and ETag */
     void *recv_buf;               /* object data of a GET */
     size_t recv_cap;
@@ -166,19 +206,24 @@ static void base64(const unsigned char *in, size_t len, char *out, size_t cap)
 /* ------------------------------------------------------ curl callbacks */
 
 /*
- * Before a streamed GET's first byte reaches the sink: the answer must be
- * the bytes asked for (a 206 whose Content-Range starts where the sink
- * stopped and ends where the request does; a plain 200 only when the
- * whole object was asked for from byte 0) and of the version asked for
- * (a server that ignores If-Match still sends its ETag).
+ * Before a GET's first byte is taken: the answer must be the bytes asked
+ * for (a 206 whose Content-Range starts where the data so far stopped and
+ * ends where the request does; a plain 200 only when the whole object was
+ * asked for from byte 0) and of the version asked for: a server that
+ * ignores If-Match still sends its ETag, and an answer without one (a 200
+ * carrying an error document, say) is not an object's.
  */
-static int check_stream_answer(const struct s3_request *req)
+static int check_get_answer(const struct s3_request *req)
 {
     uint64_t first = req->range_offset + req->delivered;
     uint64_t last = req->range_offset + req->range_length - 1;
 
     if (req->status == 206) {
-        if (!req->range_seen || req->range_first != first || req->range_last != last) {
+        /* (an object that ends first ends the range there) */
+        bool ends_early = req->range_seen && req->range_last < last &&
+                          req->range_last + 1 == req->range_total;
+        if (!req->range_seen || req->range_first != first ||
+            (req->range_last != last && !ends_early)) {
             log_warn("GET %s: the server sent another range than asked for",
                      req->key);
             return EIO;
@@ -187,8 +232,11 @@ static int check_stream_answer(const struct s3_request *req)
         log_warn("GET %s: the server ignored the range asked for", req->key);
         return EIO;
     }
-    if (req->if_match != NULL && req->answer_etag[0] != '\0' &&
-        strcmp(req->answer_etag, req->if_match) != 0)
+    if (req->if_match != NULL && req->answer_etag[0] == '\0') {
+        log_warn("GET %s: the answer carries no ETag", req->key);
+        return EIO;
+    }
+    if (req->if_match != NULL && strcmp(req->answer_etag, req->if_match) != 0)
         return ESTALE;
     return 0;
 }
@@ -204,13 +252,13 @@ static size_t on_body(char *data, size_t size, size_t count, void *userp)
         capped_buf_append(&req->error_body, data, len < room ? len : room);
         return len;
     }
+    if ((req->sink != NULL || req->recv_buf != NULL) && !req->answer_checked) {
+        req->sink_err = check_get_answer(req);
+        req->answer_checked = true;
+        if (req->sink_err != 0)
+            return 0;
+    }
     if (req->sink != NULL) {
-        if (!req->answer_checked) {
-            req->sink_err = check_stream_answer(req);
-            req->answer_checked = true;
-            if (req->sink_err != 0)
-                return 0;
-        }
         if (len > req->range_length - req->delivered) {
             req->sink_err = EIO; /* more than asked for */
             return 0;
@@ -224,8 +272,10 @@ static size_t on_body(char *data, size_t size, size_t count, void *userp)
         return len;
     }
     if (req->recv_buf != NULL) {
-        if (len > req->recv_cap - req->recv_len)
-            return 0; /* more than asked for: fail (CURLE_WRITE_ERROR) */
+        if (len > req->recv_cap - req->recv_len) {
+            req->sink_err = EIO; /* more than asked for */
+            return 0;
+        }
         memcpy((char *)req->recv_buf + req->recv_len, data, len);
         req->recv_len += len;
         return len;
@@ -345,9 +395,9 @@ static void parse_info_header(struct s3_object_info *info, const char *line,
     }
 }
 
-/* "bytes FIRST-LAST/TOTAL" -> FIRST, LAST. */
+/* "bytes FIRST-LAST/TOTAL" -> FIRST, LAST, TOTAL. */
 static bool parse_content_range(const char *value, size_t len, uint64_t *first,
-                                uint64_t *last)
+                                uint64_t *last, uint64_t *total)
 {
     const char *dash, *slash;
 
@@ -359,7 +409,9 @@ static bool parse_content_range(const char *value, size_t len, uint64_t *first,
     slash = memchr(value, '/', len);
     return dash != NULL && slash != NULL && dash < slash &&
            parse_u64(value, (size_t)(dash - value), first) &&
-           parse_u64(dash + 1, (size_t)(slash - dash - 1), last);
+           parse_u64(dash + 1, (size_t)(slash - dash - 1), last) &&
+           parse_u64(slash + 1, len - (size_t)(slash + 1 - value), total) &&
+           *first <= *last && *last < *total;
 }
 
 static size_t on_header(char *data, size_t size, size_t count, void *userp)
@@ -386,7 +438,8 @@ static size_t on_header(char *data, size_t size, size_t count, void *userp)
             copy_header(req->answer_etag, sizeof(req->answer_etag), value, vlen);
         else if ((value = header_value(data, len, "Content-Range", &vlen)) != NULL)
             req->range_seen = parse_content_range(value, vlen, &req->range_first,
-                                                  &req->range_last);
+                                                  &req->range_last,
+                                                  &req->range_total);
     }
     return len;
 }
@@ -414,6 +467,21 @@ static size_t on_upload_read(char *buffer, size_t size, size_t count,
     }
     req->body_pos += want;
     return want;
+}
+
+/* curl rewinds the body when it sends the request again by itself: on a
+ * fresh connection after the kept-alive one turned out closed by the
+ * server. Without this it gave up (CURLE_SEND_FAIL_REWIND), and the
+ * upload failed. */
+static int on_upload_seek(void *userp, curl_off_t offset, int origin)
+{
+    struct s3_request *req = userp;
+
+    if (origin != SEEK_SET || req->body == NULL || offset < 0 ||
+        (uint64_t)offset > req->body->length)
+        return CURL_SEEKFUNC_FAIL;
+    req->body_pos = (uint64_t)offset;
+    return CURL_SEEKFUNC_OK;
 }
 
 /* ------------------------------------------------------------ the pool */
@@ -447,6 +515,10 @@ static CURL *pool_new_handle(struct s3_client *client)
     curl_easy_setopt(curl, CURLOPT_LOW_SPEED_LIMIT, (long)LOW_SPEED_LIMIT);
     curl_easy_setopt(curl, CURLOPT_LOW_SPEED_TIME, (long)LOW_SPEED_TIME_S);
     curl_easy_setopt(curl, CURLOPT_PROTOCOLS_STR, "http,https");
+    /* the path goes out as it was signed: curl would remove dot segments
+     * ("/b/d/../x" became "/b/x"), so another key than the one listed was
+     * read, copied or deleted, or the signature did not match */
+    curl_easy_setopt(curl, CURLOPT_PATH_AS_IS, 1L);
     curl_easy_setopt(curl, CURLOPT_SSL_VERIFYPEER, 1L);
     curl_easy_setopt(curl, CURLOPT_SSL_VERIFYHOST, 2L);
     if (client->ca_bundle != NULL)
@@ -494,18 +566,40 @@ static void pool_put(struct s3_client *client, CURL *curl)
 
 /* ------------------------------------------------------ request engine */
 
-static void backoff_sleep(unsigned attempt)
+/* The pause before retry ATTEMPT + 1, in ms: "full jitter", anywhere
+ * between 0 and a ceiling that doubles from BACKOFF_BASE_MS. */
+static unsigned backoff_ms(unsigned attempt)
 {
     unsigned ceiling = BACKOFF_BASE_MS;
     for (unsigned i = 0; i < attempt && ceiling < BACKOFF_CAP_MS; i++)
         ceiling *= 2;
     if (ceiling > BACKOFF_CAP_MS)
         ceiling = BACKOFF_CAP_MS;
-    /* "full jitter": anywhere between 0 and the ceiling */
-    unsigned ms = arc4random_uniform(ceiling + 1);
-    struct timespec pause = {.tv_sec = ms / 1000,
+    return arc4random_uniform(ceiling + 1);
+}
+
+static void sleep_ms(uint64_t ms)
+{
+    struct timespec pause = {.tv_sec = (time_t)(ms / 1000),
                              .tv_nsec = (long)(ms % 1000) * 1000000L};
-    nanosleep(&pause, NULL);
+    while (nanosleep(&pause, &pause) != 0 && errno == EINTR)
+        ;
+}
+
+static uint64_t monotonic_ms(void)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (uint64_t)now.tv_sec * 1000u + (uint64_t)now.tv_nsec / 1000000u;
+}
+
+/* REQ's deadline in ms from its start (see "Deadlines" at the top). */
+static uint64_t request_deadline_ms(const struct s3_client *client,
+                                    const struct s3_request *req)
+{
+    return client->deadline_base_ms +
+           req->wire_bytes / (DEADLINE_WIRE_RATE / 1000u) +
+           req->server_bytes / (DEADLINE_SERVER_RATE / 1000u);
 }
 
 /* Build URL path (encoded) for the request. Returns malloc'd or NULL. */
@@ -651,6 +745,12 @@ static int prepare_attempt(struct s3_client *client, CURL *curl,
     curl_easy_setopt(curl, CURLOPT_HEADERDATA, req);
     curl_easy_setopt(curl, CURLOPT_READFUNCTION, on_upload_read);
     curl_easy_setopt(curl, CURLOPT_READDATA, req);
+    curl_easy_setopt(curl, CURLOPT_SEEKFUNCTION, on_upload_seek);
+    curl_easy_setopt(curl, CURLOPT_SEEKDATA, req);
+    /* a copy or a complete sends nothing (or blanks) while the server
+     * works: only the deadline bounds those */
+    curl_easy_setopt(curl, CURLOPT_LOW_SPEED_TIME,
+                     req->server_bytes > 0 ? 0L : (long)LOW_SPEED_TIME_S);
 
     /* No "Expect: 100-continue" round trip; the body follows at once. */
     *headers = curl_slist_append(NULL, "Expect:");
@@ -704,8 +804,9 @@ static void reset_attempt(struct s3_request *req)
 }
 
 /*
- * Run REQ to completion: returns 0 when the server answered 2xx, else the
- * errno; FAILURE (may be NULL) receives the description of the last error.
+ * Run REQ to completion within its deadline: returns 0 when the server
+ * answered 2xx (and REQ's parse accepted the body), else the errno;
+ * FAILURE (may be NULL) receives the description of the last error.
  */
 static int s3_perform(struct s3_client *client, struct s3_request *req,
                       struct s3_failure *failure)
@@ -715,6 +816,8 @@ static int s3_perform(struct s3_client *client, struct s3_request *req,
     CURL *curl = NULL;
     int err = 0;
     char description[256] = "";
+    uint64_t deadline_ms = request_deadline_ms(client, req);
+    uint64_t deadline = 0;
 
     req->error_body.cap = ERROR_BODY_MAX;
     path = request_path(client, req->key);
@@ -737,11 +840,16 @@ static int s3_perform(struct s3_client *client, struct s3_request *req,
         err = ENOMEM;
         goto out;
     }
+    /* (the wait for a connection is not the request's: others bound it) */
+    deadline = monotonic_ms() + deadline_ms;
 
     for (unsigned attempt = 0;; attempt++) {
         struct curl_slist *headers = NULL;
+        uint64_t now = monotonic_ms();
         reset_attempt(req);
         err = prepare_attempt(client, curl, req, url, path, &headers);
+        curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS,
+                         (long)(deadline > now ? deadline - now : 1));
         CURLcode rc = CURLE_OK;
         if (err == 0) {
             atomic_fetch_add(&client->requests[req->op], 1);
@@ -777,27 +885,68 @@ static int s3_perform(struct s3_client *client, struct s3_request *req,
             .http_status = rc == CURLE_OK ? req->status : 0,
             .s3_code = req->s3_code,
         };
+        bool may_have_run = false;
+        bool retry = false;
+        bool parse_failed = false;
         err = errmap_errno(&result);
+        if (err == 0 && req->parse != NULL) {
+            err = req->parse(req);
+            parse_failed = err != 0;
+        }
         if (err == 0)
             break;
-        bool may_have_run = false;
-        bool retry = errmap_retryable(&result, &may_have_run);
-        errmap_describe(&result, description, sizeof(description));
+        if (parse_failed && (err == EPROTO || err == EOVERFLOW)) {
+            /* a 2xx whose XML was cut short or garbled, or a PUT's without
+             * its ETag: the server may have done the work, the answer did
+             * not come whole */
+            err = EIO;
+            retry = may_have_run = true;
+            snprintf(description, sizeof(description),
+                     "the answer (HTTP %ld) is not what was asked for: XML "
+                     "cut short or not valid, or no ETag", req->status);
+        } else if (parse_failed && err == EIO) {
+            result.error_in_body = true;
+            err = errmap_errno(&result);
+            retry = errmap_retryable(&result, &may_have_run);
+            errmap_describe(&result, description, sizeof(description));
+        } else if (parse_failed) {
+            snprintf(description, sizeof(description), "%s", strerror(err));
+            break;
+        } else {
+            retry = errmap_retryable(&result, &may_have_run);
+            errmap_describe(&result, description, sizeof(description));
+        }
+        /* what the complete of a multipart upload checks afterwards */
+        req->may_have_run = req->may_have_run || (retry && may_have_run);
         if (!retry || attempt >= client->max_retries ||
             (!req->idempotent && may_have_run))
             break;
+        uint64_t pause = backoff_ms(attempt);
+        now = monotonic_ms();
+        if (now + pause >= deadline) {
+            snprintf(description + strlen(description),
+                     sizeof(description) - strlen(description),
+                     "; its deadline (%llu.%01llu s) %s",
+                     (unsigned long long)(deadline_ms / 1000),
+                     (unsigned long long)(deadline_ms % 1000 / 100),
+                     now >= deadline ? "has passed"
+                                     : "leaves no time for another attempt");
+            break;
+        }
         atomic_fetch_add(&client->retries, 1);
         log_debug("%s %s: %s; retry %u", req->method, req->key ? req->key : "/",
                   description, attempt + 1);
         /* let others use the connection while this request waits */
         pool_put(client, curl);
         curl = NULL;
-        backoff_sleep(attempt);
+        sleep_ms(pause);
+        uint64_t waited_from = monotonic_ms();
         curl = pool_get(client);
         if (curl == NULL) {
             err = ENOMEM;
             goto out;
         }
+        deadline += monotonic_ms() - waited_from;
     }
     if (req->sink != NULL)
         atomic_fetch_add(&client->bytes_received, req->delivered);
@@ -844,6 +993,10 @@ int s3_client_create(const struct s3_conf *conf, struct s3_client **out,
     pthread_cond_init(&client->pool.handle_free, NULL);
     client->pool.max = conf->max_connections > 0 ? conf->max_connections : 1;
     client->max_retries = conf->max_retries;
+    client->deadline_base_ms = (uint64_t)((conf->request_timeout > 0
+                                               ? conf->request_timeout
+                                               : S3_REQUEST_TIMEOUT_DEFAULT) *
+                                          1000.0);
     client->bucket = strdup(conf->bucket);
     client->region = strdup(conf->region ? conf->region : "us-east-1");
     client->access_key = strdup_or_null(conf->access_key);
@@ -933,6 +1086,72 @@ static bool query_add(char *buf, size_t cap, const char *name, const char *value
     return ok;
 }
 
+/* Room for a query of these values, each encoded (at most 3 bytes per
+ * byte) with its name. */
+static size_t query_room(const char *const *values, size_t count)
+{
+    size_t room = 256;
+    for (size_t i = 0; i < count; i++)
+        if (values[i] != NULL)
+            room += 3 * strlen(values[i]) + 32;
+    return room;
+}
+
+/* "partNumber=N&uploadId=ID" (PART_NUMBER 0: "uploadId=ID"), malloc'd, or
+ * NULL when out of memory. Sized for any id: the journal keeps ids of up
+ * to 2048 bytes, which a fixed 1 KiB buffer once refused. */
+static char *upload_query(const char *upload_id, unsigned part_number)
+{
+    size_t room = query_room(&upload_id, 1);
+    char *query = calloc(1, room);
+    char number[16];
+
+    if (query == NULL)
+        return NULL;
+    snprintf(number, sizeof(number), "%u", part_number);
+    if ((part_number > 0 && !query_add(query, room, "partNumber", number)) ||
+        !query_add(query, room, "uploadId", upload_id)) {
+        free(query);
+        return NULL;
+    }
+    return query;
+}
+
+/* req->parse for the XML answers (see struct s3_request). */
+static int parse_listing(struct s3_request *req)
+{
+    return s3xml_parse_listing(req->xml->data ? req->xml->data : "",
+                               req->xml->len, req->parse_out);
+}
+
+/* A PUT (object or part) is done only when its answer names the ETag the
+ * server gave it: a 200 without one (a middlebox's error page, say) is no
+ * proof that the data landed. */
+static int parse_put_answer(struct s3_request *req)
+{
+    return req->answer_etag[0] != '\0' ? 0 : EPROTO;
+}
+
+static int parse_upload_id(struct s3_request *req)
+{
+    return s3xml_parse_upload_id(req->xml->data ? req->xml->data : "",
+                                 req->xml->len, req->parse_out);
+}
+
+/* CopyObjectResult, CopyPartResult, CompleteMultipartUploadResult: the
+ * ETag into *(char **)parse_out; an <Error> in their place (S3 sends it
+ * after a 200 when the work fails) is EIO with its code in req->s3_code. */
+static int parse_etag(struct s3_request *req)
+{
+    struct s3xml_error body_error;
+    int err = s3xml_parse_etag_result(req->xml->data ? req->xml->data : "",
+                                      req->xml->len, req->parse_out,
+                                      &body_error);
+    if (err == EIO)
+        snprintf(req->s3_code, sizeof(req->s3_code), "%s", body_error.code);
+    return err;
+}
+
 int s3_check_bucket(struct s3_client *client, const char *prefix,
                     struct s3_failure *why)
 {
@@ -940,7 +1159,7 @@ int s3_check_bucket(struct s3_client *client, const char *prefix,
     struct capped_buf xml = {.cap = LIST_BODY_MAX};
     struct s3_request req = {
         .op = S3_OP_LIST, .method = "GET", .query = query, .xml = &xml,
-        .idempotent = true, .quiet = true,
+        .idempotent = true, .quiet = true, .wire_bytes = DEADLINE_LIST_BYTES,
     };
     int err;
 
@@ -986,8 +1205,9 @@ int s3_get_object_range(struct s3_client *client, const char *key,
     struct s3_request req = {
         .op = S3_OP_GET, .method = "GET", .key = key, .has_range = true,
         .range_offset = offset, .range_length = length,
-        .recv_buf = buf, .recv_cap = length,
+        .recv_buf = buf, .recv_cap = length, .if_match = if_match,
         .info = info ? info : &local_info, .idempotent = true,
+        .wire_bytes = length,
     };
     int err;
 
@@ -999,8 +1219,6 @@ int s3_get_object_range(struct s3_client *client, const char *key,
         req.extra_headers[0] = match_header;
     }
     err = s3_perform(client, &req, NULL);
-    if (err == 0 && req.status == 200 && offset != 0)
-        err = EIO; /* the server ignored the Range header */
     if (err == 0)
         *received = req.recv_len;
     return err;
@@ -1016,6 +1234,7 @@ int s3_get_object_stream(struct s3_client *client, const char *key,
         .op = S3_OP_GET, .method = "GET", .key = key, .has_range = true,
         .range_offset = offset, .range_length = length, .sink = sink,
         .if_match = if_match, .idempotent = true, .info = info,
+        .wire_bytes = length,
     };
     int err;
 
@@ -1038,43 +1257,202 @@ int s3_list_objects(struct s3_client *client, const char *prefix,
                     const char *start_after, unsigned max_keys,
                     struct s3xml_listing *out)
 {
-    /* parameters in sorted order, as SigV4 canonicalises them */
-    char query[8192] = "";
+    const char *values[] = {prefix, delimiter, continuation_token, start_after};
+    size_t room = query_room(values, sizeof(values) / sizeof(values[0]));
+    char *query = calloc(1, room);
     char max_keys_text[16];
     struct capped_buf xml = {.cap = LIST_BODY_MAX};
     struct s3_request req = {
         .op = S3_OP_LIST, .method = "GET", .query = query, .xml = &xml,
-        .idempotent = true,
+        .idempotent = true, .wire_bytes = DEADLINE_LIST_BYTES,
+        .parse = parse_listing, .parse_out = out,
     };
-    bool ok = true;
-    int err;
+    bool ok = query != NULL;
+    int err = 0;
 
     memset(out, 0, sizeof(*out));
+    if (!ok) {
+        err = ENOMEM;
+        goto out;
+    }
+    /* parameters in sorted order, as SigV4 canonicalises them */
     snprintf(max_keys_text, sizeof(max_keys_text), "%u",
              max_keys < 1 ? 1 : max_keys > 1000 ? 1000 : max_keys);
     if (continuation_token != NULL)
-        ok = ok && query_add(query, sizeof(query), "continuation-token", continuation_token);
+        ok = ok && query_add(query, room, "continuation-token", continuation_token);
     if (delimiter != NULL)
-        ok = ok && query_add(query, sizeof(query), "delimiter", delimiter);
+        ok = ok && query_add(query, room, "delimiter", delimiter);
     /* url-encoded keys survive XML (a raw CR in a key would not) */
-    ok = ok && query_add(query, sizeof(query), "encoding-type", "url");
-    ok = ok && query_add(query, sizeof(query), "list-type", "2");
-    ok = ok && query_add(query, sizeof(query), "max-keys", max_keys_text);
-    ok = ok && query_add(query, sizeof(query), "prefix", prefix ? prefix : "");
+    ok = ok && query_add(query, room, "encoding-type", "url");
+    ok = ok && query_add(query, room, "list-type", "2");
+    ok = ok && query_add(query, room, "max-keys", max_keys_text);
+    ok = ok && query_add(query, room, "prefix", prefix ? prefix : "");
     if (start_after != NULL && continuation_token == NULL)
-        ok = ok && query_add(query, sizeof(query), "start-after", start_after);
-    if (!ok)
-        return ENAMETOOLONG;
+        ok = ok && query_add(query, room, "start-after", start_after);
+    if (!ok) {
+        err = ENOMEM;
+        goto out;
+    }
     err = s3_perform(client, &req, NULL);
-    if (err == 0)
-        err = s3xml_parse_listing(xml.data ? xml.data : "", xml.len, out);
-    if (err == EPROTO || err == EOVERFLOW) {
-        log_warn("LIST %s: the answer is not a valid listing", prefix ? prefix : "");
+    if (err == 0 && continuation_token != NULL && out->truncated &&
+        strcmp(out->next_token, continuation_token) == 0) {
+        log_warn("LIST %s: the server answered with the continuation token "
+                 "it was asked for, so the listing would never end: it is "
+                 "cut short here", prefix ? prefix : "");
+        s3xml_listing_free(out);
         err = EIO;
     }
+out:
     capped_buf_free(&xml);
+    free(query);
     return err;
 }
+
+/* ----------------------------------------------------------- list walks */
+
+/* FNV-1a: tokens are remembered as 64-bit hashes (a false "seen before"
+ * needs a collision: about one in 2^64 per pair). */
+static uint64_t token_hash(const char *token)
+{
+    uint64_t hash = 14695981039346656037ull;
+    for (const unsigned char *p = (const unsigned char *)token; *p; p++) {
+        hash ^= *p;
+        hash *= 1099511628211ull;
+    }
+    return hash;
+}
+
+/* The greatest key or prefix of PAGE in byte order (S3's), or NULL. */
+static const char *page_greatest(const struct s3xml_listing *page)
+{
+    const char *greatest = NULL;
+
+    for (size_t i = 0; i < page->object_count; i++)
+        if (greatest == NULL || strcmp(page->objects[i].key, greatest) > 0)
+            greatest = page->objects[i].key;
+    for (size_t i = 0; i < page->prefix_count; i++)
+        if (greatest == NULL || strcmp(page->prefixes[i], greatest) > 0)
+            greatest = page->prefixes[i];
+    return greatest;
+}
+
+/* Whether PAGE may follow what WALK has seen; logs the reason when not. */
+static bool walk_accepts(struct s3_list_walk *walk, const char *prefix,
+                         const struct s3xml_listing *page)
+{
+    const char *greatest = page_greatest(page);
+    const char *shown = prefix != NULL ? prefix : "";
+
+    if (greatest != NULL && walk->greatest != NULL &&
+        strcmp(greatest, walk->greatest) <= 0) {
+        log_warn("LIST %s: the server sent a page that lists nothing after "
+                 "what it listed before, so the listing would never end: "
+                 "it is cut short here", shown);
+        return false;
+    }
+    if (greatest == NULL && page->truncated &&
+        ++walk->empty_pages > S3_LIST_EMPTY_PAGES_MAX) {
+        log_warn("LIST %s: the server sent %u empty pages in a row, each "
+                 "saying more follows: the listing is cut short here", shown,
+                 walk->empty_pages);
+        return false;
+    }
+    if (!page->truncated)
+        return true;
+    uint64_t hash = token_hash(page->next_token);
+    for (size_t i = 0; i < walk->tokens_count; i++) {
+        if (walk->tokens_seen[i] == hash) {
+            log_warn("LIST %s: the server sent a continuation token it had "
+                     "sent before, so the listing would never end: it is cut "
+                     "short here", shown);
+            return false;
+        }
+    }
+    return true;
+}
+
+int s3_list_walk_advance(struct s3_list_walk *walk, const char *prefix,
+                         const struct s3xml_listing *page)
+{
+    char *greatest = NULL;
+    char *token = NULL;
+    int err = 0;
+
+    if (walk->done)
+        return EINVAL;
+    if (!walk_accepts(walk, prefix, page)) {
+        err = EIO;
+        goto out;
+    }
+    const char *page_max = page_greatest(page);
+    if (page_max != NULL && (greatest = strdup(page_max)) == NULL) {
+        err = ENOMEM;
+        goto out;
+    }
+    if (page->truncated) {
+        if (walk->tokens_count == walk->tokens_cap) {
+            size_t cap = walk->tokens_cap ? walk->tokens_cap * 2 : 16;
+            uint64_t *grown = realloc(walk->tokens_seen, cap * sizeof(*grown));
+            if (grown == NULL) {
+                err = ENOMEM;
+                goto out;
+            }
+            walk->tokens_seen = grown;
+            walk->tokens_cap = cap;
+        }
+        if ((token = strdup(page->next_token)) == NULL) {
+            err = ENOMEM;
+            goto out;
+        }
+        walk->tokens_seen[walk->tokens_count++] = token_hash(token);
+    }
+    if (greatest != NULL) {
+        walk->empty_pages = 0;
+        free(walk->greatest);
+        walk->greatest = greatest;
+        greatest = NULL;
+    }
+    free(walk->token);
+    walk->token = token;
+    token = NULL;
+    walk->done = !page->truncated;
+out:
+    if (err != 0)
+        walk->done = true;
+    free(greatest);
+    free(token);
+    return err;
+}
+
+int s3_list_walk_next(struct s3_client *client, struct s3_list_walk *walk,
+                      const char *prefix, const char *delimiter,
+                      unsigned max_keys, struct s3xml_listing *out)
+{
+    int err;
+
+    memset(out, 0, sizeof(*out));
+    if (walk->done)
+        return EINVAL;
+    err = s3_list_objects(client, prefix, delimiter, walk->token, NULL,
+                          max_keys, out);
+    if (err == 0)
+        err = s3_list_walk_advance(walk, prefix, out);
+    if (err != 0) {
+        s3xml_listing_free(out);
+        walk->done = true;
+    }
+    return err;
+}
+
+void s3_list_walk_clear(struct s3_list_walk *walk)
+{
+    free(walk->token);
+    free(walk->greatest);
+    free(walk->tokens_seen);
+    memset(walk, 0, sizeof(*walk));
+}
+
+/* ------------------------------------------------------------- uploads */
 
 /* Add the s3fs metadata headers of META to REQ starting at slot *slot,
  * formatted into STORAGE (5 lines). */
@@ -1107,10 +1485,9 @@ static void add_meta_headers(struct s3_request *req, size_t *slot,
     }
 }
 
-/* Base64 MD5 of a body (memory or file range), for Content-MD5. */
-static int body_md5(const struct s3_body *body, char *out, size_t cap)
+/* The MD5 of a body (memory or file range) into DIGEST. */
+static int body_md5_digest(const struct s3_body *body, unsigned char digest[16])
 {
-    unsigned char digest[16];
     unsigned int digest_len = 0;
     EVP_MD_CTX *ctx = EVP_MD_CTX_new();
     char *chunk = NULL;
@@ -1143,10 +1520,22 @@ static int body_md5(const struct s3_body *body, char *out, size_t cap)
         }
     }
     EVP_DigestFinal_ex(ctx, digest, &digest_len);
-    base64(digest, digest_len, out, cap);
+    if (digest_len != 16)
+        err = EIO;
 out:
     free(chunk);
     EVP_MD_CTX_free(ctx);
+    return err;
+}
+
+/* Base64 MD5 of a body, for Content-MD5. */
+static int body_md5(const struct s3_body *body, char *out, size_t cap)
+{
+    unsigned char digest[16];
+    int err = body_md5_digest(body, digest);
+
+    if (err == 0)
+        base64(digest, sizeof(digest), out, cap);
     return err;
 }
 
@@ -1167,7 +1556,8 @@ int s3_put_object(struct s3_client *client, const char *key,
     struct s3_put_meta default_meta = {0};
     struct s3_request req = {
         .op = S3_OP_PUT, .method = "PUT", .key = key, .body = body,
-        .info = &info, .idempotent = true,
+        .info = &info, .idempotent = true, .wire_bytes = body->length,
+        .parse = parse_put_answer,
     };
     size_t slot = 0;
     int err = body_md5(body, md5, sizeof(md5));
@@ -1224,14 +1614,16 @@ int s3_copy_object(struct s3_client *client, const char *src_key,
     char meta_storage[5][160];
     char if_match_header[S3_ETAG_MAX + 40];
     struct capped_buf xml = {.cap = SMALL_BODY_MAX};
+    char *etag = NULL;
     struct s3_failure failure;
     /* quiet: a failed condition is the caller's to report */
     struct s3_request req = {
         .op = S3_OP_COPY, .method = "PUT", .key = dst_key, .xml = &xml,
         .idempotent = true, .quiet = true,
+        .server_bytes = DEADLINE_COPY_UNKNOWN,
+        .parse = parse_etag, .parse_out = &etag,
     };
     char *source_header = NULL;
-    char *etag = NULL;
     size_t slot = 0;
     int err = copy_source_header(client, src_key, &source_header);
 
@@ -1248,17 +1640,10 @@ int s3_copy_object(struct s3_client *client, const char *src_key,
         add_meta_headers(&req, &slot, meta, meta_storage);
     }
     err = s3_perform(client, &req, &failure);
-    if (err == 0) {
-        struct s3xml_error body_error;
-        err = s3xml_parse_etag_result(xml.data ? xml.data : "", xml.len, &etag,
-                                      &body_error);
-        if (err == EIO)
-            log_warn("COPY %s -> %s: %s", src_key, dst_key, body_error.code);
-        if (err == 0 && etag_out != NULL)
-            snprintf(etag_out, S3_ETAG_MAX, "%s", etag);
-    } else if (err != ESTALE && err != ENOENT) {
+    if (err == 0 && etag_out != NULL)
+        snprintf(etag_out, S3_ETAG_MAX, "%s", etag);
+    else if (err != 0 && err != ESTALE && err != ENOENT)
         log_warn("COPY %s -> %s: %s", src_key, dst_key, failure.description);
-    }
 out:
     free(etag);
     free(source_header);
@@ -1275,6 +1660,7 @@ int s3_multipart_create(struct s3_client *client, const char *key,
     struct s3_request req = {
         .op = S3_OP_MULTIPART, .method = "POST", .key = key, .query = "uploads=",
         .xml = &xml, .idempotent = false,
+        .parse = parse_upload_id, .parse_out = upload_id,
     };
     size_t slot = 0;
     int err;
@@ -1282,8 +1668,6 @@ int s3_multipart_create(struct s3_client *client, const char *key,
     *upload_id = NULL;
     add_meta_headers(&req, &slot, meta ? meta : &default_meta, meta_storage);
     err = s3_perform(client, &req, NULL);
-    if (err == 0)
-        err = s3xml_parse_upload_id(xml.data ? xml.data : "", xml.len, upload_id);
     capped_buf_free(&xml);
     return err;
 }
@@ -1292,31 +1676,34 @@ int s3_multipart_upload_part(struct s3_client *client, const char *key,
                              const char *upload_id, unsigned part_number,
                              const struct s3_body *body, char *etag_out)
 {
-    char query[1024] = "";
-    char number[16];
+    char *query = NULL;
     char md5[32];
     char md5_header[64];
     struct s3_object_info info;
     struct s3_request req = {
-        .op = S3_OP_MULTIPART, .method = "PUT", .key = key, .query = query,
-        .body = body, .info = &info, .idempotent = true,
+        .op = S3_OP_MULTIPART, .method = "PUT", .key = key, .body = body,
+        .info = &info, .idempotent = true, .wire_bytes = body->length,
+        .parse = parse_put_answer,
     };
     int err;
 
     if (part_number < 1 || part_number > 10000)
         return EINVAL;
-    snprintf(number, sizeof(number), "%u", part_number);
-    if (!query_add(query, sizeof(query), "partNumber", number) ||
-        !query_add(query, sizeof(query), "uploadId", upload_id))
-        return EINVAL;
     err = body_md5(body, md5, sizeof(md5));
     if (err != 0)
-        return err;
+        goto out;
+    if ((query = upload_query(upload_id, part_number)) == NULL) {
+        err = ENOMEM;
+        goto out;
+    }
+    req.query = query;
     snprintf(md5_header, sizeof(md5_header), "Content-MD5: %s", md5);
     req.extra_headers[0] = md5_header;
     err = s3_perform(client, &req, NULL);
     if (err == 0)
         copy_etag(&info, etag_out);
+out:
+    free(query);
     return err;
 }
 
@@ -1325,8 +1712,7 @@ int s3_multipart_copy_part(struct s3_client *client, const char *key,
                            const char *src_key, const char *src_etag,
                            uint64_t offset, uint64_t length, char *etag_out)
 {
-    char query[1024] = "";
-    char number[16];
+    char *query = NULL;
     char range_header[96];
     char *if_match_header = NULL;
     char *source_header = NULL;
@@ -1336,8 +1722,9 @@ int s3_multipart_copy_part(struct s3_client *client, const char *key,
     /* quiet: no UploadPartCopy, or a changed source, is the caller's to
      * report */
     struct s3_request req = {
-        .op = S3_OP_MULTIPART, .method = "PUT", .key = key, .query = query,
-        .xml = &xml, .idempotent = true, .quiet = true,
+        .op = S3_OP_MULTIPART, .method = "PUT", .key = key,
+        .xml = &xml, .idempotent = true, .quiet = true, .server_bytes = length,
+        .parse = parse_etag, .parse_out = &etag,
     };
     size_t slot = 0;
     int err = 0;
@@ -1345,10 +1732,11 @@ int s3_multipart_copy_part(struct s3_client *client, const char *key,
     if (part_number < 1 || part_number > 10000 || length == 0 ||
         offset + length < offset)
         return EINVAL;
-    snprintf(number, sizeof(number), "%u", part_number);
-    if (!query_add(query, sizeof(query), "partNumber", number) ||
-        !query_add(query, sizeof(query), "uploadId", upload_id))
-        return EINVAL;
+    if ((query = upload_query(upload_id, part_number)) == NULL) {
+        err = ENOMEM;
+        goto out;
+    }
+    req.query = query;
     err = copy_source_header(client, src_key, &source_header);
     if (err != 0)
         goto out;
@@ -1370,42 +1758,166 @@ int s3_multipart_copy_part(struct s3_client *client, const char *key,
         req.extra_headers[slot++] = if_match_header;
     }
     err = s3_perform(client, &req, &failure);
-    if (err == 0) {
-        struct s3xml_error body_error;
-        err = s3xml_parse_etag_result(xml.data ? xml.data : "", xml.len, &etag,
-                                      &body_error);
-        if (err == EIO)
-            log_warn("copy part %u of %s from %s: %s", part_number, key,
-                     src_key, body_error.code);
-        else if (err != 0)
-            log_warn("copy part %u of %s from %s: unreadable answer",
-                     part_number, key, src_key);
-        if (err == 0)
-            snprintf(etag_out, S3_ETAG_MAX, "%s", etag);
-    } else if (err != ENOSYS && err != ESTALE) {
+    if (err == 0)
+        snprintf(etag_out, S3_ETAG_MAX, "%s", etag);
+    else if (err != ENOSYS && err != ESTALE)
         log_warn("PUT %s (copy part %u from %s): %s", key, part_number,
                  src_key, failure.description);
-    }
 out:
     free(etag);
     free(if_match_header);
     free(source_header);
+    free(query);
     capped_buf_free(&xml);
     return err;
+}
+
+/* ------------------------------------------------- completing uploads */
+
+static int hex_digit(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+/* The 16 bytes of an ETag that is a quoted (or bare) 32-digit MD5. */
+static bool etag_md5(const char *etag, unsigned char md5[16])
+{
+    size_t len = strlen(etag);
+
+    if (len >= 2 && etag[0] == '"' && etag[len - 1] == '"') {
+        etag++;
+        len -= 2;
+    }
+    if (len != 32)
+        return false;
+    for (size_t i = 0; i < 16; i++) {
+        int hi = hex_digit(etag[2 * i]), lo = hex_digit(etag[2 * i + 1]);
+        if (hi < 0 || lo < 0)
+            return false;
+        md5[i] = (unsigned char)(hi << 4 | lo);
+    }
+    return true;
+}
+
+static void hex_text(const unsigned char *bytes, size_t len, char *out)
+{
+    static const char digits[] = "0123456789abcdef";
+    for (size_t i = 0; i < len; i++) {
+        out[2 * i] = digits[bytes[i] >> 4];
+        out[2 * i + 1] = digits[bytes[i] & 15];
+    }
+    out[2 * len] = '\0';
+}
+
+/* The ETag AWS and Swift give the object of these parts, unquoted:
+ * hex(MD5(part MD5s))-N. False when a part's ETag is not an MD5. */
+static bool multipart_etag(const char *const *part_etags, unsigned part_count,
+                           char out[48])
+{
+    unsigned char md5[16], digest[16];
+    unsigned int digest_len = 0;
+    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+    bool ok = ctx != NULL && EVP_DigestInit_ex(ctx, EVP_md5(), NULL) == 1;
+
+    for (unsigned i = 0; ok && i < part_count; i++) {
+        ok = etag_md5(part_etags[i], md5) &&
+             EVP_DigestUpdate(ctx, md5, sizeof(md5)) == 1;
+    }
+    ok = ok && EVP_DigestFinal_ex(ctx, digest, &digest_len) == 1 &&
+         digest_len == sizeof(digest);
+    if (ok) {
+        hex_text(digest, sizeof(digest), out);
+        snprintf(out + 32, 16, "-%u", part_count);
+    }
+    EVP_MD_CTX_free(ctx);
+    return ok;
+}
+
+static bool etag_equals(const char *etag, const char *unquoted)
+{
+    size_t len = strlen(etag);
+
+    if (len >= 2 && etag[0] == '"' && etag[len - 1] == '"') {
+        etag++;
+        len -= 2;
+    }
+    return len == strlen(unquoted) && strncasecmp(etag, unquoted, len) == 0;
+}
+
+/*
+ * After a failed complete whose earlier attempt may have run: whether KEY
+ * in the bucket is the object of these parts (see
+ * s3_multipart_complete_object()). 0 with its ETag in ETAG_OUT, ESTALE
+ * when it is not (or cannot be shown to be), or HEAD's errno.
+ */
+static int complete_check_object(struct s3_client *client, const char *key,
+                                 const char *const *part_etags,
+                                 unsigned part_count,
+                                 const struct s3_body *whole, char *etag_out)
+{
+    struct s3_object_info info;
+    char expected[48];
+    unsigned char md5[16], whole_md5[16];
+    const char *proof = NULL;
+    int err = s3_head_object(client, key, &info);
+
+    if (err != 0)
+        return err;
+    if (whole != NULL && info.size != whole->length)
+        return ESTALE;
+    if (multipart_etag(part_etags, part_count, expected) &&
+        etag_equals(info.etag, expected)) {
+        proof = "its ETag is that of these parts";
+    } else if (whole != NULL && (whole->data != NULL || whole->fd >= 0) &&
+               etag_md5(info.etag, md5)) {
+        /* a plain MD5 of the object (s3rver): hash what was uploaded */
+        err = body_md5_digest(whole, whole_md5);
+        if (err != 0)
+            return err;
+        if (memcmp(md5, whole_md5, sizeof(md5)) == 0)
+            proof = "its ETag is the MD5 of the bytes uploaded";
+    }
+    if (proof == NULL)
+        return ESTALE;
+    log_info("complete multipart %s: the answer to an earlier attempt was "
+             "lost, and the object in the bucket is this upload (%s, %llu "
+             "bytes)", key, proof, (unsigned long long)info.size);
+    copy_etag(&info, etag_out);
+    return 0;
 }
 
 int s3_multipart_complete(struct s3_client *client, const char *key,
                           const char *upload_id, const char *const *part_etags,
                           unsigned part_count, char *etag_out)
 {
-    char query[1024] = "";
+    return s3_multipart_complete_object(client, key, upload_id, part_etags,
+                                        part_count, NULL, etag_out);
+}
+
+int s3_multipart_complete_object(struct s3_client *client, const char *key,
+                                 const char *upload_id,
+                                 const char *const *part_etags,
+                                 unsigned part_count,
+                                 const struct s3_body *whole, char *etag_out)
+{
+    char *query = NULL;
     struct capped_buf body = {.cap = PART_ETAGS_XML_MAX};
     struct capped_buf xml = {.cap = SMALL_BODY_MAX};
-    struct s3_request req = {
-        .op = S3_OP_MULTIPART, .method = "POST", .key = key, .query = query,
-        .xml = &xml, .idempotent = true,
-    };
     char *etag = NULL;
+    /* without the size, count 8 MiB (write-behind's part) per part */
+    struct s3_request req = {
+        .op = S3_OP_MULTIPART, .method = "POST", .key = key,
+        .xml = &xml, .idempotent = true,
+        .server_bytes = whole != NULL ? whole->length
+                                      : (uint64_t)part_count * (8u << 20),
+        .parse = parse_etag, .parse_out = &etag,
+    };
     char part[S3_ETAG_MAX + 96];
     bool ok = capped_buf_append(&body, "<CompleteMultipartUpload>", 25);
     int err = 0;
@@ -1418,25 +1930,34 @@ int s3_multipart_complete(struct s3_client *client, const char *key,
              capped_buf_append(&body, part, (size_t)n);
     }
     ok = ok && capped_buf_append(&body, "</CompleteMultipartUpload>", 26) &&
-         query_add(query, sizeof(query), "uploadId", upload_id);
+         (query = upload_query(upload_id, 0)) != NULL;
     if (!ok) {
         err = ENOMEM;
         goto out;
     }
+    req.query = query;
     req.post_data = body.data;
     req.post_len = body.len;
     err = s3_perform(client, &req, NULL);
-    if (err == 0) {
-        struct s3xml_error body_error;
-        err = s3xml_parse_etag_result(xml.data ? xml.data : "", xml.len, &etag,
-                                      &body_error);
-        if (err == EIO)
-            log_warn("complete multipart %s: %s", key, body_error.code);
-        if (err == 0 && etag_out != NULL)
-            snprintf(etag_out, S3_ETAG_MAX, "%s", etag);
+    if (err == 0 && etag_out != NULL)
+        snprintf(etag_out, S3_ETAG_MAX, "%s", etag);
+    /* (curl itself sends a request again, unseen here, when the answer
+     * on a kept-alive connection breaks off before its first byte: so a
+     * NoSuchUpload is checked as well, even from a first attempt) */
+    if (err != 0 && (req.may_have_run || err == ENOENT)) {
+        int check = complete_check_object(client, key, part_etags, part_count,
+                                          whole, etag_out);
+        if (check == 0)
+            err = 0;
+        else
+            log_warn("complete multipart %s: an attempt may have completed "
+                     "it, but the object in the bucket cannot be shown to be "
+                     "this upload (%s)", key,
+                     check == ESTALE ? "another size or ETag" : strerror(check));
     }
 out:
     free(etag);
+    free(query);
     capped_buf_free(&body);
     capped_buf_free(&xml);
     return err;
@@ -1445,19 +1966,21 @@ out:
 int s3_multipart_abort(struct s3_client *client, const char *key,
                        const char *upload_id)
 {
-    char query[1024] = "";
+    char *query = upload_query(upload_id, 0);
     struct s3_failure failure;
     /* quiet: a server that cannot abort (ENOSYS) is the caller's to report */
     struct s3_request req = {
         .op = S3_OP_MULTIPART, .method = "DELETE", .key = key, .query = query,
         .idempotent = true, .quiet = true,
     };
+    int err;
 
-    if (!query_add(query, sizeof(query), "uploadId", upload_id))
-        return EINVAL;
-    int err = s3_perform(client, &req, &failure);
+    if (query == NULL)
+        return ENOMEM;
+    err = s3_perform(client, &req, &failure);
     if (err != 0 && err != ENOENT && err != ENOSYS)
         log_warn("DELETE %s (abort multipart upload): %s", key,
                  failure.description);
+    free(query);
     return err == ENOENT ? 0 : err;
 }

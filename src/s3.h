@@ -9,7 +9,16 @@
  * retried with jittered exponential backoff on throttling, server errors,
  * timeouts and connection resets.
  *
- * Keys are passed as the raw UTF-8 object key; this module encodes them.
+ * Keys are passed as the raw UTF-8 object key; this module encodes them
+ * and sends the path exactly as signed (dot segments and empty segments
+ * included: "d/../x" is that key, never "x").
+ *
+ * Every request has a deadline, its retries and the pauses between them
+ * included: request_timeout plus the time its bytes take at a floor rate
+ * (the numbers are in one block at the top of s3.c). Past it the request
+ * fails with ETIMEDOUT, so a server that trickles its answer cannot hold
+ * a thread for longer.
+ *
  * Functions return 0 or a positive errno: ENOENT (no such key or bucket),
  * EACCES (credentials, permissions), ESTALE (If-Match failed), EIO, ...
  * Secrets never leave the client: logs name the method, key and status.
@@ -27,6 +36,10 @@
 /* Longest ETag we keep (quotes included); S3's are 34 or ~40 bytes. */
 #define S3_ETAG_MAX 128
 
+/* The base deadline of a request, in seconds, unless conf.request_timeout
+ * says otherwise (see s3.c for what is added to it). */
+#define S3_REQUEST_TIMEOUT_DEFAULT 30.0
+
 struct s3_conf {
     const char *endpoint;       /* "http://127.0.0.1:9000"; NULL: AWS */
     const char *region;         /* signing region, e.g. "us-east-1" */
@@ -38,6 +51,8 @@ struct s3_conf {
     const char *ca_bundle;      /* PEM file; NULL: the system's */
     unsigned max_connections;   /* parallel requests, >= 1 */
     unsigned max_retries;       /* retries after the first attempt */
+    double request_timeout;     /* seconds, the base deadline of every
+                                   request; 0: S3_REQUEST_TIMEOUT_DEFAULT */
 };
 
 /* Request types, for the counters. */
@@ -165,12 +180,63 @@ int s3_get_object_stream(struct s3_client *client, const char *key,
  * One ListObjectsV2 page: keys under PREFIX, grouped by DELIMITER (NULL for
  * none), at most MAX_KEYS (1..1000), continuing from CONTINUATION_TOKEN
  * (NULL for the first page) or else after START_AFTER (may be NULL).
- * Fills *out (free with s3xml_listing_free()).
+ * Fills *out (free with s3xml_listing_free()). A truncated page whose next
+ * token is CONTINUATION_TOKEN again (a listing that would never end) is
+ * EIO, with one log line; s3_list_walk_next() guards whole walks.
  */
 int s3_list_objects(struct s3_client *client, const char *prefix,
                     const char *delimiter, const char *continuation_token,
                     const char *start_after, unsigned max_keys,
                     struct s3xml_listing *out);
+
+/*
+ * The pages of one listing, one after the other, with a guard: a
+ * continuation token already used in this walk, or a page whose entries
+ * all sort at or before the greatest one listed before (a page that makes
+ * no progress), ends the walk with EIO and one log line, as does a run of
+ * S3_LIST_EMPTY_PAGES_MAX truncated pages without entries. A server that
+ * sends the same pages over and over would otherwise be listed forever,
+ * and the caller's memory would grow with it.
+ *
+ *     struct s3_list_walk walk = {0};
+ *     while (!walk.done) {
+ *         err = s3_list_walk_next(client, &walk, prefix, "/", 1000, &page);
+ *         ... use page, s3xml_listing_free(&page) ...
+ *     }
+ *     s3_list_walk_clear(&walk);
+ *
+ * A zeroed struct is a walk before its first page; walk.done is set by the
+ * call that returned the last page. The fields are the walk's own.
+ */
+#define S3_LIST_EMPTY_PAGES_MAX 100
+
+struct s3_list_walk {
+    bool done;                /* the last page has been returned */
+    char *token;              /* continuation token of the next page */
+    char *greatest;           /* greatest key or prefix listed so far */
+    uint64_t *tokens_seen;    /* hashes of the tokens used */
+    size_t tokens_count, tokens_cap;
+    unsigned empty_pages;     /* truncated pages without entries in a row */
+};
+
+/* The next page of PREFIX (DELIMITER, MAX_KEYS as s3_list_objects()) into
+ * *out (free with s3xml_listing_free()). Returns 0, EIO (a page that would
+ * make the walk go round, or a bad answer), EINVAL once WALK is done, or
+ * s3_list_objects()'s errno; on error *out is empty. */
+int s3_list_walk_next(struct s3_client *client, struct s3_list_walk *walk,
+                      const char *prefix, const char *delimiter,
+                      unsigned max_keys, struct s3xml_listing *out);
+
+/* The guard and step of s3_list_walk_next(), without the request: check
+ * PAGE (a page of PREFIX just listed with WALK->token) against what WALK
+ * has seen, and make WALK ready for the next page (or done). Returns 0,
+ * EIO (logged: the walk would go round), EINVAL (WALK is done) or ENOMEM;
+ * on error WALK is done. PAGE stays the caller's. */
+int s3_list_walk_advance(struct s3_list_walk *walk, const char *prefix,
+                         const struct s3xml_listing *page);
+
+/* Free what WALK holds and zero it; safe twice. */
+void s3_list_walk_clear(struct s3_list_walk *walk);
 
 /* PUT an object in one request, with Content-MD5 checked by the server.
  * ETAG_OUT (S3_ETAG_MAX bytes) may be NULL. */
@@ -218,10 +284,35 @@ int s3_multipart_copy_part(struct s3_client *client, const char *key,
                            const char *src_key, const char *src_etag,
                            uint64_t offset, uint64_t length, char *etag_out);
 
-/* Complete with PART_COUNT parts whose ETags are PART_ETAGS[0..]. */
+/* Complete with PART_COUNT parts whose ETags are PART_ETAGS[0..]: as
+ * s3_multipart_complete_object() with WHOLE NULL. */
 int s3_multipart_complete(struct s3_client *client, const char *key,
                           const char *upload_id, const char *const *part_etags,
                           unsigned part_count, char *etag_out);
+
+/*
+ * Complete the upload with PART_COUNT parts whose ETags are PART_ETAGS[0..]
+ * into ETAG_OUT (may be NULL). WHOLE, when not NULL, is the object the
+ * parts make (its length is the object's size; its bytes, in memory or in
+ * an fd as for uploads, or neither: fd -1 and data NULL).
+ *
+ * A complete whose answer was lost (the server completed it, the
+ * connection broke) is retried, and the retry fails: NoSuchUpload on AWS,
+ * InternalError on s3rver. So when an attempt may have run, or the
+ * answer is NoSuchUpload (curl resends by itself, unseen, a request whose
+ * kept-alive connection broke before the answer began), and the request
+ * fails in the end, the object is checked with one HEAD and taken
+ * as this upload when it is: its size is WHOLE's length (when given), and
+ * its ETag is the multipart ETag of these parts ("MD5 of the part MD5s-N",
+ * as AWS and Swift make it) or, where the server gives a plain MD5 of the
+ * object (s3rver), the MD5 of WHOLE's bytes (one more pass over them; not
+ * possible without them). Anything else returns the complete's errno.
+ */
+int s3_multipart_complete_object(struct s3_client *client, const char *key,
+                                 const char *upload_id,
+                                 const char *const *part_etags,
+                                 unsigned part_count,
+                                 const struct s3_body *whole, char *etag_out);
 
 /* Abort an upload; an upload already gone counts as success. ENOSYS
  * (405/501: the server cannot abort) is returned without a log line. */

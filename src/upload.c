@@ -270,9 +270,16 @@ static int run_parts(struct upload_run *run, uint64_t size, uint64_t part_size,
                      run->key, run->copy_key);
     }
 
-    if (err == 0)
-        err = s3_multipart_complete(conf->s3, run->key, run->upload_id, etags,
-                                    count, etag_out);
+    if (err == 0) {
+        /* what the object must be, should the complete's answer be lost:
+         * its bytes are all in the fd unless parts are copied */
+        struct s3_body whole = {
+            .fd = run->base == NULL && run->copy_key == NULL ? run->fd : -1,
+            .length = size,
+        };
+        err = s3_multipart_complete_object(conf->s3, run->key, run->upload_id,
+                                           etags, count, &whole, etag_out);
+    }
 out:
     if (err != 0)
         abort_after_failure(conf, run->key, run->upload_id);

@@ -440,8 +440,10 @@ int writebehind_finish(struct writebehind **wbp, uint64_t size, char *etag_out)
     }
     for (unsigned i = 0; i < count; i++)
         etags[i] = wb->parts[i].etag;
-    err = s3_multipart_complete(wb->conf->s3, wb->key, wb->upload_id, etags,
-                                count, etag_out);
+    /* every byte is in the fd: write-behind uploads files written from 0 */
+    struct s3_body whole = {.fd = wb->fd, .length = size};
+    err = s3_multipart_complete_object(wb->conf->s3, wb->key, wb->upload_id,
+                                       etags, count, &whole, etag_out);
 out:
     free(etags);
     if (err != 0)

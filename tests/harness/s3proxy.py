@@ -28,21 +28,65 @@ counts also has 'GET_RANGE': the object GETs that carried a Range header
 (server-side copies, a subset of 'PUT'). bytes_from_client counts the
 request bodies received (PUT and POST payloads, as sent on the wire).
 
-Faults (inject(kind, count, match=None, seconds=...)), applied in the order
-they were injected to the next COUNT requests that match:
+Faults (inject(kind, count, match=None, seconds=2.0, chunk=1024)), applied
+in the order they were injected to the next COUNT requests that match:
     slowdown  503 with an S3 <Error><Code>SlowDown</Code> document
     internal  500 with an S3 <Error><Code>InternalError</Code> document
-    reset     the client connection is closed with SO_LINGER 0 (an RST),
-              no answer
-    stall     the request waits SECONDS (default 2) before it is forwarded
     denied    403 with an S3 <Error><Code>AccessDenied</Code> document
+    nosuchupload  404 with an S3 <Error><Code>NoSuchUpload</Code> document
+              (what AWS answers a retried CompleteMultipartUpload)
+    error200  200 with an S3 <Error><Code>InternalError</Code> document, not
+              forwarded (as S3 may answer a copy or a complete that failed
+              after its 200 went out)
+    reset     the client connection is closed with SO_LINGER 0 (an RST),
+              no answer, nothing forwarded
+    lost      forwarded, the server's whole answer read, then the client
+              connection is reset instead of relaying it: the server did
+              the work, the answer is lost
+    stall     the request waits SECONDS (default 2) before it is forwarded
     hold      the request waits until release() is called, then goes on
               (forwarded); if the proxy stops first, its connection is
               reset and it is never forwarded. PROXY.holding is the number
               of requests waiting now.
+    truncated_xml  forwarded; the answer's body cut to its first half, sent
+              as a complete answer (Content-Length of the half)
+    malformed_xml  forwarded; the answer's body made not well-formed XML
+              ("<" doubled before its last end tag), Content-Length fixed
+    short_body  forwarded; the answer's headers as sent (Content-Length of
+              the whole body), half of the body, then the connection closes
+    wrong_range  the Range header is moved one byte on before forwarding:
+              the server sends other bytes than asked for, and its
+              Content-Range says which (only requests with a Range match)
+    ignore_if_match  If-Match is removed before forwarding, as by a server
+              that ignores it (only requests with If-Match match)
+    trickle   forwarded; the whole answer (status line, headers, body)
+              relayed CHUNK bytes every SECONDS
+    repeat_token  forwarded; the listing says it is truncated and that its
+              NextContinuationToken is the continuation-token the request
+              carried (only LIST requests with one match): a listing that
+              never ends
+    idle_close  only a request that arrives on a connection idle for
+              SECONDS or more since its last answer matches: the request is
+              read, then the connection is closed (FIN) unanswered, as by a
+              server whose keep-alive timeout fired as the request came
+              (a fresh connection's first request never matches)
+    long_upload_id  forwarded; the UploadId of a CreateMultipartUpload
+              answer is made CHUNK bytes long (default 1024) with '+', '/'
+              and '=' (3 bytes each once URL-encoded); later requests that
+              name it get the server's own id back before they are
+              forwarded. Their signature then no longer matches: only for
+              servers that do not check signatures (s3rver).
 The request body is always read before a fault is applied. MATCH is a
 kind string as above ('GET_RANGE' too), or a callable taking
 (method, path, query) and returning a bool; None matches every request.
+PROXY.faults_injected counts the faults applied, by kind.
+
+The server down (down(seconds, refuse=True)): for SECONDS the proxy stops
+listening, so connections are refused (refuse=False: it keeps listening
+and resets every request instead, counted as 'down_reset'), and every open
+client connection is cut at once; then it listens again on the same port.
+It returns at once; up() ends it early. faults_injected['down'] counts the
+outages.
 
 Latency (S3Proxy(upstream, latency=SECONDS)) delays every request by a
 constant SECONDS before it is forwarded (or faulted), as a remote server
@@ -58,6 +102,7 @@ import contextlib
 import http.client
 import http.server
 import ipaddress
+import re
 import shutil
 import socket
 import socketserver
@@ -70,7 +115,14 @@ import urllib.parse
 from pathlib import Path
 
 LOOPBACK = '127.0.0.1'
-FAULT_KINDS = ('slowdown', 'internal', 'reset', 'stall', 'denied', 'hold')
+FAULT_KINDS = ('slowdown', 'internal', 'reset', 'stall', 'denied', 'hold',
+               'nosuchupload', 'error200', 'lost', 'truncated_xml',
+               'malformed_xml', 'short_body', 'wrong_range',
+               'ignore_if_match', 'trickle', 'repeat_token', 'idle_close',
+               'long_upload_id')
+# faults that forward the request and then change the answer on its way back
+ANSWER_FAULTS = ('lost', 'truncated_xml', 'malformed_xml', 'short_body',
+                 'trickle', 'repeat_token', 'long_upload_id')
 REQUEST_KINDS = ('GET', 'GET_RANGE', 'LIST', 'HEAD', 'PUT', 'DELETE', 'POST',
                  'OTHER')  # inject() matches these; counts also has 'COPY'
 UPSTREAM_TIMEOUT = 60.0
@@ -82,13 +134,21 @@ ERROR_DOCUMENTS = {
     'internal': (500, 'Internal Server Error', 'InternalError',
                  'We encountered an internal error. Please try again.'),
     'denied': (403, 'Forbidden', 'AccessDenied', 'Access Denied'),
+    'nosuchupload': (404, 'Not Found', 'NoSuchUpload',
+                     'The specified multipart upload does not exist.'),
+    'error200': (200, 'OK', 'InternalError',
+                 'We encountered an internal error. Please try again.'),
 }
 
 # (method, path, query, kind, ranged, status, body_bytes, fault, absolute)
 Record = collections.namedtuple(
     'Record', 'method path query kind ranged status body_bytes fault absolute')
 # A fault as applied to one request; gate: the release() event of a hold.
-_Taken = collections.namedtuple('_Taken', 'kind seconds gate')
+_Taken = collections.namedtuple('_Taken', 'kind seconds gate chunk')
+# What a fault may look at besides the request's kind: its headers, its
+# query and how long its connection had been idle (None: its first request).
+_Request = collections.namedtuple('_Request', 'method path query kind ranged '
+                                              'headers idle_for')
 
 
 class ProxyError(RuntimeError):
@@ -122,20 +182,43 @@ def is_loopback_host(host):
 
 
 class _Fault:
-    def __init__(self, kind, count, match, seconds):
+    def __init__(self, kind, count, match, seconds, chunk):
         self.kind = kind
         self.remaining = count
         self.match = match
         self.seconds = seconds
+        self.chunk = chunk
 
-    def matches(self, method, path, query, kind, ranged):
+    def matches(self, request):
+        if not self._applies(request):
+            return False
         if self.match is None:
             return True
         if callable(self.match):
-            return bool(self.match(method, path, query))
+            return bool(self.match(request.method, request.path,
+                                   request.query))
         if self.match == 'GET_RANGE':
-            return kind == 'GET' and ranged
-        return self.match == kind
+            return request.kind == 'GET' and request.ranged
+        return self.match == request.kind
+
+    def _applies(self, request):
+        """Faults that need something of the request to make sense."""
+        if self.kind == 'wrong_range':
+            return request.ranged
+        if self.kind == 'ignore_if_match':
+            return request.headers.get('If-Match') is not None
+        if self.kind == 'repeat_token':
+            return request.kind == 'LIST' and bool(_query_value(
+                request.query, 'continuation-token'))
+        if self.kind == 'idle_close':
+            return (request.idle_for is not None
+                    and request.idle_for >= self.seconds)
+        return True
+
+
+def _query_value(query, name):
+    values = urllib.parse.parse_qs(query, keep_blank_values=True).get(name)
+    return values[0] if values else None
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -198,11 +281,21 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         raise AttributeError(name)
 
     def _proxy_request(self):
-        proxy = self.proxy
         method = self.command
         target = self.path
         absolute = False
-        upstream = proxy.upstream
+        upstream = self.proxy.upstream
+        # how long this connection waited for this request (None: its first)
+        last_answer = getattr(self, '_last_answer', None)
+        idle_for = None if last_answer is None else \
+            time.monotonic() - last_answer
+        try:
+            self._proxy_one(method, target, absolute, upstream, idle_for)
+        finally:
+            self._last_answer = time.monotonic()
+
+    def _proxy_one(self, method, target, absolute, upstream, idle_for):
+        proxy = self.proxy
         if method == 'CONNECT':
             self._read_body()
             self._answer_plain(501, 'CONNECT is not supported by this proxy')
@@ -226,15 +319,23 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         ranged = self.headers.get('Range') is not None
         kind = classify(method, path, query, ranged)
         body = self._read_body()
+        if proxy._resetting_while_down():
+            self._reset()
+            return
         proxy._add_request(kind, self.headers, len(body))
         if proxy.latency and proxy._stopping.wait(proxy.latency):
             self._reset()
             return
-        fault = proxy._take_fault(method, path, query, kind, ranged)
+        request = _Request(method, path, query, kind, ranged, self.headers,
+                           idle_for)
+        fault = proxy._take_fault(request)
         index = proxy._record(Record(method, path, query, kind, ranged, None, 0,
                                      fault.kind if fault else None, absolute))
         if fault is not None and fault.kind == 'reset':
             self._reset()
+            return
+        if fault is not None and fault.kind == 'idle_close':
+            self._close_unanswered()
             return
         if fault is not None and fault.kind == 'stall':
             if proxy._stopping.wait(fault.seconds):
@@ -247,7 +348,17 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if fault is not None and fault.kind in ERROR_DOCUMENTS:
             self._answer_error(fault.kind, path, index)
             return
-        self._forward(upstream, method, target, body, index, absolute)
+        headers = list(self.headers.items())
+        if fault is not None and fault.kind == 'wrong_range':
+            headers = [(name, _shift_range(value) if name.lower() == 'range'
+                        else value) for name, value in headers]
+        if fault is not None and fault.kind == 'ignore_if_match':
+            headers = [(name, value) for name, value in headers
+                       if name.lower() != 'if-match']
+        answer_fault = fault if fault and fault.kind in ANSWER_FAULTS else None
+        target = proxy._short_upload_ids(target)
+        self._forward(upstream, method, target, headers, body, index, absolute,
+                      answer_fault, query)
 
     def _read_body(self):
         """The request body, raw (chunked framing kept), or b''."""
@@ -291,6 +402,18 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             if fd >= 0:
                 socket.close(fd)
 
+    def _close_unanswered(self):
+        """Close the client connection (a FIN), answering nothing."""
+        sock = self.request
+        self.close_connection = True
+        self.proxy._track(sock, False)
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(OSError):
+            fd = sock.detach()
+            if fd >= 0:
+                socket.close(fd)
+
     def _answer_plain(self, status, text, index=None):
         body = (text + '\n').encode()
         if index is not None:
@@ -321,14 +444,15 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def _forward(self, upstream, method, target, body, index, absolute):
+    def _forward(self, upstream, method, target, headers, body, index,
+                 absolute, answer_fault=None, query=''):
         connection = http.client.HTTPConnection(*upstream,
                                                 timeout=UPSTREAM_TIMEOUT)
         try:
             try:
                 connection.putrequest(method, target, skip_host=True,
                                       skip_accept_encoding=True)
-                for name, value in self.headers.items():
+                for name, value in headers:
                     if absolute and name.lower().startswith('proxy-'):
                         continue  # addressed to this proxy, not the server
                     connection.putheader(name, value)
@@ -339,9 +463,85 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             except (OSError, http.client.HTTPException) as error:
                 self._answer_plain(502, f'upstream {upstream}: {error}', index)
                 return
-            self._relay_response(method, response, index)
+            if answer_fault is not None:
+                self._fault_response(method, response, index, answer_fault,
+                                     query)
+            else:
+                self._relay_response(method, response, index)
         finally:
             connection.close()
+
+    def _fault_response(self, method, response, index, fault, query):
+        """Reads the server's whole answer, then hands it on as FAULT says
+        (see the module doc)."""
+        proxy = self.proxy
+        has_body = (method != 'HEAD' and response.status not in (204, 304)
+                    and not 100 <= response.status < 200)
+        data = response.read() if has_body else b''
+        proxy._finish_record(index, response.status, 0)
+        if fault.kind == 'lost':
+            self._reset()
+            return
+        kept = [(name, value) for name, value in response.getheaders()
+                if name.lower() not in ('content-length', 'transfer-encoding',
+                                        'connection')]
+        declared = len(data)
+        if has_body and fault.kind == 'truncated_xml':
+            data = data[:len(data) // 2]
+            declared = len(data)
+        elif has_body and fault.kind == 'malformed_xml':
+            end_tag = data.rfind(b'</')
+            data = (data[:end_tag] + b'<' + data[end_tag:] if end_tag >= 0
+                    else data + b'<')
+            declared = len(data)
+        elif has_body and fault.kind == 'repeat_token':
+            token = _xml_escape(_query_value(query, 'continuation-token'))
+            element = (b'<NextContinuationToken>' + token.encode() +
+                       b'</NextContinuationToken>')
+            data = re.sub(rb'<NextContinuationToken>[^<]*'
+                          rb'</NextContinuationToken>', b'', data)
+            # (a last page says it is the last: make it say more follows)
+            data = re.sub(rb'<IsTruncated>[^<]*</IsTruncated>',
+                          b'<IsTruncated>true</IsTruncated>' + element, data,
+                          count=1)
+            declared = len(data)
+        elif has_body and fault.kind == 'short_body':
+            data = data[:len(data) // 2]
+        elif has_body and fault.kind == 'long_upload_id':
+            match = re.search(rb'<UploadId>([^<]+)</UploadId>', data)
+            if match is not None:
+                real = match.group(1).decode()
+                padding = ('+/=' * fault.chunk)[:max(0, fault.chunk -
+                                                     len(real) - 1)]
+                long_id = f'{real}~{padding}'
+                proxy._note_long_upload_id(long_id, real)
+                data = data.replace(match.group(0), b'<UploadId>' +
+                                    _xml_escape(long_id).encode() +
+                                    b'</UploadId>')
+            declared = len(data)
+        head = [f'HTTP/1.1 {response.status} {response.reason}\r\n'.encode()]
+        for name, value in kept:
+            head.append(f'{name}: {value}\r\n'.encode('latin-1'))
+        if has_body or method == 'HEAD':
+            length = response.getheader('Content-Length') \
+                if not has_body else str(declared)
+            if length is not None:
+                head.append(f'Content-Length: {length}\r\n'.encode())
+        head.append(b'\r\n')
+        answer = b''.join(head) + data
+        proxy._finish_record(index, response.status, len(data))
+        proxy._add_bytes(len(data))
+        if fault.kind == 'trickle':
+            for at in range(0, len(answer), max(1, fault.chunk)):
+                self.wfile.write(answer[at:at + max(1, fault.chunk)])
+                if at + fault.chunk < len(answer) and \
+                        proxy._stopping.wait(fault.seconds):
+                    self._reset()
+                    return
+        else:
+            self.wfile.write(answer)
+        if fault.kind == 'short_body':
+            self._close_unanswered()
 
     def _relay_response(self, method, response, index):
         """Copies RESPONSE to the client. The record is updated before the
@@ -381,6 +581,16 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 class _Abandon(Exception):
     """The connection is given up before any request (TLS failure)."""
+
+
+def _shift_range(value):
+    """'bytes=A-B' -> 'bytes=A+1-B+1' (other bytes than asked for)."""
+    match = re.fullmatch(r'bytes=(\d+)-(\d*)', value.strip())
+    if match is None:
+        return value
+    first = int(match.group(1)) + 1
+    last = f'{int(match.group(2)) + 1}' if match.group(2) else ''
+    return f'bytes={first}-{last}'
 
 
 def _xml_escape(text):
@@ -427,14 +637,18 @@ class S3Proxy:
         self._gate = threading.Event()
         self._holding = 0
         self._ids = 0
+        self._port = None
+        self._down_timer = None
+        self._reset_until = 0.0
+        self._long_ids = {}
         self.reset_counters()
 
     # ------------------------------------------------------------ life
     @property
     def port(self):
-        if self._server is None:
+        if self._port is None:
             raise ProxyError('the proxy is not running')
-        return self._server.server_address[1]
+        return self._port
 
     @property
     def endpoint(self):
@@ -449,9 +663,14 @@ class S3Proxy:
     def start(self):
         """Listens (the port is bound and accepting when this returns) and
         serves from a background thread."""
-        if self._server is not None:
+        if self._server is not None or self._port is not None:
             raise ProxyError('the proxy is already running')
-        server = _Server((LOOPBACK, 0), _Handler)
+        self._stopping.clear()
+        self._listen(0)
+        return self
+
+    def _listen(self, port):
+        server = _Server((LOOPBACK, port), _Handler)
         server.proxy = self
         server.ssl_context = None
         if self.tls:
@@ -459,25 +678,74 @@ class S3Proxy:
             context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             context.load_cert_chain(certfile, keyfile)
             server.ssl_context = context
-        self._stopping.clear()
         self._server = server
+        self._port = server.server_address[1]
         self._thread = threading.Thread(target=server.serve_forever,
                                         kwargs={'poll_interval': 0.05},
-                                        name=f's3proxy-{self.port}',
+                                        name=f's3proxy-{self._port}',
                                         daemon=True)
         self._thread.start()
-        return self
+
+    def _stop_listening(self):
+        """Closes the listening socket and cuts every client connection."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+            self._thread.join()
+        self._cut_connections()
 
     def stop(self):
         """Stops listening, wakes stalled requests and cuts every open
         client connection; idempotent."""
-        server, self._server = self._server, None
-        if server is None:
+        if self._port is None:
             return
         self._stopping.set()
-        server.shutdown()
-        server.server_close()
-        self._thread.join()
+        with self._lock:
+            timer, self._down_timer = self._down_timer, None
+        if timer is not None:
+            timer.cancel()
+        self._stop_listening()
+        self._port = None
+
+    def down(self, seconds, refuse=True):
+        """The server is down for SECONDS (see the module doc); returns at
+        once."""
+        if self._port is None:
+            raise ProxyError('the proxy is not running')
+        with self._lock:
+            self.faults_injected['down'] += 1
+            if not refuse:
+                self._reset_until = time.monotonic() + seconds
+        if refuse:
+            with self._lock:
+                if self._down_timer is not None:
+                    raise ProxyError('the proxy is down already')
+                self._down_timer = threading.Timer(seconds, self.up)
+                self._down_timer.daemon = True
+            self._stop_listening()
+            self._down_timer.start()
+        else:
+            self._cut_connections()
+
+    def up(self):
+        """Ends an outage begun by down() now; harmless when there is none."""
+        with self._lock:
+            timer, self._down_timer = self._down_timer, None
+            self._reset_until = 0.0
+        if timer is not None:
+            timer.cancel()
+        if self._port is not None and self._server is None and \
+                not self._stopping.is_set():
+            self._listen(self._port)
+
+    @property
+    def is_down(self):
+        with self._lock:
+            return (self._down_timer is not None
+                    or time.monotonic() < self._reset_until)
+
+    def _cut_connections(self):
         with self._lock:
             sockets, self._sockets = list(self._sockets), set()
         for sock in sockets:
@@ -518,8 +786,10 @@ class S3Proxy:
         return sum(r.body_bytes for r in self.records(predicate))
 
     # ---------------------------------------------------------- faults
-    def inject(self, kind, count, match=None, seconds=2.0):
-        """Applies fault KIND to the next COUNT requests matching MATCH."""
+    def inject(self, kind, count, match=None, seconds=2.0, chunk=1024):
+        """Applies fault KIND to the next COUNT requests matching MATCH.
+        SECONDS: a stall's wait, a trickle's pause between CHUNK bytes, the
+        idle time idle_close needs."""
         if kind not in FAULT_KINDS:
             raise ProxyError(f'unknown fault {kind!r}: one of {FAULT_KINDS}')
         if isinstance(match, str) and match not in REQUEST_KINDS:
@@ -527,8 +797,10 @@ class S3Proxy:
                              f'{REQUEST_KINDS}')
         if count < 1:
             raise ProxyError('count must be at least 1')
+        if chunk < 1 or seconds < 0:
+            raise ProxyError('chunk must be at least 1, seconds not negative')
         with self._lock:
-            self._faults.append(_Fault(kind, count, match, seconds))
+            self._faults.append(_Fault(kind, count, match, seconds, chunk))
 
     def pending_faults(self):
         """Faults not applied yet, as a Counter by kind."""
@@ -558,16 +830,44 @@ class S3Proxy:
             return self._holding
 
     # ------------------------------------------------ handler interface
-    def _take_fault(self, method, path, query, kind, ranged):
+    def _take_fault(self, request):
         with self._lock:
             for fault in self._faults:
-                if fault.matches(method, path, query, kind, ranged):
+                if fault.matches(request):
                     fault.remaining -= 1
                     if fault.remaining == 0:
                         self._faults.remove(fault)
                     self.faults_injected[fault.kind] += 1
-                    return _Taken(fault.kind, fault.seconds, self._gate)
+                    return _Taken(fault.kind, fault.seconds, self._gate,
+                                  fault.chunk)
         return None
+
+    def _note_long_upload_id(self, long_id, real):
+        with self._lock:
+            self._long_ids[long_id] = real
+
+    def _short_upload_ids(self, target):
+        """TARGET with an uploadId made long by long_upload_id put back."""
+        path, mark, query = target.partition('?')
+        with self._lock:
+            if not mark or not self._long_ids:
+                return target
+            pieces = []
+            for piece in query.split('&'):
+                name, equals, value = piece.partition('=')
+                real = self._long_ids.get(urllib.parse.unquote(value))
+                if name == 'uploadId' and equals and real is not None:
+                    piece = 'uploadId=' + urllib.parse.quote(real, safe='')
+                pieces.append(piece)
+        return path + '?' + '&'.join(pieces)
+
+    def _resetting_while_down(self):
+        """True (and counted) when a request comes while down(refuse=False)."""
+        with self._lock:
+            if time.monotonic() >= self._reset_until:
+                return False
+            self.faults_injected['down_reset'] += 1
+            return True
 
     def _wait_release(self, gate):
         """Waits for GATE (release()); False if the proxy stops first."""

@@ -137,13 +137,14 @@ def run_within(timeout, function, *args):
     pool = concurrent.futures.ThreadPoolExecutor(1)
     future = pool.submit(function, *args)
     try:
-        try:
-            outcome = future.result(timeout=timeout)
-        except concurrent.futures.TimeoutError:
+        # (not future.result(timeout): since Python 3.11 its TimeoutError is
+        # the OSError of ETIMEDOUT too, which FUNCTION may raise itself)
+        done, _ = concurrent.futures.wait([future], timeout=timeout)
+        if not done:
             pytest.fail(f'{getattr(function, "__name__", function)} did not '
                         f'return within {timeout}s')
-        except Exception as error:  # noqa: BLE001 - the caller judges it
-            outcome = error
+        error = future.exception()
+        outcome = error if isinstance(error, Exception) else future.result()
     finally:
         pool.shutdown(wait=False)
     return outcome, time.monotonic() - started

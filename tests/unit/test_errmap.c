@@ -121,6 +121,9 @@ static const struct map_case map_cases[] = {
     CURL("recv error", CURLE_RECV_ERROR, ECONNRESET, true, true),
     CURL("got nothing", CURLE_GOT_NOTHING, ECONNRESET, true, true),
     CURL("partial file", CURLE_PARTIAL_FILE, EIO, true, true),
+    CURL("weird server reply", CURLE_WEIRD_SERVER_REPLY, EIO, true, true),
+    /* curl resent a body on a fresh connection and could not rewind it */
+    CURL("rewind failed", CURLE_SEND_FAIL_REWIND, EIO, true, true),
     CURL("TLS handshake", CURLE_SSL_CONNECT_ERROR, ECONNREFUSED, true, false),
     CURL("peer failed verification", CURLE_PEER_FAILED_VERIFICATION, EACCES,
          false, false),
@@ -239,6 +242,44 @@ static void test_redirect_is_an_error(void **state)
     }
 }
 
+/* A 2xx answer whose body is an <Error> document (S3 does this for copies
+ * and completes once it has sent 200): an error, retried as its code says,
+ * and the server may have acted on it whatever the code. */
+static void test_error_in_body(void **state)
+{
+    static const struct map_case rows[] = {
+        HTTP("200 InternalError", 200, "InternalError", EIO, true, true),
+        HTTP("200 SlowDown", 200, "SlowDown", EAGAIN, true, true),
+        HTTP("200 AccessDenied", 200, "AccessDenied", EACCES, false, true),
+        HTTP("200 NoSuchKey", 200, "NoSuchKey", ENOENT, false, true),
+        HTTP("200 unknown code", 200, "SomethingNew", EIO, false, true),
+        HTTP("200 no code", 200, NULL, EIO, false, true),
+    };
+
+    (void)state;
+    for (size_t i = 0; i < ARRAY_LEN(rows); i++) {
+        const struct map_case *c = &rows[i];
+        struct errmap_result r = {
+            .http_status = c->status, .s3_code = c->s3_code,
+            .error_in_body = true,
+        };
+        bool may_have_run = false;
+        bool retry = errmap_retryable(&r, &may_have_run);
+        int err = errmap_errno(&r);
+        char buf[256];
+
+        if (err != c->err)
+            fail_msg("%s: errno %d, expected %d", c->name, err, c->err);
+        if (retry != c->retry || may_have_run != c->may_have_run)
+            fail_msg("%s: retry %d may_have_run %d, expected %d %d", c->name,
+                     retry, may_have_run, c->retry, c->may_have_run);
+        errmap_describe(&r, buf, sizeof(buf));
+        if (strstr(buf, "body") == NULL || strstr(buf, "200") == NULL ||
+            (c->s3_code != NULL && strstr(buf, c->s3_code) == NULL))
+            fail_msg("%s: \"%s\" does not say what came", c->name, buf);
+    }
+}
+
 /* --------------------------------------------------------- describing */
 
 struct describe_case {
@@ -307,9 +348,9 @@ static void test_describe_table(void **state)
 static void test_describe_truncates(void **state)
 {
     static const struct errmap_result results[] = {
-        {CURLE_OK, 403, "SignatureDoesNotMatch"},
-        {CURLE_OK, 404, NULL},
-        {CURLE_COULDNT_RESOLVE_HOST, 0, NULL},
+        {CURLE_OK, 403, "SignatureDoesNotMatch", false},
+        {CURLE_OK, 404, NULL, false},
+        {CURLE_COULDNT_RESOLVE_HOST, 0, NULL, false},
     };
 
     (void)state;
@@ -336,7 +377,7 @@ static void test_describe_truncates(void **state)
 /* A zero-length buffer is not written at all. */
 static void test_describe_zero_length(void **state)
 {
-    struct errmap_result r = {CURLE_OK, 500, "InternalError"};
+    struct errmap_result r = {CURLE_OK, 500, "InternalError", false};
     char buf[4] = {'#', '#', '#', '#'};
 
     (void)state;
@@ -351,6 +392,7 @@ int main(void)
         cmocka_unit_test(test_4xx_never_retry),
         cmocka_unit_test(test_5xx_errors),
         cmocka_unit_test(test_redirect_is_an_error),
+        cmocka_unit_test(test_error_in_body),
         cmocka_unit_test(test_describe_table),
         cmocka_unit_test(test_describe_truncates),
         cmocka_unit_test(test_describe_zero_length),

@@ -315,6 +315,7 @@ enum field {
     F_NO_SIGN, F_PATH_STYLE, F_ALLOW_OTHER, F_READ_ONLY, F_WRITEBACK,
     F_UID, F_GID, F_FILE_MODE, F_DIR_MODE,
     F_ATTR_TTL, F_DIR_TTL, F_READ_AHEAD, F_CONNECTIONS, F_RETRIES,
+    F_REQUEST_TIMEOUT,
 };
 
 struct opt_case {
@@ -421,6 +422,16 @@ static const struct opt_case opt_cases[] = {
     BAD("retries negative", "retries=-1"),
     BAD("retries fraction", "retries=1.5"),
     BAD("retries empty", "retries="),
+    OK_D("request_timeout 1", "request_timeout=1", F_REQUEST_TIMEOUT, 1.0),
+    OK_D("request_timeout 2.5", "request_timeout=2.5", F_REQUEST_TIMEOUT, 2.5),
+    OK_D("request_timeout 3600", "request_timeout=3600", F_REQUEST_TIMEOUT,
+         3600.0),
+    BAD("request_timeout 0", "request_timeout=0"),
+    BAD("request_timeout 0.5", "request_timeout=0.5"),
+    BAD("request_timeout 3601", "request_timeout=3601"),
+    BAD("request_timeout negative", "request_timeout=-5"),
+    BAD("request_timeout word", "request_timeout=long"),
+    BAD("request_timeout empty", "request_timeout="),
 };
 
 static void check_field(const struct opt_case *c, const struct options *o)
@@ -457,6 +468,7 @@ static void check_field(const struct opt_case *c, const struct options *o)
     case F_READ_AHEAD: u = o->read_ahead; break;
     case F_CONNECTIONS: u = o->connections; break;
     case F_RETRIES: u = o->retries; break;
+    case F_REQUEST_TIMEOUT: d = o->request_timeout; break;
     }
     switch (c->field) {
     case F_ENDPOINT: case F_REGION: case F_PROFILE: case F_CREDENTIALS_FILE:
@@ -464,7 +476,7 @@ static void check_field(const struct opt_case *c, const struct options *o)
             fail_msg("%s: \"%s\", expected \"%s\"", c->name,
                      s ? s : "(null)", c->s);
         break;
-    case F_ATTR_TTL: case F_DIR_TTL:
+    case F_ATTR_TTL: case F_DIR_TTL: case F_REQUEST_TIMEOUT:
         if (d != c->d)
             fail_msg("%s: %g, expected %g", c->name, d, c->d);
         break;
@@ -567,6 +579,7 @@ static void test_defaults(void **state)
     assert_int_equal(p.opts.read_ahead, 64 * MIB);
     assert_int_equal(p.opts.connections, 16);
     assert_int_equal(p.opts.retries, 6);
+    assert_true(p.opts.request_timeout == 30.0);
     parsed_free(&p);
 }
 
@@ -1069,7 +1082,8 @@ static void test_help_mentions_options(void **state)
         "endpoint=", "region=", "profile=", "credentials_file=", "no_sign",
         "path_style", "uid=", "gid=", "file_mode=", "dir_mode=",
         "allow_other", "attr_ttl=", "dir_ttl=", "read_ahead=", "connections=",
-        "retries=", "-f", "-d", "--help", "--version", "PROGNAME-X",
+        "retries=", "request_timeout=", "-f", "-d", "--help", "--version",
+        "PROGNAME-X",
     };
     char *text = NULL;
     size_t len = 0;
