@@ -1020,6 +1020,8 @@ static int move_prefix(struct fs *fs, const char *src_prefix, const char *dst_pr
 {
     size_t src_len = strlen(src_prefix);
     bool had_marker = false;
+    char *moved[MOVE_BATCH];      /* the keys the last batch deleted */
+    size_t moved_count = 0;
     int err = 0;
 
     /* each batch is copied then deleted, so listing from the start again
@@ -1033,6 +1035,20 @@ static int move_prefix(struct fs *fs, const char *src_prefix, const char *dst_pr
                               &page);
         if (err != 0)
             break;
+        /* a key the last batch deleted, listed again: the loop would copy
+         * and delete it forever (keys are compared, not their order, which
+         * some servers do not keep) */
+        for (size_t i = 0; err == 0 && i < page.object_count; i++)
+            for (size_t j = 0; err == 0 && j < moved_count; j++)
+                if (strcmp(page.objects[i].key, moved[j]) == 0) {
+                    log_error("rename of %s: '%s' is still listed after its "
+                              "delete; stopping", src_prefix, moved[j]);
+                    err = EIO;
+                }
+        if (err != 0) {
+            s3xml_listing_free(&page);
+            break;
+        }
         memset(jobs, 0, sizeof(jobs));
         for (size_t i = 0; i < page.object_count && count < MOVE_BATCH; i++) {
             const struct s3xml_object *object = &page.objects[i];
@@ -1061,12 +1077,20 @@ static int move_prefix(struct fs *fs, const char *src_prefix, const char *dst_pr
             for (size_t i = 0; err == 0 && i < count; i++)
                 err = jobs[i].err;
         }
-        for (size_t i = 0; i < count; i++)
+        for (size_t i = 0; i < moved_count; i++)
+            free(moved[i]);
+        moved_count = 0;
+        for (size_t i = 0; i < count; i++) {
             free(jobs[i].dst_key);
+            if (err == 0 && (moved[moved_count] = strdup(jobs[i].src_key)) != NULL)
+                moved_count++;
+        }
         s3xml_listing_free(&page);
         if (err != 0 || count == 0)
             break;
     }
+    for (size_t i = 0; i < moved_count; i++)
+        free(moved[i]);
     if (err == 0 && !had_marker) {
         struct writer_meta meta = {S_IFDIR | fs->conf.dir_mode, fs->conf.uid,
                                    fs->conf.gid, wall_now()};

@@ -43,6 +43,8 @@ in the order they were injected to the next COUNT requests that match:
     lost      forwarded, the server's whole answer read, then the client
               connection is reset instead of relaying it: the server did
               the work, the answer is lost
+    swallow   204 No Content, nothing forwarded: a server that says it did
+              the work and did not (a DELETE that leaves the key)
     stall     the request waits SECONDS (default 2) before it is forwarded
     hold      the request waits until release() is called, then goes on
               (forwarded); if the proxy stops first, its connection is
@@ -119,7 +121,7 @@ FAULT_KINDS = ('slowdown', 'internal', 'reset', 'stall', 'denied', 'hold',
                'nosuchupload', 'error200', 'lost', 'truncated_xml',
                'malformed_xml', 'short_body', 'wrong_range',
                'ignore_if_match', 'trickle', 'repeat_token', 'idle_close',
-               'long_upload_id')
+               'long_upload_id', 'swallow')
 # faults that forward the request and then change the answer on its way back
 ANSWER_FAULTS = ('lost', 'truncated_xml', 'malformed_xml', 'short_body',
                  'trickle', 'repeat_token', 'long_upload_id')
@@ -348,6 +350,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if fault is not None and fault.kind in ERROR_DOCUMENTS:
             self._answer_error(fault.kind, path, index)
             return
+        if fault is not None and fault.kind == 'swallow':
+            self._answer_empty(204, index)
+            return
         headers = list(self.headers.items())
         if fault is not None and fault.kind == 'wrong_range':
             headers = [(name, _shift_range(value) if name.lower() == 'range'
@@ -413,6 +418,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             fd = sock.detach()
             if fd >= 0:
                 socket.close(fd)
+
+    def _answer_empty(self, status, index):
+        self.proxy._finish_record(index, status, 0)
+        self.send_response_only(status)
+        self.send_header('Content-Length', '0')
+        self.end_headers()
 
     def _answer_plain(self, status, text, index=None):
         body = (text + '\n').encode()

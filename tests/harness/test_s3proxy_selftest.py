@@ -138,6 +138,16 @@ def test_lost_answer(server, proxy, bucket):
     assert [r.status for r in proxy.records()] == [200]
 
 
+def test_swallow(server, proxy, bucket):
+    """swallow: a 204 for a DELETE that never reaches the server."""
+    proxy.inject('swallow', 1, 'DELETE')
+    status, _, body = request(proxy, 'DELETE', f'/{bucket}/obj')
+    assert (status, body) == (204, b'')
+    s3 = server.client()
+    assert s3.get_object(Bucket=bucket, Key='obj')['Body'].read() == BODY
+    assert proxy.faults_injected == {'swallow': 1}
+
+
 def test_truncated_and_malformed_xml(proxy, bucket):
     """The listing comes as a complete HTTP answer whose XML is cut in half
     or not well-formed."""

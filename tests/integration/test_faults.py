@@ -389,6 +389,31 @@ def test_repeated_continuation_token_ends_the_listing(server, s3, bucket,
           f'{seconds:.2f}s')
 
 
+def test_directory_rename_ends_when_deletes_do_nothing(server, s3, bucket,
+                                                       proxy, mount):
+    """A directory rename whose DELETEs the server acknowledges (204)
+    without doing them: the move lists the same keys again after deleting
+    them, and stops with EIO and one log line instead of copying and
+    deleting them forever; every key is still under its old name, and
+    under the new one too (copies come before deletes)."""
+    keys = [f'd/{index}' for index in range(3)]
+    for key in keys:
+        s3.put_object(Bucket=bucket, Key=key, Body=key.encode())
+    mnt = via_proxy(mount, proxy, bucket)
+    proxy.inject('swallow', HOLD_ALL, 'DELETE')
+    outcome, seconds = run_within(BOUND, os.rename, mnt.path / 'd',
+                                  mnt.path / 'e')
+    proxy.clear_faults()
+    assert isinstance(outcome, OSError) and outcome.errno == errno.EIO, \
+        f'{outcome!r}\n{mnt.log()[-2000:]}'
+    assert 'still listed after its delete' in mnt.log()
+    assert proxy.faults_injected['swallow'] == len(keys)
+    for key in keys:
+        assert object_bytes(s3, bucket, key) == key.encode()
+        assert object_bytes(s3, bucket, 'e/' + key[2:]) == key.encode()
+    print(f'{server.name}: the rename stopped in {seconds:.2f}s')
+
+
 # --------------------------------------------------- 13c: long upload ids
 
 def test_upload_id_of_two_kilobytes(server, s3, bucket, proxy, mount):
