@@ -36,6 +36,7 @@ that replays its round alone.
 """
 import argparse
 import collections
+import concurrent.futures
 import contextlib
 import hashlib
 import os
@@ -637,7 +638,7 @@ class Round:
             offset = size + self.rng.randrange(1, 1 * MiB)
         data = self.rng.randbytes(self.write_length())
         self.note(f'op {self.op_index}: pwrite {handle.label} '
-                  f'({handle.inode.path}) {len(data)} B at {offset}')
+                  f'({handle.inode.path or "unlinked"}) {len(data)} B at {offset}')
         self.write_step(handle, data, offset)
         return handle.inode.path
 
@@ -647,7 +648,7 @@ class Round:
             return None
         data = self.rng.randbytes(self.write_length())
         self.note(f'op {self.op_index}: write {handle.label} '
-                  f'({handle.inode.path}) {len(data)} B '
+                  f'({handle.inode.path or "unlinked"}) {len(data)} B '
                   f'{"appended" if handle.kind == "append" else "at its position"}')
         self.write_step(handle, data)
         return handle.inode.path
@@ -659,7 +660,7 @@ class Round:
         inode = handle.inode
         size = self.rng.randrange(0, len(inode.data) + 1 * MiB)
         self.note(f'op {self.op_index}: ftruncate {handle.label} '
-                  f'({inode.path}) to {size}')
+                  f'({inode.path or "unlinked"}) to {size}')
 
         def done(_):
             del inode.data[size:]
@@ -1064,7 +1065,8 @@ class Round:
                     stack.callback(self.disk.detach)
                     self.cache = self.disk.mountpoint / 'cache'
                 self.seed_bucket()
-                self.mount('0')
+                with self.env.timed('mount'):
+                    self.mount('0')
                 stack.callback(self.cleanup)
                 if self.disk is not None:
                     self.disk.sync()     # the cache existed long before
@@ -1077,16 +1079,19 @@ class Round:
 
     def run_phases(self):
         options = self.options
-        phases = 1 + (self.rng.random() < options.second_phase)
+        phases = 1
+        while phases < 3 and self.rng.random() < options.second_phase:
+            phases += 1
         for phase in range(phases):
             last = phase == phases - 1
             clean = last and self.rng.random() < options.clean_ending
             ops = options.ops_per_round
-            if clean:
-                self.workload(ops, None, 0)
-            else:
-                self.workload(ops, self.rng.randrange(1, ops + 1) +
-                              self.op_index, self.delay_ms())
+            with self.env.timed('workload'):
+                if clean:
+                    self.workload(ops, None, 0)
+                else:
+                    self.workload(ops, self.rng.randrange(1, ops + 1) +
+                                  self.op_index, self.delay_ms())
             if clean:
                 self.note('-- closing every descriptor, clean unmount')
                 try:
@@ -1102,10 +1107,13 @@ class Round:
                           f'{self.daemon.log_tail(2000)}')
                 self.killed = True
             if self.killed:
-                self.crash()
-                self.remount()
-                if not self.check_mount(f'after the remount at op '
-                                        f'{self.op_index}'):
+                with self.env.timed('crash and remount'):
+                    self.crash()
+                    self.remount()
+                with self.env.timed('reading back'):
+                    checked = self.check_mount(f'after the remount at op '
+                                               f'{self.op_index}')
+                if not checked:
                     raise TortureError('the remounted daemon died')
         self.note('-- s3cachefs --unmount')
         self.unmount_and_check()
@@ -1113,13 +1121,15 @@ class Round:
     def unmount_and_check(self):
         daemon, self.daemon = self.daemon, None
         self.drop_handles()
-        code, seconds, said = daemon.unmount()
+        with self.env.timed('unmount'):
+            code, seconds, said = daemon.unmount()
         self.check_daemon_log(daemon)
         if code != 0:
             self.fail('unmount', f's3cachefs --unmount: exit {code} after '
                                  f'{seconds:.1f}s ({said}); daemon log:\n'
                                  f'{daemon.log_tail(2000)}')
-        self.check_bucket()
+        with self.env.timed('bucket check'):
+            self.check_bucket()
 
     def cleanup(self):
         if self.daemon is not None:
@@ -1148,6 +1158,15 @@ class Env:
             self.endpoint = self.proxy.endpoint
         self.disk_dir = None
         self.leaks = 0
+        self.seconds = collections.Counter()   # where the time goes
+
+    @contextlib.contextmanager
+    def timed(self, what):
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            self.seconds[what] += time.monotonic() - started
 
     def close(self):
         if self.proxy is not None:
@@ -1222,8 +1241,10 @@ def run(server, options, out=sys.stdout):
     modes = (['default', 'writeback'] if options.mode == 'both'
              else [options.mode])
     deadline = summary.started + options.budget if options.budget else None
+    cleaner = concurrent.futures.ThreadPoolExecutor(1)
     try:
         with contextlib.ExitStack() as stack:
+            stack.callback(cleaner.shutdown)
             if options.power_loss:
                 env.disk_dir = stack.enter_context(tmount.tmpfs(
                     workdir / 'disks', '1g'))
@@ -1237,7 +1258,8 @@ def run(server, options, out=sys.stdout):
                 seed = options.seed + number
                 mode = modes[number % len(modes)]
                 done = Round(env, seed, mode, options)
-                done.run()
+                with env.timed('round'):
+                    done.run()
                 summary.add(done)
                 if done.failures:
                     report(done, out)
@@ -1245,8 +1267,9 @@ def run(server, options, out=sys.stdout):
                     print(f'round {seed} {mode}: ok, {done.crash_points} '
                           f'crash points', file=out, flush=True)
                 if not options.keep:
-                    with contextlib.suppress(Exception):
-                        server.delete_bucket_recursive(done.bucket)
+                    # while the next round runs (Swift takes ~9 ms a key)
+                    cleaner.submit(server.delete_bucket_recursive,
+                                   done.bucket)
                     if not tmount.is_mounted(done.mnt):
                         shutil.rmtree(done.dir, ignore_errors=True)
     finally:
@@ -1259,6 +1282,8 @@ def run(server, options, out=sys.stdout):
         elif options.keep:
             print(f'work directory kept: {workdir}', file=out)
     print(summary.line(), file=out)
+    print('time: ' + ', '.join(f'{what} {seconds:.0f} s' for what, seconds
+                               in env.seconds.most_common()), file=out)
     if summary.failed_rounds:
         print(f'failing seeds: {summary.seeds()}', file=out)
     out.flush()
@@ -1289,8 +1314,9 @@ def parse(argv=None):
                         help='no multipart (17 MiB) files')
     parser.add_argument('--recovery-kill', type=float, default=0.3,
                         help='chance that a remount is killed as it starts')
-    parser.add_argument('--second-phase', type=float, default=0.3,
-                        help='chance of a second workload after recovery')
+    parser.add_argument('--second-phase', type=float, default=0.55,
+                        help='chance of another workload after a recovery '
+                        '(at most 3 in a round)')
     parser.add_argument('--clean-ending', type=float, default=0.15,
                         help='chance that a round ends with a clean unmount')
     parser.add_argument('--keep', action='store_true',
@@ -1312,7 +1338,7 @@ def main(argv=None):
         return 2
     server_dir = Path(tempfile.mkdtemp(prefix='s3cachefs-torture-server.'))
     server = servers.SERVER_KINDS[options.server](server_dir)
-    print(f'torture: server {options.server}, mode {options.mode}, seed '
+    print(f'torture.py: server {options.server}, mode {options.mode}, seed '
           f'{options.seed}, {options.rounds} rounds of '
           f'{options.ops_per_round} ops, latency {options.latency:g}s'
           + (', power loss' if options.power_loss else ''), flush=True)
