@@ -928,6 +928,8 @@ class Round:
             else:
                 self.model.current(path, found)
                 self.model.shown[path] = found
+                self.model.remember(path, found, f'promised: shown by the '
+                                    f'mount {when}')
         self.model.dirs = {d for d in dirs if '/' not in d}
         return True
 
