@@ -6,7 +6,7 @@ and the line that replays it.
 
 S3CACHEFS_TORTURE_POINTS (default 100) is the number of crash points on
 s3rver, S3CACHEFS_TORTURE_POINTS_SWIFT (default a fifth of it) on Swift,
-shared by the two modes; S3CACHEFS_TORTURE_BUDGET (seconds, default 200)
+shared by the two modes; S3CACHEFS_TORTURE_BUDGET (seconds, default 240)
 bounds each server's run; S3CACHEFS_TORTURE_SEED fixes the first seed
 (random otherwise, and printed). The power-loss test
 (S3CACHEFS_POWERLOSS_POINTS, default 6, s3rver only) cuts the power of
@@ -59,7 +59,7 @@ def run_torture(server, tmp_path, mode, crash_points, budget, extra=()):
 @pytest.mark.parametrize('mode', MODES)
 def test_crash_torture(server, tmp_path, mode):
     """Half of the server's crash points in each mode."""
-    budget = float(os.environ.get('S3CACHEFS_TORTURE_BUDGET', '200'))
+    budget = float(os.environ.get('S3CACHEFS_TORTURE_BUDGET', '240'))
     wanted = (points(server.name) + 1) // 2
     run_torture(server, tmp_path, mode, wanted, budget / len(MODES))
 

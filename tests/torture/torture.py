@@ -204,6 +204,19 @@ class Model:
             return '; '.join(mine[-3:])
         return '; '.join(f'{how} at {where}' for where, how in entries[-3:])
 
+    def expected(self, path, found, separator):
+        """The candidates of PATH, described, and where FOUND first
+        differs from the one of its size (or the largest)."""
+        candidates = self.promised_of(path)
+        text = separator.join(f'{describe(c)} ({self.explain(path, c)})'
+                              for c in candidates)
+        present = [c for c in candidates if c is not None]
+        if found is not None and present:
+            closest = min(present, key=lambda c: abs(len(c) - len(found)))
+            text += (f'; against {describe(closest)}: '
+                     f'{first_difference(found, closest)}')
+        return text
+
     def classify(self, path, found):
         """Failure class of finding FOUND at PATH in the bucket."""
         candidates = self.promised_of(path)
@@ -470,8 +483,13 @@ class Round:
             handle = Handle(number, fd, inode, kind)
             self.handles.append(handle)
             return handle
+        def in_flight():
+            if kind in ('new', 'trunc'):
+                self.model.remember(path, b'', f'truncated by op '
+                                    f'{self.op_index}, in flight, unclosed')
         fd = self.step(f'open {path} {kind} as fd{number}',
-                       lambda: os.open(self.absolute(path), flags, 0o644))
+                       lambda: os.open(self.absolute(path), flags, 0o644),
+                       in_flight=in_flight)
         return done(fd)
 
     def write_step(self, handle, data, offset=None):
@@ -488,8 +506,17 @@ class Round:
             else:
                 call = (lambda piece=piece, at=at:
                         os.pwrite(handle.fd, piece, at))
+            def in_flight(piece=piece, at=at):
+                if inode.path is not None:
+                    data = bytearray(inode.data)
+                    if at > len(data):
+                        data.extend(bytes(at - len(data)))
+                    data[at:at + len(piece)] = piece
+                    self.model.remember(inode.path, bytes(data),
+                                        f'written by op {self.op_index}, '
+                                        f'in flight, unclosed')
             count = self.step(f'write {handle.label} {len(piece)} B at {at}',
-                              call)
+                              call, in_flight=in_flight)
             if at > len(inode.data):
                 inode.data.extend(bytes(at - len(inode.data)))
             inode.data[at:at + count] = piece[:count]
@@ -885,34 +912,42 @@ class Round:
 
     # ------------------------------------------------------------- checks
 
-    def walk_mount(self):
-        """{path: bytes} of every file under the mount, and the set of
-        directories (read with fresh descriptors)."""
-        files, dirs = {}, set()
-        for root, subdirs, names in os.walk(self.mnt):
+    def walk_mount(self, when):
+        """{path: bytes} of every file under the mount, the set of
+        directories (read with fresh descriptors), and the paths that
+        could not be read (each a failure)."""
+        files, dirs, unread = {}, set(), set()
+
+        def refused(err):
+            self.fail('errno', f'listing the mount {when}: {err}')
+        for root, subdirs, names in os.walk(self.mnt, onerror=refused):
             relative = os.path.relpath(root, self.mnt)
             prefix = '' if relative == '.' else relative + '/'
             dirs.update(prefix + d for d in subdirs)
             for name in names:
-                with open(os.path.join(root, name), 'rb') as file:
-                    files[prefix + name] = file.read()
-        return files, dirs
+                try:
+                    with open(os.path.join(root, name), 'rb') as file:
+                        files[prefix + name] = file.read()
+                except OSError as err:
+                    unread.add(prefix + name)
+                    self.fail('errno', f'reading back {prefix + name} '
+                                       f'{when} (it is listed): {err}')
+        return files, dirs, unread
 
     def check_mount(self, when):
         """Every file through the mount is an acceptable state (and then
         the only one); nothing absent in the model shows."""
         self.watchdog.arm(f'reading back every file {when}')
         try:
-            files, dirs = self.walk_mount()
-        except OSError as err:
-            self.fail('errno', f'reading back the mount {when}: {err}')
-            return False
+            files, dirs, unread = self.walk_mount(when)
         finally:
             self.watchdog.disarm()
         if self.killed:
             return False
         self.checks += 1
         for path in sorted(set(self.model.paths()) | set(files)):
+            if path in unread:
+                continue
             found = files.get(path)
             candidates = self.model.promised_of(path)
             self.reads += found is not None
@@ -920,9 +955,8 @@ class Round:
                 self.fail(f'mount-{self.model.classify(path, found)}',
                           f'{when}: {path} reads as {describe(found)} '
                           f'({self.model.explain(path, found)}); '
-                          f'acceptable: ' + ', '.join(
-                              f'{describe(c)} ({self.model.explain(path, c)})'
-                              for c in candidates))
+                          f'acceptable: '
+                          + self.model.expected(path, found, ', '))
                 self.model.promised[path] = candidates | {found}
                 self.model.current(path, found)
             else:
@@ -957,9 +991,7 @@ class Round:
                 self.fail(f'bucket-{model.classify(path, data)}',
                           f'bucket key {path}: {describe(data)} '
                           f'({model.explain(path, data)}); expected '
-                          + ' or '.join(
-                              f'{describe(c)} ({model.explain(path, c)})'
-                              for c in candidates))
+                          + model.expected(path, data, ' or '))
             elif shown != data:
                 self.fail('stale-after-crash',
                           f'bucket key {path}: {describe(data)} '
@@ -1055,7 +1087,8 @@ class Round:
     def run(self):
         options = self.options
         self.dir.mkdir(parents=True)
-        self.env.server.create_bucket(self.bucket)
+        with self.env.timed('setup'):
+            self.env.server.create_bucket(self.bucket)
         self.watchdog = Watchdog(self.on_hang)
         self.note(f'round seed {self.seed}, mode {self.mode}, bucket '
                   f'{self.bucket}')
@@ -1066,7 +1099,8 @@ class Round:
                                                 self.dir / 'disk').create()
                     stack.callback(self.disk.detach)
                     self.cache = self.disk.mountpoint / 'cache'
-                self.seed_bucket()
+                with self.env.timed('setup'):
+                    self.seed_bucket()
                 with self.env.timed('mount'):
                     self.mount('0')
                 stack.callback(self.cleanup)
@@ -1116,7 +1150,7 @@ class Round:
                     checked = self.check_mount(f'after the remount at op '
                                                f'{self.op_index}')
                 if not checked:
-                    raise TortureError('the remounted daemon died')
+                    raise TortureError('reading back hung; the daemon was killed')
         self.note('-- s3cachefs --unmount')
         self.unmount_and_check()
 
@@ -1251,6 +1285,7 @@ def run(server, options, out=sys.stdout):
                 env.disk_dir = stack.enter_context(tmount.tmpfs(
                     workdir / 'disks', '1g'))
                 stack.enter_context(tmount.writeback_off())
+                tmount.check_power_cut(env.disk_dir)
             for number in range(options.rounds):
                 if deadline and time.monotonic() > deadline:
                     break
