@@ -136,6 +136,7 @@ class Model:
         self.promised = {}               # path -> set of bytes / None
         # what a mount after a crash showed, while nothing changed it since
         self.shown = {}
+        self.gone = {}                   # path -> why it is absent
         # every content ever current or promised: digest -> [(path, how)]
         self.seen = collections.defaultdict(list)
 
@@ -157,9 +158,13 @@ class Model:
         else:
             self.promised[path] = {data}
 
-    def move(self, source, target, in_flight):
+    def move(self, source, target, in_flight, how):
         """The promises of a rename(source, target)."""
         before_source = self.promised_of(source)
+        self.gone[source] = f'renamed to {target} by {how}'
+        if before_source == {None}:
+            self.gone[target] = (f'replaced by {source} (never closed) '
+                                 f'by {how}')
         before_target = self.promised_of(target)
         self.shown.pop(source, None)
         self.shown.pop(target, None)
@@ -170,8 +175,9 @@ class Model:
             self.promised[target] = set(before_source)
             self.promised[source] = {None}
 
-    def drop(self, path, in_flight):
+    def drop(self, path, in_flight, how):
         """The promise of an unlink(path)."""
+        self.gone[path] = f'unlinked by {how}'
         self.shown.pop(path, None)
         self.promised[path] = (self.promised_of(path) | {None} if in_flight
                                else {None})
@@ -195,7 +201,7 @@ class Model:
     def explain(self, path, data):
         """Where bytes DATA came from, as the model knows it."""
         if data is None:
-            return 'absent'
+            return self.gone.get(path, 'absent')
         entries = self.seen.get(digest(data), [])
         if not entries:
             return 'bytes the model never saw'
@@ -570,7 +576,7 @@ class Round:
 
         def apply(in_flight):
             for old, new in moves:
-                model.move(old, new, in_flight)
+                model.move(old, new, in_flight, f'op {self.op_index}')
             if in_flight:
                 return
             replaced = model.files.pop(target, None)
@@ -773,7 +779,7 @@ class Round:
         self.note(f'op {self.op_index}: unlink {path}')
 
         def apply(in_flight):
-            self.model.drop(path, in_flight)
+            self.model.drop(path, in_flight, f'op {self.op_index}')
             if not in_flight:
                 self.model.files.pop(path).path = None
         self.step(f'unlink {path}', lambda: os.unlink(self.absolute(path)),
