@@ -51,14 +51,17 @@ check() {  # check BUILD: make check in its tree; output in check.log there
     # the multi-GiB multipart file is for the plain build; under ASan a
     # 96 MiB one (still multipart) keeps the suite's time in bounds
     local large_mb=2048 untar_files=2000 servers=${S3CACHEFS_SERVERS:-s3rver,swift}
+    local torture_points=100
     if [ "$build" = sanitizers ]; then
         # ASan is about our C code, which talks to both servers alike: one
         # server and smaller trees keep the suite's time in bounds
         large_mb=96 untar_files=300 servers=${S3CACHEFS_SERVERS:-s3rver}
+        torture_points=20
     fi
     # ASan's leak checker stays on; the integration tests read its reports
     S3CACHEFS_TEST_LARGE_MB=${S3CACHEFS_TEST_LARGE_MB:-$large_mb} \
     S3CACHEFS_TEST_UNTAR_FILES=${S3CACHEFS_TEST_UNTAR_FILES:-$untar_files} \
+    S3CACHEFS_TORTURE_POINTS=${S3CACHEFS_TORTURE_POINTS:-$torture_points} \
     S3CACHEFS_SERVERS=$servers \
     ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0} \
     UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1} \

@@ -1,0 +1,1399 @@
+#!/usr/bin/python3
+"""Crash torture for s3cachefs: random workloads from a seed, a model of
+what each point promised (kept outside the mount), kill -9 at random
+moments, and a check of every read and of the bucket against the model.
+
+    /usr/bin/python3 tests/torture/torture.py --server s3rver --mode both \\
+        --rounds 20 --binary build/src/s3cachefs
+
+The promise under test (README, HACKING.md "Durability"): a file whose
+close() (or fsync(), or truncate() by path) returned 0 is in the bucket or
+will be, after a crash by the next mount on the same cache directory;
+reads return the last written bytes, never others.
+
+One round = one seed: a fresh bucket (a few objects put with boto3 first),
+a fresh cache directory, a mount, a workload of --ops-per-round operations
+on a small name space (6 names in the root and in up to two directories,
+plus temporary names) during which a timer kills the daemon with SIGKILL
+"after op N + X ms"; then the next mount on the same cache (itself killed
+shortly after it starts, sometimes, and mounted again), every file read
+back through it, sometimes a second workload on that mount and a second
+kill, then `s3cachefs --unmount` (which waits for the uploads) and the
+bucket read with boto3. Some rounds end with a clean unmount instead of a
+kill. --power-loss replaces the kill with a power cut (see powerloss in
+HACKING.md): the cache on ext4 on a loop device, the disk copied at the
+kill, the copy mounted as the cache.
+
+The model, per path: `current` (what a read must return now: the bytes
+of the file through every descriptor) and `promised` (a set: the bucket
+may end with any of them). close/fsync/truncate(path) returning 0 set
+promised to current; rename moves both, unlink makes both absent; writes
+never change promised. An operation interrupted by the kill (or failing)
+is "in flight": promised becomes the union of before and after.
+
+Round R of a run with --seed S uses seed S+R; a failure prints the line
+that replays its round alone.
+"""
+import argparse
+import collections
+import concurrent.futures
+import contextlib
+import hashlib
+import os
+import random
+import secrets
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / 'harness'))
+import servers   # noqa: E402
+import s3proxy   # noqa: E402
+import tmount    # noqa: E402
+from tmount import TortureError  # noqa: E402
+
+KiB = 1 << 10
+MiB = 1 << 20
+NAMES = ['a', 'b', 'c', 'd', 'e', 'f']
+TEMPS = ['.tmp0', '.tmp1']
+DIRS = ['d1', 'd2', 'd3']
+MAX_DIRS = 2
+MAX_FDS = 4
+WRITE_CHUNK = 1 * MiB
+BIG = 17 * MiB                 # over the 16 MiB single-PUT limit
+HANG_SECONDS = 90.0            # one syscall taking longer is a hang
+MAX_FAILURES_PER_ROUND = 6
+DEFAULT_BINARY = HERE.parents[1] / 'build' / 'src' / 's3cachefs'
+
+
+def digest(data):
+    return hashlib.sha256(data).hexdigest()
+
+
+def describe(data):
+    """'ABSENT' or 'SIZE B sha256 PREFIX'."""
+    if data is None:
+        return 'absent'
+    return f'{len(data)} B sha256 {digest(data)[:12]}'
+
+
+def first_difference(found, expected):
+    """The first offset where FOUND and EXPECTED differ, as text."""
+    for at in range(0, min(len(found), len(expected)), 4096):
+        if found[at:at + 4096] != expected[at:at + 4096]:
+            for offset in range(at, at + 4096):
+                if found[offset:offset + 1] != expected[offset:offset + 1]:
+                    return f'first differing byte at offset {offset}'
+    return (f'same first {min(len(found), len(expected))} bytes, '
+            f'size {len(found)} instead of {len(expected)}')
+
+
+class Crashed(Exception):
+    """The daemon was killed: the workload stops here."""
+
+
+# ------------------------------------------------------------------ model
+
+class Inode:
+    """A file as the model sees it: its bytes and its name (None once
+    unlinked or renamed over)."""
+    count = 0
+
+    def __init__(self, path, data=b''):
+        Inode.count += 1
+        self.number = Inode.count
+        self.path = path
+        self.data = bytearray(data)
+
+
+class Handle:
+    """One open descriptor of the workload."""
+
+    def __init__(self, number, fd, inode, kind):
+        self.number = number      # fdN in the log
+        self.fd = fd
+        self.inode = inode
+        self.kind = kind          # 'rw', 'append', 'trunc', 'new'
+        self.pos = 0
+
+    @property
+    def label(self):
+        return f'fd{self.number}'
+
+
+class Model:
+    """Names, their current bytes, and what the bucket may end with."""
+
+    def __init__(self):
+        self.files = {}                  # path -> Inode
+        self.dirs = set()
+        self.promised = {}               # path -> set of bytes / None
+        # what a mount after a crash showed, while nothing changed it since
+        self.shown = {}
+        self.gone = {}                   # path -> why it is absent
+        # every content ever current or promised: digest -> [(path, how)]
+        self.seen = collections.defaultdict(list)
+
+    def promised_of(self, path):
+        return self.promised.get(path, {None})
+
+    def remember(self, path, data, how):
+        if data is not None:
+            entries = self.seen[digest(data)]
+            if (path, how) not in entries:
+                entries.append((path, how))
+
+    def promise(self, path, data, in_flight, how):
+        data = bytes(data)
+        self.remember(path, data, f'promised by {how}')
+        self.shown.pop(path, None)
+        if in_flight:
+            self.promised[path] = self.promised_of(path) | {data}
+        else:
+            self.promised[path] = {data}
+
+    def move(self, source, target, in_flight, how):
+        """The promises of a rename(source, target)."""
+        before_source = self.promised_of(source)
+        self.gone[source] = f'renamed to {target} by {how}'
+        if before_source == {None}:
+            self.gone[target] = (f'replaced by {source} (never closed) '
+                                 f'by {how}')
+        before_target = self.promised_of(target)
+        self.shown.pop(source, None)
+        self.shown.pop(target, None)
+        if in_flight:
+            self.promised[target] = before_target | before_source
+            self.promised[source] = before_source | {None}
+        else:
+            self.promised[target] = set(before_source)
+            self.promised[source] = {None}
+
+    def drop(self, path, in_flight, how):
+        """The promise of an unlink(path)."""
+        self.gone[path] = f'unlinked by {how}'
+        self.shown.pop(path, None)
+        self.promised[path] = (self.promised_of(path) | {None} if in_flight
+                               else {None})
+
+    def settle(self, path, data):
+        """PATH holds DATA (None: absent) for sure (put there)."""
+        self.promised[path] = {data}
+        self.current(path, data)
+
+    def current(self, path, data):
+        """A read showed DATA at PATH: what the next ops start from."""
+        if data is None:
+            self.files.pop(path, None)
+        else:
+            self.files[path] = Inode(path, data)
+
+    def paths(self):
+        return sorted(set(self.files) | {p for p, v in self.promised.items()
+                                         if v != {None}})
+
+    def explain(self, path, data):
+        """Where bytes DATA came from, as the model knows it."""
+        if data is None:
+            return self.gone.get(path, 'absent')
+        entries = self.seen.get(digest(data), [])
+        if not entries:
+            return 'bytes the model never saw'
+        mine = [how for where, how in entries if where == path]
+        if mine:
+            return '; '.join(mine[-3:])
+        return '; '.join(f'{how} at {where}' for where, how in entries[-3:])
+
+    def expected(self, path, found, separator):
+        """The candidates of PATH, described, and where FOUND first
+        differs from the one of its size (or the largest)."""
+        candidates = self.promised_of(path)
+        text = separator.join(f'{describe(c)} ({self.explain(path, c)})'
+                              for c in candidates)
+        present = [c for c in candidates if c is not None]
+        if found is not None and present:
+            closest = min(present, key=lambda c: abs(len(c) - len(found)))
+            text += (f'; against {describe(closest)}: '
+                     f'{first_difference(found, closest)}')
+        return text
+
+    def classify(self, path, found):
+        """Failure class of finding FOUND at PATH in the bucket."""
+        candidates = self.promised_of(path)
+        if found is None:
+            return 'lost'
+        if candidates == {None}:
+            return 'resurrected'
+        entries = [how for where, how in self.seen.get(digest(found), [])
+                   if where == path]
+        if any(how.startswith('promised') for how in entries):
+            return 'older'
+        if entries:
+            return 'unclosed'
+        return 'other'
+
+
+# --------------------------------------------------------------- workload
+
+class Watchdog:
+    """Kills the daemon when one step of the workload takes longer than
+    HANG_SECONDS (so a hang becomes a failure, not a stuck run)."""
+
+    def __init__(self, on_hang):
+        self.on_hang = on_hang
+        self.lock = threading.Lock()
+        self.armed = None           # (deadline, what)
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def arm(self, what, seconds=HANG_SECONDS):
+        with self.lock:
+            self.armed = (time.monotonic() + seconds, what)
+
+    def disarm(self):
+        with self.lock:
+            self.armed = None
+
+    def stop(self):
+        self.stopping.set()
+        self.thread.join()
+
+    def _run(self):
+        while not self.stopping.wait(0.5):
+            with self.lock:
+                armed = self.armed
+            if armed is not None and time.monotonic() > armed[0]:
+                self.disarm()
+                self.on_hang(armed[1])
+
+
+class Round:
+    """One seed: bucket, cache, mounts, workloads, crash points, checks."""
+
+    def __init__(self, env, seed, mode, options):
+        self.env = env
+        self.seed = seed
+        self.mode = mode
+        self.options = options
+        self.rng = random.Random(seed)
+        self.model = Model()
+        self.log = []
+        self.failures = []
+        self.handles = []
+        self.handle_count = 0
+        self.recent = []               # paths just closed (pending, likely)
+        self.op_index = 0
+        self.ops_done = 0
+        self.reads = 0
+        self.crash_points = 0
+        self.checks = 0
+        self.kill_lock = threading.Lock()
+        self.killed = False
+        self.kill_note = None
+        self.daemon = None
+        self.disk = None
+        self.canary = None
+        self.dir = env.workdir / f'round-{seed}-{mode}'
+        self.mnt = self.dir / 'mnt'
+        self.cache = self.dir / 'cache'
+        self.bucket = f'tt-{seed % 10**9}-{secrets.token_hex(3)}'
+        self.watchdog = None
+
+    # ------------------------------------------------------- bookkeeping
+
+    def note(self, text):
+        self.log.append(text)
+
+    def fail(self, kind, text):
+        if len(self.failures) < MAX_FAILURES_PER_ROUND:
+            self.failures.append((kind, text))
+        self.note(f'  !! FAILURE {kind}: {text}')
+
+    def replay_line(self):
+        opts = self.options
+        line = (f'/usr/bin/python3 tests/torture/torture.py --seed {self.seed}'
+                f' --mode {self.mode} --server {self.env.server.name}'
+                f' --rounds 1 --ops-per-round {opts.ops_per_round}'
+                f' --latency {opts.latency:g}')
+        if opts.power_loss:
+            line += ' --power-loss'
+        if not opts.big:
+            line += ' --no-big'
+        return line
+
+    # ------------------------------------------------------------- mounts
+
+    def new_daemon(self, tag):
+        return tmount.Daemon(self.env.binary, self.env.server,
+                             self.env.endpoint, self.bucket, self.mnt,
+                             self.cache, self.dir / f'daemon-{tag}.log',
+                             self.env.home, self.mode == 'writeback')
+
+    def mount(self, tag):
+        self.daemon = self.new_daemon(tag).start()
+        with self.kill_lock:
+            self.killed = False
+
+    def kill_now(self, why):
+        """SIGKILL the daemon (at most once per mount). Under kill_lock,
+        so that a step that sees `killed` false afterwards returned
+        before the kill."""
+        with self.kill_lock:
+            if self.killed or self.daemon is None or not self.daemon.alive():
+                return
+            if self.disk is not None:
+                self.write_canary()
+            self.killed = True
+            self.kill_note = why
+            os.kill(self.daemon.pid, signal.SIGKILL)
+
+    def on_hang(self, what):
+        self.fail('hang', f'{what} took more than {HANG_SECONDS:g}s; '
+                          f'daemon log:\n{self.daemon.log_tail(2000)}')
+        self.kill_now('hang')
+
+    def drop_handles(self):
+        for handle in self.handles:
+            with contextlib.suppress(OSError):
+                os.close(handle.fd)
+        self.handles = []
+
+    def check_daemon_log(self, daemon):
+        report = daemon.sanitizer_report()
+        if report:
+            self.fail('sanitizer', report)
+
+    # ----------------------------------------------------------- steps
+
+    def step(self, what, call, done=None, in_flight=None):
+        """Runs one system call of the workload. DONE(result) applies its
+        effect to the model when it returned before any kill; IN_FLIGHT()
+        when the kill (or an error) may have come during it. Raises
+        Crashed when the daemon is dead."""
+        if self.killed:
+            raise Crashed()
+        self.watchdog.arm(what)
+        error = None
+        result = None
+        try:
+            result = call()
+        except OSError as err:
+            error = err
+        finally:
+            self.watchdog.disarm()
+        with self.kill_lock:
+            killed = self.killed
+        if killed:
+            if in_flight is not None:
+                in_flight()
+            self.note(f'    in flight at the kill: {what}'
+                      + (f' ({error.strerror})' if error else ''))
+            raise Crashed()
+        if error is not None:
+            self.fail('errno', f'op {self.op_index}: {what}: '
+                               f'{error.strerror} (errno {error.errno})')
+            if in_flight is not None:
+                in_flight()
+            self.kill_now('an error')
+            raise Crashed()
+        if done is not None:
+            done(result)
+        return result
+
+    def absolute(self, path):
+        return str(self.mnt / path)
+
+    # ------------------------------------------------- choosing things
+
+    def sizes(self):
+        rng = self.rng
+        roll = rng.random()
+        if roll < 0.015 and self.options.big:
+            return BIG + rng.randrange(512 * KiB)
+        if roll < 0.3:
+            return rng.randrange(0, 4 * KiB)
+        if roll < 0.65:
+            return rng.randrange(4 * KiB, 256 * KiB)
+        return rng.randrange(256 * KiB, 3 * MiB + 1)
+
+    def write_length(self):
+        roll = self.rng.random()
+        if roll < 0.4:
+            return self.rng.randrange(1, 4 * KiB)
+        if roll < 0.85:
+            return self.rng.randrange(4 * KiB, 256 * KiB)
+        return self.rng.randrange(256 * KiB, 2 * MiB)
+
+    def a_dir(self):
+        """'' (the root) or one of the directories that exist."""
+        dirs = sorted(self.model.dirs)
+        if dirs and self.rng.random() < 0.45:
+            return self.rng.choice(dirs)
+        return ''
+
+    def join(self, directory, name):
+        return f'{directory}/{name}' if directory else name
+
+    def a_name(self, temporary=False):
+        return self.join(self.a_dir(),
+                         self.rng.choice(TEMPS if temporary else NAMES))
+
+    def a_file(self, prefer_recent=False):
+        files = sorted(self.model.files)
+        if not files:
+            return None
+        if prefer_recent:
+            recent = [p for p in self.recent if p in self.model.files]
+            if recent and self.rng.random() < 0.7:
+                return self.rng.choice(recent)
+        return self.rng.choice(files)
+
+    def delay_ms(self):
+        roll = self.rng.random()
+        if roll < 0.5:
+            return self.rng.uniform(0, 30)
+        if roll < 0.8:
+            return self.rng.uniform(30, 300)
+        return self.rng.uniform(300, 1500)
+
+    # ------------------------------------------------------------ helpers
+
+    def snapshot(self, inode, how):
+        if inode.path is not None:
+            self.model.remember(inode.path, bytes(inode.data), how)
+
+    def open_step(self, path, kind):
+        """Opens PATH for writing (KIND: new, trunc, rw, append); returns
+        the Handle."""
+        flags = {'new': os.O_RDWR | os.O_CREAT | os.O_TRUNC,
+                 'trunc': os.O_RDWR | os.O_TRUNC,
+                 'rw': os.O_RDWR,
+                 'append': os.O_WRONLY | os.O_APPEND}[kind]
+        self.handle_count += 1
+        number = self.handle_count
+
+        def done(fd):
+            inode = self.model.files.get(path)
+            if inode is None:
+                inode = Inode(path)
+                self.model.files[path] = inode
+            if kind in ('new', 'trunc'):
+                inode.data = bytearray()
+            handle = Handle(number, fd, inode, kind)
+            self.handles.append(handle)
+            return handle
+        def in_flight():
+            if kind in ('new', 'trunc'):
+                self.model.remember(path, b'', f'truncated by op '
+                                    f'{self.op_index}, in flight, unclosed')
+        fd = self.step(f'open {path} {kind} as fd{number}',
+                       lambda: os.open(self.absolute(path), flags, 0o644),
+                       in_flight=in_flight)
+        return done(fd)
+
+    def write_step(self, handle, data, offset=None):
+        """write (OFFSET None: at the handle's position, or the end for
+        O_APPEND) or pwrite of DATA; short writes go on."""
+        view = memoryview(data)
+        while view:
+            inode = handle.inode
+            at = (len(inode.data) if handle.kind == 'append'
+                  else handle.pos if offset is None else offset)
+            piece = view[:WRITE_CHUNK]
+            if offset is None:
+                call = (lambda piece=piece: os.write(handle.fd, piece))
+            else:
+                call = (lambda piece=piece, at=at:
+                        os.pwrite(handle.fd, piece, at))
+            def in_flight(piece=piece, at=at):
+                if inode.path is not None:
+                    data = bytearray(inode.data)
+                    if at > len(data):
+                        data.extend(bytes(at - len(data)))
+                    data[at:at + len(piece)] = piece
+                    self.model.remember(inode.path, bytes(data),
+                                        f'written by op {self.op_index}, '
+                                        f'in flight, unclosed')
+            count = self.step(f'write {handle.label} {len(piece)} B at {at}',
+                              call, in_flight=in_flight)
+            if at > len(inode.data):
+                inode.data.extend(bytes(at - len(inode.data)))
+            inode.data[at:at + count] = piece[:count]
+            if offset is None:
+                handle.pos = at + count
+            else:
+                offset += count
+            view = view[count:]
+        self.snapshot(handle.inode, f'written by op {self.op_index}')
+
+    def close_step(self, handle):
+        inode = handle.inode
+        self.handles.remove(handle)
+
+        def promise(in_flight):
+            if inode.path is not None:
+                self.model.promise(inode.path, inode.data, in_flight,
+                                   f'close of {handle.label} at op '
+                                   f'{self.op_index}')
+        self.step(f'close {handle.label} ({inode.path or "unlinked"})',
+                  lambda: os.close(handle.fd),
+                  done=lambda _: promise(False),
+                  in_flight=lambda: promise(True))
+        if inode.path is not None:
+            self.recent = ([inode.path] + [p for p in self.recent
+                                           if p != inode.path])[:3]
+
+    def fsync_step(self, handle):
+        inode = handle.inode
+
+        def promise(in_flight):
+            if inode.path is not None:
+                self.model.promise(inode.path, inode.data, in_flight,
+                                   f'fsync of {handle.label} at op '
+                                   f'{self.op_index}')
+        self.step(f'fsync {handle.label} ({inode.path or "unlinked"})',
+                  lambda: os.fsync(handle.fd),
+                  done=lambda _: promise(False),
+                  in_flight=lambda: promise(True))
+
+    def rename_step(self, source, target):
+        """rename of a file or a directory; the model moves every path
+        under it."""
+        model = self.model
+        is_dir = source in model.dirs
+        if is_dir:
+            moves = [(p, target + p[len(source):]) for p in model.paths()
+                     if p.startswith(source + '/')]
+        else:
+            moves = [(source, target)]
+
+        def apply(in_flight):
+            for old, new in moves:
+                model.move(old, new, in_flight, f'op {self.op_index}')
+            if in_flight:
+                return
+            replaced = model.files.pop(target, None)
+            if replaced is not None:
+                replaced.path = None
+            moved = [(old, new, model.files.pop(old)) for old, new in moves
+                     if old in model.files]
+            for old, new, inode in moved:
+                inode.path = new
+                model.files[new] = inode
+            if is_dir:
+                model.dirs.discard(source)
+                model.dirs.add(target)
+            self.recent = [dict(moves).get(p, p) for p in self.recent]
+        self.step(f'rename {source} -> {target}',
+                  lambda: os.rename(self.absolute(source),
+                                    self.absolute(target)),
+                  done=lambda _: apply(False),
+                  in_flight=lambda: apply(True))
+
+    # -------------------------------------------------------- operations
+
+    def op_write_whole(self):
+        """create/O_TRUNC, write the whole file, close (or keep it open)."""
+        path = self.a_name()
+        size = self.sizes()
+        keep = len(self.handles) < MAX_FDS and self.rng.random() < 0.15
+        sync = self.rng.random() < 0.1
+        data = self.rng.randbytes(size)
+        self.note(f'op {self.op_index}: write {path} {size} B'
+                  + (', fsync' if sync else '')
+                  + (', kept open' if keep else ''))
+        handle = self.open_step(path, 'new')
+        self.write_step(handle, data)
+        if sync:
+            self.fsync_step(handle)
+        if not keep:
+            self.close_step(handle)
+        return path
+
+    def op_checkpoint(self):
+        """The checkpoint pattern: write a temporary, close, rename it over
+        the file (a pending one, just closed, if there is one)."""
+        target = self.a_file(prefer_recent=True)
+        if target is None:
+            return None
+        directory = target.rpartition('/')[0]
+        temporary = self.join(directory, self.rng.choice(TEMPS))
+        if temporary == target:
+            return None
+        size = self.sizes()
+        data = self.rng.randbytes(size)
+        self.note(f'op {self.op_index}: checkpoint {temporary} {size} B, '
+                  f'rename over {target}')
+        handle = self.open_step(temporary, 'new')
+        self.write_step(handle, data)
+        self.close_step(handle)
+        self.rename_step(temporary, target)
+        return target
+
+    def op_open(self):
+        if len(self.handles) >= MAX_FDS:
+            return None
+        open_paths = [h.inode.path for h in self.handles
+                      if h.inode.path is not None]
+        if open_paths and self.rng.random() < 0.4:
+            path = self.rng.choice(open_paths)   # a second descriptor
+        else:
+            path = self.a_file()
+        if path is None:
+            return None
+        kind = self.rng.choice(['rw', 'rw', 'append', 'trunc'])
+        self.note(f'op {self.op_index}: open {path} {kind} '
+                  f'as fd{self.handle_count + 1}')
+        self.open_step(path, kind)
+        self.snapshot(self.model.files[path], f'opened by op {self.op_index}')
+        return path
+
+    def a_handle(self, writable_at=False):
+        handles = [h for h in self.handles
+                   if not writable_at or h.kind != 'append']
+        return self.rng.choice(handles) if handles else None
+
+    def op_pwrite(self):
+        handle = self.a_handle(writable_at=True)
+        if handle is None:
+            return None
+        size = len(handle.inode.data)
+        if self.rng.random() < 0.7:
+            offset = self.rng.randrange(0, size + 1)
+        else:
+            offset = size + self.rng.randrange(1, 1 * MiB)
+        data = self.rng.randbytes(self.write_length())
+        self.note(f'op {self.op_index}: pwrite {handle.label} '
+                  f'({handle.inode.path or "unlinked"}) {len(data)} B at {offset}')
+        self.write_step(handle, data, offset)
+        return handle.inode.path
+
+    def op_append(self):
+        handle = self.a_handle()
+        if handle is None:
+            return None
+        data = self.rng.randbytes(self.write_length())
+        self.note(f'op {self.op_index}: write {handle.label} '
+                  f'({handle.inode.path or "unlinked"}) {len(data)} B '
+                  f'{"appended" if handle.kind == "append" else "at its position"}')
+        self.write_step(handle, data)
+        return handle.inode.path
+
+    def op_ftruncate(self):
+        handle = self.a_handle(writable_at=True)
+        if handle is None:
+            return None
+        inode = handle.inode
+        size = self.rng.randrange(0, len(inode.data) + 1 * MiB)
+        self.note(f'op {self.op_index}: ftruncate {handle.label} '
+                  f'({inode.path or "unlinked"}) to {size}')
+
+        def done(_):
+            del inode.data[size:]
+            inode.data.extend(bytes(size - len(inode.data)))
+            self.snapshot(inode, f'truncated by op {self.op_index}')
+        self.step(f'ftruncate {handle.label} {size}',
+                  lambda: os.ftruncate(handle.fd, size), done=done)
+        return inode.path
+
+    def op_truncate(self):
+        """truncate(2) by path: no close() follows, so it is a promise
+        too (the daemon uploads or journals it at once)."""
+        path = self.a_file()
+        if path is None:
+            return None
+        inode = self.model.files[path]
+        size = self.rng.randrange(0, len(inode.data) + 1 * MiB)
+        self.note(f'op {self.op_index}: truncate {path} to {size}')
+        after = bytearray(inode.data[:size])
+        after.extend(bytes(size - len(after)))
+
+        def apply(in_flight):
+            if not in_flight:
+                inode.data = after
+            self.model.promise(path, after, in_flight,
+                               f'truncate at op {self.op_index}')
+        self.step(f'truncate {path} {size}',
+                  lambda: os.truncate(self.absolute(path), size),
+                  done=lambda _: apply(False), in_flight=lambda: apply(True))
+        return path
+
+    def op_fsync(self):
+        handle = self.a_handle()
+        if handle is None:
+            return None
+        self.note(f'op {self.op_index}: fsync {handle.label} '
+                  f'({handle.inode.path or "unlinked"})')
+        self.fsync_step(handle)
+        return handle.inode.path
+
+    def op_close(self):
+        handle = self.a_handle()
+        if handle is None:
+            return None
+        self.note(f'op {self.op_index}: close {handle.label} '
+                  f'({handle.inode.path or "unlinked"})')
+        self.close_step(handle)
+        return handle.inode.path
+
+    def op_rename(self):
+        source = self.a_file()
+        if source is None:
+            return None
+        roll = self.rng.random()
+        if roll < 0.6:
+            target = self.a_file(prefer_recent=True)     # over a file
+        else:
+            target = self.a_name(temporary=roll > 0.85)   # a name
+        if target is None or target == source:
+            return None
+        if target in self.model.dirs:
+            return None
+        self.note(f'op {self.op_index}: rename {source} -> {target}'
+                  + (' (over a file)' if target in self.model.files else ''))
+        self.rename_step(source, target)
+        return target
+
+    def op_rename_dir(self):
+        existing = sorted(self.model.dirs)
+        free = [d for d in DIRS if d not in self.model.dirs]
+        if not existing or not free:
+            return None
+        source, target = self.rng.choice(existing), self.rng.choice(free)
+        self.note(f'op {self.op_index}: rename directory {source} -> '
+                  f'{target}')
+        self.rename_step(source, target)
+        return None
+
+    def op_unlink(self):
+        path = self.a_file(prefer_recent=self.rng.random() < 0.5)
+        if path is None:
+            return None
+        self.note(f'op {self.op_index}: unlink {path}')
+
+        def apply(in_flight):
+            self.model.drop(path, in_flight, f'op {self.op_index}')
+            if not in_flight:
+                self.model.files.pop(path).path = None
+        self.step(f'unlink {path}', lambda: os.unlink(self.absolute(path)),
+                  done=lambda _: apply(False), in_flight=lambda: apply(True))
+        return None
+
+    def op_mkdir(self):
+        free = [d for d in DIRS if d not in self.model.dirs]
+        if len(self.model.dirs) >= MAX_DIRS or not free:
+            return None
+        name = self.rng.choice(free)
+        self.note(f'op {self.op_index}: mkdir {name}')
+        self.step(f'mkdir {name}', lambda: os.mkdir(self.absolute(name)),
+                  done=lambda _: self.model.dirs.add(name))
+        return None
+
+    def op_rmdir(self):
+        empty = [d for d in sorted(self.model.dirs)
+                 if not any(p.startswith(d + '/') for p in self.model.files)]
+        if not empty:
+            return None
+        name = self.rng.choice(empty)
+        self.note(f'op {self.op_index}: rmdir {name}')
+        self.step(f'rmdir {name}', lambda: os.rmdir(self.absolute(name)),
+                  done=lambda _: self.model.dirs.discard(name))
+        return None
+
+    def op_pause(self):
+        seconds = self.rng.uniform(0.05, 0.4)
+        self.note(f'op {self.op_index}: pause {seconds * 1000:.0f} ms')
+        if self.killed:
+            raise Crashed()
+        time.sleep(seconds)
+        return None
+
+    OPS = [('write_whole', 24), ('checkpoint', 9), ('open', 9),
+           ('pwrite', 11), ('append', 6), ('ftruncate', 4), ('truncate', 3),
+           ('fsync', 4), ('close', 12), ('rename', 9), ('rename_dir', 2),
+           ('unlink', 5), ('mkdir', 3), ('rmdir', 2), ('pause', 4)]
+
+    def one_op(self):
+        names = [name for name, _ in self.OPS]
+        weights = [weight for _, weight in self.OPS]
+        for _ in range(20):
+            name = self.rng.choices(names, weights)[0]
+            mark = len(self.log)
+            touched = getattr(self, f'op_{name}')()
+            if len(self.log) > mark:     # it ran
+                return touched
+        return None
+
+    # ------------------------------------------------------------- reads
+
+    def read_check(self, path):
+        """Reads PATH through the mount, whole or a random range, and
+        compares with the model's current bytes."""
+        inode = self.model.files.get(path)
+        if inode is None:
+            return
+        expected = bytes(inode.data)
+        ranged = expected and self.rng.random() < 0.35
+        if ranged:
+            offset = self.rng.randrange(0, len(expected))
+            length = self.rng.randrange(1, 2 * MiB)
+            expected = expected[offset:offset + length]
+        if self.killed:
+            raise Crashed()
+
+        def read():
+            fd = os.open(self.absolute(path), os.O_RDONLY)
+            try:
+                if ranged:
+                    return os.pread(fd, length, offset)
+                parts = []
+                while True:
+                    part = os.read(fd, 4 * MiB)
+                    if not part:
+                        return b''.join(parts)
+                    parts.append(part)
+            finally:
+                os.close(fd)
+        what = (f'read {path}' + (f' [{offset}:+{length}]' if ranged else ''))
+        self.watchdog.arm(what)
+        error = None
+        try:
+            found = read()
+        except OSError as err:
+            error = err
+        finally:
+            self.watchdog.disarm()
+        with self.kill_lock:
+            if self.killed:
+                raise Crashed()
+        self.reads += 1
+        if error is not None:
+            self.fail('errno', f'after op {self.op_index}: {what}: '
+                               f'{error.strerror} (errno {error.errno})')
+            return
+        if found != expected:
+            self.fail('read', f'after op {self.op_index}: {what}: found '
+                              f'{describe(found)} ({self.model.explain(path, found) if not ranged else "a range"}), '
+                              f'expected {describe(expected)}; '
+                              f'{first_difference(found, expected)}')
+
+    # --------------------------------------------------------- a workload
+
+    def workload(self, ops, kill_op, kill_ms):
+        """Runs OPS operations; the kill timer starts when op KILL_OP
+        begins (None: no kill). Returns once the daemon is dead or, with
+        no kill, when the operations are done."""
+        timer = None
+        try:
+            for _ in range(ops):
+                if self.killed:
+                    break
+                self.op_index += 1
+                if self.op_index == kill_op:
+                    self.note(f'-- kill timer: op {kill_op} + '
+                              f'{kill_ms:.1f} ms')
+                    timer = threading.Timer(kill_ms / 1000, self.kill_now,
+                                            (f'op {kill_op} + {kill_ms:.1f} ms',))
+                    timer.start()
+                touched = self.one_op()
+                self.ops_done += 1
+                other = self.a_file()
+                for path in [touched] + ([other] if other != touched else []):
+                    if path is not None and self.rng.random() < 0.6:
+                        self.read_check(path)
+            if timer is not None:
+                timer.join()
+        except Crashed:
+            pass
+        finally:
+            if timer is not None:
+                timer.cancel()
+
+    # ------------------------------------------------------------- checks
+
+    def walk_mount(self, when):
+        """{path: bytes} of every file under the mount, the set of
+        directories (read with fresh descriptors), and the paths that
+        could not be read (each a failure)."""
+        files, dirs, unread = {}, set(), set()
+
+        def refused(err):
+            self.fail('errno', f'listing the mount {when}: {err}')
+        for root, subdirs, names in os.walk(self.mnt, onerror=refused):
+            relative = os.path.relpath(root, self.mnt)
+            prefix = '' if relative == '.' else relative + '/'
+            dirs.update(prefix + d for d in subdirs)
+            for name in names:
+                try:
+                    with open(os.path.join(root, name), 'rb') as file:
+                        files[prefix + name] = file.read()
+                except OSError as err:
+                    unread.add(prefix + name)
+                    self.fail('errno', f'reading back {prefix + name} '
+                                       f'{when} (it is listed): {err}')
+        return files, dirs, unread
+
+    def check_mount(self, when):
+        """Every file through the mount is an acceptable state (and then
+        the only one); nothing absent in the model shows."""
+        self.watchdog.arm(f'reading back every file {when}')
+        try:
+            files, dirs, unread = self.walk_mount(when)
+        finally:
+            self.watchdog.disarm()
+        if self.killed:
+            return False
+        self.checks += 1
+        for path in sorted(set(self.model.paths()) | set(files)):
+            if path in unread:
+                continue
+            found = files.get(path)
+            candidates = self.model.promised_of(path)
+            self.reads += found is not None
+            if found not in candidates:
+                self.fail(f'mount-{self.model.classify(path, found)}',
+                          f'{when}: {path} reads as {describe(found)} '
+                          f'({self.model.explain(path, found)}); '
+                          f'acceptable: '
+                          + self.model.expected(path, found, ', '))
+                self.model.promised[path] = candidates | {found}
+                self.model.current(path, found)
+            else:
+                self.model.current(path, found)
+                self.model.shown[path] = found
+                self.model.remember(path, found, f'promised: shown by the '
+                                    f'mount {when}')
+        self.model.dirs = {d for d in dirs if '/' not in d}
+        return True
+
+    def check_bucket(self):
+        """The bucket against the model: each key its last promised bytes
+        (or a state an op in flight allowed); nothing absent in the model
+        there. Directory markers are not checked."""
+        s3 = self.env.s3
+        found = {}
+        for page in s3.get_paginator('list_objects_v2').paginate(
+                Bucket=self.bucket):
+            for item in page.get('Contents', []):
+                if not item['Key'].endswith('/'):
+                    found[item['Key']] = None
+        for key in found:
+            found[key] = s3.get_object(Bucket=self.bucket,
+                                       Key=key)['Body'].read()
+        self.checks += 1
+        model = self.model
+        for path in sorted(set(model.paths()) | set(found)):
+            data = found.get(path)
+            candidates = model.promised_of(path)
+            shown = model.shown.get(path, data)
+            if data not in candidates:
+                self.fail(f'bucket-{model.classify(path, data)}',
+                          f'bucket key {path}: {describe(data)} '
+                          f'({model.explain(path, data)}); expected '
+                          + model.expected(path, data, ' or '))
+            elif shown != data:
+                self.fail('stale-after-crash',
+                          f'bucket key {path}: {describe(data)} '
+                          f'({model.explain(path, data)}), but the mount '
+                          f'after the crash showed {describe(shown)} '
+                          f'({model.explain(path, shown)}) and nothing '
+                          f'changed it since')
+
+    # ----------------------------------------------------- crash points
+
+    def crash(self):
+        """After the kill: the dead mount cleared, the cache as a power
+        cut leaves it when --power-loss."""
+        daemon = self.daemon
+        daemon.process.wait()
+        self.drop_handles()
+        daemon.kill()
+        self.check_daemon_log(daemon)
+        self.crash_points += 1
+        if self.disk is not None:
+            self.power_cut()
+
+    def remount(self):
+        """The next mount on the same cache; sometimes killed shortly
+        after it starts (during its recovery), then mounted again."""
+        tag = f'{self.crash_points}'
+        if self.rng.random() < self.options.recovery_kill:
+            delay = self.rng.uniform(0, 800)
+            self.note(f'-- remount, killed {delay:.0f} ms after it starts')
+            self.daemon = self.new_daemon(f'{tag}-recovery')
+            with self.kill_lock:
+                self.killed = False
+            self.daemon.spawn()
+            time.sleep(delay / 1000)
+            self.kill_now(f'recovery + {delay:.0f} ms')
+            code = self.daemon.process.wait()
+            if code != -signal.SIGKILL:
+                self.fail('mount', f'the remounted daemon exited with '
+                                   f'{code} by itself:\n'
+                                   f'{self.daemon.log_tail(2000)}')
+            self.crash()
+        self.note('-- remount')
+        self.mount(tag)
+
+    def write_canary(self):
+        """Power loss: bytes written (not fsynced) to the cache's disk
+        just before the cut; the copy must not hold them, or something
+        flushed the page cache and the point proved less."""
+        self.canary = self.disk.mountpoint / 'canary'
+        with open(self.canary, 'wb') as file:
+            file.write(b'c' * 65536)
+
+    def power_cut(self):
+        disk = self.disk
+        copy = disk.image.with_suffix('.cut')
+        disk.copy(copy)
+        disk.detach()
+        os.replace(copy, disk.image)
+        disk.attach()
+        canary = disk.mountpoint / 'canary'
+        if canary.exists():
+            if b'c' in canary.read_bytes():
+                self.env.leaks += 1
+                self.note('-- power cut: the canary reached the disk '
+                          '(something flushed the page cache)')
+            canary.unlink()
+        state = tmount.new_boot(self.cache)
+        self.note(f'-- power cut: disk copied, state was {state!r}')
+
+    # --------------------------------------------------------------- run
+
+    def seed_bucket(self):
+        """A few objects put with boto3 before the first mount."""
+        for _ in range(self.rng.randrange(0, 4)):
+            path = self.join(self.rng.choice(['', '', 'd1']),
+                             self.rng.choice(NAMES))
+            data = self.rng.randbytes(self.rng.choice(
+                [0, 1000, 200 * KiB, 1 * MiB + 77]))
+            self.env.s3.put_object(Bucket=self.bucket, Key=path, Body=data)
+            self.model.settle(path, data)
+            self.model.remember(path, data,
+                                'promised: put by boto3 before the mount')
+            if '/' in path:
+                # with its marker, as s3fs or a mkdir would leave it (a
+                # directory that is only a prefix vanishes with its last
+                # key, which is not what this test is about)
+                directory = path.split('/')[0]
+                self.env.s3.put_object(Bucket=self.bucket,
+                                       Key=directory + '/', Body=b'')
+                self.model.dirs.add(directory)
+            self.note(f'bucket: {path} {describe(data)}')
+
+    def run(self):
+        options = self.options
+        self.dir.mkdir(parents=True)
+        with self.env.timed('setup'):
+            self.env.server.create_bucket(self.bucket)
+        self.watchdog = Watchdog(self.on_hang)
+        self.note(f'round seed {self.seed}, mode {self.mode}, bucket '
+                  f'{self.bucket}')
+        try:
+            with contextlib.ExitStack() as stack:
+                if options.power_loss:
+                    self.disk = tmount.LoopDisk(self.env.disk_dir / 'disk.img',
+                                                self.dir / 'disk').create()
+                    stack.callback(self.disk.detach)
+                    self.cache = self.disk.mountpoint / 'cache'
+                with self.env.timed('setup'):
+                    self.seed_bucket()
+                with self.env.timed('mount'):
+                    self.mount('0')
+                stack.callback(self.cleanup)
+                if self.disk is not None:
+                    self.disk.sync()     # the cache existed long before
+                self.run_phases()
+        except TortureError as err:
+            self.fail('mount', str(err))
+        finally:
+            self.watchdog.stop()
+            self.drop_handles()
+
+    def run_phases(self):
+        options = self.options
+        phases = 1
+        while phases < 3 and self.rng.random() < options.second_phase:
+            phases += 1
+        for phase in range(phases):
+            last = phase == phases - 1
+            clean = last and self.rng.random() < options.clean_ending
+            ops = options.ops_per_round
+            with self.env.timed('workload'):
+                if clean:
+                    self.workload(ops, None, 0)
+                else:
+                    self.workload(ops, self.rng.randrange(1, ops + 1) +
+                                  self.op_index, self.delay_ms())
+            if clean:
+                self.note('-- closing every descriptor, clean unmount')
+                try:
+                    for handle in list(self.handles):
+                        self.close_step(handle)
+                except Crashed:
+                    pass
+            elif not self.killed:
+                self.kill_now('end of the workload')
+            if not self.killed and not self.daemon.alive():
+                self.fail('daemon-died', f'the daemon exited with '
+                          f'{self.daemon.process.returncode} by itself:\n'
+                          f'{self.daemon.log_tail(2000)}')
+                self.killed = True
+            if self.killed:
+                with self.env.timed('crash and remount'):
+                    self.crash()
+                    self.remount()
+                with self.env.timed('reading back'):
+                    checked = self.check_mount(f'after the remount at op '
+                                               f'{self.op_index}')
+                if not checked:
+                    raise TortureError('reading back hung; the daemon was killed')
+        self.note('-- s3cachefs --unmount')
+        self.unmount_and_check()
+
+    def unmount_and_check(self):
+        daemon, self.daemon = self.daemon, None
+        self.drop_handles()
+        with self.env.timed('unmount'):
+            code, seconds, said = daemon.unmount()
+        self.check_daemon_log(daemon)
+        if code != 0:
+            self.fail('unmount', f's3cachefs --unmount: exit {code} after '
+                                 f'{seconds:.1f}s ({said}); daemon log:\n'
+                                 f'{daemon.log_tail(2000)}')
+        with self.env.timed('bucket check'):
+            self.check_bucket()
+
+    def cleanup(self):
+        if self.daemon is not None:
+            self.daemon.kill()
+            self.daemon = None
+        tmount.lazy_unmount(self.mnt)
+
+
+# ----------------------------------------------------------- the whole run
+
+class Env:
+    """What rounds share: the server, the proxy, a boto3 client."""
+
+    def __init__(self, server, binary, workdir, latency):
+        self.server = server
+        self.binary = str(binary)
+        self.workdir = Path(workdir)
+        self.home = self.workdir / 'home'
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.s3 = server.client()
+        self.proxy = None
+        self.endpoint = server.endpoint
+        if latency > 0:
+            self.proxy = s3proxy.S3Proxy(server.endpoint, latency=latency)
+            self.proxy.start()
+            self.endpoint = self.proxy.endpoint
+        self.disk_dir = None
+        self.leaks = 0
+        self.seconds = collections.Counter()   # where the time goes
+
+    @contextlib.contextmanager
+    def timed(self, what):
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            self.seconds[what] += time.monotonic() - started
+
+    def close(self):
+        if self.proxy is not None:
+            self.proxy.stop()
+
+
+class Summary:
+    def __init__(self):
+        self.rounds = 0
+        self.crash_points = 0
+        self.checks = 0
+        self.ops = 0
+        self.reads = 0
+        self.failed_rounds = []          # (seed, mode, failures, replay)
+        self.classes = collections.Counter()
+        self.started = time.monotonic()
+        self.leaks = 0
+
+    @property
+    def failures(self):
+        return sum(len(f) for _, _, f, _ in self.failed_rounds)
+
+    def add(self, done):
+        self.rounds += 1
+        self.crash_points += done.crash_points
+        self.checks += done.checks
+        self.ops += done.ops_done
+        self.reads += done.reads
+        if done.failures:
+            self.failed_rounds.append((done.seed, done.mode, done.failures,
+                                       done.replay_line()))
+            for kind in {kind for kind, _ in done.failures}:
+                self.classes[kind] += 1
+
+    def line(self):
+        seconds = time.monotonic() - self.started
+        rate = self.crash_points / seconds * 60 if seconds else 0
+        classes = ', '.join(f'{kind} in {count} rounds'
+                            for kind, count in sorted(self.classes.items()))
+        text = (f'torture: {self.rounds} rounds, {self.crash_points} crash '
+                f'points, {self.ops} operations, {self.reads} reads checked, '
+                f'{self.failures} failures in {len(self.failed_rounds)} '
+                f'rounds ({classes or "none"}); {seconds:.0f} s, '
+                f'{rate:.1f} crash points/min')
+        if self.leaks:
+            text += f'; page cache flushed before {self.leaks} power cuts'
+        return text
+
+    def seeds(self):
+        return ' '.join(f'{seed}/{mode}'
+                        for seed, mode, _, _ in self.failed_rounds)
+
+
+def report(done, out):
+    print(f'\n=== FAILED round seed {done.seed} mode {done.mode} server '
+          f'{done.env.server.name}', file=out)
+    for kind, text in done.failures:
+        print(f'  {kind}: {text}', file=out)
+    print(f'  replay: {done.replay_line()}', file=out)
+    print('  op log:', file=out)
+    for line in done.log:
+        print(f'    {line}', file=out)
+    out.flush()
+
+
+def run(server, options, out=sys.stdout):
+    """Runs the rounds against SERVER (started); returns the Summary."""
+    summary = Summary()
+    workdir = Path(options.workdir or tempfile.mkdtemp(
+        prefix='s3cachefs-torture.'))
+    env = Env(server, options.binary, workdir, options.latency)
+    modes = (['default', 'writeback'] if options.mode == 'both'
+             else [options.mode])
+    deadline = summary.started + options.budget if options.budget else None
+    cleaner = concurrent.futures.ThreadPoolExecutor(1)
+    try:
+        with contextlib.ExitStack() as stack:
+            stack.callback(cleaner.shutdown)
+            if options.power_loss:
+                env.disk_dir = stack.enter_context(tmount.tmpfs(
+                    workdir / 'disks', '1g'))
+                stack.enter_context(tmount.writeback_off())
+                tmount.check_power_cut(env.disk_dir)
+            for number in range(options.rounds):
+                if deadline and time.monotonic() > deadline:
+                    break
+                if (options.crash_points
+                        and summary.crash_points >= options.crash_points):
+                    break
+                seed = options.seed + number
+                mode = modes[number % len(modes)]
+                done = Round(env, seed, mode, options)
+                with env.timed('round'):
+                    done.run()
+                summary.add(done)
+                if done.failures:
+                    report(done, out)
+                elif options.verbose:
+                    print(f'round {seed} {mode}: ok, {done.crash_points} '
+                          f'crash points', file=out, flush=True)
+                if not options.keep:
+                    # while the next round runs (Swift takes ~9 ms a key)
+                    cleaner.submit(server.delete_bucket_recursive,
+                                   done.bucket)
+                    if not tmount.is_mounted(done.mnt):
+                        shutil.rmtree(done.dir, ignore_errors=True)
+    finally:
+        summary.leaks = env.leaks
+        env.close()
+        if not options.keep and not any(
+                line.split()[1].startswith(str(workdir) + '/')
+                for line in open('/proc/mounts')):
+            shutil.rmtree(workdir, ignore_errors=True)
+        elif options.keep:
+            print(f'work directory kept: {workdir}', file=out)
+    print(summary.line(), file=out)
+    print('time: ' + ', '.join(f'{what} {seconds:.0f} s' for what, seconds
+                               in env.seconds.most_common()), file=out)
+    if summary.failed_rounds:
+        print(f'failing seeds: {summary.seeds()}', file=out)
+    out.flush()
+    return summary
+
+
+def parse(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('--server', choices=sorted(servers.SERVER_KINDS),
+                        default='s3rver')
+    parser.add_argument('--mode', choices=['default', 'writeback', 'both'],
+                        default='both')
+    parser.add_argument('--seed', type=int,
+                        default=int.from_bytes(os.urandom(3), 'big'))
+    parser.add_argument('--rounds', type=int, default=10)
+    parser.add_argument('--ops-per-round', type=int, default=12)
+    parser.add_argument('--crash-points', type=int, default=0,
+                        help='stop once this many crash points are done')
+    parser.add_argument('--binary', default=os.environ.get(
+        'S3CACHEFS_BIN', str(DEFAULT_BINARY)))
+    parser.add_argument('--budget', type=float, default=0,
+                        help='seconds; no round starts after that')
+    parser.add_argument('--latency', type=float, default=0.04,
+                        help='seconds the proxy adds per request (0: none)')
+    parser.add_argument('--power-loss', action='store_true',
+                        help='power cuts (loop device) instead of kill -9')
+    parser.add_argument('--no-big', dest='big', action='store_false',
+                        help='no multipart (17 MiB) files')
+    parser.add_argument('--recovery-kill', type=float, default=0.3,
+                        help='chance that a remount is killed as it starts')
+    parser.add_argument('--second-phase', type=float, default=0.55,
+                        help='chance of another workload after a recovery '
+                        '(at most 3 in a round)')
+    parser.add_argument('--clean-ending', type=float, default=0.15,
+                        help='chance that a round ends with a clean unmount')
+    parser.add_argument('--keep', action='store_true',
+                        help='leave the work directory and buckets')
+    parser.add_argument('--workdir', help='work directory (default: a new '
+                        'one under $TMPDIR)')
+    parser.add_argument('--verbose', '-v', action='store_true')
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    options = parse(argv)
+    if os.geteuid() != 0:
+        print('torture.py mounts FUSE file systems: run it as root',
+              file=sys.stderr)
+        return 2
+    if not Path(options.binary).exists():
+        print(f'no s3cachefs at {options.binary} (--binary)', file=sys.stderr)
+        return 2
+    server_dir = Path(tempfile.mkdtemp(prefix='s3cachefs-torture-server.'))
+    server = servers.SERVER_KINDS[options.server](server_dir)
+    print(f'torture.py: server {options.server}, mode {options.mode}, seed '
+          f'{options.seed}, {options.rounds} rounds of '
+          f'{options.ops_per_round} ops, latency {options.latency:g}s'
+          + (', power loss' if options.power_loss else ''), flush=True)
+    server.start()
+    try:
+        summary = run(server, options)
+    finally:
+        server.stop()
+        if not options.keep:
+            shutil.rmtree(server_dir, ignore_errors=True)
+    return 1 if summary.failed_rounds else 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
