@@ -169,6 +169,11 @@ int cache_flush(struct cache *cache);
 
 /* ------------------------------------------------ the write path's needs */
 
+/* Whether the last mount on this cache directory ended without closing it
+ * (kill -9, a crash): what it stored of the bucket's state (listings) may
+ * have been overtaken by changes it made and did not record. */
+bool cache_left_open(const struct cache *cache);
+
 /* The cache directory, as opened (staging files and the journal live in
  * it: CACHE/staging, CACHE/journal; the cache never removes them, not
  * even when it rebuilds its index). Valid until cache_close(). */

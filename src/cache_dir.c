@@ -99,6 +99,11 @@ static void remove_index(const struct cache *cache)
     }
 }
 
+bool cache_left_open(const struct cache *cache)
+{
+    return cache->left_open;
+}
+
 const char *cache_dir_path(const struct cache *cache)
 {
     return cache->dir;
@@ -239,30 +244,32 @@ out:
     return err;
 }
 
-/* Whether the index may be damaged: left open (not closed cleanly) by a
- * boot that is not this one, i.e. the machine crashed while it was open. */
-static bool index_may_be_damaged(const struct cache *cache, const char *boot_id)
+/* What the state file says of the last mount: *LEFT_OPEN when it did not
+ * close the cache (a crash of the process or of the machine), *OTHER_BOOT
+ * when that was during another boot (the machine stopped: the index, written
+ * without fsync, may be damaged). */
+static void read_state(const struct cache *cache, const char *boot_id,
+                       bool *left_open, bool *other_boot)
 {
     char *path = NULL;
     char line[128] = "";
-    bool damaged = false;
 
+    *left_open = *other_boot = false;
     if (asprintf(&path, "%s/state", cache->dir) < 0)
-        return false;
+        return;
     FILE *fp = fopen(path, "r");
     if (fp != NULL) {
         if (fgets(line, sizeof(line), fp) != NULL) {
             char *space = strchr(line, ' ');
             if (space != NULL) {
                 *space = '\0';
-                damaged = strncmp(space + 1, "open", 4) == 0 &&
-                          strcmp(line, boot_id) != 0;
+                *left_open = strncmp(space + 1, "open", 4) == 0;
+                *other_boot = *left_open && strcmp(line, boot_id) != 0;
             }
         }
         fclose(fp);
     }
     free(path);
-    return damaged;
 }
 
 /* ------------------------------------------------------------- opening */
@@ -454,7 +461,9 @@ int cache_open(const struct cache_conf *conf, int lock_fd, struct cache **out,
         goto out;
     }
     read_boot_id(boot_id, sizeof(boot_id));
-    if (index_may_be_damaged(cache, boot_id)) {
+    bool other_boot = false;
+    read_state(cache, boot_id, &cache->left_open, &other_boot);
+    if (other_boot) {
         log_warn("cache: %s was in use when the machine stopped; its index "
                  "may be damaged, starting it empty", cache->dir);
         remove_index(cache);

@@ -129,6 +129,7 @@ struct bounce {
 
 struct cache {
     char *dir;
+    bool left_open;           /* the last mount did not close it (crash) */
     char *bucket;
     char *data_dir;
     uint64_t size_limit;

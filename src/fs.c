@@ -1550,12 +1550,17 @@ int fs_create(const struct fs_conf *conf, struct s3_client *s3, struct fs **out)
     fs->conf.root_key = fs->root_key;
     fs_dir_attrs(fs, &root);
     if (conf->cache != NULL) {
-        /* listings stored by earlier mounts that no lookup may use now */
+        /* listings stored by earlier mounts that no lookup may use now;
+         * all of them after a crash: the changes the crashed mount made
+         * last (and the uploads recovery is about to make) may not be in
+         * them, and a listing is trusted for dir_ttl without a request */
+        bool crashed = cache_left_open(conf->cache);
         uint64_t pruned = 0;
-        if (metacache_prune_listings(conf->cache, conf->dir_ttl, &pruned) == 0 &&
-            pruned > 0)
-            log_debug("dropped %llu stored listings older than dir_ttl",
-                      (unsigned long long)pruned);
+        if (metacache_prune_listings(conf->cache, crashed ? 0 : conf->dir_ttl,
+                                     &pruned) == 0 && pruned > 0)
+            log_debug("dropped %llu stored listings %s", (unsigned long long)pruned,
+                      crashed ? "(the last mount did not end cleanly)"
+                              : "older than dir_ttl");
     }
     err = inode_table_create(fs->root_key, &root, &fs->inodes);
     if (err == 0)
