@@ -291,6 +291,7 @@ void fs_uploaded(void *arg, struct writer_file *file, void *owner, const char *k
         current = mine && strcmp(inode->key, key) == 0;
         if (current) {
             inode->attrs = attrs;
+            inode->replaced_object = inode->object_unknown = false;
             /* the kernel's pages are what was uploaded */
             snprintf(inode->opened_etag, sizeof(inode->opened_etag), "%s", etag);
         } else if (mine) {
@@ -322,8 +323,10 @@ void fs_recovered(void *arg, struct writer_file *file, const char *key,
     inode_table_lock(fs->inodes);
     struct inode *inode = inode_obtain_locked(fs->inodes, key);
     if (inode != NULL) {
-        if (inode->wfile == NULL)
+        if (inode->wfile == NULL) {
             inode->attrs = attrs;
+            inode->object_unknown = true; /* an older version, perhaps */
+        }
         writer_file_set_owner(file, owner_of(inode->ino));
         attach_locked(fs, inode, &file, NULL);
     }
@@ -465,6 +468,10 @@ int fs_create_file(struct fs *fs, fuse_ino_t parent, const char *name,
     }
     inode_table_lock(fs->inodes);
     struct inode *existing = inode_find_locked(fs->inodes, key);
+    /* (an object already under the key stays known: a rename or unlink
+     * before this file's upload must not leave it behind) */
+    if (existing != NULL && existing->wfile == NULL)
+        snprintf(attrs.etag, sizeof(attrs.etag), "%s", existing->attrs.etag);
     inode = inode_ref_locked(fs->inodes, key,
                              existing != NULL && existing->wfile != NULL ? NULL : &attrs);
     if (inode != NULL)
@@ -666,7 +673,7 @@ int fs_unlink(struct fs *fs, fuse_ino_t parent, const char *name)
         goto out;
     inode_table_lock(fs->inodes);
     bool is_dir = inode->attrs.kind == INODE_DIR && inode->wfile == NULL;
-    bool in_bucket = inode->attrs.etag[0] != '\0';
+    bool in_bucket = inode->attrs.etag[0] != '\0' || inode->object_unknown;
     bool open = inode->open_handles > 0;
     if (inode->wfile != NULL)
         wfile = fs_staged_get_locked(inode);
@@ -1198,13 +1205,16 @@ static int rename_dir(struct fs *fs, const char *src_prefix, const char *dst_pre
 }
 
 /* Rename the file INODE from SRC_KEY to DST_KEY in the bucket, replacing
- * the staged file REPLACED (may be NULL). A staged file is held
+ * the staged file REPLACED (may be NULL); DST_OBJECT says whether an object
+ * may be under DST_KEY. *STATE_OUT says what the file's data was (see
+ * writer_file_rename). A staged file is held
  * (writer_file_rename) and handed to the caller in *HELD (a reference for
  * fs_staged_put), to release once the inode has its new key: no upload of
  * it may land under the new name before the old object is moved there. */
 static int rename_file(struct fs *fs, struct inode *inode, const char *src_key,
                        const char *dst_key, struct writer_file *replaced,
-                       struct writer_file **held)
+                       bool dst_object, struct writer_file **held,
+                       enum writer_renamed *state_out)
 {
     struct writer_file *wfile = NULL;
     struct inode_attrs attrs, object;
@@ -1212,6 +1222,7 @@ static int rename_file(struct fs *fs, struct inode *inode, const char *src_key,
     int err = 0;
 
     *held = NULL;
+    *state_out = WRITER_RENAMED_UPLOADED;
     inode_table_lock(fs->inodes);
     if (inode->wfile != NULL)
         wfile = fs_staged_get_locked(inode);
@@ -1224,6 +1235,11 @@ static int rename_file(struct fs *fs, struct inode *inode, const char *src_key,
     inode_table_lock(fs->inodes);
     attrs = inode->attrs;
     object = inode->attrs; /* the object at the old key, if any */
+    /* whether that object is this file's last saved version: not when it
+     * is one this file replaced, or when nobody knows (recovery) */
+    bool own_object = object.etag[0] != '\0' && !inode->replaced_object &&
+                      !inode->object_unknown;
+    bool some_object = object.etag[0] != '\0' || inode->object_unknown;
     if (inode->wfile != NULL)
         fs_staged_attrs_locked(fs, inode, &attrs); /* what was uploaded */
     inode_table_unlock(fs->inodes);
@@ -1232,7 +1248,7 @@ static int rename_file(struct fs *fs, struct inode *inode, const char *src_key,
         if (writer_file_etag(wfile, etag))
             snprintf(attrs.etag, sizeof(attrs.etag), "%s", etag);
     }
-    if (err == 0 && state == WRITER_RENAMED_UNSAVED && object.etag[0] != '\0') {
+    if (err == 0 && state == WRITER_RENAMED_UNSAVED && own_object) {
         /* not uploaded yet, and its new bytes saved nowhere else (open,
          * written): the object at the old key is its only saved version,
          * so it moves first, and a crash before the file's upload leaves
@@ -1248,10 +1264,21 @@ static int rename_file(struct fs *fs, struct inode *inode, const char *src_key,
         if (err == 0 || err == ENOENT)
             err = s3_delete_object(fs->s3, src_key);
     } else if (err == 0 && state != WRITER_RENAMED_UPLOADED) {
-        /* not uploaded yet (journaled): only where it goes changes; an
-         * older version under the old name goes away as rename says */
-        if (object.etag[0] != '\0')
+        /* not uploaded yet: only where it goes changes; an older version
+         * (or a replaced file's object) under the old name goes away as
+         * rename says */
+        if (some_object)
             err = s3_delete_object(fs->s3, src_key);
+        /* saved nowhere (never closed, no older version): the object the
+         * rename replaces is not kept until this file's upload, for a
+         * crash before it would bring the replaced file back */
+        if (err == 0 && state == WRITER_RENAMED_UNSAVED && dst_object)
+            err = s3_delete_object(fs->s3, dst_key);
+        if (err == 0 && state == WRITER_RENAMED_UNSAVED) {
+            inode_table_lock(fs->inodes);
+            inode->attrs.etag[0] = '\0'; /* nothing under the new key */
+            inode_table_unlock(fs->inodes);
+        }
     } else if (err == 0) {
         char etag[S3_ETAG_MAX] = "";
         err = copy_object(fs, src_key, attrs.etag, attrs.size, dst_key, NULL,
@@ -1270,6 +1297,8 @@ static int rename_file(struct fs *fs, struct inode *inode, const char *src_key,
     }
     if (err != 0 && wfile != NULL)
         writer_file_rename_back(wfile, src_key); /* back where it was */
+    if (err == 0)
+        *state_out = state;
     return err;
 }
 
@@ -1321,11 +1350,26 @@ int fs_rename(struct fs *fs, fuse_ino_t parent, const char *name,
      * entry goes once the rename is done (or with the move of the source's
      * entry, in the same journal transaction): a crash before leaves the
      * version it promised */
-    if (dst != NULL) {
+    char dst_etag[S3_ETAG_MAX] = "";  /* the object under the target's key */
+    bool dst_unknown = false;
+    if (dst != NULL && !dst_dir) {
         inode_table_lock(fs->inodes);
+        snprintf(dst_etag, sizeof(dst_etag), "%s", dst->attrs.etag);
+        dst_unknown = dst->object_unknown;
+        bool open = dst->open_handles > 0 && dst->attrs.kind == INODE_FILE;
         if (dst->wfile != NULL)
             dst_wfile = fs_staged_get_locked(dst);
         inode_table_unlock(fs->inodes);
+        /* descriptors still open on the target read and write on after the
+         * rename, as after an unlink: its data is kept staged, and whole,
+         * before its object is replaced (an edit would fetch its missing
+         * bytes from the object the rename puts there) */
+        if (dst_wfile == NULL && open)
+            err = fs_stage_file(fs, dst, false, &dst_wfile);
+        if (err == 0 && dst_wfile != NULL && open)
+            err = writer_file_complete(dst_wfile);
+        if (err != 0)
+            goto out;
         if (dst_wfile != NULL)
             writer_file_unlink(dst_wfile, false);
     }
@@ -1334,10 +1378,12 @@ int fs_rename(struct fs *fs, fuse_ino_t parent, const char *name,
      * that the moved one takes its place */
     if (dst_dir)
         err = s3_delete_object(fs->s3, dst_key);
+    enum writer_renamed state = WRITER_RENAMED_UPLOADED;
     if (err == 0)
         err = src_dir ? rename_dir(fs, src_key, dst_file_key)
                       : rename_file(fs, src, src_key, dst_file_key, dst_wfile,
-                                    &held);
+                                    dst_etag[0] != '\0' || dst_unknown, &held,
+                                    &state);
     if (err != 0) {
         if (dst_wfile != NULL)
             writer_file_relink(dst_wfile); /* the target stays */
@@ -1352,6 +1398,16 @@ int fs_rename(struct fs *fs, fuse_ino_t parent, const char *name,
         inode_unlink_locked(fs->inodes, dst);
     if (!src_dir)
         err = inode_rekey_locked(fs->inodes, src, dst_file_key);
+    if (!src_dir && state == WRITER_RENAMED_JOURNALED) {
+        /* the replaced file's object stays under the key until this one's
+         * upload replaces it; it goes if this one leaves first */
+        snprintf(src->attrs.etag, sizeof(src->attrs.etag), "%s", dst_etag);
+        src->replaced_object = dst_etag[0] != '\0';
+        src->object_unknown = dst_unknown;
+    } else if (!src_dir && state == WRITER_RENAMED_UNSAVED) {
+        /* its own saved version moved here, or nothing is here */
+        src->replaced_object = src->object_unknown = false;
+    }
     attrs = src->attrs;
     if (src->wfile != NULL)
         fs_staged_attrs_locked(fs, src, &attrs);

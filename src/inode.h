@@ -89,6 +89,14 @@ struct inode {
     unsigned wfile_users;       /* (L) references to wfile the fs layer
                                    took (handles, operations under way):
                                    it stays attached while there are any */
+    bool replaced_object;       /* (L) attrs.etag names the object of a
+                                   file this staged one replaced (a rename
+                                   over it before this one's upload): if
+                                   this one leaves the key first, that
+                                   object goes, it does not move */
+    bool object_unknown;        /* (L) staged at recovery: whether an
+                                   object is under its key is not known
+                                   (a rename or unlink deletes it anyway) */
     unsigned write_handles;     /* (L) handles open for writing */
     unsigned open_handles;      /* (L) handles open at all */
     bool unlinked;              /* (L) removed: no longer found by key */

@@ -334,3 +334,78 @@ def test_unmount_keeps_what_the_journal_refused(server, s3, bucket, proxy,
         proxy.clear_faults()
         if journal_dir.is_mount():
             subprocess.run(['umount', '-l', str(journal_dir)])
+
+
+# ------------------------------------------------------ renamed over
+
+@pytest.mark.parametrize('then', ['unlink', 'rename_away', 'unsaved'])
+def test_a_replaced_object_does_not_come_back(server, s3, bucket, proxy,
+                                              mount, tmp_path, then):
+    """-o writeback, b in the bucket. A file renamed over b before its own
+    upload leaves b's object under the key until that upload replaces it.
+    Unlinked, or renamed away, before its upload: b's old object goes too
+    (before: it stayed in the bucket for good, and b came back). A file
+    never closed (saved nowhere) renamed over b, then kill -9: b's name
+    holds nothing (before: b's old bytes)."""
+    old = payload('old-b', 40 * KiB)
+    s3.put_object(Bucket=bucket, Key='b', Body=old)
+    cache = tmp_path / 'cache'
+    mnt = mount(bucket, options=['writeback'], endpoint=proxy.endpoint,
+                cache=cache)
+    assert (mnt.path / 'b').read_bytes() == old
+    new = payload('new', 20 * KiB)
+    proxy.inject('hold', HOLD_ALL, 'PUT')
+    fd = -1
+    try:
+        if then == 'unsaved':
+            fd = os.open(mnt.path / 'tmp', os.O_WRONLY | os.O_CREAT, 0o644)
+            os.write(fd, new)
+            os.rename(mnt.path / 'tmp', mnt.path / 'b')
+            kill_9(mnt)
+        else:
+            write_file(mnt.path / 'tmp', new)
+            os.rename(mnt.path / 'tmp', mnt.path / 'b')
+            if then == 'unlink':
+                os.unlink(mnt.path / 'b')
+            else:
+                os.rename(mnt.path / 'b', mnt.path / 'c')
+    finally:
+        if fd >= 0:
+            try:
+                os.close(fd)
+            except OSError as error:
+                assert error.errno == errno.ENOTCONN
+        proxy.release()
+    if then != 'unsaved':
+        unmount_command(mnt)
+    expected = {'rename_away': ['c']}.get(then, [])
+    assert bucket_keys(s3, bucket) == expected, \
+        'the replaced file\'s object came back'
+    if then == 'rename_away':
+        assert object_bytes(s3, bucket, 'c') == new
+
+
+@pytest.mark.parametrize('mode', ['default', 'writeback'])
+def test_an_open_file_renamed_over_reads_and_writes_on(server, s3, bucket,
+                                                       mount, mode):
+    """b (3 MiB, in the bucket) open for reading and writing, a renamed
+    over it: the descriptor still reads b's bytes and writes into them, as
+    after an unlink. (Before, in the default mode, a write that needed
+    b's bytes fetched them from the key, which now held a's object: EIO.)"""
+    old = payload('old-b', 3 * MiB)
+    s3.put_object(Bucket=bucket, Key='b', Body=old)
+    s3.put_object(Bucket=bucket, Key='a', Body=b'a is smaller')
+    options = ['writeback'] if mode == 'writeback' else []
+    mnt = mount(bucket, options=options)
+    fd = os.open(mnt.path / 'b', os.O_RDWR)
+    try:
+        os.rename(mnt.path / 'a', mnt.path / 'b')
+        assert os.pwrite(fd, b'patch', MiB + 10) == 5
+        expected = old[:MiB + 10] + b'patch' + old[MiB + 15:]
+        assert sha(os.pread(fd, len(old) + 1, 0)) == sha(expected)
+    finally:
+        os.close(fd)
+    assert (mnt.path / 'b').read_bytes() == b'a is smaller'
+    unmount_command(mnt)
+    assert bucket_keys(s3, bucket) == ['b']
+    assert object_bytes(s3, bucket, 'b') == b'a is smaller'
