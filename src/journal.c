@@ -219,6 +219,25 @@ static int record_decode(const unsigned char *key, size_t key_len,
     return 0;
 }
 
+int journal_record_encode(const struct journal_entry *entry,
+                          unsigned char **record, size_t *len)
+{
+    return record_encode(entry, record, len);
+}
+
+int journal_record_decode(const unsigned char *key, size_t key_len,
+                          const unsigned char *value, size_t len,
+                          struct journal_entry *entry, char **strings,
+                          const char **why)
+{
+    struct decoded decoded;
+    int err = record_decode(key, key_len, value, len, &decoded, why);
+
+    *entry = decoded.entry;
+    *strings = decoded.strings;
+    return err;
+}
+
 /* ------------------------------------------------------- open / close */
 
 static int find_max_id(void *arg, const void *key, size_t key_len,

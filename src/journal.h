@@ -78,4 +78,26 @@ bool journal_has(struct journal *journal, uint64_t id);
 /* Number of entries. */
 uint64_t journal_count(struct journal *journal);
 
+/*
+ * The record format on its own, no journal needed (tests, fuzzing).
+ * journal_record_encode(): ENTRY (its id is the record's key, not part of
+ * it) -> a malloc'd *RECORD of *LEN bytes, as journal_put() stores it.
+ * Returns 0, EINVAL for an entry journal_put() refuses, ENOMEM.
+ */
+int journal_record_encode(const struct journal_entry *entry,
+                          unsigned char **record, size_t *len);
+
+/*
+ * journal_record_decode(): the record VALUE (LEN bytes) stored under KEY
+ * (KEY_LEN bytes: the id, 8 bytes big-endian) -> *ENTRY, as journal_scan()
+ * hands it out. ENTRY's key and upload_id point into one malloc'd block,
+ * *STRINGS, which the caller frees. Returns 0; EPROTO for a record that
+ * does not decode, with *WHY a static phrase saying why (NULL otherwise);
+ * ENOMEM. On error *STRINGS is NULL.
+ */
+int journal_record_decode(const unsigned char *key, size_t key_len,
+                          const unsigned char *value, size_t len,
+                          struct journal_entry *entry, char **strings,
+                          const char **why);
+
 #endif /* S3CFS_JOURNAL_H */
