@@ -92,10 +92,14 @@ static const struct fuse_opt option_spec[] = {
     FLAG("ro", read_only),
     FUSE_OPT_KEY("allow_other", FUSE_OPT_KEY_KEEP),
     FUSE_OPT_KEY("ro", FUSE_OPT_KEY_KEEP),
-    /* Secrets are never taken from argv (visible in ps and fstab). */
+    /* Secrets are never taken from argv (visible in ps and fstab), nor
+     * passed on: libfuse's "unknown option" message would show them. */
     FUSE_OPT_KEY("access_key=", KEY_SECRET),
     FUSE_OPT_KEY("secret_key=", KEY_SECRET),
     FUSE_OPT_KEY("session_token=", KEY_SECRET),
+    FUSE_OPT_KEY("aws_access_key_id=", KEY_SECRET),
+    FUSE_OPT_KEY("aws_secret_access_key=", KEY_SECRET),
+    FUSE_OPT_KEY("aws_session_token=", KEY_SECRET),
     FUSE_OPT_KEY("-h", KEY_HELP),
     FUSE_OPT_KEY("--help", KEY_HELP),
     FUSE_OPT_KEY("-V", KEY_VERSION),

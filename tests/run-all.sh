@@ -6,19 +6,26 @@
 #   3. runs `make check` in both at the same time: cmocka unit tests, then
 #      the integration tests that mount for real against s3rver and
 #      OpenStack Swift s3api (the ASan+UBSan build against s3rver only,
-#      with smaller files).
+#      with smaller files);
+#   4. meanwhile, niced, fuzzes the parsers for a short while
+#      (tests/fuzz/run.sh: a clang build of its own, each libFuzzer target
+#      $S3CACHEFS_FUZZ_SECONDS, default 15, on a copy of its corpus);
+#      skipped, not failed, on a machine without clang's libFuzzer.
 # Prints the logs of failed tests and a closing "N passed, N failed" line.
-# Options: --quick (plain build only), --no-install (skip step 1).
+# Options: --quick (plain build only, no fuzzing), --no-install (skip
+# step 1), --no-fuzz (skip step 4).
 set -euo pipefail
 
 srcdir=$(cd "$(dirname "$0")/.." && pwd)
 builds=(plain sanitizers)
 install=yes
+fuzz=yes
 for arg in "$@"; do
     case $arg in
-    --quick) builds=(plain) ;;
+    --quick) builds=(plain); fuzz=no ;;
     --no-install) install=no ;;
-    *) echo "usage: $0 [--quick] [--no-install]" >&2; exit 2 ;;
+    --no-fuzz) fuzz=no ;;
+    *) echo "usage: $0 [--quick] [--no-install] [--no-fuzz]" >&2; exit 2 ;;
     esac
 done
 
@@ -73,6 +80,15 @@ for build in "${builds[@]}"; do
     check "$build" &
     pids+=($!)
 done
+# The fuzz run is CPU-bound and the checks mostly wait on servers: niced,
+# it takes the idle CPU rather than the tests' (its build is its own).
+fuzz_log="$srcdir/build-fuzz/run.log"
+if [ "$fuzz" = yes ]; then
+    mkdir -p "$srcdir/build-fuzz"
+    nice -n 10 "$srcdir/tests/fuzz/run.sh" "${S3CACHEFS_FUZZ_SECONDS:-15}" \
+        >"$fuzz_log" 2>&1 &
+    fuzz_pid=$!
+fi
 for index in "${!builds[@]}"; do
     build=${builds[$index]}
     dir="$srcdir/build-$build"
@@ -92,5 +108,15 @@ for index in "${!builds[@]}"; do
     done
     [ "$status" -eq 0 ] || [ "$failed" -gt 0 ] || failed=$((failed + 1))
 done
+if [ "$fuzz" = yes ]; then
+    status=0
+    wait "$fuzz_pid" || status=$?
+    echo "=== fuzzing (tests/fuzz/run.sh)"
+    cat "$fuzz_log"
+    case $status in
+    0|77) passed=$((passed + 1)) ;;
+    *) failed=$((failed + 1)) ;;
+    esac
+fi
 echo "test programs: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -865,6 +865,18 @@ static const struct secret_case secret_cases[] = {
      "secret_key", "helpSECRET"},
     {"empty value", {"-o", "secret_key=", "bucket", "/mnt", NULL},
      "secret_key", NULL},
+    /* the names of ~/.aws/credentials: passed on, libfuse's "unknown
+     * option" line would show the value */
+    {"aws_access_key_id", {"-o", "aws_access_key_id=AKIAFILESECRET0002",
+                           "bucket", "/mnt", NULL},
+     "aws_access_key_id", "AKIAFILESECRET0002"},
+    {"aws_secret_access_key",
+     {"-o", "ro,aws_secret_access_key=wJalrFileSECRETKEY", "bucket", "/mnt",
+      NULL},
+     "aws_secret_access_key", "wJalrFileSECRETKEY"},
+    {"aws_session_token", {"-oaws_session_token=FwoFileTOKENSECRET",
+                           "bucket", "/mnt", NULL},
+     "aws_session_token", "FwoFileTOKENSECRET"},
 };
 
 static void test_secret_table(void **state)
