@@ -491,7 +491,9 @@ static int collect(void *arg, const void *key, size_t key_len,
     struct scan_batch *batch = arg;
     const char *why = NULL;
 
-    if (batch->count == SCAN_BATCH && key_len <= RESUME_KEY_MAX) {
+    if (batch->count == SCAN_BATCH) {
+        if (key_len > RESUME_KEY_MAX)
+            return EIO; /* (LMDB keys stop at 511 bytes: cannot happen) */
         batch->full = true;
         memcpy(batch->resume_key, key, key_len);
         batch->resume_len = key_len;
