@@ -629,6 +629,10 @@ static bool known_file_attrs(struct fs *fs, const char *key,
                              const struct inode_attrs *listed,
                              struct inode_attrs *out)
 {
+    /* a file without an ETag is one staged here: what the bucket holds of
+     * it is not known from that */
+    if (listed->kind == INODE_FILE && listed->etag[0] == '\0')
+        return false;
     inode_table_lock(fs->inodes);
     struct inode *known = inode_find_locked(fs->inodes, key);
     bool usable = known != NULL && known->attrs.headers_known &&
@@ -1207,14 +1211,27 @@ int fs_dir_entries_plus(struct fs *fs, struct fs_dir *dir, size_t index,
             continue;
         const struct inode_dirent *entry = &dir->listing->entries[at - 2];
         attrs[i] = entry->attrs;
-        if (entry->attrs.headers_known)
-            continue; /* staged files are known too */
         bool is_dir = entry->attrs.kind == INODE_DIR;
+        /* a file staged when the listing was made (no ETag): known while it
+         * stays staged; once it is not, only the bucket knows what it is */
+        bool was_staged = !is_dir && entry->attrs.etag[0] == '\0';
+        if (entry->attrs.headers_known && !was_staged)
+            continue;
         char *key = names_child_key(dir_key, entry->name,
                                     strlen(entry->name), is_dir);
         if (key == NULL) {
             err = ENOMEM;
             goto out;
+        }
+        if (was_staged) {
+            inode_table_lock(fs->inodes);
+            struct inode *known = inode_find_locked(fs->inodes, key);
+            bool staged = known != NULL && known->wfile != NULL;
+            inode_table_unlock(fs->inodes);
+            if (staged) {
+                free(key);
+                continue;
+            }
         }
         if (is_dir ? known_dir_attrs(fs, key, &attrs[i])
                    : known_file_attrs(fs, key, &entry->attrs, &attrs[i])) {

@@ -219,8 +219,24 @@ again:
     if (key == NULL)
         return ENOMEM;
 
+    if (!truncate && attrs.kind == INODE_FILE && attrs.etag[0] == '\0') {
+        /* no ETag for a file that is not staged: not "empty", unknown (an
+         * inode that lost its staged file's version); the bucket says */
+        struct inode_attrs fresh = attrs;
+        int found = fs_resolve_file(fs, key, NULL, &fresh);
+        if (found == 0)
+            attrs = fresh;
+        else if (found != ENOENT) {
+            free(key);
+            return found;
+        }
+    }
     meta_of_attrs(&attrs, &meta);
     meta.mode = S_IFREG | (meta.mode & 07777);
+    log_debug("'%s': staged %s (%llu bytes, ETag %s)", key,
+              truncate || attrs.size == 0 || attrs.etag[0] == '\0' ? "empty"
+                                                                : "as an edit",
+              (unsigned long long)attrs.size, attrs.etag[0] ? attrs.etag : "none");
     if (truncate || attrs.size == 0 || attrs.etag[0] == '\0')
         err = writer_file_create(fs->writer, key, &meta,
                                  truncate || attrs.etag[0] == '\0',
@@ -255,16 +271,21 @@ again:
     return err;
 }
 
-void fs_maybe_detach(struct fs *fs, struct inode *inode)
+/* fs_maybe_detach(), from the uploaded callback of INODE's staged file
+ * (CONCLUDING): that upload is the one under way, and ends with this. */
+static void maybe_detach(struct fs *fs, struct inode *inode, bool concluding)
 {
     struct writer_file *wfile = NULL;
 
     inode_table_lock(fs->inodes);
-    /* an unlinked file's data stays for the descriptors still open */
+    /* an unlinked file's data stays for the descriptors still open; an
+     * upload that is concluding has yet to record what it made (its
+     * callback sets the inode's ETag): until then the file stays */
     if (inode->wfile != NULL && inode->wfile_users == 0 &&
         inode->write_handles == 0 &&
         !(inode->unlinked && inode->open_handles > 0) &&
-        !writer_file_pending(inode->wfile)) {
+        !writer_file_pending(inode->wfile) &&
+        (concluding || !writer_file_uploading(inode->wfile))) {
         wfile = inode->wfile;
         inode->wfile = NULL;
         tdelete(inode, &fs->staged, compare_pointers);
@@ -274,6 +295,11 @@ void fs_maybe_detach(struct fs *fs, struct inode *inode)
         return;
     writer_file_put(&wfile); /* the data becomes cached blocks */
     inode_put(fs->inodes, inode); /* the pin of attach_locked() */
+}
+
+void fs_maybe_detach(struct fs *fs, struct inode *inode)
+{
+    maybe_detach(fs, inode, false);
 }
 
 void fs_uploaded(void *arg, struct writer_file *file, void *owner, const char *key,
@@ -289,6 +315,11 @@ void fs_uploaded(void *arg, struct writer_file *file, void *owner, const char *k
         inode_table_lock(fs->inodes);
         bool mine = inode->wfile == file && !inode->unlinked;
         current = mine && strcmp(inode->key, key) == 0;
+        if (!current)
+            log_debug("'%s': uploaded for inode %llu, now '%s'%s%s", key,
+                      (unsigned long long)inode->ino, inode->key,
+                      inode->wfile != file ? ", another staged file" : "",
+                      inode->unlinked ? ", unlinked" : "");
         if (current) {
             inode->attrs = attrs;
             inode->replaced_object = inode->object_unknown = false;
@@ -303,12 +334,14 @@ void fs_uploaded(void *arg, struct writer_file *file, void *owner, const char *k
         }
         inode_table_unlock(fs->inodes);
     }
+    log_debug("'%s': uploaded as %s (%s)", key, etag,
+              inode == NULL ? "no inode" : current ? "current" : "not current");
     if (current) {
         metacache_put_attrs(fs->conf.cache, key, &attrs);
         patch_parent(fs, key, &attrs);
     }
     if (inode != NULL) {
-        fs_maybe_detach(fs, inode);
+        maybe_detach(fs, inode, true);
         inode_put(fs->inodes, inode);
     }
 }

@@ -276,6 +276,8 @@ static void staging_file_free(struct writer *writer, struct staging_file *stagin
 {
     if (staging == NULL)
         return;
+    log_debug("staging file %016" PRIx64 " %s", staging->id,
+              keep ? "closed, kept" : "removed");
     close(staging->fd);
     if (!keep)
         staging_remove(writer->staging, staging->id);
@@ -624,6 +626,10 @@ static int promise(struct writer *writer, struct writer_file *file,
                       strerror(err));
     }
 
+    if (!done && err == 0)
+        log_debug("'%s': journaled %016" PRIx64 " (%llu bytes, version %llu)%s",
+                  key, v->staging->id, (unsigned long long)v->size,
+                  (unsigned long long)v->gen, old != NULL ? ", older entry dropped" : "");
     pthread_mutex_lock(&writer->lock);
     if (!done && err == 0) {
         if (file->entry != v->staging) {
@@ -672,6 +678,8 @@ static void forget_entry(struct writer *writer, struct writer_file *file,
     pthread_mutex_unlock(&writer->lock);
 
     int err = forget ? journal_del(writer->conf.journal, id) : 0;
+    if (forget && err == 0)
+        log_debug("'%s': entry %016" PRIx64 " dropped", file->key, id);
 
     struct staging_file *freed = NULL;
     pthread_mutex_lock(&writer->lock);
@@ -1204,6 +1212,9 @@ void writer_file_put(struct writer_file **filep)
         bool adopted = adopt && cache_adopt_file(writer->conf.cache, file->key,
                                                  file->etag, file->size,
                                                  path) == 0;
+        if (adopted)
+            log_debug("'%s': staging file %016" PRIx64 " is its cached version "
+                      "now", file->key, data->id);
         if (entry != NULL && entry != data)
             staging_file_free(writer, entry, true); /* (its entry stays) */
         staging_file_free(writer, data, adopted || entry == data);
@@ -1243,6 +1254,10 @@ static int copy_on_write_locked(struct writer *writer, struct writer_file *file,
         err = staging_file_new(writer, &fresh);
     if (err == 0)
         err = staging_copy(from->fd, fresh->fd, length);
+    if (err == 0)
+        log_debug("'%s': copied %016" PRIx64 " to %016" PRIx64 " (%llu bytes) "
+                  "before changing it", file->key, from->id, fresh->id,
+                  (unsigned long long)length);
     if (err != 0)
         log_error("cannot copy the staged data of '%s' before changing it: %s",
                   file->key, strerror(err));
@@ -1656,6 +1671,14 @@ bool writer_file_pending(struct writer_file *file)
     bool pending = is_pending(file);
     pthread_mutex_unlock(&file->writer->lock);
     return pending;
+}
+
+bool writer_file_uploading(struct writer_file *file)
+{
+    pthread_mutex_lock(&file->writer->lock);
+    bool uploading = file->sending != NULL;
+    pthread_mutex_unlock(&file->writer->lock);
+    return uploading;
 }
 
 /* ------------------------------------------------------ rename, unlink */
@@ -2168,6 +2191,8 @@ static bool recover_promise(struct recovery *recovery, const struct journal_entr
             log_warn("'%s': cannot cut its staging file to what was closed: %s",
                      entry->key, strerror(errno));
     }
+    log_debug("'%s': recovering %016" PRIx64 " (%llu bytes)", entry->key,
+              entry->id, (unsigned long long)entry->size);
     staging->id = entry->id;
     staging->refs = 2; /* data and entry */
     staging->journal_seal = entry->size;

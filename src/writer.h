@@ -185,6 +185,10 @@ void writer_file_close_writer(struct writer_file *file);
  * uploaded or failed). */
 bool writer_file_pending(struct writer_file *file);
 
+/* Whether an upload of the file is under way or concluding (its uploaded
+ * callback not returned yet): what it made is not recorded everywhere. */
+bool writer_file_uploading(struct writer_file *file);
+
 /* What a renamed file's data was, as writer_file_rename() found it. */
 enum writer_renamed {
     /* in the bucket: the object at the old key is the file (to be moved) */

@@ -75,7 +75,10 @@ class Daemon:
         options = [f'endpoint={endpoint}', f'cache={cache_dir}']
         if writeback:
             options.append('writeback')
-        self.argv = [binary, '-f', bucket, str(self.mountpoint),
+        # S3CACHEFS_TORTURE_DEBUG=1: the daemon's debug log (and libfuse's
+        # trace of every request) in its log file, for a replay
+        debug = ['-d'] if os.environ.get('S3CACHEFS_TORTURE_DEBUG') else []
+        self.argv = [binary, '-f', *debug, bucket, str(self.mountpoint),
                      '-o', ','.join(options)]
         self.env = {k: v for k, v in os.environ.items()
                     if not k.startswith('AWS_')}
