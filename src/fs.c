@@ -1277,10 +1277,22 @@ int fs_dir_entries_plus(struct fs *fs, struct fs_dir *dir, size_t index,
         /* a listing shown stale (listing_to_show) may predate what a HEAD
          * or an open learnt since: keep the newer attributes */
         bool newer = known != NULL && known->attrs.fetched_at > attrs[i].fetched_at;
+        /* a file that was staged when the listing was made, and no longer
+         * is (uploaded, its inode forgotten since the first loop): what is
+         * in the bucket is not known, and is asked for before it is used */
+        bool unknown = !staged && attrs[i].kind == INODE_FILE &&
+                       attrs[i].etag[0] == '\0';
+        if (unknown) {
+            attrs[i].headers_known = false;
+            attrs[i].fetched_at = 0;
+        }
         struct inode *child = key ? inode_ref_locked(fs->inodes, key,
                                                      staged || newer ? NULL
                                                                      : &attrs[i])
                                   : NULL;
+        if (child != NULL && unknown && child->wfile == NULL &&
+            child->attrs.etag[0] == '\0')
+            child->object_unknown = true;
         free(key);
         if (child == NULL) {
             err = ENOMEM;

@@ -224,9 +224,15 @@ again:
          * inode that lost its staged file's version); the bucket says */
         struct inode_attrs fresh = attrs;
         int found = fs_resolve_file(fs, key, NULL, &fresh);
-        if (found == 0)
+        if (found == 0) {
             attrs = fresh;
-        else if (found != ENOENT) {
+            inode_table_lock(fs->inodes);
+            if (inode->wfile == NULL) {
+                inode_update_attrs_locked(inode, &fresh);
+                inode->object_unknown = false;
+            }
+            inode_table_unlock(fs->inodes);
+        } else if (found != ENOENT) {
             free(key);
             return found;
         }
@@ -728,6 +734,9 @@ int fs_unlink(struct fs *fs, fuse_ino_t parent, const char *name)
         in_bucket = true;
     if (in_bucket || wfile == NULL)
         err = s3_delete_object(fs->s3, key);
+    log_debug("'%s': unlinked (%s)", key, !in_bucket && wfile != NULL
+                                            ? "never in the bucket"
+                                            : err == 0 ? "deleted" : strerror(err));
     if (err != 0) {
         if (wfile != NULL)
             writer_file_relink(wfile); /* still there: still to upload */
