@@ -15,7 +15,7 @@ build_packages=(
 )
 test_packages=(
     python3 python3-pytest python3-boto3 rclone curl attr s3fs awscli
-    fio python3-filelock tar
+    fio python3-filelock tar perl
 )
 swift_packages=(
     python3-swift swift swift-proxy swift-account swift-container
