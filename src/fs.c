@@ -158,10 +158,26 @@ void fs_head_file_attrs(const struct fs *fs, const struct s3_object_info *info,
     };
     if (info->has_mode) {
         out->mode = info->mode & 07777;
-        if ((info->mode & S_IFMT) == S_IFLNK)
-            out->kind = INODE_SYMLINK;
+        /* a symlink, FIFO, socket or device node (s3fs's convention);
+         * an object is never a directory */
+        out->kind = inode_kind_of_mode(info->mode);
+        if (out->kind == INODE_DIR)
+            out->kind = INODE_FILE;
     }
+    if (info->has_atime)
+        out->atime = info->atime;
+    if (info->has_ctime)
+        out->ctime = info->ctime;
+    if (info->has_rdev && (out->kind == INODE_CHARDEV || out->kind == INODE_BLOCKDEV))
+        out->rdev = info->rdev;
     snprintf(out->etag, sizeof(out->etag), "%s", info->etag);
+}
+
+/* A time the headers did not give (zero) is the mtime. */
+static struct timespec time_or_mtime(const struct inode_attrs *attrs,
+                                     const struct timespec *when)
+{
+    return when->tv_sec != 0 || when->tv_nsec != 0 ? *when : attrs->mtime;
 }
 
 void fs_attrs_to_stat(const struct fs *fs, fuse_ino_t ino,
@@ -169,30 +185,23 @@ void fs_attrs_to_stat(const struct fs *fs, fuse_ino_t ino,
 {
     memset(st, 0, sizeof(*st));
     st->st_ino = ino;
-    switch (attrs->kind) {
-    case INODE_DIR:
-        st->st_mode = S_IFDIR | attrs->mode;
+    st->st_mode = (mode_t)(inode_kind_type(attrs->kind) | attrs->mode);
+    if (attrs->kind == INODE_DIR) {
         st->st_nlink = 2;
         st->st_size = 4096;
-        break;
-    case INODE_SYMLINK:
-        st->st_mode = S_IFLNK | attrs->mode;
+    } else {
         st->st_nlink = 1;
         st->st_size = (off_t)attrs->size;
-        break;
-    case INODE_FILE:
-        st->st_mode = S_IFREG | attrs->mode;
-        st->st_nlink = 1;
-        st->st_size = (off_t)attrs->size;
-        break;
     }
+    if (attrs->kind == INODE_CHARDEV || attrs->kind == INODE_BLOCKDEV)
+        st->st_rdev = attrs->rdev;
     st->st_uid = fs->conf.uid_forced ? fs->conf.uid : attrs->uid;
     st->st_gid = fs->conf.gid_forced ? fs->conf.gid : attrs->gid;
     st->st_blksize = 1 << 20;
     st->st_blocks = (blkcnt_t)((attrs->size + 511) / 512);
     st->st_mtim = attrs->mtime;
-    st->st_ctim = attrs->mtime;
-    st->st_atim = attrs->mtime;
+    st->st_ctim = time_or_mtime(attrs, &attrs->ctime);
+    st->st_atim = time_or_mtime(attrs, &attrs->atime);
 }
 
 void fs_meta_attrs(const struct writer_meta *meta, uint64_t size, const char *etag,
@@ -225,15 +234,12 @@ void fs_staged_attrs_locked(const struct fs *fs, const struct inode *inode,
 void fs_fill_entry(const struct fs *fs, const struct inode *inode,
                        struct fs_entry *out)
 {
-    struct inode_attrs staged;
+    struct inode_attrs attrs = inode->attrs;
 
     out->ino = inode->ino;
-    if (inode->wfile != NULL) {
-        fs_staged_attrs_locked(fs, inode, &staged);
-        fs_attrs_to_stat(fs, inode->ino, &staged, &out->attr);
-    } else {
-        fs_attrs_to_stat(fs, inode->ino, &inode->attrs, &out->attr);
-    }
+    if (inode->wfile != NULL)
+        fs_staged_attrs_locked(fs, inode, &attrs);
+    fs_attrs_to_stat(fs, inode->ino, &attrs, &out->attr);
     out->attr_timeout = fs->conf.attr_ttl;
     out->entry_timeout = fs->conf.dir_ttl;
 }
@@ -667,6 +673,10 @@ static void apply_dir_headers(const struct fs *fs, const struct s3_object_info *
         attrs->gid = info->gid;
     if (info->has_mtime)
         attrs->mtime = info->mtime;
+    if (info->has_atime)
+        attrs->atime = info->atime;
+    if (info->has_ctime)
+        attrs->ctime = info->ctime;
     (void)fs;
     attrs->headers_known = true;
 }
@@ -1332,6 +1342,12 @@ int fs_open(struct fs *fs, fuse_ino_t ino, int flags, struct fs_file **out,
     inode_table_unlock(fs->inodes);
     if (attrs.kind == INODE_DIR && !staged) {
         err = EISDIR;
+        goto out;
+    }
+    if (attrs.kind != INODE_FILE && attrs.kind != INODE_SYMLINK && !staged) {
+        /* the kernel opens FIFOs and devices itself (nodev) and refuses
+         * sockets: only a race with a change of type gets here */
+        err = ENXIO;
         goto out;
     }
     file = calloc(1, sizeof(*file));

@@ -89,10 +89,8 @@ static void patch_parent(struct fs *fs, const char *key,
 
 static void meta_of_attrs(const struct inode_attrs *attrs, struct writer_meta *out)
 {
-    uint32_t type = attrs->kind == INODE_DIR ? S_IFDIR
-                  : attrs->kind == INODE_SYMLINK ? S_IFLNK : S_IFREG;
     *out = (struct writer_meta){
-        .mode = type | (attrs->mode & 07777),
+        .mode = inode_kind_type(attrs->kind) | (attrs->mode & 07777),
         .uid = attrs->uid,
         .gid = attrs->gid,
         .mtime = attrs->mtime,
@@ -108,6 +106,24 @@ static void put_meta_of(const struct writer_meta *meta, const char *content_type
         .mode = meta->mode, .uid = meta->uid, .gid = meta->gid,
         .mtime = meta->mtime,
     };
+}
+
+/* What META cannot say: the times an object has besides its mtime, when
+ * ATTRS knows them, and a device node's number. */
+static void put_meta_extras(const struct inode_attrs *attrs, struct s3_put_meta *out)
+{
+    if (attrs->atime.tv_sec != 0 || attrs->atime.tv_nsec != 0) {
+        out->has_atime = true;
+        out->atime = attrs->atime;
+    }
+    if (attrs->ctime.tv_sec != 0 || attrs->ctime.tv_nsec != 0) {
+        out->has_ctime = true;
+        out->ctime = attrs->ctime;
+    }
+    if (attrs->kind == INODE_CHARDEV || attrs->kind == INODE_BLOCKDEV) {
+        out->has_rdev = true;
+        out->rdev = attrs->rdev;
+    }
 }
 
 static struct timespec wall_now(void)
@@ -363,6 +379,10 @@ static int child_key(struct fs *fs, fuse_ino_t parent_ino, const char *name,
     else if ((*key = names_child_key(parent->key, name, len, dir)) == NULL)
         err = ENOMEM;
     inode_table_unlock(fs->inodes);
+    if (err != 0) {
+        free(*key);
+        *key = NULL;
+    }
     inode_put(fs->inodes, parent);
     return err;
 }
@@ -506,15 +526,26 @@ int fs_fsync(struct fs *fs, struct fs_file *file)
 
 /* ------------------------------------------------------ directories */
 
-/* PUT a directory marker for DIR_KEY with META. */
-static int put_marker(struct fs *fs, const char *dir_key,
-                      const struct writer_meta *meta)
+/* PUT a directory marker for DIR_KEY with META, and the atime and ctime
+ * of ATTRS when it has them (ATTRS may be NULL). */
+static int put_marker_with(struct fs *fs, const char *dir_key,
+                           const struct writer_meta *meta,
+                           const struct inode_attrs *attrs)
 {
     struct s3_body body = {.data = "", .fd = -1, .length = 0};
     struct s3_put_meta put_meta;
 
     put_meta_of(meta, DIRECTORY_CONTENT_TYPE, &put_meta);
+    if (attrs != NULL)
+        put_meta_extras(attrs, &put_meta);
     return s3_put_object(fs->s3, dir_key, &body, &put_meta, NULL);
+}
+
+/* PUT a directory marker for DIR_KEY with META. */
+static int put_marker(struct fs *fs, const char *dir_key,
+                      const struct writer_meta *meta)
+{
+    return put_marker_with(fs, dir_key, meta, NULL);
 }
 
 int fs_mkdir(struct fs *fs, fuse_ino_t parent, const char *name, mode_t mode,
@@ -550,10 +581,11 @@ int fs_mkdir(struct fs *fs, fuse_ino_t parent, const char *name, mode_t mode,
         fs_fill_entry(fs, inode, entry);
     }
     inode_table_unlock(fs->inodes);
-    if (inode == NULL)
+    if (inode == NULL) {
         err = ENOMEM;
-    else
+    } else {
         patch_parent(fs, key, &attrs);
+    }
 out:
     free(key);
     return err;
@@ -683,11 +715,48 @@ out:
     return err;
 }
 
+/* Create NAME in PARENT as one object (BODY, with the s3fs headers of
+ * META and ATTRS): symlinks and special files. ATTRS (the new file's)
+ * gets its ETag; ENTRY the kernel's reference. */
+static int create_object(struct fs *fs, fuse_ino_t parent, const char *name,
+                         const struct s3_body *body, const struct writer_meta *meta,
+                         struct inode_attrs *attrs, const char *symlink_target,
+                         struct fs_entry *entry)
+{
+    struct s3_put_meta put_meta;
+    char *key = NULL;
+
+    memset(entry, 0, sizeof(*entry));
+    int err = child_key(fs, parent, name, false, &key);
+    put_meta_of(meta, NULL, &put_meta);
+    put_meta_extras(attrs, &put_meta);
+    if (err == 0)
+        err = s3_put_object(fs->s3, key, body, &put_meta, attrs->etag);
+    if (err != 0)
+        goto out;
+    metacache_put_attrs(fs->conf.cache, key, attrs);
+    inode_table_lock(fs->inodes);
+    struct inode *inode = inode_ref_locked(fs->inodes, key, attrs);
+    if (inode != NULL) {
+        free(inode->symlink_target);
+        inode->symlink_target = symlink_target ? strdup(symlink_target) : NULL;
+        fs_fill_entry(fs, inode, entry);
+    }
+    inode_table_unlock(fs->inodes);
+    if (inode == NULL) {
+        err = ENOMEM;
+    } else {
+        patch_parent(fs, key, attrs);
+    }
+out:
+    free(key);
+    return err;
+}
+
 int fs_symlink(struct fs *fs, const char *target, fuse_ino_t parent,
                const char *name, uid_t uid, gid_t gid, struct fs_entry *entry)
 {
     struct writer_meta meta = {S_IFLNK | 0777, uid, gid, wall_now()};
-    struct s3_put_meta put_meta;
     struct inode_attrs attrs = {
         .kind = INODE_SYMLINK,
         .size = strlen(target),
@@ -699,35 +768,46 @@ int fs_symlink(struct fs *fs, const char *target, fuse_ino_t parent,
         .fetched_at = fs_now_seconds(),
     };
     struct s3_body body = {.data = target, .fd = -1, .length = strlen(target)};
-    char *key = NULL;
 
     memset(entry, 0, sizeof(*entry));
     if (fs->writer == NULL)
         return EROFS;
     if (attrs.size == 0 || attrs.size >= PATH_MAX)
         return attrs.size == 0 ? EINVAL : ENAMETOOLONG;
-    int err = child_key(fs, parent, name, false, &key);
-    put_meta_of(&meta, NULL, &put_meta);
-    if (err == 0)
-        err = s3_put_object(fs->s3, key, &body, &put_meta, attrs.etag);
-    if (err != 0)
-        goto out;
-    metacache_put_attrs(fs->conf.cache, key, &attrs);
-    inode_table_lock(fs->inodes);
-    struct inode *inode = inode_ref_locked(fs->inodes, key, &attrs);
-    if (inode != NULL) {
-        free(inode->symlink_target);
-        inode->symlink_target = strdup(target);
-        fs_fill_entry(fs, inode, entry);
+    return create_object(fs, parent, name, &body, &meta, &attrs, target, entry);
+}
+
+int fs_mknod(struct fs *fs, fuse_ino_t parent, const char *name, mode_t mode,
+             dev_t rdev, uid_t uid, gid_t gid, struct fs_entry *entry)
+{
+    enum inode_kind kind = inode_kind_of_mode(mode);
+    struct writer_meta meta = {inode_kind_type(kind) | (mode & 07777), uid, gid,
+                               wall_now()};
+    struct inode_attrs attrs = {
+        .kind = kind,
+        .mtime = meta.mtime,
+        .mode = mode & 07777,
+        .uid = uid,
+        .gid = gid,
+        .headers_known = true,
+        .fetched_at = fs_now_seconds(),
+    };
+    struct s3_body body = {.data = "", .fd = -1, .length = 0};
+
+    memset(entry, 0, sizeof(*entry));
+    if (fs->writer == NULL)
+        return EROFS;
+    /* mkdir and symlink have calls of their own; no other type exists */
+    if ((mode & S_IFMT) != 0 && (mode & S_IFMT) != inode_kind_type(kind))
+        return EINVAL;
+    if (kind == INODE_DIR || kind == INODE_SYMLINK)
+        return EINVAL;
+    if (kind == INODE_CHARDEV || kind == INODE_BLOCKDEV) {
+        if (rdev > UINT32_MAX)
+            return EINVAL; /* FUSE's device numbers have 32 bits */
+        attrs.rdev = (uint32_t)rdev;
     }
-    inode_table_unlock(fs->inodes);
-    if (inode == NULL)
-        err = ENOMEM;
-    else
-        patch_parent(fs, key, &attrs);
-out:
-    free(key);
-    return err;
+    return create_object(fs, parent, name, &body, &meta, &attrs, NULL, entry);
 }
 
 int fs_link(struct fs *fs)
@@ -738,8 +818,9 @@ int fs_link(struct fs *fs)
 
 /* ------------------------------------------------------ metadata */
 
-/* Rewrite the metadata of object KEY (ATTRS: what it is now) server-side;
- * the new attributes go to *attrs. */
+/* Rewrite the metadata of object KEY (ATTRS: what it is now, with the
+ * atime and ctime it is to have) server-side; the new attributes go to
+ * *attrs. */
 static int replace_metadata(struct fs *fs, const char *key,
                             const struct writer_meta *meta, struct inode_attrs *attrs)
 {
@@ -748,6 +829,7 @@ static int replace_metadata(struct fs *fs, const char *key,
     int err;
 
     put_meta_of(meta, NULL, &put_meta);
+    put_meta_extras(attrs, &put_meta);
     err = upload_copy(&fs->upload, key, attrs->etag[0] ? attrs->etag : NULL,
                       attrs->size, key, &put_meta, etag);
     if (err != 0)
@@ -841,7 +923,7 @@ int fs_setattr(struct fs *fs, fuse_ino_t ino, const struct stat *want, int to_se
             /* nothing to write */
         } else if (attrs.kind == INODE_DIR) {
             if (key[0] != '\0' && strcmp(key, fs->conf.root_key) != 0)
-                err = put_marker(fs, key, &meta);
+                err = put_marker_with(fs, key, &meta, &attrs);
             if (err == 0) {
                 attrs.mode = meta.mode & 07777;
                 attrs.uid = meta.uid;
