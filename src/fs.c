@@ -231,6 +231,36 @@ void fs_staged_attrs_locked(const struct fs *fs, const struct inode *inode,
     fs_meta_attrs(&meta, size, inode->attrs.etag, out);
 }
 
+static bool time_before(const struct timespec *a, const struct timespec *b)
+{
+    return a->tv_sec < b->tv_sec || (a->tv_sec == b->tv_sec && a->tv_nsec < b->tv_nsec);
+}
+
+void fs_local_times_locked(const struct inode *inode, struct inode_attrs *attrs)
+{
+    struct timespec ctime = time_or_mtime(attrs, &attrs->ctime);
+    struct timespec atime = time_or_mtime(attrs, &attrs->atime);
+
+    if (time_before(&attrs->mtime, &inode->local_mtime))
+        attrs->mtime = inode->local_mtime;
+    if (time_before(&ctime, &attrs->mtime))
+        ctime = attrs->mtime;
+    if (time_before(&ctime, &inode->local_ctime))
+        ctime = inode->local_ctime;
+    attrs->ctime = ctime;
+    attrs->atime = atime;
+}
+
+void fs_touch_locked(struct inode *inode, bool entries)
+{
+    struct timespec now;
+
+    clock_gettime(CLOCK_REALTIME, &now);
+    inode->local_ctime = now;
+    if (entries)
+        inode->local_mtime = now;
+}
+
 void fs_fill_entry(const struct fs *fs, const struct inode *inode,
                        struct fs_entry *out)
 {
@@ -239,6 +269,7 @@ void fs_fill_entry(const struct fs *fs, const struct inode *inode,
     out->ino = inode->ino;
     if (inode->wfile != NULL)
         fs_staged_attrs_locked(fs, inode, &attrs);
+    fs_local_times_locked(inode, &attrs);
     fs_attrs_to_stat(fs, inode->ino, &attrs, &out->attr);
     out->attr_timeout = fs->conf.attr_ttl;
     out->entry_timeout = fs->conf.dir_ttl;
@@ -1038,9 +1069,11 @@ int fs_getattr(struct fs *fs, fuse_ino_t ino, struct stat *out, double *timeout)
     inode_table_lock(fs->inodes);
     attrs = inode->attrs;
     /* staged data is what the file is; an unlinked file keeps what it was */
-    bool local = inode->wfile != NULL || inode->unlinked;
+    bool unlinked = inode->unlinked;
+    bool local = inode->wfile != NULL || unlinked;
     if (inode->wfile != NULL)
         fs_staged_attrs_locked(fs, inode, &attrs);
+    fs_local_times_locked(inode, &attrs);
     inode_table_unlock(fs->inodes);
     if (!local && attrs.kind != INODE_DIR &&
         fs_now_seconds() - attrs.fetched_at >= fs->conf.attr_ttl) {
@@ -1048,11 +1081,14 @@ int fs_getattr(struct fs *fs, fuse_ino_t ino, struct stat *out, double *timeout)
         if (err == 0) {
             inode_table_lock(fs->inodes);
             inode_update_attrs_locked(inode, &attrs);
+            fs_local_times_locked(inode, &attrs);
             inode_table_unlock(fs->inodes);
         }
     }
     if (err == 0) {
         fs_attrs_to_stat(fs, ino, &attrs, out);
+        if (unlinked)
+            out->st_nlink = 0; /* fstat of a descriptor open on it */
         *timeout = fs->conf.attr_ttl;
     }
     inode_put(fs->inodes, inode);
@@ -1372,6 +1408,9 @@ int fs_open(struct fs *fs, fuse_ino_t ino, int flags, struct fs_file **out,
     if (staged || writing) {
         /* the staged data is what this file is now */
         err = fs_stage_file(fs, inode, (flags & O_TRUNC) != 0, &file->wfile);
+        /* O_TRUNC is a change even of an empty file: mtime and ctime */
+        if (err == 0 && (flags & O_TRUNC))
+            err = writer_file_truncate(file->wfile, 0);
         if (err != 0)
             goto out;
         if (writing) {

@@ -87,6 +87,22 @@ static void patch_parent(struct fs *fs, const char *key,
     free(name);
 }
 
+/* The entries of KEY's parent directory changed (a name came or went):
+ * its mtime and ctime, as this mount shows them. */
+static void entry_changed(struct fs *fs, const char *key)
+{
+    char *parent_key = parent_of(key);
+
+    if (parent_key == NULL)
+        return;
+    inode_table_lock(fs->inodes);
+    struct inode *dir = inode_find_locked(fs->inodes, parent_key);
+    if (dir != NULL)
+        fs_touch_locked(dir, true);
+    inode_table_unlock(fs->inodes);
+    free(parent_key);
+}
+
 static void meta_of_attrs(const struct inode_attrs *attrs, struct writer_meta *out)
 {
     *out = (struct writer_meta){
@@ -378,6 +394,8 @@ static int child_key(struct fs *fs, fuse_ino_t parent_ino, const char *name,
         err = EINVAL;
     else if ((*key = names_child_key(parent->key, name, len, dir)) == NULL)
         err = ENOMEM;
+    else if (strlen(*key) > NAMES_KEY_MAX)
+        err = ENAMETOOLONG; /* S3's limit: the server would refuse it */
     inode_table_unlock(fs->inodes);
     if (err != 0) {
         free(*key);
@@ -484,6 +502,7 @@ int fs_create_file(struct fs *fs, fuse_ino_t parent, const char *name,
         inode_table_unlock(fs->inodes);
         fs_handle_add(fs, &fs->open_files, &file->link);
         patch_parent(fs, key, &attrs);
+        entry_changed(fs, key);
     } else {
         fs_forget(fs, inode->ino, 1);
     }
@@ -585,6 +604,7 @@ int fs_mkdir(struct fs *fs, fuse_ino_t parent, const char *name, mode_t mode,
         err = ENOMEM;
     } else {
         patch_parent(fs, key, &attrs);
+        entry_changed(fs, key);
     }
 out:
     free(key);
@@ -618,6 +638,7 @@ int fs_rmdir(struct fs *fs, fuse_ino_t parent, const char *name)
     inode_table_unlock(fs->inodes);
     metacache_forget_listing(fs->conf.cache, key);
     patch_parent(fs, key, NULL);
+    entry_changed(fs, key);
 out:
     if (inode != NULL)
         inode_put(fs->inodes, inode);
@@ -705,6 +726,7 @@ int fs_unlink(struct fs *fs, fuse_ino_t parent, const char *name)
     inode_table_unlock(fs->inodes);
     cache_forget_key(fs->conf.cache, key);
     patch_parent(fs, key, NULL);
+    entry_changed(fs, key);
     keep_parent_dir(fs, key);
     fs_maybe_detach(fs, inode);
 out:
@@ -747,6 +769,7 @@ static int create_object(struct fs *fs, fuse_ino_t parent, const char *name,
         err = ENOMEM;
     } else {
         patch_parent(fs, key, attrs);
+        entry_changed(fs, key);
     }
 out:
     free(key);
@@ -891,7 +914,8 @@ int fs_setattr(struct fs *fs, fuse_ino_t ino, const struct stat *want, int to_se
     }
 
     if (to_set & (FUSE_SET_ATTR_MODE | FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID |
-                  FUSE_SET_ATTR_MTIME | FUSE_SET_ATTR_MTIME_NOW)) {
+                  FUSE_SET_ATTR_MTIME | FUSE_SET_ATTR_MTIME_NOW |
+                  FUSE_SET_ATTR_ATIME | FUSE_SET_ATTR_ATIME_NOW)) {
         struct writer_meta meta;
         inode_table_lock(fs->inodes);
         attrs = inode->attrs;
@@ -900,9 +924,16 @@ int fs_setattr(struct fs *fs, fuse_ino_t ino, const struct stat *want, int to_se
             writer_file_put(&wfile);
             wfile = writer_file_ref(inode->wfile);
         }
+        fs_local_times_locked(inode, &attrs);
         inode_table_unlock(fs->inodes);
         meta_of_attrs(&attrs, &meta);
         struct writer_meta before = meta;
+        struct timespec atime_before = attrs.atime;
+        if (to_set & FUSE_SET_ATTR_ATIME_NOW)
+            attrs.atime = wall_now();
+        else if (to_set & FUSE_SET_ATTR_ATIME)
+            attrs.atime = want->st_atim;
+        attrs.ctime = wall_now(); /* a change of the inode */
         if (to_set & FUSE_SET_ATTR_MODE)
             meta.mode = (meta.mode & S_IFMT) | (want->st_mode & 07777);
         if (to_set & FUSE_SET_ATTR_UID)
@@ -918,9 +949,11 @@ int fs_setattr(struct fs *fs, fuse_ino_t ino, const struct stat *want, int to_se
          * (times are kept to the second, as s3fs keeps them) */
         bool unchanged = meta.mode == before.mode && meta.uid == before.uid &&
                          meta.gid == before.gid &&
-                         meta.mtime.tv_sec == before.mtime.tv_sec;
+                         meta.mtime.tv_sec == before.mtime.tv_sec &&
+                         attrs.atime.tv_sec == atime_before.tv_sec;
         if (unchanged && attrs.headers_known) {
-            /* nothing to write */
+            /* nothing to write (the ctime changes here: fs_touch_locked) */
+            attrs.ctime = (struct timespec){0, 0};
         } else if (attrs.kind == INODE_DIR) {
             if (key[0] != '\0' && strcmp(key, fs->conf.root_key) != 0)
                 err = put_marker_with(fs, key, &meta, &attrs);
@@ -957,9 +990,11 @@ int fs_setattr(struct fs *fs, fuse_ino_t ino, const struct stat *want, int to_se
     }
 
     inode_table_lock(fs->inodes);
+    fs_touch_locked(inode, false);
     attrs = inode->attrs;
     if (inode->wfile != NULL)
         fs_staged_attrs_locked(fs, inode, &attrs);
+    fs_local_times_locked(inode, &attrs);
     inode_table_unlock(fs->inodes);
     fs_attrs_to_stat(fs, ino, &attrs, out);
     *timeout = fs->conf.attr_ttl;
@@ -1341,12 +1376,15 @@ int fs_rename(struct fs *fs, fuse_ino_t parent, const char *name,
         inode_unlink_locked(fs->inodes, dst);
     if (!src_dir)
         err = inode_rekey_locked(fs->inodes, src, dst_file_key);
+    fs_touch_locked(src, false);
     attrs = src->attrs;
     if (src->wfile != NULL)
         fs_staged_attrs_locked(fs, src, &attrs);
     inode_table_unlock(fs->inodes);
     patch_parent(fs, src_key, NULL);
     patch_parent(fs, dst_file_key, &attrs);
+    entry_changed(fs, src_key);
+    entry_changed(fs, dst_file_key);
 out:
     if (held != NULL) { /* the inode has the file's key again: uploads may go */
         writer_file_release(held);

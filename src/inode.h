@@ -97,6 +97,13 @@ struct inode {
     unsigned write_handles;     /* (L) handles open for writing */
     unsigned open_handles;      /* (L) handles open at all */
     bool unlinked;              /* (L) removed: no longer found by key */
+    struct timespec local_ctime; /* (L) the last change made here (setattr,
+                                    rename; a directory's entries): the
+                                    ctime shown is at least this. Kept
+                                    in memory only (fs_local_times_locked) */
+    struct timespec local_mtime; /* (L) directories: the last change of an
+                                    entry made here; the mtime shown is at
+                                    least this (no request to the bucket) */
     struct inode_patch *patches; /* (L) directories: local changes made
                                     while a listing was being fetched, to
                                     replay on it */
