@@ -234,5 +234,5 @@ def test_pjdfstest(server, bucket, mount, peer_suites, subset):
     print(f'pjdfstest {subset}: {ok}/{planned}')
     assert planned == expected_planned, done.stdout[-4000:]
     assert ok >= minimum, \
-        f'{subset}: {ok} of {planned} passed, {minimum} before:\n' + \
+        f'{subset}: {ok} of {planned} passed, at least {minimum} expected:\n' + \
         '\n'.join(failures[:60])
