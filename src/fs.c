@@ -158,10 +158,26 @@ void fs_head_file_attrs(const struct fs *fs, const struct s3_object_info *info,
     };
     if (info->has_mode) {
         out->mode = info->mode & 07777;
-        if ((info->mode & S_IFMT) == S_IFLNK)
-            out->kind = INODE_SYMLINK;
+        /* a symlink, FIFO, socket or device node (s3fs's convention);
+         * an object is never a directory */
+        out->kind = inode_kind_of_mode(info->mode);
+        if (out->kind == INODE_DIR)
+            out->kind = INODE_FILE;
     }
+    if (info->has_atime)
+        out->atime = info->atime;
+    if (info->has_ctime)
+        out->ctime = info->ctime;
+    if (info->has_rdev && (out->kind == INODE_CHARDEV || out->kind == INODE_BLOCKDEV))
+        out->rdev = info->rdev;
     snprintf(out->etag, sizeof(out->etag), "%s", info->etag);
+}
+
+/* A time the headers did not give (zero) is the mtime. */
+static struct timespec time_or_mtime(const struct inode_attrs *attrs,
+                                     const struct timespec *when)
+{
+    return when->tv_sec != 0 || when->tv_nsec != 0 ? *when : attrs->mtime;
 }
 
 void fs_attrs_to_stat(const struct fs *fs, fuse_ino_t ino,
@@ -169,30 +185,23 @@ void fs_attrs_to_stat(const struct fs *fs, fuse_ino_t ino,
 {
     memset(st, 0, sizeof(*st));
     st->st_ino = ino;
-    switch (attrs->kind) {
-    case INODE_DIR:
-        st->st_mode = S_IFDIR | attrs->mode;
+    st->st_mode = (mode_t)(inode_kind_type(attrs->kind) | attrs->mode);
+    if (attrs->kind == INODE_DIR) {
         st->st_nlink = 2;
         st->st_size = 4096;
-        break;
-    case INODE_SYMLINK:
-        st->st_mode = S_IFLNK | attrs->mode;
+    } else {
         st->st_nlink = 1;
         st->st_size = (off_t)attrs->size;
-        break;
-    case INODE_FILE:
-        st->st_mode = S_IFREG | attrs->mode;
-        st->st_nlink = 1;
-        st->st_size = (off_t)attrs->size;
-        break;
     }
+    if (attrs->kind == INODE_CHARDEV || attrs->kind == INODE_BLOCKDEV)
+        st->st_rdev = attrs->rdev;
     st->st_uid = fs->conf.uid_forced ? fs->conf.uid : attrs->uid;
     st->st_gid = fs->conf.gid_forced ? fs->conf.gid : attrs->gid;
     st->st_blksize = 1 << 20;
     st->st_blocks = (blkcnt_t)((attrs->size + 511) / 512);
     st->st_mtim = attrs->mtime;
-    st->st_ctim = attrs->mtime;
-    st->st_atim = attrs->mtime;
+    st->st_ctim = time_or_mtime(attrs, &attrs->ctime);
+    st->st_atim = time_or_mtime(attrs, &attrs->atime);
 }
 
 void fs_meta_attrs(const struct writer_meta *meta, uint64_t size, const char *etag,
@@ -222,18 +231,46 @@ void fs_staged_attrs_locked(const struct fs *fs, const struct inode *inode,
     fs_meta_attrs(&meta, size, inode->attrs.etag, out);
 }
 
+static bool time_before(const struct timespec *a, const struct timespec *b)
+{
+    return a->tv_sec < b->tv_sec || (a->tv_sec == b->tv_sec && a->tv_nsec < b->tv_nsec);
+}
+
+void fs_local_times_locked(const struct inode *inode, struct inode_attrs *attrs)
+{
+    struct timespec ctime = time_or_mtime(attrs, &attrs->ctime);
+    struct timespec atime = time_or_mtime(attrs, &attrs->atime);
+
+    if (time_before(&attrs->mtime, &inode->local_mtime))
+        attrs->mtime = inode->local_mtime;
+    if (time_before(&ctime, &attrs->mtime))
+        ctime = attrs->mtime;
+    if (time_before(&ctime, &inode->local_ctime))
+        ctime = inode->local_ctime;
+    attrs->ctime = ctime;
+    attrs->atime = atime;
+}
+
+void fs_touch_locked(struct inode *inode, bool entries)
+{
+    struct timespec now;
+
+    clock_gettime(CLOCK_REALTIME, &now);
+    inode->local_ctime = now;
+    if (entries)
+        inode->local_mtime = now;
+}
+
 void fs_fill_entry(const struct fs *fs, const struct inode *inode,
                        struct fs_entry *out)
 {
-    struct inode_attrs staged;
+    struct inode_attrs attrs = inode->attrs;
 
     out->ino = inode->ino;
-    if (inode->wfile != NULL) {
-        fs_staged_attrs_locked(fs, inode, &staged);
-        fs_attrs_to_stat(fs, inode->ino, &staged, &out->attr);
-    } else {
-        fs_attrs_to_stat(fs, inode->ino, &inode->attrs, &out->attr);
-    }
+    if (inode->wfile != NULL)
+        fs_staged_attrs_locked(fs, inode, &attrs);
+    fs_local_times_locked(inode, &attrs);
+    fs_attrs_to_stat(fs, inode->ino, &attrs, &out->attr);
     out->attr_timeout = fs->conf.attr_ttl;
     out->entry_timeout = fs->conf.dir_ttl;
 }
@@ -661,6 +698,10 @@ static void apply_dir_headers(const struct fs *fs, const struct s3_object_info *
         attrs->gid = info->gid;
     if (info->has_mtime)
         attrs->mtime = info->mtime;
+    if (info->has_atime)
+        attrs->atime = info->atime;
+    if (info->has_ctime)
+        attrs->ctime = info->ctime;
     (void)fs;
     attrs->headers_known = true;
 }
@@ -1022,9 +1063,11 @@ int fs_getattr(struct fs *fs, fuse_ino_t ino, struct stat *out, double *timeout)
     inode_table_lock(fs->inodes);
     attrs = inode->attrs;
     /* staged data is what the file is; an unlinked file keeps what it was */
-    bool local = inode->wfile != NULL || inode->unlinked;
+    bool unlinked = inode->unlinked;
+    bool local = inode->wfile != NULL || unlinked;
     if (inode->wfile != NULL)
         fs_staged_attrs_locked(fs, inode, &attrs);
+    fs_local_times_locked(inode, &attrs);
     inode_table_unlock(fs->inodes);
     if (!local && attrs.kind != INODE_DIR &&
         fs_now_seconds() - attrs.fetched_at >= fs->conf.attr_ttl) {
@@ -1032,11 +1075,14 @@ int fs_getattr(struct fs *fs, fuse_ino_t ino, struct stat *out, double *timeout)
         if (err == 0) {
             inode_table_lock(fs->inodes);
             inode_update_attrs_locked(inode, &attrs);
+            fs_local_times_locked(inode, &attrs);
             inode_table_unlock(fs->inodes);
         }
     }
     if (err == 0) {
         fs_attrs_to_stat(fs, ino, &attrs, out);
+        if (unlinked)
+            out->st_nlink = 0; /* fstat of a descriptor open on it */
         *timeout = fs->conf.attr_ttl;
     }
     inode_put(fs->inodes, inode);
@@ -1353,6 +1399,12 @@ int fs_open(struct fs *fs, fuse_ino_t ino, int flags, struct fs_file **out,
         err = EISDIR;
         goto out;
     }
+    if (attrs.kind != INODE_FILE && attrs.kind != INODE_SYMLINK && !staged) {
+        /* the kernel opens FIFOs and devices itself (nodev) and refuses
+         * sockets: only a race with a change of type gets here */
+        err = ENXIO;
+        goto out;
+    }
     file = calloc(1, sizeof(*file));
     if (file == NULL) {
         err = ENOMEM;
@@ -1375,6 +1427,9 @@ int fs_open(struct fs *fs, fuse_ino_t ino, int flags, struct fs_file **out,
     if (staged || writing) {
         /* the staged data is what this file is now */
         err = fs_stage_file(fs, inode, (flags & O_TRUNC) != 0, &file->wfile);
+        /* O_TRUNC is a change even of an empty file: mtime and ctime */
+        if (err == 0 && (flags & O_TRUNC))
+            err = writer_file_truncate(file->wfile, 0);
         if (err != 0)
             goto out;
         if (writing) {

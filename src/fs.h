@@ -165,6 +165,12 @@ int fs_rmdir(struct fs *fs, fuse_ino_t parent, const char *name);
 int fs_unlink(struct fs *fs, fuse_ino_t parent, const char *name);
 int fs_symlink(struct fs *fs, const char *target, fuse_ino_t parent,
                const char *name, uid_t uid, gid_t gid, struct fs_entry *entry);
+/* mknod(2): a FIFO, socket, character or block device (or a regular
+ * file), stored as s3fs stores them: an empty object whose
+ * x-amz-meta-mode has the file type, and a device's number in
+ * x-amz-meta-rdev. EINVAL for another type. */
+int fs_mknod(struct fs *fs, fuse_ino_t parent, const char *name, mode_t mode,
+             dev_t rdev, uid_t uid, gid_t gid, struct fs_entry *entry);
 /* Hard links: EPERM, always. */
 int fs_link(struct fs *fs);
 

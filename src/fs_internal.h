@@ -105,6 +105,15 @@ int fs_resolve_file(struct fs *fs, const char *key,
 int fs_revalidate_file(struct fs *fs, struct inode *inode,
                        struct inode_attrs *attrs);
 
+/* Apply INODE's local_ctime and local_mtime to ATTRS (what it shows):
+ * changes made through this mount that the bucket does not record (a
+ * directory's entries) or not yet (a staged file's chmod). Lock held. */
+void fs_local_times_locked(const struct inode *inode, struct inode_attrs *attrs);
+
+/* INODE changed now: its ctime, and with ENTRIES (a directory whose
+ * entries changed) its mtime. Lock held. */
+void fs_touch_locked(struct inode *inode, bool entries);
+
 /* The attributes of a file of SIZE bytes and ETAG written with META. */
 void fs_meta_attrs(const struct writer_meta *meta, uint64_t size, const char *etag,
                    struct inode_attrs *out);

@@ -87,12 +87,26 @@ static void patch_parent(struct fs *fs, const char *key,
     free(name);
 }
 
+/* The entries of KEY's parent directory changed (a name came or went):
+ * its mtime and ctime, as this mount shows them. */
+static void entry_changed(struct fs *fs, const char *key)
+{
+    char *parent_key = parent_of(key);
+
+    if (parent_key == NULL)
+        return;
+    inode_table_lock(fs->inodes);
+    struct inode *dir = inode_find_locked(fs->inodes, parent_key);
+    if (dir != NULL)
+        fs_touch_locked(dir, true);
+    inode_table_unlock(fs->inodes);
+    free(parent_key);
+}
+
 static void meta_of_attrs(const struct inode_attrs *attrs, struct writer_meta *out)
 {
-    uint32_t type = attrs->kind == INODE_DIR ? S_IFDIR
-                  : attrs->kind == INODE_SYMLINK ? S_IFLNK : S_IFREG;
     *out = (struct writer_meta){
-        .mode = type | (attrs->mode & 07777),
+        .mode = inode_kind_type(attrs->kind) | (attrs->mode & 07777),
         .uid = attrs->uid,
         .gid = attrs->gid,
         .mtime = attrs->mtime,
@@ -108,6 +122,24 @@ static void put_meta_of(const struct writer_meta *meta, const char *content_type
         .mode = meta->mode, .uid = meta->uid, .gid = meta->gid,
         .mtime = meta->mtime,
     };
+}
+
+/* What META cannot say: the times an object has besides its mtime, when
+ * ATTRS knows them, and a device node's number. */
+static void put_meta_extras(const struct inode_attrs *attrs, struct s3_put_meta *out)
+{
+    if (attrs->atime.tv_sec != 0 || attrs->atime.tv_nsec != 0) {
+        out->has_atime = true;
+        out->atime = attrs->atime;
+    }
+    if (attrs->ctime.tv_sec != 0 || attrs->ctime.tv_nsec != 0) {
+        out->has_ctime = true;
+        out->ctime = attrs->ctime;
+    }
+    if (attrs->kind == INODE_CHARDEV || attrs->kind == INODE_BLOCKDEV) {
+        out->has_rdev = true;
+        out->rdev = attrs->rdev;
+    }
 }
 
 static struct timespec wall_now(void)
@@ -429,7 +461,13 @@ static int child_key(struct fs *fs, fuse_ino_t parent_ino, const char *name,
         err = EINVAL;
     else if ((*key = names_child_key(parent->key, name, len, dir)) == NULL)
         err = ENOMEM;
+    else if (strlen(*key) > NAMES_KEY_MAX)
+        err = ENAMETOOLONG; /* S3's limit: the server would refuse it */
     inode_table_unlock(fs->inodes);
+    if (err != 0) {
+        free(*key);
+        *key = NULL;
+    }
     inode_put(fs->inodes, parent);
     return err;
 }
@@ -535,6 +573,7 @@ int fs_create_file(struct fs *fs, fuse_ino_t parent, const char *name,
         inode_table_unlock(fs->inodes);
         fs_handle_add(fs, &fs->open_files, &file->link);
         patch_parent(fs, key, &attrs);
+        entry_changed(fs, key);
     } else {
         fs_forget(fs, inode->ino, 1);
     }
@@ -577,15 +616,26 @@ int fs_fsync(struct fs *fs, struct fs_file *file)
 
 /* ------------------------------------------------------ directories */
 
-/* PUT a directory marker for DIR_KEY with META. */
-static int put_marker(struct fs *fs, const char *dir_key,
-                      const struct writer_meta *meta)
+/* PUT a directory marker for DIR_KEY with META, and the atime and ctime
+ * of ATTRS when it has them (ATTRS may be NULL). */
+static int put_marker_with(struct fs *fs, const char *dir_key,
+                           const struct writer_meta *meta,
+                           const struct inode_attrs *attrs)
 {
     struct s3_body body = {.data = "", .fd = -1, .length = 0};
     struct s3_put_meta put_meta;
 
     put_meta_of(meta, DIRECTORY_CONTENT_TYPE, &put_meta);
+    if (attrs != NULL)
+        put_meta_extras(attrs, &put_meta);
     return s3_put_object(fs->s3, dir_key, &body, &put_meta, NULL);
+}
+
+/* PUT a directory marker for DIR_KEY with META. */
+static int put_marker(struct fs *fs, const char *dir_key,
+                      const struct writer_meta *meta)
+{
+    return put_marker_with(fs, dir_key, meta, NULL);
 }
 
 int fs_mkdir(struct fs *fs, fuse_ino_t parent, const char *name, mode_t mode,
@@ -621,10 +671,12 @@ int fs_mkdir(struct fs *fs, fuse_ino_t parent, const char *name, mode_t mode,
         fs_fill_entry(fs, inode, entry);
     }
     inode_table_unlock(fs->inodes);
-    if (inode == NULL)
+    if (inode == NULL) {
         err = ENOMEM;
-    else
+    } else {
         patch_parent(fs, key, &attrs);
+        entry_changed(fs, key);
+    }
 out:
     free(key);
     return err;
@@ -657,6 +709,7 @@ int fs_rmdir(struct fs *fs, fuse_ino_t parent, const char *name)
     inode_table_unlock(fs->inodes);
     metacache_forget_listing(fs->conf.cache, key);
     patch_parent(fs, key, NULL);
+    entry_changed(fs, key);
 out:
     if (inode != NULL)
         inode_put(fs->inodes, inode);
@@ -747,6 +800,7 @@ int fs_unlink(struct fs *fs, fuse_ino_t parent, const char *name)
     inode_table_unlock(fs->inodes);
     cache_forget_key(fs->conf.cache, key);
     patch_parent(fs, key, NULL);
+    entry_changed(fs, key);
     keep_parent_dir(fs, key);
 out:
     if (wfile != NULL)
@@ -757,11 +811,49 @@ out:
     return err;
 }
 
+/* Create NAME in PARENT as one object (BODY, with the s3fs headers of
+ * META and ATTRS): symlinks and special files. ATTRS (the new file's)
+ * gets its ETag; ENTRY the kernel's reference. */
+static int create_object(struct fs *fs, fuse_ino_t parent, const char *name,
+                         const struct s3_body *body, const struct writer_meta *meta,
+                         struct inode_attrs *attrs, const char *symlink_target,
+                         struct fs_entry *entry)
+{
+    struct s3_put_meta put_meta;
+    char *key = NULL;
+
+    memset(entry, 0, sizeof(*entry));
+    int err = child_key(fs, parent, name, false, &key);
+    put_meta_of(meta, NULL, &put_meta);
+    put_meta_extras(attrs, &put_meta);
+    if (err == 0)
+        err = s3_put_object(fs->s3, key, body, &put_meta, attrs->etag);
+    if (err != 0)
+        goto out;
+    metacache_put_attrs(fs->conf.cache, key, attrs);
+    inode_table_lock(fs->inodes);
+    struct inode *inode = inode_ref_locked(fs->inodes, key, attrs);
+    if (inode != NULL) {
+        free(inode->symlink_target);
+        inode->symlink_target = symlink_target ? strdup(symlink_target) : NULL;
+        fs_fill_entry(fs, inode, entry);
+    }
+    inode_table_unlock(fs->inodes);
+    if (inode == NULL) {
+        err = ENOMEM;
+    } else {
+        patch_parent(fs, key, attrs);
+        entry_changed(fs, key);
+    }
+out:
+    free(key);
+    return err;
+}
+
 int fs_symlink(struct fs *fs, const char *target, fuse_ino_t parent,
                const char *name, uid_t uid, gid_t gid, struct fs_entry *entry)
 {
     struct writer_meta meta = {S_IFLNK | 0777, uid, gid, wall_now()};
-    struct s3_put_meta put_meta;
     struct inode_attrs attrs = {
         .kind = INODE_SYMLINK,
         .size = strlen(target),
@@ -773,35 +865,46 @@ int fs_symlink(struct fs *fs, const char *target, fuse_ino_t parent,
         .fetched_at = fs_now_seconds(),
     };
     struct s3_body body = {.data = target, .fd = -1, .length = strlen(target)};
-    char *key = NULL;
 
     memset(entry, 0, sizeof(*entry));
     if (fs->writer == NULL)
         return EROFS;
     if (attrs.size == 0 || attrs.size >= PATH_MAX)
         return attrs.size == 0 ? EINVAL : ENAMETOOLONG;
-    int err = child_key(fs, parent, name, false, &key);
-    put_meta_of(&meta, NULL, &put_meta);
-    if (err == 0)
-        err = s3_put_object(fs->s3, key, &body, &put_meta, attrs.etag);
-    if (err != 0)
-        goto out;
-    metacache_put_attrs(fs->conf.cache, key, &attrs);
-    inode_table_lock(fs->inodes);
-    struct inode *inode = inode_ref_locked(fs->inodes, key, &attrs);
-    if (inode != NULL) {
-        free(inode->symlink_target);
-        inode->symlink_target = strdup(target);
-        fs_fill_entry(fs, inode, entry);
+    return create_object(fs, parent, name, &body, &meta, &attrs, target, entry);
+}
+
+int fs_mknod(struct fs *fs, fuse_ino_t parent, const char *name, mode_t mode,
+             dev_t rdev, uid_t uid, gid_t gid, struct fs_entry *entry)
+{
+    enum inode_kind kind = inode_kind_of_mode(mode);
+    struct writer_meta meta = {inode_kind_type(kind) | (mode & 07777), uid, gid,
+                               wall_now()};
+    struct inode_attrs attrs = {
+        .kind = kind,
+        .mtime = meta.mtime,
+        .mode = mode & 07777,
+        .uid = uid,
+        .gid = gid,
+        .headers_known = true,
+        .fetched_at = fs_now_seconds(),
+    };
+    struct s3_body body = {.data = "", .fd = -1, .length = 0};
+
+    memset(entry, 0, sizeof(*entry));
+    if (fs->writer == NULL)
+        return EROFS;
+    /* mkdir and symlink have calls of their own; no other type exists */
+    if ((mode & S_IFMT) != 0 && (mode & S_IFMT) != inode_kind_type(kind))
+        return EINVAL;
+    if (kind == INODE_DIR || kind == INODE_SYMLINK)
+        return EINVAL;
+    if (kind == INODE_CHARDEV || kind == INODE_BLOCKDEV) {
+        if (rdev > UINT32_MAX)
+            return EINVAL; /* FUSE's device numbers have 32 bits */
+        attrs.rdev = (uint32_t)rdev;
     }
-    inode_table_unlock(fs->inodes);
-    if (inode == NULL)
-        err = ENOMEM;
-    else
-        patch_parent(fs, key, &attrs);
-out:
-    free(key);
-    return err;
+    return create_object(fs, parent, name, &body, &meta, &attrs, NULL, entry);
 }
 
 int fs_link(struct fs *fs)
@@ -856,8 +959,9 @@ static int copy_object(struct fs *fs, const char *src_key, const char *etag,
 
 /* ------------------------------------------------------ metadata */
 
-/* Rewrite the metadata of object KEY (ATTRS: what it is now) server-side;
- * the new attributes go to *attrs. */
+/* Rewrite the metadata of object KEY (ATTRS: what it is now, with the
+ * atime and ctime it is to have) server-side; the new attributes go to
+ * *attrs. */
 static int replace_metadata(struct fs *fs, const char *key,
                             const struct writer_meta *meta, struct inode_attrs *attrs)
 {
@@ -867,6 +971,7 @@ static int replace_metadata(struct fs *fs, const char *key,
     int err;
 
     put_meta_of(meta, NULL, &put_meta);
+    put_meta_extras(attrs, &put_meta);
     err = copy_object(fs, key, attrs->etag, attrs->size, key, &put_meta, etag,
                       &size);
     if (err != 0)
@@ -924,7 +1029,8 @@ int fs_setattr(struct fs *fs, fuse_ino_t ino, const struct stat *want, int to_se
     }
 
     if (to_set & (FUSE_SET_ATTR_MODE | FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID |
-                  FUSE_SET_ATTR_MTIME | FUSE_SET_ATTR_MTIME_NOW)) {
+                  FUSE_SET_ATTR_MTIME | FUSE_SET_ATTR_MTIME_NOW |
+                  FUSE_SET_ATTR_ATIME | FUSE_SET_ATTR_ATIME_NOW)) {
         struct writer_meta meta;
         inode_table_lock(fs->inodes);
         attrs = inode->attrs;
@@ -933,9 +1039,16 @@ int fs_setattr(struct fs *fs, fuse_ino_t ino, const struct stat *want, int to_se
             if (wfile == NULL)
                 wfile = fs_staged_get_locked(inode);
         }
+        fs_local_times_locked(inode, &attrs);
         inode_table_unlock(fs->inodes);
         meta_of_attrs(&attrs, &meta);
         struct writer_meta before = meta;
+        struct timespec atime_before = attrs.atime;
+        if (to_set & FUSE_SET_ATTR_ATIME_NOW)
+            attrs.atime = wall_now();
+        else if (to_set & FUSE_SET_ATTR_ATIME)
+            attrs.atime = want->st_atim;
+        attrs.ctime = wall_now(); /* a change of the inode */
         if (to_set & FUSE_SET_ATTR_MODE)
             meta.mode = (meta.mode & S_IFMT) | (want->st_mode & 07777);
         if (to_set & FUSE_SET_ATTR_UID)
@@ -951,12 +1064,14 @@ int fs_setattr(struct fs *fs, fuse_ino_t ino, const struct stat *want, int to_se
          * (times are kept to the second, as s3fs keeps them) */
         bool unchanged = meta.mode == before.mode && meta.uid == before.uid &&
                          meta.gid == before.gid &&
-                         meta.mtime.tv_sec == before.mtime.tv_sec;
+                         meta.mtime.tv_sec == before.mtime.tv_sec &&
+                         attrs.atime.tv_sec == atime_before.tv_sec;
         if (unchanged && attrs.headers_known) {
-            /* nothing to write */
+            /* nothing to write (the ctime changes here: fs_touch_locked) */
+            attrs.ctime = (struct timespec){0, 0};
         } else if (attrs.kind == INODE_DIR) {
             if (key[0] != '\0' && strcmp(key, fs->conf.root_key) != 0)
-                err = put_marker(fs, key, &meta);
+                err = put_marker_with(fs, key, &meta, &attrs);
             if (err == 0) {
                 attrs.mode = meta.mode & 07777;
                 attrs.uid = meta.uid;
@@ -990,9 +1105,11 @@ int fs_setattr(struct fs *fs, fuse_ino_t ino, const struct stat *want, int to_se
     }
 
     inode_table_lock(fs->inodes);
+    fs_touch_locked(inode, false);
     attrs = inode->attrs;
     if (inode->wfile != NULL)
         fs_staged_attrs_locked(fs, inode, &attrs);
+    fs_local_times_locked(inode, &attrs);
     inode_table_unlock(fs->inodes);
     fs_attrs_to_stat(fs, ino, &attrs, out);
     *timeout = fs->conf.attr_ttl;
@@ -1450,12 +1567,15 @@ int fs_rename(struct fs *fs, fuse_ino_t parent, const char *name,
         /* its own saved version moved here, or nothing is here */
         src->replaced_object = src->object_unknown = false;
     }
+    fs_touch_locked(src, false);
     attrs = src->attrs;
     if (src->wfile != NULL)
         fs_staged_attrs_locked(fs, src, &attrs);
     inode_table_unlock(fs->inodes);
     patch_parent(fs, src_key, NULL);
     patch_parent(fs, dst_file_key, &attrs);
+    entry_changed(fs, src_key);
+    entry_changed(fs, dst_file_key);
 out:
     if (held != NULL) { /* the inode has the file's key again: uploads may go */
         writer_file_release(held);

@@ -375,6 +375,18 @@ static void op_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name,
     reply_new_entry(req, err, &entry);
 }
 
+/* FIFOs, sockets (bind), device nodes, and regular files made by
+ * mknod(2): empty objects; FIFO and socket I/O stays in the kernel. */
+static void op_mknod(fuse_req_t req, fuse_ino_t parent, const char *name,
+                     mode_t mode, dev_t rdev)
+{
+    const struct fuse_ctx *ctx = fuse_req_ctx(req);
+    struct fs_entry entry;
+    int err = fs_mknod(request_fs(req), parent, name, mode, rdev, ctx->uid,
+                       ctx->gid, &entry);
+    reply_new_entry(req, err, &entry);
+}
+
 static void op_symlink(fuse_req_t req, const char *target, fuse_ino_t parent,
                        const char *name)
 {
@@ -511,6 +523,7 @@ static const struct fuse_lowlevel_ops ops = {
     .fsyncdir = op_fsyncdir,
     .release = op_release,
     .create = op_create,
+    .mknod = op_mknod,
     .mkdir = op_mkdir,
     .symlink = op_symlink,
     .link = op_link,

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 struct inode_table {
     pthread_mutex_t lock;
@@ -37,6 +38,27 @@ static int compare_key(const void *a, const void *b)
 {
     const struct inode *x = a, *y = b;
     return strcmp(x->key, y->key);
+}
+
+/* kinds and their file type bits, in enum order */
+static const uint32_t kind_types[] = {
+    [INODE_DIR] = S_IFDIR, [INODE_FILE] = S_IFREG, [INODE_SYMLINK] = S_IFLNK,
+    [INODE_FIFO] = S_IFIFO, [INODE_SOCKET] = S_IFSOCK,
+    [INODE_CHARDEV] = S_IFCHR, [INODE_BLOCKDEV] = S_IFBLK,
+};
+
+enum inode_kind inode_kind_of_mode(uint32_t mode)
+{
+    for (size_t kind = 0; kind < sizeof(kind_types) / sizeof(kind_types[0]); kind++)
+        if ((mode & S_IFMT) == kind_types[kind])
+            return (enum inode_kind)kind;
+    return INODE_FILE;
+}
+
+uint32_t inode_kind_type(enum inode_kind kind)
+{
+    return (size_t)kind < sizeof(kind_types) / sizeof(kind_types[0])
+               ? kind_types[kind] : S_IFREG;
 }
 
 void inode_listing_free(struct inode_listing *listing)

@@ -29,10 +29,15 @@
 struct writer_file;
 struct inode_patch;
 
+/* The file types; the values are stored in the cache index (metacache). */
 enum inode_kind {
     INODE_DIR,
     INODE_FILE,
     INODE_SYMLINK,
+    INODE_FIFO,                 /* special files: empty objects whose */
+    INODE_SOCKET,               /* x-amz-meta-mode has the type, as */
+    INODE_CHARDEV,              /* s3fs writes them (fs_mknod) */
+    INODE_BLOCKDEV,
 };
 
 /* What we know of an object or directory. */
@@ -40,8 +45,11 @@ struct inode_attrs {
     enum inode_kind kind;
     uint64_t size;
     struct timespec mtime;
+    struct timespec atime;      /* x-amz-meta-atime; mtime without one */
+    struct timespec ctime;      /* x-amz-meta-ctime; mtime without one */
     uint32_t mode;              /* permission bits only */
     uint32_t uid, gid;
+    uint32_t rdev;              /* device nodes: the number (x-amz-meta-rdev) */
     char etag[S3_ETAG_MAX];     /* "" for directories without a marker */
     bool headers_known;         /* mode/uid/gid came from a HEAD of etag */
     double fetched_at;          /* monotonic seconds when last confirmed */
@@ -100,12 +108,26 @@ struct inode {
     unsigned write_handles;     /* (L) handles open for writing */
     unsigned open_handles;      /* (L) handles open at all */
     bool unlinked;              /* (L) removed: no longer found by key */
+    struct timespec local_ctime; /* (L) the last change made here (setattr,
+                                    rename; a directory's entries): the
+                                    ctime shown is at least this. Kept
+                                    in memory only (fs_local_times_locked) */
+    struct timespec local_mtime; /* (L) directories: the last change of an
+                                    entry made here; the mtime shown is at
+                                    least this (no request to the bucket) */
     struct inode_patch *patches; /* (L) directories: local changes made
                                     while a listing was being fetched, to
                                     replay on it */
 };
 
 struct inode_table;
+
+/* The kind of the file type bits of MODE (S_IFMT): a regular file for
+ * none, or for a type this table has no kind for. */
+enum inode_kind inode_kind_of_mode(uint32_t mode);
+
+/* The file type bits (S_IFDIR, S_IFREG, ...) of KIND. */
+uint32_t inode_kind_type(enum inode_kind kind);
 
 /* Create a table whose root (FUSE_ROOT_ID) is the directory ROOT_KEY. */
 int inode_table_create(const char *root_key, const struct inode_attrs *root,

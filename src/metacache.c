@@ -21,6 +21,7 @@
 #define HASH_LEN 32
 #define PRUNE_BATCH 1024              /* listings dropped per transaction */
 
+/* A record of another size (an older layout) does not match: a miss. */
 struct attrs_record {
     uint8_t kind;
     uint8_t pad[3];
@@ -30,6 +31,10 @@ struct attrs_record {
     uint32_t mtime_nsec;
     uint16_t etag_len;
     uint16_t pad2;
+    int64_t atime_sec, ctime_sec;  /* 0 and 0: none (the mtime) */
+    uint32_t atime_nsec, ctime_nsec;
+    uint32_t rdev;
+    uint32_t pad3;
 };
 
 struct listing_header {
@@ -89,9 +94,14 @@ int metacache_get_attrs(struct cache *cache, const char *key, const char *etag,
             .size = record.size,
             .mtime = {.tv_sec = (time_t)record.mtime_sec,
                       .tv_nsec = (long)record.mtime_nsec},
+            .atime = {.tv_sec = (time_t)record.atime_sec,
+                      .tv_nsec = (long)record.atime_nsec},
+            .ctime = {.tv_sec = (time_t)record.ctime_sec,
+                      .tv_nsec = (long)record.ctime_nsec},
             .mode = record.mode,
             .uid = record.uid,
             .gid = record.gid,
+            .rdev = record.rdev,
             .headers_known = true,
             .fetched_at = monotonic_seconds(),
         };
@@ -121,6 +131,11 @@ int metacache_put_attrs(struct cache *cache, const char *key,
         .mtime_sec = (int64_t)attrs->mtime.tv_sec,
         .mtime_nsec = (uint32_t)attrs->mtime.tv_nsec,
         .etag_len = (uint16_t)etag_len,
+        .atime_sec = (int64_t)attrs->atime.tv_sec,
+        .atime_nsec = (uint32_t)attrs->atime.tv_nsec,
+        .ctime_sec = (int64_t)attrs->ctime.tv_sec,
+        .ctime_nsec = (uint32_t)attrs->ctime.tv_nsec,
+        .rdev = attrs->rdev,
     };
     memcpy(record + 1, attrs->etag, etag_len);
     err = cache_name_hash(cache, key, hash);

@@ -16,6 +16,9 @@
 /* Longest file name component, as Linux. */
 #define NAMES_NAME_MAX 255
 
+/* Longest key S3 stores (bytes of UTF-8): a longer path cannot be made. */
+#define NAMES_KEY_MAX 1024
+
 /* Whether LEN bytes of NAME can be a file name: 1..255 bytes, no '/' or
  * NUL, not "." or "..". */
 bool names_is_valid(const char *name, size_t len);

@@ -45,6 +45,8 @@
 #define LOW_SPEED_LIMIT 1024            /* bytes/s: slower than this ... */
 #define LOW_SPEED_TIME_S 30             /* ... this long aborts a transfer */
 #define PART_ETAGS_XML_MAX (10000u * 200u)
+#define META_LINES 8                    /* add_meta_headers(): Content-Type
+                                           and the seven x-amz-meta-* */
 #define RECEIVE_BUFFER (256L << 10)     /* per connection: GET bodies reach
                                            the cache in writes this large */
 
@@ -392,6 +394,13 @@ static void parse_info_header(struct s3_object_info *info, const char *line,
         info->gid = (uint32_t)number;
     } else if ((value = header_value(line, len, "x-amz-meta-mtime", &vlen))) {
         info->has_mtime = parse_epoch(value, vlen, &info->mtime);
+    } else if ((value = header_value(line, len, "x-amz-meta-atime", &vlen))) {
+        info->has_atime = parse_epoch(value, vlen, &info->atime);
+    } else if ((value = header_value(line, len, "x-amz-meta-ctime", &vlen))) {
+        info->has_ctime = parse_epoch(value, vlen, &info->ctime);
+    } else if ((value = header_value(line, len, "x-amz-meta-rdev", &vlen))) {
+        info->has_rdev = parse_u64(value, vlen, &number) && number <= 0xffffffffu;
+        info->rdev = (uint32_t)number;
     }
 }
 
@@ -1455,10 +1464,10 @@ void s3_list_walk_clear(struct s3_list_walk *walk)
 /* ------------------------------------------------------------- uploads */
 
 /* Add the s3fs metadata headers of META to REQ starting at slot *slot,
- * formatted into STORAGE (5 lines). */
+ * formatted into STORAGE (META_LINES lines). */
 static void add_meta_headers(struct s3_request *req, size_t *slot,
                              const struct s3_put_meta *meta,
-                             char storage[5][160])
+                             char storage[META_LINES][160])
 {
     size_t n = 0;
     if (meta == NULL)
@@ -1481,6 +1490,20 @@ static void add_meta_headers(struct s3_request *req, size_t *slot,
     if (meta->has_mtime) {
         snprintf(storage[n], sizeof(storage[n]), "x-amz-meta-mtime: %lld",
                  (long long)meta->mtime.tv_sec);
+        req->extra_headers[(*slot)++] = storage[n++];
+    }
+    if (meta->has_atime) {
+        snprintf(storage[n], sizeof(storage[n]), "x-amz-meta-atime: %lld",
+                 (long long)meta->atime.tv_sec);
+        req->extra_headers[(*slot)++] = storage[n++];
+    }
+    if (meta->has_ctime) {
+        snprintf(storage[n], sizeof(storage[n]), "x-amz-meta-ctime: %lld",
+                 (long long)meta->ctime.tv_sec);
+        req->extra_headers[(*slot)++] = storage[n++];
+    }
+    if (meta->has_rdev) {
+        snprintf(storage[n], sizeof(storage[n]), "x-amz-meta-rdev: %u", meta->rdev);
         req->extra_headers[(*slot)++] = storage[n++];
     }
 }
@@ -1551,7 +1574,7 @@ int s3_put_object(struct s3_client *client, const char *key,
 {
     char md5[32];
     char md5_header[64];
-    char meta_storage[5][160];
+    char meta_storage[META_LINES][160];
     struct s3_object_info info;
     struct s3_put_meta default_meta = {0};
     struct s3_request req = {
@@ -1611,7 +1634,7 @@ int s3_copy_object(struct s3_client *client, const char *src_key,
                    const char *src_etag, const char *dst_key,
                    const struct s3_put_meta *meta, char *etag_out)
 {
-    char meta_storage[5][160];
+    char meta_storage[META_LINES][160];
     char if_match_header[S3_ETAG_MAX + 40];
     struct capped_buf xml = {.cap = SMALL_BODY_MAX};
     char *etag = NULL;
@@ -1654,7 +1677,7 @@ out:
 int s3_multipart_create(struct s3_client *client, const char *key,
                         const struct s3_put_meta *meta, char **upload_id)
 {
-    char meta_storage[5][160];
+    char meta_storage[META_LINES][160];
     struct s3_put_meta default_meta = {0};
     struct capped_buf xml = {.cap = SMALL_BODY_MAX};
     struct s3_request req = {

@@ -89,6 +89,10 @@ struct s3_object_info {
     uint32_t mode;
     uint32_t uid, gid;
     struct timespec mtime;
+    bool has_atime, has_ctime;      /* x-amz-meta-atime/ctime (s3fs) */
+    struct timespec atime, ctime;
+    bool has_rdev;                  /* x-amz-meta-rdev: a device number */
+    uint32_t rdev;
 };
 
 /* Data to upload: LENGTH bytes from memory (DATA) or from FD at OFFSET. */
@@ -105,6 +109,9 @@ struct s3_put_meta {
     bool has_mode, has_uid, has_gid, has_mtime;
     uint32_t mode, uid, gid;
     struct timespec mtime;
+    bool has_atime, has_ctime, has_rdev;
+    struct timespec atime, ctime;
+    uint32_t rdev;
 };
 
 /* Why a request failed, for messages to the user (no secrets inside). */

@@ -386,6 +386,9 @@ static int copy_meta_from_head(const struct upload_conf *conf,
         .has_uid = info->has_uid, .uid = info->uid,
         .has_gid = info->has_gid, .gid = info->gid,
         .has_mtime = info->has_mtime, .mtime = info->mtime,
+        .has_atime = info->has_atime, .atime = info->atime,
+        .has_ctime = info->has_ctime, .ctime = info->ctime,
+        .has_rdev = info->has_rdev, .rdev = info->rdev,
     };
     return 0;
 }

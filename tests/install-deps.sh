@@ -16,7 +16,7 @@ build_packages=(
 )
 test_packages=(
     python3 python3-pytest python3-boto3 rclone curl attr s3fs awscli
-    fio python3-filelock tar
+    fio python3-filelock tar perl
 )
 # clang's libFuzzer and sanitizers: only for tests/fuzz/run.sh
 fuzz_packages=(clang libclang-rt-14-dev)

@@ -26,6 +26,7 @@
 #include <time.h>
 
 #include "cache.h"
+#include "db.h"
 #include "inode.h"
 #include "metacache.h"
 #include "unit_cache.h"
@@ -156,6 +157,62 @@ static void test_attrs_are_tied_to_their_etag(void **state)
     assert_int_equal(metacache_get_attrs(f->cache, "a/c", "\"abc\"", &got), ENOENT);
 }
 
+/* Special files and the times s3fs writes besides the mtime. */
+static void test_attrs_keep_type_times_and_device(void **state)
+{
+    struct fixture *f = *state;
+    struct inode_attrs attrs = {
+        .kind = INODE_CHARDEV,
+        .mtime = {.tv_sec = 1700000000},
+        .atime = {.tv_sec = 1600000000, .tv_nsec = 7},
+        .ctime = {.tv_sec = 1800000000, .tv_nsec = 9},
+        .mode = 0640,
+        .rdev = 0x10203,
+        .headers_known = true,
+        .etag = "\"dev\"",
+    };
+    struct inode_attrs got;
+
+    assert_int_equal(metacache_put_attrs(f->cache, "d/null", &attrs), 0);
+    cache_close(&f->cache); /* kept across mounts */
+    cache_start(f);
+    assert_int_equal(metacache_get_attrs(f->cache, "d/null", "\"dev\"", &got), 0);
+    assert_int_equal(got.kind, INODE_CHARDEV);
+    assert_int_equal(got.rdev, 0x10203);
+    assert_int_equal(got.atime.tv_sec, 1600000000);
+    assert_int_equal(got.atime.tv_nsec, 7);
+    assert_int_equal(got.ctime.tv_sec, 1800000000);
+    assert_int_equal(got.ctime.tv_nsec, 9);
+    assert_int_equal(got.mode, 0640);
+}
+
+/* A record of the layout before atime, ctime and rdev (a cache written by
+ * an older version) is a miss: one HEAD, never misread fields. */
+static void test_older_attrs_records_miss(void **state)
+{
+    struct fixture *f = *state;
+    struct {
+        uint8_t kind, pad[3];
+        uint32_t mode, uid, gid;
+        uint64_t size;
+        int64_t mtime_sec;
+        uint32_t mtime_nsec;
+        uint16_t etag_len, pad2;
+        char etag[5];
+    } old = {.kind = INODE_FILE, .mode = 0644, .size = 3, .mtime_sec = 1700000000,
+             .etag_len = 5, .etag = "\"old\""};
+    unsigned char hash[32];
+    struct db_txn *txn = NULL;
+    struct inode_attrs got;
+
+    assert_int_equal(cache_name_hash(f->cache, "f", hash), 0);
+    assert_int_equal(db_txn_begin(cache_index(f->cache), true, &txn), 0);
+    assert_int_equal(db_put(txn, DB_ATTRS, hash, sizeof(hash), &old,
+                            offsetof(__typeof__(old), etag) + 5), 0);
+    assert_int_equal(db_txn_commit(&txn), 0);
+    assert_int_equal(metacache_get_attrs(f->cache, "f", "\"old\"", &got), ENOENT);
+}
+
 static void test_listing_round_trip(void **state)
 {
     struct fixture *f = *state;
@@ -237,6 +294,9 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_attrs_are_tied_to_their_etag, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_attrs_keep_type_times_and_device, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_older_attrs_records_miss, setup, teardown),
         cmocka_unit_test_setup_teardown(test_listing_round_trip, setup, teardown),
         cmocka_unit_test_setup_teardown(test_old_listings_are_not_served, setup, teardown),
         cmocka_unit_test_setup_teardown(test_prune_drops_only_old_listings, setup, teardown),
