@@ -1,9 +1,8 @@
 """Third-party POSIX suites on a real mount: xfstests' fsx and pjdfstest.
 
-The suites live outside this repository (tests/posix/build-peer-suites.sh
-says where, and builds them once per build directory, the first test that
-needs them waiting for the build); without them these tests skip, naming
-the variable to set.
+The suites are third-party code carried in tests/peer-suites under their
+own licences (tests/posix/build-peer-suites.sh builds them once per build
+directory, the first test that needs them waiting for the build).
 
 fsx does random reads, writes, truncates and mmap reads and writes on one
 file and checks every byte it reads against its own model of the file.

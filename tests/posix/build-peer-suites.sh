@@ -5,16 +5,18 @@
 # them built and returns at once. Rebuilt when a source file is newer
 # than the last build.
 #
-# The suites are not part of this repository (GPL and BSD code kept
-# apart): S3CACHEFS_PEER_SUITES names their directory, the one with
-# build.sh, pjdfstest/ and fsx/; by default ../shared/peer-suites beside
-# the source tree. Exits 77 (skip) when it is not there.
+# The suites are third-party code under their own licences (pjdfstest:
+# BSD, tests/peer-suites/pjdfstest/COPYING; fsx: GPL-2.0,
+# tests/peer-suites/fsx/LICENSE-GPL-2.0), carried in tests/peer-suites
+# for the tests only: never linked into s3cachefs, never installed.
+# S3CACHEFS_PEER_SUITES names another copy (the directory with build.sh,
+# pjdfstest/ and fsx/). Exits 77 (skip) when there is none.
 #
 # Prints the two programs: OUTDIR/pjdfstest/pjdfstest and OUTDIR/fsx.
 set -eu
 out=${1:?usage: build-peer-suites.sh OUTDIR}
 srcdir=$(cd "$(dirname "$0")/../.." && pwd)
-suites=${S3CACHEFS_PEER_SUITES:-$srcdir/../shared/peer-suites}
+suites=${S3CACHEFS_PEER_SUITES:-$srcdir/tests/peer-suites}
 if [ ! -x "$suites/build.sh" ]; then
     echo "build-peer-suites: no $suites/build.sh (set S3CACHEFS_PEER_SUITES)" >&2
     exit 77
