@@ -782,11 +782,15 @@ int fs_unlink(struct fs *fs, fuse_ino_t parent, const char *name)
     if (err != 0)
         goto out;
     /* never uploaded now; if an upload got there meanwhile, its object
-     * goes too */
-    if (wfile != NULL && writer_file_unlink(wfile, true))
+     * goes too. Its promise stays in the journal until the object under
+     * the key is gone: a crash in between leaves the last promised
+     * version, never an older one. */
+    if (wfile != NULL && writer_file_unlink(wfile, false))
         in_bucket = true;
     if (in_bucket || wfile == NULL)
         err = s3_delete_object(fs->s3, key);
+    if (err == 0 && wfile != NULL)
+        writer_file_forget(wfile);
     log_debug("'%s': unlinked (%s)", key, !in_bucket && wfile != NULL
                                             ? "never in the bucket"
                                             : err == 0 ? "deleted" : strerror(err));
@@ -1265,6 +1269,39 @@ static int move_prefix(struct fs *fs, const char *src_prefix, const char *dst_pr
     return err;
 }
 
+/* Delete the object under the key of INODE, a file with a promise in the
+ * journal (held): it is an older version, or a replaced file's object.
+ * This comes before the promise leaves the key (writer_file_rename(),
+ * writer_file_forget()), so that a crash in between leaves the name with
+ * its last promise, never with that older version. */
+static int drop_older_object(struct fs *fs, struct inode *inode)
+{
+    char *key = NULL;
+    int err = 0;
+
+    inode_table_lock(fs->inodes);
+    if (inode->attrs.etag[0] != '\0' || inode->object_unknown)
+        key = strdup(inode->key);
+    bool none = key == NULL && inode->attrs.etag[0] == '\0' &&
+                !inode->object_unknown;
+    inode_table_unlock(fs->inodes);
+    if (none)
+        return 0;
+    if (key == NULL)
+        return ENOMEM;
+    err = s3_delete_object(fs->s3, key);
+    if (err == 0) {
+        inode_table_lock(fs->inodes);
+        if (strcmp(inode->key, key) == 0) {
+            inode->attrs.etag[0] = '\0'; /* nothing under the key now */
+            inode->object_unknown = inode->replaced_object = false;
+        }
+        inode_table_unlock(fs->inodes);
+    }
+    free(key);
+    return err;
+}
+
 /* One staged file under a directory being renamed. */
 struct staged_move {
     struct inode *inode;          /* pinned */
@@ -1314,16 +1351,23 @@ static int rename_dir(struct fs *fs, const char *src_prefix, const char *dst_pre
     fs->dir_moves = &move;
     fs_staged_visit_locked(fs, src_prefix, collect_staged, &staged);
     inode_table_unlock(fs->inodes);
-    size_t renamed = 0;
+    size_t held = 0, renamed = 0;
     err = 0;
     /* The objects of all of them move below, as every key does; they are
      * held meanwhile, so that no upload of their new data under the new
      * name lands before the move of their old object there. */
-    for (; err == 0 && renamed < staged.count; renamed++) {
+    for (; err == 0 && held < staged.count; held++) {
+        struct staged_move *file = &staged.files[held];
         enum writer_renamed state;
-        err = writer_file_rename(staged.files[renamed].wfile,
-                                 staged.files[renamed].new_key, NULL, &state);
+        err = writer_file_hold(file->wfile, &state);
+        /* a promise leaves its key only once the older version under it is
+         * gone, and that version is not moved */
+        if (err == 0 && state == WRITER_RENAMED_JOURNALED)
+            err = drop_older_object(fs, file->inode);
     }
+    for (; err == 0 && renamed < staged.count; renamed++)
+        err = writer_file_rename(staged.files[renamed].wfile,
+                                 staged.files[renamed].new_key, NULL);
     if (err == 0)
         err = move_prefix(fs, src_prefix, dst_prefix);
     if (err != 0) {
@@ -1348,7 +1392,7 @@ static int rename_dir(struct fs *fs, const char *src_prefix, const char *dst_pre
     pthread_cond_broadcast(&fs->move_done);
     inode_table_unlock(fs->inodes);
     /* uploads may go now: their inodes have the files' keys (fs_uploaded) */
-    for (size_t i = 0; i < renamed; i++)
+    for (size_t i = 0; i < held; i++)
         writer_file_release(staged.files[i].wfile);
     for (size_t i = 0; i < staged.count; i++) {
         fs_staged_put(fs, staged.files[i].inode, &staged.files[i].wfile);
@@ -1366,10 +1410,10 @@ static int rename_dir(struct fs *fs, const char *src_prefix, const char *dst_pre
 /* Rename the file INODE from SRC_KEY to DST_KEY in the bucket, replacing
  * the staged file REPLACED (may be NULL); DST_OBJECT says whether an object
  * may be under DST_KEY. *STATE_OUT says what the file's data was (see
- * writer_file_rename). A staged file is held
- * (writer_file_rename) and handed to the caller in *HELD (a reference for
- * fs_staged_put), to release once the inode has its new key: no upload of
- * it may land under the new name before the old object is moved there. */
+ * writer_file_hold). A staged file is held (writer_file_hold) and handed
+ * to the caller in *HELD (a reference for fs_staged_put), to release once
+ * the inode has its new key: no upload of it may land under the new name
+ * before the old object is moved there. */
 static int rename_file(struct fs *fs, struct inode *inode, const char *src_key,
                        const char *dst_key, struct writer_file *replaced,
                        bool dst_object, struct writer_file **held,
@@ -1388,7 +1432,7 @@ static int rename_file(struct fs *fs, struct inode *inode, const char *src_key,
     inode_table_unlock(fs->inodes);
 
     if (wfile != NULL) {
-        err = writer_file_rename(wfile, dst_key, replaced, &state);
+        err = writer_file_hold(wfile, &state);
         *held = wfile;
     }
     inode_table_lock(fs->inodes);
@@ -1402,6 +1446,10 @@ static int rename_file(struct fs *fs, struct inode *inode, const char *src_key,
     if (inode->wfile != NULL)
         fs_staged_attrs_locked(fs, inode, &attrs); /* what was uploaded */
     inode_table_unlock(fs->inodes);
+    if (err == 0 && state == WRITER_RENAMED_JOURNALED)
+        err = drop_older_object(fs, inode);
+    if (err == 0 && wfile != NULL)
+        err = writer_file_rename(wfile, dst_key, replaced);
     if (err == 0 && wfile != NULL && state == WRITER_RENAMED_UPLOADED) {
         char etag[S3_ETAG_MAX];
         if (writer_file_etag(wfile, etag))
@@ -1423,10 +1471,9 @@ static int rename_file(struct fs *fs, struct inode *inode, const char *src_key,
         if (err == 0 || err == ENOENT)
             err = s3_delete_object(fs->s3, src_key);
     } else if (err == 0 && state != WRITER_RENAMED_UPLOADED) {
-        /* not uploaded yet: only where it goes changes; an older version
-         * (or a replaced file's object) under the old name goes away as
-         * rename says */
-        if (some_object)
+        /* not uploaded yet: only where it goes changes; an object under
+         * the old name goes away as rename says (journaled: gone above) */
+        if (state == WRITER_RENAMED_UNSAVED && some_object)
             err = s3_delete_object(fs->s3, src_key);
         /* saved nowhere (never closed, no older version): the object the
          * rename replaces is not kept until this file's upload, for a

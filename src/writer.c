@@ -77,6 +77,7 @@
 
 #include "writer.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -1756,16 +1757,12 @@ static int move_entry(struct writer *writer, struct writer_file *file,
     return err;
 }
 
-int writer_file_rename(struct writer_file *file, const char *new_key,
-                       struct writer_file *replaced, enum writer_renamed *state)
+int writer_file_hold(struct writer_file *file, enum writer_renamed *state)
 {
     struct writer *writer = file->writer;
-    char *copy = strdup(new_key);
     int err = 0;
 
     *state = WRITER_RENAMED_UPLOADED;
-    if (copy == NULL)
-        err = ENOMEM;
     /* a write-behind upload is under way at the old key: finish it there,
      * then the object moves as any uploaded one (if that upload fails,
      * the file is pending again and goes to the new key later) */
@@ -1773,22 +1770,18 @@ int writer_file_rename(struct writer_file *file, const char *new_key,
     bool streamed = file->wb != NULL && is_pending(file);
     uint64_t whole = file->size;
     pthread_mutex_unlock(&writer->lock);
-    if (err == 0 && streamed)
+    if (streamed)
         upload_version(writer, file, false);
     /* the base object is about to move or go: fetch what is still there */
-    if (err == 0)
-        err = make_present(writer, file, 0, whole, false);
+    err = make_present(writer, file, 0, whole, false);
 
     pthread_mutex_lock(&writer->lock);
     hold_locked_wait(writer, file); /* held from here on, even on failure */
     if (err != 0) {
         pthread_mutex_unlock(&writer->lock);
-        free(copy);
         return err;
     }
     drop_base_locked(file); /* complete: nothing is copied from it now */
-    free(file->key);
-    file->key = copy;
     if (is_pending(file))
         *state = has_promise(file) ? WRITER_RENAMED_JOURNALED
                                    : WRITER_RENAMED_UNSAVED;
@@ -1796,17 +1789,34 @@ int writer_file_rename(struct writer_file *file, const char *new_key,
      * write-behind upload, for the old key: it goes */
     struct writebehind *stale = file->wb;
     file->wb = NULL;
-    bool journaled = file->entry != NULL;
     pthread_mutex_unlock(&writer->lock);
     writebehind_abandon(&stale); /* (safe on NULL) */
+    return 0;
+}
+
+int writer_file_rename(struct writer_file *file, const char *new_key,
+                       struct writer_file *replaced)
+{
+    struct writer *writer = file->writer;
+    char *copy = strdup(new_key);
+
+    if (copy == NULL)
+        return ENOMEM;
+    pthread_mutex_lock(&writer->lock);
+    assert(file->held);
+    free(file->key);
+    file->key = copy;
+    /* (held: the state writer_file_hold() found has not changed) */
+    bool takes_place = is_pending(file) && has_promise(file);
+    bool journaled = file->entry != NULL;
+    pthread_mutex_unlock(&writer->lock);
     /* the entry names the new key; the replaced file's promise goes in the
      * same transaction only when this one takes its place in the journal
      * (otherwise the caller drops it once the bucket has the new object:
      * writer_file_forget) */
-    bool takes_place = *state == WRITER_RENAMED_JOURNALED;
     if (journaled || (takes_place && replaced != NULL))
-        err = move_entry(writer, file, takes_place ? replaced : NULL);
-    return err;
+        return move_entry(writer, file, takes_place ? replaced : NULL);
+    return 0;
 }
 
 int writer_file_rename_back(struct writer_file *file, const char *key)

@@ -189,12 +189,14 @@ bool writer_file_pending(struct writer_file *file);
  * callback not returned yet): what it made is not recorded everywhere. */
 bool writer_file_uploading(struct writer_file *file);
 
-/* What a renamed file's data was, as writer_file_rename() found it. */
+/* What a renamed file's data was, as writer_file_hold() found it. */
 enum writer_renamed {
     /* in the bucket: the object at the old key is the file (to be moved) */
     WRITER_RENAMED_UPLOADED,
-    /* to be uploaded, journaled under the new key: an object at the old
-     * key is an older version (it may go) */
+    /* to be uploaded, its promise in the journal: an object at the old key
+     * is an older version, to be deleted before the promise leaves the key
+     * (writer_file_rename()), so that a crash in between leaves the old
+     * name with its last promise, never with that older version */
     WRITER_RENAMED_JOURNALED,
     /* to be uploaded, saved nowhere yet (written, not yet closed): an
      * object at the old key is the last saved version, the only one a
@@ -202,27 +204,33 @@ enum writer_renamed {
     WRITER_RENAMED_UNSAVED,
 };
 
-/* The file is now to be uploaded as NEW_KEY (a rename; the journal
- * follows). Waits for an upload of it under way. *STATE says what the data
- * was (see enum writer_renamed); once not UPLOADED, the data goes to
- * NEW_KEY when it is uploaded. REPLACED (may be NULL) is the staged file
- * the rename replaces at NEW_KEY, unlinked before with
+/* Hold the file for a rename: wait for an upload of it under way, fetch
+ * what an edit still needs of its base, and keep every upload, write or
+ * other change of it from beginning, also on failure, until
+ * writer_file_release(). *STATE says what the data is (see enum
+ * writer_renamed); it stays so while the file is held. A rename moves
+ * the old object first, and an upload of the new data must not land
+ * before it. 0 or the fetch's errno. */
+int writer_file_hold(struct writer_file *file, enum writer_renamed *state);
+
+/* The file, held, is now to be uploaded as NEW_KEY (a rename); once not
+ * UPLOADED, its data goes to NEW_KEY when it is uploaded, and its journal
+ * entry names NEW_KEY on return. REPLACED (may be NULL) is the staged
+ * file the rename replaces at NEW_KEY, unlinked before with
  * writer_file_unlink(REPLACED, false): when the state is JOURNALED, its
  * journal entry goes in the same transaction as this file's entry moves
  * to NEW_KEY (a crash leaves one promise or the other); otherwise the
  * caller drops it with writer_file_forget() once the bucket holds what
- * NEW_KEY now names. The file stays held on return, also on failure (no
- * upload, write or other change of it begins) until
- * writer_file_release(): a rename moves the old object first, and an
- * upload of the new data must not land before it. */
+ * NEW_KEY now names. 0, ENOMEM or the journal's errno (the key is the
+ * new one even then: writer_file_rename_back() puts it back). */
 int writer_file_rename(struct writer_file *file, const char *new_key,
-                       struct writer_file *replaced, enum writer_renamed *state);
+                       struct writer_file *replaced);
 
-/* Undo the rename of a file held by writer_file_rename(): it is to be
- * uploaded as KEY again (re-journaled if it was), still held. */
+/* Undo writer_file_rename() of a held file: it is to be uploaded as KEY
+ * again (re-journaled if it was), still held. */
 int writer_file_rename_back(struct writer_file *file, const char *key);
 
-/* End the hold of writer_file_rename(). */
+/* End the hold of writer_file_hold(). */
 void writer_file_release(struct writer_file *file);
 
 /* Fetch every byte of an edit's base that is not staged yet (its object
