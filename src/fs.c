@@ -457,14 +457,46 @@ void fs_staged_visit_locked(struct fs *fs, const char *prefix,
     twalk_r(fs->staged, staged_visit_node, &walk);
 }
 
+static void probe_pending(void *arg, struct inode *inode)
+{
+    bool *found = arg;
+
+    if (writer_file_pending(inode->wfile))
+        *found = true;
+}
+
+bool fs_staged_pending_under_locked(struct fs *fs, const char *prefix)
+{
+    bool found = false;
+
+    fs_staged_visit_locked(fs, prefix, probe_pending, &found);
+    return found;
+}
+
 static void merge_one_locked(void *arg, struct inode *inode)
 {
     struct staged_merge *merge = arg;
     const char *name = inode->key + merge->dir_len;
+    const char *slash = strchr(name, '/');
     struct inode_attrs attrs;
 
-    if (name[0] == '\0' || strchr(name, '/') != NULL)
-        return; /* the directory itself, or deeper */
+    if (name[0] == '\0')
+        return; /* the directory itself */
+    if (slash != NULL) {
+        /* deeper: its directory may have no key in the bucket yet (after a
+         * crash during a directory rename, recovery uploads its files
+         * under the new name), and is shown meanwhile */
+        char *dir_name = strndup(name, (size_t)(slash - name));
+        if (dir_name != NULL && slash[1] != '\0' &&
+            inode_listing_find(merge->dir->listing, dir_name) == NULL &&
+            writer_file_pending(inode->wfile)) {
+            fs_dir_attrs(merge->fs, &attrs);
+            inode_listing_patch_locked(merge->fs->inodes, merge->dir, dir_name,
+                                       &attrs);
+        }
+        free(dir_name);
+        return;
+    }
     fs_staged_attrs_locked(merge->fs, inode, &attrs);
     inode_listing_patch_locked(merge->fs->inodes, merge->dir, name, &attrs);
 }
@@ -956,10 +988,9 @@ int fs_lookup(struct fs *fs, fuse_ino_t parent_ino, const char *name,
 
     if (listing != NULL) {
         const struct inode_dirent *entry = inode_listing_find(listing, name);
-        if (entry == NULL)
-            goto out; /* negative entry */
-        is_dir = entry->attrs.kind == INODE_DIR;
-        if (is_dir) {
+        if (entry == NULL) {
+            err = ENOENT;
+        } else if ((is_dir = entry->attrs.kind == INODE_DIR)) {
             attrs = entry->attrs;
             resolve_dir(fs, dir_key, &attrs);
         } else
@@ -968,6 +999,18 @@ int fs_lookup(struct fs *fs, fuse_ino_t parent_ino, const char *name,
     } else {
         err = probe_name(fs, file_key, dir_key, &attrs, &is_dir);
         asked = !is_dir;
+    }
+    if (err == ENOENT) {
+        /* a directory whose only keys wait for their upload here */
+        inode_table_lock(fs->inodes);
+        bool pending = fs_staged_pending_under_locked(fs, dir_key);
+        inode_table_unlock(fs->inodes);
+        if (pending) {
+            err = 0;
+            is_dir = true;
+            asked = false;
+            fs_dir_attrs(fs, &attrs);
+        }
     }
     if (err == ENOENT) {
         err = 0; /* negative entry */

@@ -125,6 +125,9 @@ void fs_staged_visit_locked(struct fs *fs, const char *prefix,
                             void (*visit)(void *arg, struct inode *inode),
                             void *arg);
 
+/* Whether a file under PREFIX waits for its upload. Lock held. */
+bool fs_staged_pending_under_locked(struct fs *fs, const char *prefix);
+
 /* Whether a directory rename moving keys from or to a prefix of KEY is
  * under way (fs->dir_moves). Lock held. */
 bool fs_move_under_way_locked(const struct fs *fs, const char *key);

@@ -472,21 +472,11 @@ static int child_key(struct fs *fs, fuse_ino_t parent_ino, const char *name,
     return err;
 }
 
-static void probe_pending(void *arg, struct inode *inode)
-{
-    bool *found = arg;
-
-    if (writer_file_pending(inode->wfile))
-        *found = true;
-}
-
 /* Whether a file under PREFIX waits for its upload. */
 static bool is_staged_pending_under(struct fs *fs, const char *prefix)
 {
-    bool found = false;
-
     inode_table_lock(fs->inodes);
-    fs_staged_visit_locked(fs, prefix, probe_pending, &found);
+    bool found = fs_staged_pending_under_locked(fs, prefix);
     inode_table_unlock(fs->inodes);
     return found;
 }

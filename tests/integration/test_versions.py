@@ -272,6 +272,49 @@ def test_crash_while_an_older_version_is_deleted(server, s3, bucket, proxy,
             assert sha(object_bytes(s3, bucket, other)) == sha(v2), other
 
 
+def test_crash_during_a_directory_rename_shows_the_new_name(
+        server, s3, bucket, proxy, mount, tmp_path):
+    """-o writeback: d/f closed (journaled, not uploaded: another descriptor
+    keeps it open for writing), `mv d e`, kill -9 while the move's copy of
+    the marker d/ is held. The next mount's recovery uploads f as e/f; while
+    that upload is held at a second proxy, `ls` shows e, and e/f reads the
+    closed bytes. (Before: e had no key in the bucket yet, and the mount
+    showed neither until the upload was done; found by the crash torture,
+    seed 7901116.)"""
+    cache = tmp_path / 'cache'
+    mnt = mount(bucket, options=['writeback'], endpoint=proxy.endpoint,
+                cache=cache)
+    (mnt.path / 'd').mkdir()
+    closed = payload('closed', 70 * KiB)
+    keeper = os.open(mnt.path / 'd' / 'f', os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        write_file(mnt.path / 'd' / 'f', closed)
+        time.sleep(0.5)   # past the settle: f stays unsent while open
+        proxy.inject('hold', HOLD_ALL, put_to('e/'))
+        renaming = start_in_thread(os.rename, mnt.path / 'd', mnt.path / 'e')
+        wait_for(lambda: proxy.holding >= 1, 10, 'the copy of the marker')
+        kill_9(mnt)
+        with pytest.raises(OSError):
+            renaming.result(timeout=HANG_TIMEOUT)
+    finally:
+        try:
+            os.close(keeper)
+        except OSError as error:
+            assert error.errno == errno.ENOTCONN
+        proxy.stop()
+    assert head(s3, bucket, 'e/f') is None and head(s3, bucket, 'd/f') is None
+    with s3proxy.S3Proxy(server.endpoint) as second:
+        second.inject('hold', HOLD_ALL, put_to('e/f'))
+        again = mount(bucket, options=['writeback'], endpoint=second.endpoint,
+                      cache=cache, name='again')
+        wait_for(lambda: second.holding >= 1, 10, 'the upload of e/f')
+        assert 'e' in os.listdir(again.path)
+        assert sha((again.path / 'e' / 'f').read_bytes()) == sha(closed)
+        second.release()
+        unmount_command(again)
+    assert sha(object_bytes(s3, bucket, 'e/f')) == sha(closed)
+
+
 # ------------------------------------------------------ failures heal
 
 @pytest.mark.parametrize('mode', ['default', 'writeback'])
