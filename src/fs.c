@@ -33,6 +33,7 @@
 #include "metacache.h"
 #include "names.h"
 #include "reader.h"
+#include "s3walk.h"
 #include "workers.h"
 
 #define MAX_REQUEST (8u << 20)           /* largest coalesced GET */
@@ -358,19 +359,19 @@ static int add_page(struct fs *fs, const char *dir_key,
 
 /* LIST every page of DIR_KEY into a new sorted, de-duplicated listing.
  * EFBIG when it has more than MAX_PAGES pages (0: no limit); EIO when the
- * server's pages would go round for ever (s3_list_walk_next()). */
+ * server's pages would go round for ever (s3walk_next()). */
 static int fetch_listing(struct fs *fs, const char *dir_key, unsigned max_pages,
                          struct inode_listing **out)
 {
     struct listing_builder builder = {0};
-    struct s3_list_walk walk = {0};
+    struct s3walk walk = {0};
     unsigned pages = 0;
     int err = 0;
 
     *out = NULL;
     do {
         struct s3xml_listing page;
-        err = s3_list_walk_next(fs->s3, &walk, dir_key, "/", LIST_PAGE, &page);
+        err = s3walk_next(fs->s3, &walk, dir_key, "/", LIST_PAGE, &page);
         if (err == 0)
             err = add_page(fs, dir_key, &page, &builder);
         if (err == 0 && !walk.done && max_pages > 0 && ++pages >= max_pages)
@@ -379,7 +380,7 @@ static int fetch_listing(struct fs *fs, const char *dir_key, unsigned max_pages,
             err = ECANCELED; /* a background relisting at unmount */
         s3xml_listing_free(&page);
     } while (err == 0 && !walk.done);
-    s3_list_walk_clear(&walk);
+    s3walk_clear(&walk);
     if (err != 0)
         goto out;
 

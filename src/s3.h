@@ -189,61 +189,12 @@ int s3_get_object_stream(struct s3_client *client, const char *key,
  * (NULL for the first page) or else after START_AFTER (may be NULL).
  * Fills *out (free with s3xml_listing_free()). A truncated page whose next
  * token is CONTINUATION_TOKEN again (a listing that would never end) is
- * EIO, with one log line; s3_list_walk_next() guards whole walks.
+ * EIO, with one log line; s3walk_next() (s3walk.h) guards whole walks.
  */
 int s3_list_objects(struct s3_client *client, const char *prefix,
                     const char *delimiter, const char *continuation_token,
                     const char *start_after, unsigned max_keys,
                     struct s3xml_listing *out);
-
-/*
- * The pages of one listing, one after the other, with a guard: a
- * continuation token already used in this walk, or a page whose entries
- * all sort at or before the greatest one listed before (a page that makes
- * no progress), ends the walk with EIO and one log line, as does a run of
- * S3_LIST_EMPTY_PAGES_MAX truncated pages without entries. A server that
- * sends the same pages over and over would otherwise be listed forever,
- * and the caller's memory would grow with it.
- *
- *     struct s3_list_walk walk = {0};
- *     while (!walk.done) {
- *         err = s3_list_walk_next(client, &walk, prefix, "/", 1000, &page);
- *         ... use page, s3xml_listing_free(&page) ...
- *     }
- *     s3_list_walk_clear(&walk);
- *
- * A zeroed struct is a walk before its first page; walk.done is set by the
- * call that returned the last page. The fields are the walk's own.
- */
-#define S3_LIST_EMPTY_PAGES_MAX 100
-
-struct s3_list_walk {
-    bool done;                /* the last page has been returned */
-    char *token;              /* continuation token of the next page */
-    char *greatest;           /* greatest key or prefix listed so far */
-    uint64_t *tokens_seen;    /* hashes of the tokens used */
-    size_t tokens_count, tokens_cap;
-    unsigned empty_pages;     /* truncated pages without entries in a row */
-};
-
-/* The next page of PREFIX (DELIMITER, MAX_KEYS as s3_list_objects()) into
- * *out (free with s3xml_listing_free()). Returns 0, EIO (a page that would
- * make the walk go round, or a bad answer), EINVAL once WALK is done, or
- * s3_list_objects()'s errno; on error *out is empty. */
-int s3_list_walk_next(struct s3_client *client, struct s3_list_walk *walk,
-                      const char *prefix, const char *delimiter,
-                      unsigned max_keys, struct s3xml_listing *out);
-
-/* The guard and step of s3_list_walk_next(), without the request: check
- * PAGE (a page of PREFIX just listed with WALK->token) against what WALK
- * has seen, and make WALK ready for the next page (or done). Returns 0,
- * EIO (logged: the walk would go round), EINVAL (WALK is done) or ENOMEM;
- * on error WALK is done. PAGE stays the caller's. */
-int s3_list_walk_advance(struct s3_list_walk *walk, const char *prefix,
-                         const struct s3xml_listing *page);
-
-/* Free what WALK holds and zero it; safe twice. */
-void s3_list_walk_clear(struct s3_list_walk *walk);
 
 /* PUT an object in one request, with Content-MD5 checked by the server.
  * ETAG_OUT (S3_ETAG_MAX bytes) may be NULL. */
