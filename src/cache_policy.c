@@ -24,6 +24,7 @@
 #include <sys/statvfs.h>
 #include <time.h>
 
+#include "clock.h"
 #include "log.h"
 
 /* The largest block record: its header and a checksum per piece. */
@@ -419,9 +420,8 @@ void *cache_flusher_main(void *arg)
 
     pthread_mutex_lock(&cache->lock);
     while (!cache->stopping) {
-        struct timespec until;
-        clock_gettime(CLOCK_MONOTONIC, &until); /* flusher_wake's clock */
-        until.tv_sec += FLUSH_INTERVAL_S;
+        /* (flusher_wake waits on the monotonic clock) */
+        struct timespec until = clock_monotonic_after(FLUSH_INTERVAL_S);
         pthread_cond_timedwait(&cache->flusher_wake, &cache->lock, &until);
         if (cache->stopping)
             break;

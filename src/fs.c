@@ -27,6 +27,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "clock.h"
 #include "fs_internal.h"
 #include "inode.h"
 #include "log.h"
@@ -86,13 +87,6 @@ static struct fs_handle *handle_pop(struct fs *fs, struct fs_handle *list)
     return handle;
 }
 
-double fs_now_seconds(void)
-{
-    struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    return (double)now.tv_sec + (double)now.tv_nsec / 1e9;
-}
-
 /* Log a skipped or hidden key once per mount, whatever the relistings. */
 static void log_key_once(struct fs *fs, const char *key, const char *why)
 {
@@ -125,7 +119,7 @@ void fs_dir_attrs(const struct fs *fs, struct inode_attrs *out)
         .mode = fs->conf.dir_mode,
         .uid = fs->conf.uid,
         .gid = fs->conf.gid,
-        .fetched_at = fs_now_seconds(),
+        .fetched_at = clock_monotonic_seconds(),
     };
 }
 
@@ -139,7 +133,7 @@ static void listing_file_attrs(const struct fs *fs, const struct s3xml_object *o
         .mode = fs->conf.file_mode,
         .uid = fs->conf.uid,
         .gid = fs->conf.gid,
-        .fetched_at = fs_now_seconds(),
+        .fetched_at = clock_monotonic_seconds(),
     };
     snprintf(out->etag, sizeof(out->etag), "%s", object->etag ? object->etag : "");
 }
@@ -155,7 +149,7 @@ void fs_head_file_attrs(const struct fs *fs, const struct s3_object_info *info,
         .uid = info->has_uid ? info->uid : fs->conf.uid,
         .gid = info->has_gid ? info->gid : fs->conf.gid,
         .headers_known = true,
-        .fetched_at = fs_now_seconds(),
+        .fetched_at = clock_monotonic_seconds(),
     };
     if (info->has_mode) {
         out->mode = info->mode & 07777;
@@ -216,7 +210,7 @@ void fs_meta_attrs(const struct writer_meta *meta, uint64_t size, const char *et
         .uid = meta->uid,
         .gid = meta->gid,
         .headers_known = true,
-        .fetched_at = fs_now_seconds(),
+        .fetched_at = clock_monotonic_seconds(),
     };
     snprintf(out->etag, sizeof(out->etag), "%s", etag);
 }
@@ -254,9 +248,8 @@ void fs_local_times_locked(const struct inode *inode, struct inode_attrs *attrs)
 
 void fs_touch_locked(struct inode *inode, bool entries)
 {
-    struct timespec now;
+    struct timespec now = clock_wall_now();
 
-    clock_gettime(CLOCK_REALTIME, &now);
     inode->local_ctime = now;
     if (entries)
         inode->local_mtime = now;
@@ -407,7 +400,7 @@ static int fetch_listing(struct fs *fs, const char *dir_key, unsigned max_pages,
         err = ENOMEM;
         goto out;
     }
-    (*out)->fetched_at = fs_now_seconds();
+    (*out)->fetched_at = clock_monotonic_seconds();
     (*out)->count = builder.count;
     (*out)->entries = builder.entries;
     builder.entries = NULL;
@@ -417,13 +410,6 @@ out:
         free(builder.entries[i].name);
     free(builder.entries);
     return err;
-}
-
-double fs_wall_seconds(void)
-{
-    struct timespec now;
-    clock_gettime(CLOCK_REALTIME, &now);
-    return (double)now.tv_sec + (double)now.tv_nsec / 1e9;
 }
 
 struct staged_merge {
@@ -534,7 +520,7 @@ static struct inode_listing *empty_listing(void)
 
     if (listing != NULL) {
         listing->refs = 1;
-        listing->fetched_at = fs_now_seconds();
+        listing->fetched_at = clock_monotonic_seconds();
     }
     return listing;
 }
@@ -566,7 +552,7 @@ int fs_get_listing(struct fs *fs, struct inode *dir, unsigned max_pages,
         }
         for (;;) {
             if (dir->listing != NULL &&
-                fs_now_seconds() - dir->listing->fetched_at < fs->conf.dir_ttl) {
+                clock_monotonic_seconds() - dir->listing->fetched_at < fs->conf.dir_ttl) {
                 *out = inode_listing_ref_locked(dir->listing);
                 inode_table_unlock(fs->inodes);
                 return 0;
@@ -591,7 +577,7 @@ int fs_get_listing(struct fs *fs, struct inode *dir, unsigned max_pages,
         /* stored before the check: a rename that ends after it forgets
          * the stored listing itself, one that ended before is seen below */
         if (from_bucket)
-            metacache_put_listing(fs->conf.cache, dir_key, listing, fs_wall_seconds());
+            metacache_put_listing(fs->conf.cache, dir_key, listing, clock_wall_seconds());
 
         inode_table_lock(fs->inodes);
         dir->listing_fetch = false;
@@ -946,7 +932,7 @@ int fs_lookup(struct fs *fs, fuse_ino_t parent_ino, const char *name,
      * few pages: after PROBES_BEFORE_LISTING probes (two requests each) it
      * is tried. */
     if (parent->listing != NULL &&
-        fs_now_seconds() - parent->listing->fetched_at < fs->conf.dir_ttl)
+        clock_monotonic_seconds() - parent->listing->fetched_at < fs->conf.dir_ttl)
         listing = inode_listing_ref_locked(parent->listing); /* fresh */
     bool listed = listing == NULL && worth_relisting_locked(fs, parent);
     /* A file of the last listing whose headers are not known here needs a
@@ -960,7 +946,7 @@ int fs_lookup(struct fs *fs, fuse_ino_t parent_ino, const char *name,
      * ("dir wins", above): that may take STALE_LISTING_TTLS x dir_ttl. */
     bool confirm = false;
     if (listed && (parent->listing_fetch ||
-                   fs_now_seconds() - parent->listing->fetched_at <
+                   clock_monotonic_seconds() - parent->listing->fetched_at <
                        STALE_LISTING_TTLS * fs->conf.dir_ttl)) {
         const struct inode_dirent *last = inode_listing_find(parent->listing, name);
         struct inode *known = inode_find_locked(fs->inodes, file_key);
@@ -1114,7 +1100,7 @@ int fs_getattr(struct fs *fs, fuse_ino_t ino, struct stat *out, double *timeout)
     fs_local_times_locked(inode, &attrs);
     inode_table_unlock(fs->inodes);
     if (!local && attrs.kind != INODE_DIR &&
-        fs_now_seconds() - attrs.fetched_at >= fs->conf.attr_ttl) {
+        clock_monotonic_seconds() - attrs.fetched_at >= fs->conf.attr_ttl) {
         err = fs_revalidate_file(fs, inode, &attrs);
         if (err == 0) {
             inode_table_lock(fs->inodes);
@@ -1192,7 +1178,7 @@ static struct inode_listing *listing_to_show(struct fs *fs, struct inode *dir)
 
     inode_table_lock(fs->inodes);
     if (dir->listing != NULL) {
-        double age = fs_now_seconds() - dir->listing->fetched_at;
+        double age = clock_monotonic_seconds() - dir->listing->fetched_at;
         if (age < STALE_LISTING_TTLS * fs->conf.dir_ttl)
             listing = inode_listing_ref_locked(dir->listing);
         /* a full queue (find, du): the next opendir asks again */
@@ -1342,7 +1328,7 @@ int fs_dir_entries_plus(struct fs *fs, struct fs_dir *dir, size_t index,
             else if (jobs[j].err == ENOENT)
                 slot->headers_known = true;
             if (jobs[j].err == 0 || jobs[j].err == ENOENT)
-                slot->fetched_at = fs_now_seconds(); /* newer than the inode's */
+                slot->fetched_at = clock_monotonic_seconds(); /* newer than the inode's */
         } else if (jobs[j].err == 0) {
             fs_head_file_attrs(fs, &jobs[j].info, slot);
             metacache_put_attrs(fs->conf.cache, jobs[j].key, slot);
@@ -1458,7 +1444,7 @@ int fs_open(struct fs *fs, fuse_ino_t ino, int flags, struct fs_file **out,
 
     /* close-to-open: revalidate what is older than the attribute TTL */
     if (!staged && !(flags & O_TRUNC) &&
-        fs_now_seconds() - attrs.fetched_at >= fs->conf.attr_ttl) {
+        clock_monotonic_seconds() - attrs.fetched_at >= fs->conf.attr_ttl) {
         err = fs_revalidate_file(fs, inode, &attrs);
         if (err != 0)
             goto out;
@@ -1669,7 +1655,7 @@ int fs_create(const struct fs_conf *conf, struct s3_client *s3, struct fs **out)
     fs->open_files.next = fs->open_files.prev = &fs->open_files;
     pthread_cond_init(&fs->listing_done, NULL);
     pthread_cond_init(&fs->move_done, NULL);
-    clock_gettime(CLOCK_REALTIME, &fs->mount_time);
+    fs->mount_time = clock_wall_now();
     fs->root_key = strdup(conf->root_key);
     if (fs->root_key == NULL) {
         err = ENOMEM;

@@ -89,8 +89,6 @@ struct fs_file {
 void fs_handle_add(struct fs *fs, struct fs_handle *list, struct fs_handle *handle);
 void fs_handle_remove(struct fs *fs, struct fs_handle *handle);
 
-double fs_now_seconds(void);
-double fs_wall_seconds(void);
 void fs_dir_attrs(const struct fs *fs, struct inode_attrs *out);
 void fs_head_file_attrs(const struct fs *fs, const struct s3_object_info *info,
                         struct inode_attrs *out);

@@ -26,6 +26,7 @@
 #include <unistd.h>
 #include <linux/fs.h>
 
+#include "clock.h"
 #include "fs_internal.h"
 #include "log.h"
 #include "metacache.h"
@@ -140,13 +141,6 @@ static void put_meta_extras(const struct inode_attrs *attrs, struct s3_put_meta 
         out->has_rdev = true;
         out->rdev = attrs->rdev;
     }
-}
-
-static struct timespec wall_now(void)
-{
-    struct timespec now;
-    clock_gettime(CLOCK_REALTIME, &now);
-    return now;
 }
 
 /* ------------------------------------------------------ staged files */
@@ -509,12 +503,12 @@ int fs_create_file(struct fs *fs, fuse_ino_t parent, const char *name,
 {
     struct inode_attrs attrs = {
         .kind = INODE_FILE,
-        .mtime = wall_now(),
+        .mtime = clock_wall_now(),
         .mode = mode & 07777,
         .uid = uid,
         .gid = gid,
         .headers_known = true,
-        .fetched_at = fs_now_seconds(),
+        .fetched_at = clock_monotonic_seconds(),
     };
     struct fs_file *file = NULL;
     struct inode *inode = NULL;
@@ -631,7 +625,7 @@ static int put_marker(struct fs *fs, const char *dir_key,
 int fs_mkdir(struct fs *fs, fuse_ino_t parent, const char *name, mode_t mode,
              uid_t uid, gid_t gid, struct fs_entry *entry)
 {
-    struct writer_meta meta = {S_IFDIR | (mode & 07777), uid, gid, wall_now()};
+    struct writer_meta meta = {S_IFDIR | (mode & 07777), uid, gid, clock_wall_now()};
     struct inode_attrs attrs;
     char *key = NULL;
 
@@ -655,7 +649,7 @@ int fs_mkdir(struct fs *fs, fuse_ino_t parent, const char *name, mode_t mode,
         /* a new directory is empty: lookups in it need no LIST */
         struct inode_listing *empty = calloc(1, sizeof(*empty));
         if (empty != NULL) {
-            empty->fetched_at = fs_now_seconds();
+            empty->fetched_at = clock_monotonic_seconds();
             inode_set_listing_locked(fs->inodes, inode, empty);
         }
         fs_fill_entry(fs, inode, entry);
@@ -735,7 +729,7 @@ static void keep_parent_dir(struct fs *fs, const char *key)
         s3xml_listing_free(&page);
         if (gone) {
             struct writer_meta meta = {S_IFDIR | fs->conf.dir_mode, fs->conf.uid,
-                                       fs->conf.gid, wall_now()};
+                                       fs->conf.gid, clock_wall_now()};
             put_marker(fs, parent_key, &meta);
         }
     }
@@ -847,7 +841,7 @@ out:
 int fs_symlink(struct fs *fs, const char *target, fuse_ino_t parent,
                const char *name, uid_t uid, gid_t gid, struct fs_entry *entry)
 {
-    struct writer_meta meta = {S_IFLNK | 0777, uid, gid, wall_now()};
+    struct writer_meta meta = {S_IFLNK | 0777, uid, gid, clock_wall_now()};
     struct inode_attrs attrs = {
         .kind = INODE_SYMLINK,
         .size = strlen(target),
@@ -856,7 +850,7 @@ int fs_symlink(struct fs *fs, const char *target, fuse_ino_t parent,
         .uid = uid,
         .gid = gid,
         .headers_known = true,
-        .fetched_at = fs_now_seconds(),
+        .fetched_at = clock_monotonic_seconds(),
     };
     struct s3_body body = {.data = target, .fd = -1, .length = strlen(target)};
 
@@ -873,7 +867,7 @@ int fs_mknod(struct fs *fs, fuse_ino_t parent, const char *name, mode_t mode,
 {
     enum inode_kind kind = inode_kind_of_mode(mode);
     struct writer_meta meta = {inode_kind_type(kind) | (mode & 07777), uid, gid,
-                               wall_now()};
+                               clock_wall_now()};
     struct inode_attrs attrs = {
         .kind = kind,
         .mtime = meta.mtime,
@@ -881,7 +875,7 @@ int fs_mknod(struct fs *fs, fuse_ino_t parent, const char *name, mode_t mode,
         .uid = uid,
         .gid = gid,
         .headers_known = true,
-        .fetched_at = fs_now_seconds(),
+        .fetched_at = clock_monotonic_seconds(),
     };
     struct s3_body body = {.data = "", .fd = -1, .length = 0};
 
@@ -978,7 +972,7 @@ static int replace_metadata(struct fs *fs, const char *key,
     attrs->gid = meta->gid;
     attrs->mtime = meta->mtime;
     attrs->headers_known = true;
-    attrs->fetched_at = fs_now_seconds();
+    attrs->fetched_at = clock_monotonic_seconds();
     metacache_put_attrs(fs->conf.cache, key, attrs);
     return 0;
 }
@@ -1039,10 +1033,10 @@ int fs_setattr(struct fs *fs, fuse_ino_t ino, const struct stat *want, int to_se
         struct writer_meta before = meta;
         struct timespec atime_before = attrs.atime;
         if (to_set & FUSE_SET_ATTR_ATIME_NOW)
-            attrs.atime = wall_now();
+            attrs.atime = clock_wall_now();
         else if (to_set & FUSE_SET_ATTR_ATIME)
             attrs.atime = want->st_atim;
-        attrs.ctime = wall_now(); /* a change of the inode */
+        attrs.ctime = clock_wall_now(); /* a change of the inode */
         if (to_set & FUSE_SET_ATTR_MODE)
             meta.mode = (meta.mode & S_IFMT) | (want->st_mode & 07777);
         if (to_set & FUSE_SET_ATTR_UID)
@@ -1050,7 +1044,7 @@ int fs_setattr(struct fs *fs, fuse_ino_t ino, const struct stat *want, int to_se
         if (to_set & FUSE_SET_ATTR_GID)
             meta.gid = want->st_gid;
         if (to_set & FUSE_SET_ATTR_MTIME_NOW)
-            meta.mtime = wall_now();
+            meta.mtime = clock_wall_now();
         else if (to_set & FUSE_SET_ATTR_MTIME)
             meta.mtime = want->st_mtim;
 
@@ -1253,7 +1247,7 @@ static int move_prefix(struct fs *fs, const char *src_prefix, const char *dst_pr
         free(moved[i]);
     if (err == 0 && !had_marker) {
         struct writer_meta meta = {S_IFDIR | fs->conf.dir_mode, fs->conf.uid,
-                                   fs->conf.gid, wall_now()};
+                                   fs->conf.gid, clock_wall_now()};
         err = put_marker(fs, dst_prefix, &meta);
     }
     return err;

@@ -16,6 +16,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "clock.h"
 #include "db.h"
 
 #define HASH_LEN 32
@@ -53,20 +54,6 @@ struct entry_header {
     int64_t mtime_sec;
 };
 
-static double wall_seconds(void)
-{
-    struct timespec now;
-    clock_gettime(CLOCK_REALTIME, &now);
-    return (double)now.tv_sec + (double)now.tv_nsec / 1e9;
-}
-
-static double monotonic_seconds(void)
-{
-    struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    return (double)now.tv_sec + (double)now.tv_nsec / 1e9;
-}
-
 int metacache_get_attrs(struct cache *cache, const char *key, const char *etag,
                         struct inode_attrs *out)
 {
@@ -103,7 +90,7 @@ int metacache_get_attrs(struct cache *cache, const char *key, const char *etag,
             .gid = record.gid,
             .rdev = record.rdev,
             .headers_known = true,
-            .fetched_at = monotonic_seconds(),
+            .fetched_at = clock_monotonic_seconds(),
         };
         memcpy(out->etag, etag, etag_len + 1);
     }
@@ -213,7 +200,7 @@ static int decode_listing(const char *blob, size_t len, double max_age,
 {
     struct listing_header header;
     struct inode_listing *listing = NULL;
-    double now_wall = wall_seconds();
+    double now_wall = clock_wall_seconds();
     const char *at = blob + sizeof(header);
     const char *end = blob + len;
     int err = 0;
@@ -235,7 +222,7 @@ static int decode_listing(const char *blob, size_t len, double max_age,
         free(listing);
         return ENOMEM;
     }
-    listing->fetched_at = monotonic_seconds() - age;
+    listing->fetched_at = clock_monotonic_seconds() - age;
     for (uint64_t i = 0; i < header.count && err == 0; i++) {
         struct entry_header eh;
         if ((size_t)(end - at) < sizeof(eh)) {
@@ -342,7 +329,7 @@ static int collect_old_listing(void *arg, const void *key, size_t key_len,
 
 int metacache_prune_listings(struct cache *cache, double max_age, uint64_t *removed)
 {
-    struct prune_scan scan = {.max_age = max_age, .now_wall = wall_seconds()};
+    struct prune_scan scan = {.max_age = max_age, .now_wall = clock_wall_seconds()};
     unsigned char start[HASH_LEN];
     size_t start_len = 0;
     int err = 0;

@@ -30,6 +30,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "endpoint.h"
 #include "errmap.h"
 #include "log.h"
@@ -595,13 +596,6 @@ static void sleep_ms(uint64_t ms)
         ;
 }
 
-static uint64_t monotonic_ms(void)
-{
-    struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    return (uint64_t)now.tv_sec * 1000u + (uint64_t)now.tv_nsec / 1000000u;
-}
-
 /* REQ's deadline in ms from its start (see "Deadlines" at the top). */
 static uint64_t request_deadline_ms(const struct s3_client *client,
                                     const struct s3_request *req)
@@ -850,11 +844,11 @@ static int s3_perform(struct s3_client *client, struct s3_request *req,
         goto out;
     }
     /* (the wait for a connection is not the request's: others bound it) */
-    deadline = monotonic_ms() + deadline_ms;
+    deadline = clock_monotonic_ms() + deadline_ms;
 
     for (unsigned attempt = 0;; attempt++) {
         struct curl_slist *headers = NULL;
-        uint64_t now = monotonic_ms();
+        uint64_t now = clock_monotonic_ms();
         reset_attempt(req);
         err = prepare_attempt(client, curl, req, url, path, &headers);
         curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS,
@@ -931,7 +925,7 @@ static int s3_perform(struct s3_client *client, struct s3_request *req,
             (!req->idempotent && may_have_run))
             break;
         uint64_t pause = backoff_ms(attempt);
-        now = monotonic_ms();
+        now = clock_monotonic_ms();
         if (now + pause >= deadline) {
             snprintf(description + strlen(description),
                      sizeof(description) - strlen(description),
@@ -949,13 +943,13 @@ static int s3_perform(struct s3_client *client, struct s3_request *req,
         pool_put(client, curl);
         curl = NULL;
         sleep_ms(pause);
-        uint64_t waited_from = monotonic_ms();
+        uint64_t waited_from = clock_monotonic_ms();
         curl = pool_get(client);
         if (curl == NULL) {
             err = ENOMEM;
             goto out;
         }
-        deadline += monotonic_ms() - waited_from;
+        deadline += clock_monotonic_ms() - waited_from;
     }
     if (req->sink != NULL)
         atomic_fetch_add(&client->bytes_received, req->delivered);

@@ -25,6 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "fs.h"
 
 #define TELL_AFTER_MS 2000      /* say what it waits for after this long */
@@ -81,21 +82,12 @@ static int do_unmount(const char *mountpoint, bool lazy)
     return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : EBUSY;
 }
 
-static long elapsed_ms(const struct timespec *since)
-{
-    struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    return (now.tv_sec - since->tv_sec) * 1000 +
-           (now.tv_nsec - since->tv_nsec) / 1000000;
-}
-
 /* Wait for PID (PIDFD, or -1 to poll) to exit. */
 static void wait_daemon(pid_t pid, int pidfd, const char *mountpoint)
 {
-    struct timespec started;
+    uint64_t started = clock_monotonic_ms();
     bool told = false;
 
-    clock_gettime(CLOCK_MONOTONIC, &started);
     for (;;) {
         if (pidfd >= 0) {
             struct pollfd p = {.fd = pidfd, .events = POLLIN};
@@ -107,7 +99,7 @@ static void wait_daemon(pid_t pid, int pidfd, const char *mountpoint)
                 return;
             nanosleep(&(struct timespec){0, POLL_MS * 1000000L}, NULL);
         }
-        if (!told && elapsed_ms(&started) >= TELL_AFTER_MS) {
+        if (!told && clock_monotonic_ms() - started >= TELL_AFTER_MS) {
             fprintf(stderr, "s3cachefs: %s is unmounted; waiting for its "
                     "daemon (pid %ld) to finish the uploads\n", mountpoint,
                     (long)pid);

@@ -89,6 +89,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "log.h"
 #include "staging.h"
 #include "upload.h"
@@ -192,18 +193,6 @@ struct version {
     uint64_t size, gen, data_gen;
     struct writer_meta meta;
 };
-
-static double monotonic_now(void)
-{
-    struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    return (double)now.tv_sec + (double)now.tv_nsec / 1e9;
-}
-
-static void now_wall(struct timespec *out)
-{
-    clock_gettime(CLOCK_REALTIME, out);
-}
 
 static bool is_dirty(const struct writer_file *file)
 {
@@ -487,7 +476,7 @@ static void enqueue_locked(struct writer *writer, struct writer_file *file,
     if (file->queued)
         return;
     file->queued = true;
-    file->due = monotonic_now() + delay;
+    file->due = clock_monotonic_seconds() + delay;
     file->refs++;
     file->queue_next = NULL;
     if (writer->queue_tail != NULL)
@@ -1017,7 +1006,7 @@ static void *uploader_main(void *arg)
         while (writer->queue_head == NULL && !writer->stopping)
             pthread_cond_wait(&writer->work_queued, &writer->lock);
         /* the first file that is due (retries wait longer than new ones) */
-        double now = monotonic_now(), first_due = 0;
+        double now = clock_monotonic_seconds(), first_due = 0;
         struct writer_file *file = NULL, *previous = NULL;
         for (struct writer_file *at = writer->queue_head, *before = NULL;
              at != NULL; before = at, at = at->queue_next) {
@@ -1033,14 +1022,7 @@ static void *uploader_main(void *arg)
             break; /* stopping, nothing left */
         if (file == NULL) {
             double wait = first_due - now;
-            struct timespec until;
-            clock_gettime(CLOCK_MONOTONIC, &until);
-            until.tv_sec += (time_t)wait;
-            until.tv_nsec += (long)((wait - (double)(time_t)wait) * 1e9);
-            if (until.tv_nsec >= 1000000000L) {
-                until.tv_sec++;
-                until.tv_nsec -= 1000000000L;
-            }
+            struct timespec until = clock_monotonic_after(wait);
             pthread_cond_timedwait(&writer->work_queued, &writer->lock, &until);
             continue;
         }
@@ -1346,7 +1328,7 @@ static void end_change(struct writer *writer, struct writer_file *file,
             file->size = new_size;
         file->gen++;
         file->data_gen++;
-        now_wall(&file->meta.mtime);
+        file->meta.mtime = clock_wall_now();
         file->mtime_set = false;
         writer->stats.bytes_written += written;
     }
