@@ -1,7 +1,8 @@
 /*
- * fs_internal.h - what the two halves of the fs layer share: fs.c (lookup,
- * attributes, listings, reading) and fs_write.c (everything that changes
- * the bucket). Not for other modules.
+ * fs_internal.h - what the files of the fs layer share: struct fs, open
+ * handles, and each file's functions for the files above it (see
+ * HACKING.md for their order: fs_attrs, fs_listing, fs_lookup, fs_stage,
+ * fs_dir, fs, fs_write, fs_rename). Not for other modules.
  */
 #ifndef S3CFS_FS_INTERNAL_H
 #define S3CFS_FS_INTERNAL_H
@@ -18,6 +19,8 @@
 #include "writer.h"
 
 #define LIST_PAGE 1000                   /* keys per LIST */
+#define STALE_LISTING_TTLS 10            /* a listing this many dir_ttl old is
+                                            still shown (fs_lookup, fs_opendir) */
 #define DIRECTORY_CONTENT_TYPE "application/x-directory"
 
 /* Open directories and files are linked into the fs, so that handles the
@@ -25,6 +28,8 @@
  * the end. */
 struct fs_handle {
     struct fs_handle *prev, *next;
+    /* what frees it (fs_release, fs_releasedir), for fs_destroy */
+    void (*release)(struct fs *fs, struct fs_handle *handle);
 };
 
 /* A directory rename under way (rename_dir in fs_write.c): listings of
@@ -85,9 +90,16 @@ struct fs_file {
     bool append;
 };
 
-/* Link an open handle into LIST / unlink it. */
-void fs_handle_add(struct fs *fs, struct fs_handle *list, struct fs_handle *handle);
+/* ---------------------------------------------------------------- fs.c */
+
+/* Link an open handle into LIST, with the function that frees it / unlink
+ * it. fs_destroy() frees the handles still linked: those the kernel never
+ * released (an unmount drops queued releases). */
+void fs_handle_add(struct fs *fs, struct fs_handle *list, struct fs_handle *handle,
+                   void (*release)(struct fs *fs, struct fs_handle *handle));
 void fs_handle_remove(struct fs *fs, struct fs_handle *handle);
+
+/* ---------------------------------------------------------- fs_attrs.c */
 
 void fs_dir_attrs(const struct fs *fs, struct inode_attrs *out);
 void fs_head_file_attrs(const struct fs *fs, const struct s3_object_info *info,
@@ -96,12 +108,6 @@ void fs_attrs_to_stat(const struct fs *fs, fuse_ino_t ino,
                       const struct inode_attrs *attrs, struct stat *st);
 void fs_fill_entry(const struct fs *fs, const struct inode *inode,
                    struct fs_entry *out);
-int fs_get_listing(struct fs *fs, struct inode *dir, unsigned max_pages,
-                   struct inode_listing **out);
-int fs_resolve_file(struct fs *fs, const char *key,
-                    const struct inode_attrs *listed, struct inode_attrs *out);
-int fs_revalidate_file(struct fs *fs, struct inode *inode,
-                       struct inode_attrs *attrs);
 
 /* Apply INODE's local_ctime and local_mtime to ATTRS (what it shows):
  * changes made through this mount that the bucket does not record (a
@@ -115,6 +121,32 @@ void fs_touch_locked(struct inode *inode, bool entries);
 /* The attributes of a file of SIZE bytes and ETAG written with META. */
 void fs_meta_attrs(const struct writer_meta *meta, uint64_t size, const char *etag,
                    struct inode_attrs *out);
+
+/* Attributes of a staged file (lock held). */
+void fs_staged_attrs_locked(const struct fs *fs, const struct inode *inode,
+                            struct inode_attrs *out);
+
+/* The writer's metadata of a file with ATTRS (file type bits included). */
+void fs_writer_meta_of(const struct inode_attrs *attrs, struct writer_meta *out);
+
+/* The s3fs headers of META, with CONTENT_TYPE (NULL: the default). */
+void fs_put_meta_of(const struct writer_meta *meta, const char *content_type,
+                    struct s3_put_meta *out);
+
+/* What META cannot say: the times an object has besides its mtime, when
+ * ATTRS knows them, and a device node's number. */
+void fs_put_meta_extras(const struct inode_attrs *attrs, struct s3_put_meta *out);
+
+/* -------------------------------------------------------- fs_listing.c */
+
+/* Log a skipped or hidden key once per mount, whatever the relistings. */
+void fs_log_key_once(struct fs *fs, const char *key, const char *why);
+
+/* DIR's listing, fresh from the bucket (at most MAX_PAGES pages: EFBIG
+ * past them), merged with what is staged here, in *out (a reference, for
+ * inode_listing_put). */
+int fs_get_listing(struct fs *fs, struct inode *dir, unsigned max_pages,
+                   struct inode_listing **out);
 
 /* Call VISIT for every inode with a staged file (a wfile) whose key
  * starts with PREFIX and that is not unlinked. Lock held; VISIT must not
@@ -130,9 +162,43 @@ bool fs_staged_pending_under_locked(struct fs *fs, const char *prefix);
  * under way (fs->dir_moves). Lock held. */
 bool fs_move_under_way_locked(const struct fs *fs, const char *key);
 
-/* Attributes of a staged file (lock held). */
-void fs_staged_attrs_locked(const struct fs *fs, const struct inode *inode,
-                            struct inode_attrs *out);
+/* A local change of KEY: patch its parent's cached listing (ATTRS NULL:
+ * removed) and forget the stored one. */
+void fs_patch_parent(struct fs *fs, const char *key,
+                     const struct inode_attrs *attrs);
+
+/* The entries of KEY's parent directory changed (a name came or went):
+ * its mtime and ctime, as this mount shows them. */
+void fs_entry_changed(struct fs *fs, const char *key);
+
+/* --------------------------------------------------------- fs_lookup.c */
+
+/* The attributes of file KEY (LISTED: what its listing said, may be
+ * NULL), from the inode table, the index or a HEAD, in *out. */
+int fs_resolve_file(struct fs *fs, const char *key,
+                    const struct inode_attrs *listed, struct inode_attrs *out);
+
+/* Whether INODE's attributes still hold (a HEAD past attr_ttl); *attrs
+ * gets what holds now. */
+int fs_revalidate_file(struct fs *fs, struct inode *inode,
+                       struct inode_attrs *attrs);
+
+/* Whether the inode table or the index knows the s3fs headers of file KEY
+ * as LISTED (same ETag) / of directory DIR_KEY; *out gets them. */
+bool fs_known_file_attrs(struct fs *fs, const char *key,
+                         const struct inode_attrs *listed, struct inode_attrs *out);
+bool fs_known_dir_attrs(struct fs *fs, const char *dir_key,
+                        struct inode_attrs *out);
+
+/* A directory marker's HEAD (INFO) applied to ATTRS. */
+void fs_apply_dir_headers(const struct fs *fs, const struct s3_object_info *info,
+                          struct inode_attrs *attrs);
+
+/* INODE (KEY) was opened for reading: what lookups in its directory are
+ * for (see reads_follow_lookups_locked() in fs_lookup.c). */
+void fs_note_read_open(struct fs *fs, struct inode *inode, const char *key);
+
+/* ---------------------------------------------------------- fs_stage.c */
 
 /* Stage INODE's current content for writing (lock not held): attaches a
  * writer_file to the inode unless it has one; TRUNCATE skips loading the
@@ -157,6 +223,12 @@ void fs_staged_put(struct fs *fs, struct inode *inode, struct writer_file **wfil
  * file: two staged files for one key would upload in any order. */
 void fs_maybe_detach(struct fs *fs, struct inode *inode);
 
+/* Put the staged file of every inode that has one (after the drain). */
+void fs_staged_detach_all(struct fs *fs);
+
+/* Forget the set of staged inodes without touching them (fs_destroy). */
+void fs_staged_forget_all(struct fs *fs);
+
 /* Writer callback: an upload finished. */
 void fs_uploaded(void *arg, struct writer_file *file, void *owner,
                  const char *key, const char *etag, uint64_t size,
@@ -169,5 +241,36 @@ int fs_fetch_base(void *arg, const char *key, const char *etag, uint64_t size,
 /* Writer callback at mount: a journaled file waits for its upload. */
 void fs_recovered(void *arg, struct writer_file *file, const char *key,
                   uint64_t size, const struct writer_meta *meta);
+
+/* ----------------------------------------------------------- fs_file.c */
+
+/* Link FILE, just opened, into the open files (fs_handle_add). */
+void fs_file_link(struct fs *fs, struct fs_file *file);
+
+/* ---------------------------------------------------------- fs_write.c */
+
+/* Look NAME up in PARENT for a change: its inode pinned in *out and its
+ * key. When it does not exist: ENOENT if MUST_EXIST, else 0 and NULL. */
+int fs_find_child(struct fs *fs, fuse_ino_t parent, const char *name,
+                  bool must_exist, struct inode **out, char **key);
+
+/* The key of NAME in directory PARENT (checked), malloc'd into *key. */
+int fs_child_key(struct fs *fs, fuse_ino_t parent_ino, const char *name,
+                 bool dir, char **key);
+
+/* ENOTEMPTY when directory DIR_KEY has anything in it (in the bucket, or
+ * staged here). */
+int fs_check_empty(struct fs *fs, const char *dir_key);
+
+/* PUT a directory marker for DIR_KEY with META. */
+int fs_put_marker(struct fs *fs, const char *dir_key,
+                  const struct writer_meta *meta);
+
+/* Server-side copy of SRC_KEY, known as version ETAG of SIZE bytes, to
+ * DST_KEY with META (NULL: the same headers); see fs_write.c. */
+int fs_copy_object(struct fs *fs, const char *src_key, const char *etag,
+                   uint64_t size, const char *dst_key,
+                   const struct s3_put_meta *meta, char *new_etag,
+                   uint64_t *new_size);
 
 #endif /* S3CFS_FS_INTERNAL_H */

@@ -65,3 +65,24 @@ char *names_child_key(const char *dir_prefix, const char *name, size_t name_len,
     key[end] = '\0';
     return key;
 }
+
+char *names_parent_key(const char *key)
+{
+    size_t len = strlen(key);
+    if (len > 0 && key[len - 1] == '/')
+        len--;
+    while (len > 0 && key[len - 1] != '/')
+        len--;
+    return strndup(key, len);
+}
+
+char *names_last_name(const char *key)
+{
+    size_t len = strlen(key);
+    if (len > 0 && key[len - 1] == '/')
+        len--;
+    size_t start = len;
+    while (start > 0 && key[start - 1] != '/')
+        start--;
+    return strndup(key + start, len - start);
+}

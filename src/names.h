@@ -45,4 +45,12 @@ enum names_entry_kind names_classify(const char *dir_prefix, const char *key,
 char *names_child_key(const char *dir_prefix, const char *name, size_t name_len,
                       bool as_dir);
 
+/* The prefix of KEY's parent directory ("a/b/" for "a/b/c" and "a/b/c/",
+ * "" at the top), malloc'd; NULL when out of memory. */
+char *names_parent_key(const char *key);
+
+/* The last component of KEY without a trailing '/', malloc'd; NULL when
+ * out of memory. */
+char *names_last_name(const char *key);
+
 #endif /* S3CFS_NAMES_H */

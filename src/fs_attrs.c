@@ -1,0 +1,205 @@
+/*
+ * fs_attrs.c - the attributes the fs layer shows: of a directory, of a
+ * file as a listing or a HEAD tells them, of a staged file, with the
+ * times only this mount knows; and struct stat / fuse entries made of
+ * them. No requests, no I/O: called with the inode table lock held where
+ * an inode is read.
+ */
+#include "config.h"
+
+#include "fs.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "clock.h"
+#include "fs_internal.h"
+#include "inode.h"
+#include "log.h"
+#include "metacache.h"
+#include "names.h"
+
+void fs_dir_attrs(const struct fs *fs, struct inode_attrs *out)
+{
+    *out = (struct inode_attrs){
+        .kind = INODE_DIR,
+        .mtime = fs->mount_time,
+        .mode = fs->conf.dir_mode,
+        .uid = fs->conf.uid,
+        .gid = fs->conf.gid,
+        .fetched_at = clock_monotonic_seconds(),
+    };
+}
+
+void fs_head_file_attrs(const struct fs *fs, const struct s3_object_info *info,
+                        struct inode_attrs *out)
+{
+    *out = (struct inode_attrs){
+        .kind = INODE_FILE,
+        .size = info->size,
+        .mtime = info->has_mtime ? info->mtime : info->last_modified,
+        .mode = fs->conf.file_mode,
+        .uid = info->has_uid ? info->uid : fs->conf.uid,
+        .gid = info->has_gid ? info->gid : fs->conf.gid,
+        .headers_known = true,
+        .fetched_at = clock_monotonic_seconds(),
+    };
+    if (info->has_mode) {
+        out->mode = info->mode & 07777;
+        /* a symlink, FIFO, socket or device node (s3fs's convention);
+         * an object is never a directory */
+        out->kind = inode_kind_of_mode(info->mode);
+        if (out->kind == INODE_DIR)
+            out->kind = INODE_FILE;
+    }
+    if (info->has_atime)
+        out->atime = info->atime;
+    if (info->has_ctime)
+        out->ctime = info->ctime;
+    if (info->has_rdev && (out->kind == INODE_CHARDEV || out->kind == INODE_BLOCKDEV))
+        out->rdev = info->rdev;
+    snprintf(out->etag, sizeof(out->etag), "%s", info->etag);
+}
+
+/* A time the headers did not give (zero) is the mtime. */
+static struct timespec time_or_mtime(const struct inode_attrs *attrs,
+                                     const struct timespec *when)
+{
+    return when->tv_sec != 0 || when->tv_nsec != 0 ? *when : attrs->mtime;
+}
+
+void fs_attrs_to_stat(const struct fs *fs, fuse_ino_t ino,
+                      const struct inode_attrs *attrs, struct stat *st)
+{
+    memset(st, 0, sizeof(*st));
+    st->st_ino = ino;
+    st->st_mode = (mode_t)(inode_kind_type(attrs->kind) | attrs->mode);
+    if (attrs->kind == INODE_DIR) {
+        st->st_nlink = 2;
+        st->st_size = 4096;
+    } else {
+        st->st_nlink = 1;
+        st->st_size = (off_t)attrs->size;
+    }
+    if (attrs->kind == INODE_CHARDEV || attrs->kind == INODE_BLOCKDEV)
+        st->st_rdev = attrs->rdev;
+    st->st_uid = fs->conf.uid_forced ? fs->conf.uid : attrs->uid;
+    st->st_gid = fs->conf.gid_forced ? fs->conf.gid : attrs->gid;
+    st->st_blksize = 1 << 20;
+    st->st_blocks = (blkcnt_t)((attrs->size + 511) / 512);
+    st->st_mtim = attrs->mtime;
+    st->st_ctim = time_or_mtime(attrs, &attrs->ctime);
+    st->st_atim = time_or_mtime(attrs, &attrs->atime);
+}
+
+void fs_meta_attrs(const struct writer_meta *meta, uint64_t size, const char *etag,
+                   struct inode_attrs *out)
+{
+    *out = (struct inode_attrs){
+        .kind = INODE_FILE,
+        .size = size,
+        .mtime = meta->mtime,
+        .mode = meta->mode & 07777,
+        .uid = meta->uid,
+        .gid = meta->gid,
+        .headers_known = true,
+        .fetched_at = clock_monotonic_seconds(),
+    };
+    snprintf(out->etag, sizeof(out->etag), "%s", etag);
+}
+
+void fs_staged_attrs_locked(const struct fs *fs, const struct inode *inode,
+                            struct inode_attrs *out)
+{
+    struct writer_meta meta;
+    uint64_t size;
+
+    (void)fs;
+    writer_file_info(inode->wfile, &size, &meta, NULL);
+    fs_meta_attrs(&meta, size, inode->attrs.etag, out);
+}
+
+static bool time_before(const struct timespec *a, const struct timespec *b)
+{
+    return a->tv_sec < b->tv_sec || (a->tv_sec == b->tv_sec && a->tv_nsec < b->tv_nsec);
+}
+
+void fs_local_times_locked(const struct inode *inode, struct inode_attrs *attrs)
+{
+    struct timespec ctime = time_or_mtime(attrs, &attrs->ctime);
+    struct timespec atime = time_or_mtime(attrs, &attrs->atime);
+
+    if (time_before(&attrs->mtime, &inode->local_mtime))
+        attrs->mtime = inode->local_mtime;
+    if (time_before(&ctime, &attrs->mtime))
+        ctime = attrs->mtime;
+    if (time_before(&ctime, &inode->local_ctime))
+        ctime = inode->local_ctime;
+    attrs->ctime = ctime;
+    attrs->atime = atime;
+}
+
+void fs_touch_locked(struct inode *inode, bool entries)
+{
+    struct timespec now = clock_wall_now();
+
+    inode->local_ctime = now;
+    if (entries)
+        inode->local_mtime = now;
+}
+
+void fs_fill_entry(const struct fs *fs, const struct inode *inode,
+                   struct fs_entry *out)
+{
+    struct inode_attrs attrs = inode->attrs;
+
+    out->ino = inode->ino;
+    if (inode->wfile != NULL)
+        fs_staged_attrs_locked(fs, inode, &attrs);
+    fs_local_times_locked(inode, &attrs);
+    fs_attrs_to_stat(fs, inode->ino, &attrs, &out->attr);
+    out->attr_timeout = fs->conf.attr_ttl;
+    out->entry_timeout = fs->conf.dir_ttl;
+}
+
+void fs_writer_meta_of(const struct inode_attrs *attrs, struct writer_meta *out)
+{
+    *out = (struct writer_meta){
+        .mode = inode_kind_type(attrs->kind) | (attrs->mode & 07777),
+        .uid = attrs->uid,
+        .gid = attrs->gid,
+        .mtime = attrs->mtime,
+    };
+}
+
+void fs_put_meta_of(const struct writer_meta *meta, const char *content_type,
+                    struct s3_put_meta *out)
+{
+    *out = (struct s3_put_meta){
+        .content_type = content_type,
+        .has_mode = true, .has_uid = true, .has_gid = true, .has_mtime = true,
+        .mode = meta->mode, .uid = meta->uid, .gid = meta->gid,
+        .mtime = meta->mtime,
+    };
+}
+
+/* What META cannot say: the times an object has besides its mtime, when
+ * ATTRS knows them, and a device node's number. */
+void fs_put_meta_extras(const struct inode_attrs *attrs, struct s3_put_meta *out)
+{
+    if (attrs->atime.tv_sec != 0 || attrs->atime.tv_nsec != 0) {
+        out->has_atime = true;
+        out->atime = attrs->atime;
+    }
+    if (attrs->ctime.tv_sec != 0 || attrs->ctime.tv_nsec != 0) {
+        out->has_ctime = true;
+        out->ctime = attrs->ctime;
+    }
+    if (attrs->kind == INODE_CHARDEV || attrs->kind == INODE_BLOCKDEV) {
+        out->has_rdev = true;
+        out->rdev = attrs->rdev;
+    }
+}

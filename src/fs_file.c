@@ -1,0 +1,248 @@
+/*
+ * fs_file.c - open files: open (a version to read, or the staged data of a
+ * file being written), read, release, and readlink.
+ */
+#include "config.h"
+
+#include "fs.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "clock.h"
+#include "fs_internal.h"
+#include "inode.h"
+#include "log.h"
+#include "metacache.h"
+
+static void release_file_handle(struct fs *fs, struct fs_handle *handle)
+{
+    fs_release(fs, (struct fs_file *)handle);
+}
+
+void fs_file_link(struct fs *fs, struct fs_file *file)
+{
+    fs_handle_add(fs, &fs->open_files, &file->link, release_file_handle);
+}
+
+int fs_open(struct fs *fs, fuse_ino_t ino, int flags, struct fs_file **out,
+            bool *keep_cache)
+{
+    struct inode *inode = inode_get(fs->inodes, ino);
+    struct inode_attrs attrs;
+    struct fs_file *file = NULL;
+    bool writing = (flags & O_ACCMODE) != O_RDONLY || (flags & O_TRUNC);
+    char *key = NULL;
+    int err = 0;
+
+    *out = NULL;
+    *keep_cache = false;
+    if (inode == NULL)
+        return ENOENT;
+    if (writing && fs->writer == NULL) {
+        err = EROFS;
+        goto out;
+    }
+    inode_table_lock(fs->inodes);
+    attrs = inode->attrs;
+    bool staged = inode->wfile != NULL;
+    inode_table_unlock(fs->inodes);
+    if (attrs.kind == INODE_DIR && !staged) {
+        err = EISDIR;
+        goto out;
+    }
+    if (attrs.kind != INODE_FILE && attrs.kind != INODE_SYMLINK && !staged) {
+        /* the kernel opens FIFOs and devices itself (nodev) and refuses
+         * sockets: only a race with a change of type gets here */
+        err = ENXIO;
+        goto out;
+    }
+    file = calloc(1, sizeof(*file));
+    if (file == NULL) {
+        err = ENOMEM;
+        goto out;
+    }
+    file->ino = ino;
+
+    /* close-to-open: revalidate what is older than the attribute TTL */
+    if (!staged && !(flags & O_TRUNC) &&
+        clock_monotonic_seconds() - attrs.fetched_at >= fs->conf.attr_ttl) {
+        err = fs_revalidate_file(fs, inode, &attrs);
+        if (err != 0)
+            goto out;
+        inode_table_lock(fs->inodes);
+        if (inode->wfile == NULL)
+            inode_update_attrs_locked(inode, &attrs);
+        inode_table_unlock(fs->inodes);
+    }
+
+    if (staged || writing) {
+        /* the staged data is what this file is now */
+        err = fs_stage_file(fs, inode, (flags & O_TRUNC) != 0, &file->wfile);
+        /* O_TRUNC is a change even of an empty file: mtime and ctime */
+        if (err == 0 && (flags & O_TRUNC))
+            err = writer_file_truncate(file->wfile, 0);
+        if (err != 0)
+            goto out;
+        if (writing) {
+            file->writable = true;
+            file->append = (flags & O_APPEND) != 0;
+            writer_file_open_writer(file->wfile);
+            inode_table_lock(fs->inodes);
+            inode->write_handles++;
+            inode_table_unlock(fs->inodes);
+        }
+        goto out;
+    }
+
+    inode_table_lock(fs->inodes);
+    *keep_cache = inode->opened_etag[0] != '\0' &&
+                  strcmp(inode->opened_etag, attrs.etag) == 0;
+    snprintf(inode->opened_etag, sizeof(inode->opened_etag), "%s", attrs.etag);
+    key = strdup(inode->key);
+    inode_table_unlock(fs->inodes);
+    if (key != NULL)
+        fs_note_read_open(fs, inode, key);
+    err = key == NULL ? ENOMEM
+                      : reader_open(fs->reader, key, attrs.etag, attrs.size,
+                                    &file->reader_file);
+out:
+    if (err != 0 && file != NULL) {
+        fs_staged_put(fs, inode, &file->wfile);
+        free(file);
+        file = NULL;
+    }
+    if (err != 0) {
+        fs_maybe_detach(fs, inode);
+    } else {
+        inode_table_lock(fs->inodes);
+        inode->open_handles++;
+        inode_table_unlock(fs->inodes);
+        fs_file_link(fs, file);
+    }
+    inode_put(fs->inodes, inode);
+    free(key);
+    *out = file;
+    return err;
+}
+
+int fs_read(struct fs *fs, struct fs_file *file, uint64_t offset, size_t size,
+            char *buf, size_t *got)
+{
+    struct writer_file *staged = __atomic_load_n(&file->wfile, __ATOMIC_ACQUIRE);
+    if (staged != NULL)
+        return writer_file_read(staged, offset, size, buf, got);
+    int err = reader_read(file->reader_file, offset, size, buf, got);
+    if (err == ENOENT || err == ESTALE) {
+        /* unlinked or replaced while open: its data was kept staged */
+        struct inode *inode = inode_get(fs->inodes, file->ino);
+        struct writer_file *kept = NULL;
+        if (inode != NULL) {
+            inode_table_lock(fs->inodes);
+            if (inode->unlinked && inode->wfile != NULL)
+                kept = fs_staged_get_locked(inode);
+            inode_table_unlock(fs->inodes);
+        }
+        if (kept != NULL) {
+            /* concurrent reads of this handle may all get here: one sets
+             * it; the reader stays open until release */
+            struct writer_file *none = NULL;
+            if (!__atomic_compare_exchange_n(&file->wfile, &none, kept, false,
+                                             __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+                fs_staged_put(fs, inode, &kept);
+            err = writer_file_read(file->wfile, offset, size, buf, got);
+        }
+        if (inode != NULL)
+            inode_put(fs->inodes, inode);
+    }
+    return err;
+}
+
+void fs_release(struct fs *fs, struct fs_file *file)
+{
+    if (file == NULL)
+        return;
+    fs_handle_remove(fs, &file->link);
+    reader_close(&file->reader_file);
+    struct inode *inode = inode_get(fs->inodes, file->ino);
+    if (inode != NULL) {
+        inode_table_lock(fs->inodes);
+        inode->open_handles--;
+        if (file->writable)
+            inode->write_handles--;
+        inode_table_unlock(fs->inodes);
+    }
+    if (file->wfile != NULL) {
+        if (file->writable)
+            writer_file_close_writer(file->wfile);
+        if (inode != NULL)
+            fs_staged_put(fs, inode, &file->wfile);
+        else
+            writer_file_put(&file->wfile);
+    }
+    if (inode != NULL)
+        inode_put(fs->inodes, inode);
+    free(file);
+}
+
+int fs_readlink(struct fs *fs, fuse_ino_t ino, char **target)
+{
+    struct inode *inode = inode_get(fs->inodes, ino);
+    struct inode_attrs attrs;
+    char *text = NULL;
+    size_t got = 0;
+    int err = 0;
+
+    *target = NULL;
+    if (inode == NULL)
+        return ENOENT;
+    inode_table_lock(fs->inodes);
+    attrs = inode->attrs;
+    if (inode->symlink_target != NULL)
+        text = strdup(inode->symlink_target);
+    inode_table_unlock(fs->inodes);
+    if (attrs.kind != INODE_SYMLINK) {
+        err = EINVAL;
+        goto out;
+    }
+    if (text != NULL)
+        goto out;
+    if (attrs.size == 0 || attrs.size >= PATH_MAX) {
+        log_warn("symlink %llu has an invalid target length %llu",
+                 (unsigned long long)ino, (unsigned long long)attrs.size);
+        err = EIO;
+        goto out;
+    }
+    text = calloc(1, (size_t)attrs.size + 1);
+    if (text == NULL) {
+        err = ENOMEM;
+        goto out;
+    }
+    char *key = inode_key_dup(fs->inodes, inode);
+    err = key == NULL ? ENOMEM
+        : s3_get_object_range(fs->s3, key, 0, (size_t)attrs.size,
+                              attrs.etag[0] ? attrs.etag : NULL, text, &got, NULL);
+    free(key);
+    if (err == 0 && (got != attrs.size || memchr(text, '\0', got) != NULL))
+        err = EIO;
+    if (err == 0) {
+        inode_table_lock(fs->inodes);
+        if (inode->symlink_target == NULL &&
+            strcmp(inode->attrs.etag, attrs.etag) == 0)
+            inode->symlink_target = strdup(text);
+        inode_table_unlock(fs->inodes);
+    }
+out:
+    inode_put(fs->inodes, inode);
+    if (err != 0) {
+        free(text);
+        text = NULL;
+    }
+    *target = text;
+    return err;
+}

@@ -1,0 +1,492 @@
+/*
+ * fs_lookup.c - lookup, getattr and revalidation: what a name is, and
+ * whether what the inode table knows of it still holds.
+ *
+ * Lookup of NAME in directory P ("dir wins"):
+ *   - P's listing is fresh: answer from it (absent -> negative entry); a
+ *     file's s3fs headers come from the inode table when known for the
+ *     same ETag, else from one HEAD, or from one GET of the whole file
+ *     where lookups in P are followed by reads (see lookup_file()).
+ *   - otherwise: LIST prefix=P+NAME+"/" max-keys=1 (a directory?), then
+ *     HEAD P+NAME (a file?).
+ *   - a name with files under it that wait for their upload here is a
+ *     directory, whatever the bucket has.
+ */
+#include "config.h"
+
+#include "fs.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "clock.h"
+#include "fs_internal.h"
+#include "inode.h"
+#include "log.h"
+#include "metacache.h"
+#include "names.h"
+
+#define RELIST_PAGES_MAX 10              /* see worth_relisting() */
+#define PROBES_BEFORE_LISTING 8          /* see fs_lookup() */
+#define LOOKUP_FETCH_MAX (1u << 20)      /* largest file a lookup GETs whole */
+#define READ_PATTERN_MIN 8               /* see reads_follow_lookups_locked() */
+#define READ_PATTERN_WINDOW 64
+
+/*
+ * Whether to answer a lookup or a revalidation in directory DIR by listing
+ * it again rather than asking about one name. One page (up to 1000 keys)
+ * never costs more than a probe; a few pages pay off when the listing then
+ * serves the lookups of dir_ttl seconds, but not when dir_ttl is tiny.
+ * Call with the table lock held.
+ */
+static bool worth_relisting_locked(const struct fs *fs, const struct inode *dir)
+{
+    if (dir->listing == NULL)
+        return false;
+    size_t pages = (dir->listing->count + LIST_PAGE - 1) / LIST_PAGE;
+    return pages <= 1 || (fs->conf.dir_ttl >= 1.0 && pages <= RELIST_PAGES_MAX);
+}
+
+/* The attributes of file KEY whose listing said LISTED, if its s3fs
+ * headers are already known for that ETag (in the inode table or the
+ * metadata cache): no request needed. */
+bool fs_known_file_attrs(struct fs *fs, const char *key,
+                         const struct inode_attrs *listed,
+                         struct inode_attrs *out)
+{
+    /* a file without an ETag is one staged here: what the bucket holds of
+     * it is not known from that */
+    if (listed->kind == INODE_FILE && listed->etag[0] == '\0')
+        return false;
+    inode_table_lock(fs->inodes);
+    struct inode *known = inode_find_locked(fs->inodes, key);
+    bool usable = known != NULL && known->attrs.headers_known &&
+                  strcmp(known->attrs.etag, listed->etag) == 0;
+    if (usable)
+        *out = known->attrs;
+    inode_table_unlock(fs->inodes);
+    if (!usable)
+        usable = metacache_get_attrs(fs->conf.cache, key, listed->etag, out) == 0;
+    if (usable) {
+        out->size = listed->size;
+        out->fetched_at = listed->fetched_at;
+    }
+    return usable;
+}
+
+/* Apply the s3fs headers of directory marker INFO to ATTRS. */
+void fs_apply_dir_headers(const struct fs *fs, const struct s3_object_info *info,
+                          struct inode_attrs *attrs)
+{
+    if (info->has_mode)
+        attrs->mode = info->mode & 07777;
+    if (info->has_uid)
+        attrs->uid = info->uid;
+    if (info->has_gid)
+        attrs->gid = info->gid;
+    if (info->has_mtime)
+        attrs->mtime = info->mtime;
+    if (info->has_atime)
+        attrs->atime = info->atime;
+    if (info->has_ctime)
+        attrs->ctime = info->ctime;
+    (void)fs;
+    attrs->headers_known = true;
+}
+
+/* Whether the headers of directory DIR_KEY are known in the inode table:
+ * copied into ATTRS. */
+bool fs_known_dir_attrs(struct fs *fs, const char *dir_key,
+                        struct inode_attrs *attrs)
+{
+    inode_table_lock(fs->inodes);
+    struct inode *known = inode_find_locked(fs->inodes, dir_key);
+    bool usable = known != NULL && known->attrs.kind == INODE_DIR &&
+                  known->attrs.headers_known;
+    if (usable)
+        *attrs = known->attrs;
+    inode_table_unlock(fs->inodes);
+    return usable;
+}
+
+/* A directory's mode and owner live in the headers of its marker (as s3fs
+ * writes them): one HEAD per directory and mount; none when there is no
+ * marker (defaults). Failures leave the defaults. */
+static void resolve_dir(struct fs *fs, const char *dir_key, struct inode_attrs *attrs)
+{
+    struct s3_object_info info;
+
+    if (fs_known_dir_attrs(fs, dir_key, attrs))
+        return;
+    int err = s3_head_object(fs->s3, dir_key, &info);
+    if (err == 0)
+        fs_apply_dir_headers(fs, &info, attrs);
+    else if (err == ENOENT)
+        attrs->headers_known = true; /* no marker: the defaults are right */
+}
+
+/* Attributes of file KEY whose listing said LISTED (may be NULL): the
+ * known headers of the same ETag, or a HEAD (remembered by ETag). */
+int fs_resolve_file(struct fs *fs, const char *key,
+                    const struct inode_attrs *listed, struct inode_attrs *out)
+{
+    struct s3_object_info info;
+
+    if (listed != NULL && fs_known_file_attrs(fs, key, listed, out))
+        return 0;
+    int err = s3_head_object(fs->s3, key, &info);
+    if (err == 0) {
+        fs_head_file_attrs(fs, &info, out);
+        metacache_put_attrs(fs->conf.cache, key, out);
+    }
+    return err;
+}
+
+/*
+ * Whether the files that lookups in directory DIR ask the bucket about are
+ * then read (a data loader opening files by name): at least half of the
+ * recent ones were opened for reading. Lock held.
+ */
+static bool reads_follow_lookups_locked(const struct inode *dir)
+{
+    return dir->asking_lookups >= READ_PATTERN_MIN &&
+           2 * dir->reads_after_lookup >= dir->asking_lookups;
+}
+
+/* A lookup in DIR asked the bucket about file CHILD. Lock held. */
+static void note_asking_lookup_locked(struct inode *dir, struct inode *child)
+{
+    if (++dir->asking_lookups > READ_PATTERN_WINDOW) {
+        /* older lookups count less: a changed pattern shows soon */
+        dir->asking_lookups /= 2;
+        dir->reads_after_lookup /= 2;
+    }
+    child->lookup_asked = true;
+}
+
+/* File INODE (key KEY) is opened for reading: if its lookup asked the
+ * bucket, count it for its directory. */
+void fs_note_read_open(struct fs *fs, struct inode *inode, const char *key)
+{
+    const char *slash = strrchr(key, '/');
+    char *parent_key = strndup(key, slash ? (size_t)(slash - key) + 1 : 0);
+
+    if (parent_key == NULL)
+        return;
+    inode_table_lock(fs->inodes);
+    struct inode *dir = inode->lookup_asked
+                            ? inode_find_locked(fs->inodes, parent_key) : NULL;
+    inode->lookup_asked = false;
+    if (dir != NULL && dir->reads_after_lookup < dir->asking_lookups)
+        dir->reads_after_lookup++;
+    inode_table_unlock(fs->inodes);
+    free(parent_key);
+}
+
+/*
+ * Attributes of file KEY in directory DIR, whose listing said LISTED: the
+ * known headers for its ETag (unless CONFIRM: the listing may be out of
+ * date), else from the bucket (*asked). Where files
+ * looked up are then read (reads_follow_lookups_locked), a small file is
+ * fetched whole into the cache with one GET, which carries the same
+ * headers as a HEAD: the open and read that follow need no request. That
+ * costs at most LOOKUP_FETCH_MAX bytes for a file looked up but not read.
+ */
+static int lookup_file(struct fs *fs, struct inode *dir, const char *key,
+                       const struct inode_attrs *listed, bool confirm,
+                       struct inode_attrs *out, bool *asked)
+{
+    struct s3_object_info info;
+
+    *asked = false;
+    if (!confirm && fs_known_file_attrs(fs, key, listed, out))
+        return 0;
+    *asked = true;
+    inode_table_lock(fs->inodes);
+    bool fetch = reads_follow_lookups_locked(dir);
+    /* a newer version known here than the listing's: opening the cache
+     * for the listed one would drop the newer one's blocks */
+    struct inode *known = inode_find_locked(fs->inodes, key);
+    if (known != NULL && known->attrs.fetched_at > listed->fetched_at)
+        fetch = false;
+    inode_table_unlock(fs->inodes);
+    if (fetch && listed->size > 0 && listed->size <= LOOKUP_FETCH_MAX &&
+        listed->etag[0] != '\0') {
+        int err = reader_fetch_whole(fs->reader, key, listed->etag,
+                                     listed->size, &info);
+        if (err == 0) {
+            fs_head_file_attrs(fs, &info, out);
+            metacache_put_attrs(fs->conf.cache, key, out);
+            return 0;
+        }
+        if (err == ENOENT)
+            return err;
+        /* cached already, changed since the listing, no room: a HEAD */
+    }
+    return fs_resolve_file(fs, key, NULL, out);
+}
+
+/* Probe the bucket for NAME in DIR_KEY without a listing. */
+static int probe_name(struct fs *fs, const char *file_key, const char *dir_key,
+                      struct inode_attrs *attrs, bool *is_dir)
+{
+    struct s3xml_listing page;
+    int err = s3_list_objects(fs->s3, dir_key, NULL, NULL, NULL, 1, &page);
+
+    if (err != 0)
+        return err;
+    *is_dir = page.object_count > 0 || page.prefix_count > 0;
+    s3xml_listing_free(&page);
+    if (*is_dir) {
+        fs_dir_attrs(fs, attrs);
+        resolve_dir(fs, dir_key, attrs);
+        return 0;
+    }
+    return fs_resolve_file(fs, file_key, NULL, attrs);
+}
+
+int fs_lookup(struct fs *fs, fuse_ino_t parent_ino, const char *name,
+              struct fs_entry *out)
+{
+    struct inode *parent = inode_get(fs->inodes, parent_ino);
+    struct inode_listing *listing = NULL;
+    struct inode_attrs attrs;
+    char *file_key = NULL, *dir_key = NULL, *parent_key = NULL;
+    bool is_dir = false, asked = false;
+    size_t name_len = strlen(name);
+    int err = 0;
+
+    memset(out, 0, sizeof(*out));
+    out->entry_timeout = fs->conf.dir_ttl;
+    if (parent == NULL)
+        return ENOENT;
+    inode_table_lock(fs->inodes);
+    bool parent_is_dir = parent->attrs.kind == INODE_DIR;
+    inode_table_unlock(fs->inodes);
+    if (!parent_is_dir) {
+        err = ENOTDIR;
+        goto out;
+    }
+    if (name_len > NAMES_NAME_MAX) {
+        err = ENAMETOOLONG;
+        goto out;
+    }
+    if (!names_is_valid(name, name_len))
+        goto out; /* negative entry */
+    parent_key = inode_key_dup(fs->inodes, parent);
+    if (parent_key != NULL) {
+        file_key = names_child_key(parent_key, name, name_len, false);
+        dir_key = names_child_key(parent_key, name, name_len, true);
+    }
+    if (file_key == NULL || dir_key == NULL) {
+        err = ENOMEM;
+        goto out;
+    }
+
+    /* A file being written or waiting for its upload is not in the bucket
+     * yet: the inode table knows it. */
+    inode_table_lock(fs->inodes);
+    struct inode *staged = inode_find_locked(fs->inodes, file_key);
+    if (staged != NULL && staged->wfile != NULL) {
+        staged = inode_ref_locked(fs->inodes, file_key, NULL);
+        fs_fill_entry(fs, staged, out);
+        inode_table_unlock(fs->inodes);
+        goto out;
+    }
+
+    /* A directory listed before is listed again (one LIST per 1000 keys
+     * answers every lookup in it for dir_ttl); others are probed. */
+    /* Many lookups in a directory never listed (a data loader opening files
+     * by name) are cheaper answered by listing it once, if that takes a
+     * few pages: after PROBES_BEFORE_LISTING probes (two requests each) it
+     * is tried. */
+    if (parent->listing != NULL &&
+        clock_monotonic_seconds() - parent->listing->fetched_at < fs->conf.dir_ttl)
+        listing = inode_listing_ref_locked(parent->listing); /* fresh */
+    bool listed = listing == NULL && worth_relisting_locked(fs, parent);
+    /* A file of the last listing whose headers are not known here needs a
+     * request of its own anyway, and that request (a GET with the listed
+     * ETag, or a HEAD) confirms it: answer from the last listing, if it is
+     * not much older than dir_ttl or another thread is listing the
+     * directory again, rather than wait for a LIST. A data loader's first
+     * pass then lists its directory once, not every dir_ttl (LISTs cost
+     * more than GETs, in money and on the server). What only a new listing
+     * would show is a directory of the same name, which hides the file
+     * ("dir wins", above): that may take STALE_LISTING_TTLS x dir_ttl. */
+    bool confirm = false;
+    if (listed && (parent->listing_fetch ||
+                   clock_monotonic_seconds() - parent->listing->fetched_at <
+                       STALE_LISTING_TTLS * fs->conf.dir_ttl)) {
+        const struct inode_dirent *last = inode_listing_find(parent->listing, name);
+        struct inode *known = inode_find_locked(fs->inodes, file_key);
+        if (last != NULL && last->attrs.kind == INODE_FILE &&
+            (known == NULL || !known->attrs.headers_known ||
+             strcmp(known->attrs.etag, last->attrs.etag) != 0)) {
+            listing = inode_listing_ref_locked(parent->listing);
+            listed = false;
+            confirm = true;
+        }
+    }
+    bool try_listing = listing == NULL && !listed && !parent->too_big_to_list &&
+                       ++parent->probes >= PROBES_BEFORE_LISTING;
+    inode_table_unlock(fs->inodes);
+    if (listed || try_listing) {
+        err = fs_get_listing(fs, parent, RELIST_PAGES_MAX, &listing);
+        if (err == EFBIG) {
+            inode_table_lock(fs->inodes);
+            parent->too_big_to_list = true;
+            inode_table_unlock(fs->inodes);
+            err = 0;
+        }
+        if (err != 0)
+            goto out;
+    }
+
+    if (listing != NULL) {
+        const struct inode_dirent *entry = inode_listing_find(listing, name);
+        if (entry == NULL) {
+            err = ENOENT;
+        } else if ((is_dir = entry->attrs.kind == INODE_DIR)) {
+            attrs = entry->attrs;
+            resolve_dir(fs, dir_key, &attrs);
+        } else
+            err = lookup_file(fs, parent, file_key, &entry->attrs, confirm,
+                              &attrs, &asked);
+    } else {
+        err = probe_name(fs, file_key, dir_key, &attrs, &is_dir);
+        asked = !is_dir;
+    }
+    if (err == ENOENT) {
+        /* a directory whose only keys wait for their upload here */
+        inode_table_lock(fs->inodes);
+        bool pending = fs_staged_pending_under_locked(fs, dir_key);
+        inode_table_unlock(fs->inodes);
+        if (pending) {
+            err = 0;
+            is_dir = true;
+            asked = false;
+            fs_dir_attrs(fs, &attrs);
+        }
+    }
+    if (err == ENOENT) {
+        err = 0; /* negative entry */
+        goto out;
+    }
+    if (err != 0)
+        goto out;
+
+    inode_table_lock(fs->inodes);
+    struct inode *child = inode_ref_locked(fs->inodes, is_dir ? dir_key : file_key,
+                                           &attrs);
+    if (child != NULL && asked)
+        note_asking_lookup_locked(parent, child);
+    if (child != NULL)
+        fs_fill_entry(fs, child, out);
+    inode_table_unlock(fs->inodes);
+    if (child == NULL)
+        err = ENOMEM;
+out:
+    inode_listing_put(fs->inodes, listing);
+    inode_put(fs->inodes, parent);
+    free(parent_key);
+    free(file_key);
+    free(dir_key);
+    return err;
+}
+
+void fs_forget(struct fs *fs, fuse_ino_t ino, uint64_t nlookup)
+{
+    inode_forget(fs->inodes, ino, nlookup);
+}
+
+/*
+ * Fresh attributes for file INODE whose ATTRS are older than attr_ttl:
+ * from its directory's listing when that directory is listed anyway (one
+ * LIST revalidates up to 1000 files), else from a HEAD. ENOENT if the
+ * object is gone.
+ */
+int fs_revalidate_file(struct fs *fs, struct inode *inode,
+                       struct inode_attrs *attrs)
+{
+    char *key = inode_key_dup(fs->inodes, inode);
+    struct inode *parent = NULL;
+    struct inode_listing *listing = NULL;
+    int err = 0;
+
+    if (key == NULL)
+        return ENOMEM;
+    const char *slash = strrchr(key, '/');
+    size_t parent_len = slash ? (size_t)(slash - key) + 1 : 0;
+    char *parent_key = strndup(key, parent_len);
+    if (parent_key == NULL) {
+        free(key);
+        return ENOMEM;
+    }
+    inode_table_lock(fs->inodes);
+    parent = inode_find_locked(fs->inodes, parent_key);
+    if (parent != NULL && worth_relisting_locked(fs, parent))
+        inode_pin_locked(parent);
+    else
+        parent = NULL;
+    inode_table_unlock(fs->inodes);
+    free(parent_key);
+
+    if (parent != NULL && fs_get_listing(fs, parent, RELIST_PAGES_MAX, &listing) == 0) {
+        const struct inode_dirent *entry =
+            inode_listing_find(listing, key + parent_len);
+        if (entry == NULL || entry->attrs.kind == INODE_DIR) {
+            err = ENOENT;
+        } else if (strcmp(entry->attrs.etag, attrs->etag) == 0) {
+            attrs->size = entry->attrs.size;
+            attrs->fetched_at = entry->attrs.fetched_at;
+        } else {
+            err = fs_resolve_file(fs, key, &entry->attrs, attrs);
+        }
+        inode_listing_put(fs->inodes, listing);
+    } else {
+        err = fs_resolve_file(fs, key, NULL, attrs);
+    }
+    inode_put(fs->inodes, parent);
+    free(key);
+    return err;
+}
+
+int fs_getattr(struct fs *fs, fuse_ino_t ino, struct stat *out, double *timeout)
+{
+    struct inode *inode = inode_get(fs->inodes, ino);
+    struct inode_attrs attrs;
+    int err = 0;
+
+    if (inode == NULL)
+        return ENOENT;
+    inode_table_lock(fs->inodes);
+    attrs = inode->attrs;
+    /* staged data is what the file is; an unlinked file keeps what it was */
+    bool unlinked = inode->unlinked;
+    bool local = inode->wfile != NULL || unlinked;
+    if (inode->wfile != NULL)
+        fs_staged_attrs_locked(fs, inode, &attrs);
+    fs_local_times_locked(inode, &attrs);
+    inode_table_unlock(fs->inodes);
+    if (!local && attrs.kind != INODE_DIR &&
+        clock_monotonic_seconds() - attrs.fetched_at >= fs->conf.attr_ttl) {
+        err = fs_revalidate_file(fs, inode, &attrs);
+        if (err == 0) {
+            inode_table_lock(fs->inodes);
+            inode_update_attrs_locked(inode, &attrs);
+            fs_local_times_locked(inode, &attrs);
+            inode_table_unlock(fs->inodes);
+        }
+    }
+    if (err == 0) {
+        fs_attrs_to_stat(fs, ino, &attrs, out);
+        if (unlinked)
+            out->st_nlink = 0; /* fstat of a descriptor open on it */
+        *timeout = fs->conf.attr_ttl;
+    }
+    inode_put(fs->inodes, inode);
+    return err;
+}

@@ -1,0 +1,543 @@
+/*
+ * fs_rename.c - rename of files and directories.
+ *
+ * A file moves with a server-side copy and a delete, or, while its data
+ * waits for its upload, by changing the key it will be uploaded to (the
+ * journal follows, and an older object under the old key goes first). A
+ * directory moves key by key (copies of a batch, then its deletes), not
+ * atomically; the staged files under it are held until the keys have
+ * moved, so no upload of theirs lands under the new name before the old
+ * object moved there.
+ */
+#include "config.h"
+
+#include "fs.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "clock.h"
+#include "fs_internal.h"
+#include "inode.h"
+#include "log.h"
+#include "metacache.h"
+#include "names.h"
+
+#define MOVE_BATCH 64               /* keys copied or deleted per batch */
+
+struct move_job {
+    struct fs *fs;
+    const char *src_key;
+    char *dst_key;
+    uint64_t size;
+    char etag[S3_ETAG_MAX];
+    char new_etag[S3_ETAG_MAX];
+    bool delete_only;
+    int err;
+    pthread_mutex_t *lock;
+    pthread_cond_t *done;
+    size_t *pending;
+};
+
+static void move_job_main(void *arg)
+{
+    struct move_job *job = arg;
+
+    uint64_t size;
+
+    if (job->delete_only)
+        job->err = s3_delete_object(job->fs->s3, job->src_key);
+    else
+        job->err = fs_copy_object(job->fs, job->src_key, job->etag, job->size,
+                                  job->dst_key, NULL, job->new_etag, &size);
+    pthread_mutex_lock(job->lock);
+    if (--*job->pending == 0)
+        pthread_cond_signal(job->done);
+    pthread_mutex_unlock(job->lock);
+}
+
+/* Run JOBS (copies or deletes) on the worker pool, COUNT at a time. */
+static void run_move_jobs(struct fs *fs, struct move_job *jobs, size_t count)
+{
+    pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+    pthread_cond_t done = PTHREAD_COND_INITIALIZER;
+    size_t pending = count;
+
+    for (size_t i = 0; i < count; i++) {
+        jobs[i].fs = fs;
+        jobs[i].lock = &lock;
+        jobs[i].done = &done;
+        jobs[i].pending = &pending;
+        if (!jobs[i].delete_only && jobs[i].size > UPLOAD_MAX_COPY_SIZE) {
+            /* multipart copy waits on the pool: not from inside it */
+            move_job_main(&jobs[i]);
+        } else if (workers_submit(fs->workers, move_job_main, &jobs[i]) != 0) {
+            move_job_main(&jobs[i]);
+        }
+    }
+    pthread_mutex_lock(&lock);
+    while (pending > 0)
+        pthread_cond_wait(&done, &lock);
+    pthread_mutex_unlock(&lock);
+}
+
+/* Server-side move of every key under SRC_PREFIX to DST_PREFIX: copies
+ * first (a batch at a time, in parallel), deletes after, so a failure
+ * leaves every key somewhere. Not atomic (documented). */
+static int move_prefix(struct fs *fs, const char *src_prefix, const char *dst_prefix)
+{
+    size_t src_len = strlen(src_prefix);
+    bool had_marker = false;
+    char *moved[MOVE_BATCH];      /* the keys the last batch deleted */
+    size_t moved_count = 0;
+    int err = 0;
+
+    /* each batch is copied then deleted, so listing from the start again
+     * finds the next one, until nothing is left */
+    for (;;) {
+        struct s3xml_listing page;
+        struct move_job jobs[MOVE_BATCH];
+        size_t count = 0;
+
+        err = s3_list_objects(fs->s3, src_prefix, NULL, NULL, NULL, MOVE_BATCH,
+                              &page);
+        if (err != 0)
+            break;
+        /* a key the last batch deleted, listed again: the loop would copy
+         * and delete it forever (keys are compared, not their order, which
+         * some servers do not keep) */
+        for (size_t i = 0; err == 0 && i < page.object_count; i++)
+            for (size_t j = 0; err == 0 && j < moved_count; j++)
+                if (strcmp(page.objects[i].key, moved[j]) == 0) {
+                    log_error("rename of %s: '%s' is still listed after its "
+                              "delete; stopping", src_prefix, moved[j]);
+                    err = EIO;
+                }
+        if (err != 0) {
+            s3xml_listing_free(&page);
+            break;
+        }
+        memset(jobs, 0, sizeof(jobs));
+        for (size_t i = 0; i < page.object_count && count < MOVE_BATCH; i++) {
+            const struct s3xml_object *object = &page.objects[i];
+            if (strcmp(object->key, src_prefix) == 0)
+                had_marker = true;
+            if (asprintf(&jobs[count].dst_key, "%s%s", dst_prefix,
+                         object->key + src_len) < 0) {
+                jobs[count].dst_key = NULL;
+                err = ENOMEM;
+                break;
+            }
+            jobs[count].src_key = object->key;
+            jobs[count].size = object->size;
+            snprintf(jobs[count].etag, sizeof(jobs[count].etag), "%s",
+                     object->etag ? object->etag : "");
+            count++;
+        }
+        if (err == 0)
+            run_move_jobs(fs, jobs, count);
+        for (size_t i = 0; err == 0 && i < count; i++)
+            err = jobs[i].err;
+        if (err == 0) {
+            for (size_t i = 0; i < count; i++)
+                jobs[i].delete_only = true;
+            run_move_jobs(fs, jobs, count);
+            for (size_t i = 0; err == 0 && i < count; i++)
+                err = jobs[i].err;
+        }
+        for (size_t i = 0; i < moved_count; i++)
+            free(moved[i]);
+        moved_count = 0;
+        for (size_t i = 0; i < count; i++) {
+            free(jobs[i].dst_key);
+            if (err == 0 && (moved[moved_count] = strdup(jobs[i].src_key)) != NULL)
+                moved_count++;
+        }
+        s3xml_listing_free(&page);
+        if (err != 0 || count == 0)
+            break;
+    }
+    for (size_t i = 0; i < moved_count; i++)
+        free(moved[i]);
+    if (err == 0 && !had_marker) {
+        struct writer_meta meta = {S_IFDIR | fs->conf.dir_mode, fs->conf.uid,
+                                   fs->conf.gid, clock_wall_now()};
+        err = fs_put_marker(fs, dst_prefix, &meta);
+    }
+    return err;
+}
+
+/* Delete the object under the key of INODE, a file with a promise in the
+ * journal (held): it is an older version, or a replaced file's object.
+ * This comes before the promise leaves the key (writer_file_rename(),
+ * writer_file_forget()), so that a crash in between leaves the name with
+ * its last promise, never with that older version. */
+static int drop_older_object(struct fs *fs, struct inode *inode)
+{
+    char *key = NULL;
+    int err = 0;
+
+    inode_table_lock(fs->inodes);
+    if (inode->attrs.etag[0] != '\0' || inode->object_unknown)
+        key = strdup(inode->key);
+    bool none = key == NULL && inode->attrs.etag[0] == '\0' &&
+                !inode->object_unknown;
+    inode_table_unlock(fs->inodes);
+    if (none)
+        return 0;
+    if (key == NULL)
+        return ENOMEM;
+    err = s3_delete_object(fs->s3, key);
+    if (err == 0) {
+        inode_table_lock(fs->inodes);
+        if (strcmp(inode->key, key) == 0) {
+            inode->attrs.etag[0] = '\0'; /* nothing under the key now */
+            inode->object_unknown = inode->replaced_object = false;
+        }
+        inode_table_unlock(fs->inodes);
+    }
+    free(key);
+    return err;
+}
+
+/* One staged file under a directory being renamed. */
+struct staged_move {
+    struct inode *inode;          /* pinned */
+    struct writer_file *wfile;    /* for fs_staged_put */
+    char *new_key;
+};
+
+struct staged_rename {
+    const char *src_prefix, *dst_prefix;
+    struct staged_move *files;
+    size_t count, capacity;
+};
+
+static void collect_staged(void *arg, struct inode *inode)
+{
+    struct staged_rename *rename = arg;
+    size_t len = strlen(rename->src_prefix);
+
+    if (rename->count == rename->capacity) {
+        size_t capacity = rename->capacity ? rename->capacity * 2 : 16;
+        void *files = realloc(rename->files, capacity * sizeof(*rename->files));
+        if (files == NULL)
+            return;
+        rename->files = files;
+        rename->capacity = capacity;
+    }
+    char *key = NULL;
+    if (asprintf(&key, "%s%s", rename->dst_prefix, inode->key + len) < 0)
+        return;
+    inode_pin_locked(inode);
+    rename->files[rename->count] = (struct staged_move){
+        .inode = inode, .wfile = fs_staged_get_locked(inode), .new_key = key,
+    };
+    rename->count++;
+}
+
+static int rename_dir(struct fs *fs, const char *src_prefix, const char *dst_prefix)
+{
+    struct staged_rename staged = {src_prefix, dst_prefix, NULL, 0, 0};
+    struct fs_dir_move move = {src_prefix, dst_prefix, NULL};
+    int err;
+
+    /* files not uploaded yet go to their new names when they are; a
+     * listing fetched meanwhile is not kept (fs_get_listing) */
+    inode_table_lock(fs->inodes);
+    move.next = fs->dir_moves;
+    fs->dir_moves = &move;
+    fs_staged_visit_locked(fs, src_prefix, collect_staged, &staged);
+    inode_table_unlock(fs->inodes);
+    size_t held = 0, renamed = 0;
+    err = 0;
+    /* The objects of all of them move below, as every key does; they are
+     * held meanwhile, so that no upload of their new data under the new
+     * name lands before the move of their old object there. */
+    for (; err == 0 && held < staged.count; held++) {
+        struct staged_move *file = &staged.files[held];
+        enum writer_renamed state;
+        err = writer_file_hold(file->wfile, &state);
+        /* a promise leaves its key only once the older version under it is
+         * gone, and that version is not moved */
+        if (err == 0 && state == WRITER_RENAMED_JOURNALED)
+            err = drop_older_object(fs, file->inode);
+    }
+    for (; err == 0 && renamed < staged.count; renamed++)
+        err = writer_file_rename(staged.files[renamed].wfile,
+                                 staged.files[renamed].new_key, NULL);
+    if (err == 0)
+        err = move_prefix(fs, src_prefix, dst_prefix);
+    if (err != 0) {
+        /* what moved in the bucket stays moved (not atomic); files not
+         * uploaded yet go back where the directory still is, before
+         * anything of theirs is uploaded under the new name */
+        size_t len = strlen(dst_prefix);
+        for (size_t i = 0; i < renamed; i++) {
+            char *back = NULL;
+            if (asprintf(&back, "%s%s", src_prefix, staged.files[i].new_key + len) >= 0)
+                writer_file_rename_back(staged.files[i].wfile, back);
+            free(back);
+        }
+    }
+    inode_table_lock(fs->inodes);
+    if (err == 0)
+        err = inode_rekey_prefix_locked(fs->inodes, src_prefix, dst_prefix);
+    struct fs_dir_move **link = &fs->dir_moves;
+    while (*link != &move)
+        link = &(*link)->next;
+    *link = move.next;
+    pthread_cond_broadcast(&fs->move_done);
+    inode_table_unlock(fs->inodes);
+    /* uploads may go now: their inodes have the files' keys (fs_uploaded) */
+    for (size_t i = 0; i < held; i++)
+        writer_file_release(staged.files[i].wfile);
+    for (size_t i = 0; i < staged.count; i++) {
+        fs_staged_put(fs, staged.files[i].inode, &staged.files[i].wfile);
+        inode_put(fs->inodes, staged.files[i].inode);
+        free(staged.files[i].new_key);
+    }
+    free(staged.files);
+    if (err != 0)
+        return err;
+    metacache_forget_listing(fs->conf.cache, src_prefix);
+    metacache_forget_listing(fs->conf.cache, dst_prefix);
+    return err;
+}
+
+/* Rename the file INODE from SRC_KEY to DST_KEY in the bucket, replacing
+ * the staged file REPLACED (may be NULL); DST_OBJECT says whether an object
+ * may be under DST_KEY. *STATE_OUT says what the file's data was (see
+ * writer_file_hold). A staged file is held (writer_file_hold) and handed
+ * to the caller in *HELD (a reference for fs_staged_put), to release once
+ * the inode has its new key: no upload of it may land under the new name
+ * before the old object is moved there. */
+static int rename_file(struct fs *fs, struct inode *inode, const char *src_key,
+                       const char *dst_key, struct writer_file *replaced,
+                       bool dst_object, struct writer_file **held,
+                       enum writer_renamed *state_out)
+{
+    struct writer_file *wfile = NULL;
+    struct inode_attrs attrs, object;
+    enum writer_renamed state = WRITER_RENAMED_UPLOADED;
+    int err = 0;
+
+    *held = NULL;
+    *state_out = WRITER_RENAMED_UPLOADED;
+    inode_table_lock(fs->inodes);
+    if (inode->wfile != NULL)
+        wfile = fs_staged_get_locked(inode);
+    inode_table_unlock(fs->inodes);
+
+    if (wfile != NULL) {
+        err = writer_file_hold(wfile, &state);
+        *held = wfile;
+    }
+    inode_table_lock(fs->inodes);
+    attrs = inode->attrs;
+    object = inode->attrs; /* the object at the old key, if any */
+    /* whether that object is this file's last saved version: not when it
+     * is one this file replaced, or when nobody knows (recovery) */
+    bool own_object = object.etag[0] != '\0' && !inode->replaced_object &&
+                      !inode->object_unknown;
+    bool some_object = object.etag[0] != '\0' || inode->object_unknown;
+    if (inode->wfile != NULL)
+        fs_staged_attrs_locked(fs, inode, &attrs); /* what was uploaded */
+    inode_table_unlock(fs->inodes);
+    if (err == 0 && state == WRITER_RENAMED_JOURNALED)
+        err = drop_older_object(fs, inode);
+    if (err == 0 && wfile != NULL)
+        err = writer_file_rename(wfile, dst_key, replaced);
+    if (err == 0 && wfile != NULL && state == WRITER_RENAMED_UPLOADED) {
+        char etag[S3_ETAG_MAX];
+        if (writer_file_etag(wfile, etag))
+            snprintf(attrs.etag, sizeof(attrs.etag), "%s", etag);
+    }
+    if (err == 0 && state == WRITER_RENAMED_UNSAVED && own_object) {
+        /* not uploaded yet, and its new bytes saved nowhere else (open,
+         * written): the object at the old key is its only saved version,
+         * so it moves first, and a crash before the file's upload leaves
+         * it under the new name. Whatever version is there now (the
+         * inode's ETag may be older than a copy's): a HEAD says. */
+        struct s3_object_info info;
+        char etag[S3_ETAG_MAX] = "";
+        uint64_t size;
+        err = s3_head_object(fs->s3, src_key, &info);
+        if (err == 0)
+            err = fs_copy_object(fs, src_key, info.etag, info.size, dst_key, NULL,
+                                 etag, &size);
+        if (err == 0 || err == ENOENT)
+            err = s3_delete_object(fs->s3, src_key);
+    } else if (err == 0 && state != WRITER_RENAMED_UPLOADED) {
+        /* not uploaded yet: only where it goes changes; an object under
+         * the old name goes away as rename says (journaled: gone above) */
+        if (state == WRITER_RENAMED_UNSAVED && some_object)
+            err = s3_delete_object(fs->s3, src_key);
+        /* saved nowhere (never closed, no older version): the object the
+         * rename replaces is not kept until this file's upload, for a
+         * crash before it would bring the replaced file back */
+        if (err == 0 && state == WRITER_RENAMED_UNSAVED && dst_object)
+            err = s3_delete_object(fs->s3, dst_key);
+        if (err == 0 && state == WRITER_RENAMED_UNSAVED) {
+            inode_table_lock(fs->inodes);
+            inode->attrs.etag[0] = '\0'; /* nothing under the new key */
+            inode_table_unlock(fs->inodes);
+        }
+    } else if (err == 0) {
+        char etag[S3_ETAG_MAX] = "";
+        err = fs_copy_object(fs, src_key, attrs.etag, attrs.size, dst_key, NULL,
+                             etag, &attrs.size);
+        if (err == 0)
+            err = s3_delete_object(fs->s3, src_key);
+        if (err == 0 && etag[0] != '\0')
+            snprintf(attrs.etag, sizeof(attrs.etag), "%s", etag);
+        if (err == 0) {
+            inode_table_lock(fs->inodes);
+            inode->attrs = attrs;
+            inode_table_unlock(fs->inodes);
+            if (attrs.headers_known)
+                metacache_put_attrs(fs->conf.cache, dst_key, &attrs);
+        }
+    }
+    if (err != 0 && wfile != NULL)
+        writer_file_rename_back(wfile, src_key); /* back where it was */
+    if (err == 0)
+        *state_out = state;
+    return err;
+}
+
+int fs_rename(struct fs *fs, fuse_ino_t parent, const char *name,
+              fuse_ino_t new_parent, const char *new_name, unsigned flags)
+{
+    struct inode *src = NULL, *dst = NULL;
+    char *src_key = NULL, *dst_key = NULL, *dst_file_key = NULL;
+    struct writer_file *dst_wfile = NULL, *held = NULL;
+    int err;
+
+    if (fs->writer == NULL)
+        return EROFS;
+    if (flags & ~(unsigned)RENAME_NOREPLACE)
+        return EINVAL; /* RENAME_EXCHANGE, RENAME_WHITEOUT */
+    err = fs_find_child(fs, parent, name, true, &src, &src_key);
+    if (err == 0)
+        err = fs_find_child(fs, new_parent, new_name, false, &dst, &dst_key);
+    if (err != 0)
+        goto out;
+
+    inode_table_lock(fs->inodes);
+    bool src_dir = src->attrs.kind == INODE_DIR && src->wfile == NULL;
+    bool dst_dir = dst != NULL && dst->attrs.kind == INODE_DIR && dst->wfile == NULL;
+    inode_table_unlock(fs->inodes);
+    if (dst != NULL) {
+        if (dst == src)
+            goto out; /* the same file: nothing to do */
+        if (flags & RENAME_NOREPLACE)
+            err = EEXIST;
+        else if (src_dir && !dst_dir)
+            err = ENOTDIR;
+        else if (!src_dir && dst_dir)
+            err = EISDIR;
+        else if (dst_dir)
+            err = fs_check_empty(fs, dst_key);
+        if (err != 0)
+            goto out;
+    }
+    err = fs_child_key(fs, new_parent, new_name, src_dir, &dst_file_key);
+    if (err != 0)
+        goto out;
+    if (src_dir && strncmp(dst_file_key, src_key, strlen(src_key)) == 0) {
+        err = EINVAL; /* into itself */
+        goto out;
+    }
+
+    /* a file replaced by the rename never reaches the bucket; its journal
+     * entry goes once the rename is done (or with the move of the source's
+     * entry, in the same journal transaction): a crash before leaves the
+     * version it promised */
+    char dst_etag[S3_ETAG_MAX] = "";  /* the object under the target's key */
+    bool dst_unknown = false;
+    if (dst != NULL && !dst_dir) {
+        inode_table_lock(fs->inodes);
+        snprintf(dst_etag, sizeof(dst_etag), "%s", dst->attrs.etag);
+        dst_unknown = dst->object_unknown;
+        bool open = dst->open_handles > 0 && dst->attrs.kind == INODE_FILE;
+        if (dst->wfile != NULL)
+            dst_wfile = fs_staged_get_locked(dst);
+        inode_table_unlock(fs->inodes);
+        /* descriptors still open on the target read and write on after the
+         * rename, as after an unlink: its data is kept staged, and whole,
+         * before its object is replaced (an edit would fetch its missing
+         * bytes from the object the rename puts there) */
+        if (dst_wfile == NULL && open)
+            err = fs_stage_file(fs, dst, false, &dst_wfile);
+        if (err == 0 && dst_wfile != NULL && open)
+            err = writer_file_complete(dst_wfile);
+        if (err != 0)
+            goto out;
+        if (dst_wfile != NULL)
+            writer_file_unlink(dst_wfile, false);
+    }
+
+    /* the empty target directory is replaced: its marker goes first, so
+     * that the moved one takes its place */
+    if (dst_dir)
+        err = s3_delete_object(fs->s3, dst_key);
+    enum writer_renamed state = WRITER_RENAMED_UPLOADED;
+    if (err == 0)
+        err = src_dir ? rename_dir(fs, src_key, dst_file_key)
+                      : rename_file(fs, src, src_key, dst_file_key, dst_wfile,
+                                    dst_etag[0] != '\0' || dst_unknown, &held,
+                                    &state);
+    if (err != 0) {
+        if (dst_wfile != NULL)
+            writer_file_relink(dst_wfile); /* the target stays */
+        goto out;
+    }
+    if (dst_wfile != NULL)
+        writer_file_forget(dst_wfile);
+
+    struct inode_attrs attrs;
+    inode_table_lock(fs->inodes);
+    if (dst != NULL)
+        inode_unlink_locked(fs->inodes, dst);
+    if (!src_dir)
+        err = inode_rekey_locked(fs->inodes, src, dst_file_key);
+    if (!src_dir && state == WRITER_RENAMED_JOURNALED) {
+        /* the replaced file's object stays under the key until this one's
+         * upload replaces it; it goes if this one leaves first */
+        snprintf(src->attrs.etag, sizeof(src->attrs.etag), "%s", dst_etag);
+        src->replaced_object = dst_etag[0] != '\0';
+        src->object_unknown = dst_unknown;
+    } else if (!src_dir && state == WRITER_RENAMED_UNSAVED) {
+        /* its own saved version moved here, or nothing is here */
+        src->replaced_object = src->object_unknown = false;
+    }
+    fs_touch_locked(src, false);
+    attrs = src->attrs;
+    if (src->wfile != NULL)
+        fs_staged_attrs_locked(fs, src, &attrs);
+    inode_table_unlock(fs->inodes);
+    fs_patch_parent(fs, src_key, NULL);
+    fs_patch_parent(fs, dst_file_key, &attrs);
+    fs_entry_changed(fs, src_key);
+    fs_entry_changed(fs, dst_file_key);
+out:
+    if (held != NULL) { /* the inode has the file's key again: uploads may go */
+        writer_file_release(held);
+        fs_staged_put(fs, src, &held);
+    }
+    if (dst != NULL) {
+        fs_staged_put(fs, dst, &dst_wfile);
+        fs_maybe_detach(fs, dst);
+        inode_put(fs->inodes, dst);
+    }
+    if (src != NULL)
+        inode_put(fs->inodes, src);
+    free(src_key);
+    free(dst_key);
+    free(dst_file_key);
+    return err;
+}
