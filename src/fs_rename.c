@@ -477,8 +477,11 @@ int fs_rename(struct fs *fs, fuse_ino_t parent, const char *name,
             err = writer_file_complete(dst_wfile);
         if (err != 0)
             goto out;
-        if (dst_wfile != NULL)
-            writer_file_unlink(dst_wfile, false);
+        /* an upload of it that was under way has landed now: its object
+         * is under the key, whatever the inode said before */
+        if (dst_wfile != NULL && writer_file_unlink(dst_wfile, false) &&
+            !writer_file_etag(dst_wfile, dst_etag))
+            dst_unknown = true;
     }
 
     /* the empty target directory is replaced: its marker goes first, so

@@ -494,6 +494,38 @@ def test_a_replaced_object_does_not_come_back(server, s3, bucket, proxy,
         assert object_bytes(s3, bucket, 'c') == new
 
 
+def test_a_file_renamed_over_while_it_uploads_does_not_come_back(
+        server, s3, bucket, proxy, mount):
+    """-o writeback: b closed, its upload held at the proxy; tmp closed and
+    renamed over b (the rename waits for b's upload), then b renamed to c.
+    After the unmount, the bucket has c with tmp's bytes and no b. (Before:
+    the rename over b read b's key as holding nothing before the upload it
+    waited for landed, and b's old bytes stayed under the key for good;
+    found by the crash torture, seed 3082705.)"""
+    mnt = mount(bucket, options=['writeback'], endpoint=proxy.endpoint)
+    old, new = payload('old-b', 30 * KiB), payload('tmp', 20 * KiB)
+    proxy.inject('hold', 1, put_to('b'))
+    # tmp stays unsent while a descriptor keeps it open for writing
+    keeper = os.open(mnt.path / 'tmp', os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        write_file(mnt.path / 'tmp', new)
+        write_file(mnt.path / 'b', old)
+        wait_for(lambda: proxy.holding >= 1, 10, "b's upload at the proxy")
+        renaming = start_in_thread(os.rename, mnt.path / 'tmp',
+                                   mnt.path / 'b')
+        time.sleep(0.3)   # the rename waits for the held upload
+        assert not renaming.done()
+        proxy.release()
+        renaming.result(timeout=HANG_TIMEOUT)
+        os.rename(mnt.path / 'b', mnt.path / 'c')
+    finally:
+        os.close(keeper)
+    assert (mnt.path / 'c').read_bytes() == new
+    unmount_command(mnt)
+    assert bucket_keys(s3, bucket) == ['c'], 'b came back'
+    assert object_bytes(s3, bucket, 'c') == new
+
+
 @pytest.mark.parametrize('mode', ['default', 'writeback'])
 def test_an_open_file_renamed_over_reads_and_writes_on(server, s3, bucket,
                                                        mount, mode):
