@@ -1,18 +1,15 @@
 /*
  * cache.c - the block cache's data path (see cache.h): object versions
  * and their handles, reading blocks back (verified piece by piece, damaged
- * ones dropped), filling blocks, statistics; and the helpers the other
- * parts share: the index accessors (meta values, the usage record, ticks)
- * and the data files. The write path's calls live here too: a staged file
- * adopted as a version (renamed into data/, its blocks recorded in one
- * transaction), a version re-keyed after a server-side copy, a deleted
- * key forgotten.
+ * ones dropped), filling blocks, statistics.
  *
- * cache_dir.c opens and closes the cache on its directory;
- * cache_policy.c decides what stays (room, eviction, recency), called
- * from here through cache_make_room() before a block is filled and
- * cache_add_touch() after a block is read again. The layouts, constants
- * and the locking rules are in cache_internal.h.
+ * The other parts: cache_store.c (index accessors, usage, data files:
+ * what all of them build on), cache_policy.c (what stays: room,
+ * eviction, recency; called from here through cache_make_room() before a
+ * block is filled and cache_add_touch() after a block is read again),
+ * cache_adopt.c (the write path's calls), cache_dir.c (the directory:
+ * lock, state, open and close). The layouts, constants and the locking
+ * rules are in cache_internal.h.
  */
 #include "config.h"
 
@@ -32,169 +29,6 @@
 #include <xxhash.h>
 
 #include "log.h"
-
-/* SHA-256 of "bucket NUL key": the index's name for a key. */
-static int key_hash(const char *bucket, const char *key, unsigned char *out)
-{
-    size_t bucket_len = strlen(bucket) + 1;
-    size_t key_len = strlen(key);
-    char *text = malloc(bucket_len + key_len);
-    unsigned int digest_len = 0;
-    int err = 0;
-
-    if (text == NULL)
-        return ENOMEM;
-    memcpy(text, bucket, bucket_len);
-    memcpy(text + bucket_len, key, key_len);
-    if (EVP_Digest(text, bucket_len + key_len, out, &digest_len, EVP_sha256(),
-                   NULL) != 1)
-        err = EIO;
-    free(text);
-    return err;
-}
-
-/* ----------------------------------------------------- index accessors */
-
-int cache_meta_get_u64(struct db_txn *txn, const char *name, uint64_t *out)
-{
-    const void *value;
-    size_t len;
-    int err = db_get(txn, DB_META, name, strlen(name), &value, &len);
-
-    if (err == ENOENT) {
-        *out = 0;
-        return 0;
-    }
-    if (err == 0 && len != sizeof(*out))
-        return EIO;
-    if (err == 0)
-        memcpy(out, value, sizeof(*out));
-    return err;
-}
-
-int cache_meta_put_u64(struct db_txn *txn, const char *name, uint64_t value)
-{
-    return db_put(txn, DB_META, name, strlen(name), &value, sizeof(value));
-}
-
-int cache_usage_get(struct db_txn *txn, struct usage_record *out)
-{
-    const void *value;
-    size_t len;
-    int err = db_get(txn, DB_META, "usage", 5, &value, &len);
-
-    memset(out, 0, sizeof(*out));
-    if (err == ENOENT)
-        return 0;
-    if (err == 0 && len == sizeof(*out))
-        memcpy(out, value, sizeof(*out));
-    return err;
-}
-
-int cache_usage_put(struct db_txn *txn, const struct usage_record *usage)
-{
-    return db_put(txn, DB_META, "usage", 5, usage, sizeof(*usage));
-}
-
-int cache_usage_commit(struct cache *cache, struct db_txn **txn,
-                       const struct usage_record *before,
-                       const struct usage_record *usage)
-{
-    int err = cache_usage_put(*txn, usage);
-
-    if (err == 0)
-        err = db_txn_commit(txn);
-    if (err == 0)
-        cache_usage_mirror(cache, before, usage);
-    return err;
-}
-
-/* After a commit, move the in-memory mirror of the usage record by what
- * the transaction changed (BEFORE -> AFTER). Applying differences keeps
- * the mirror right whatever order committed transactions report in. */
-void cache_usage_mirror(struct cache *cache, const struct usage_record *before,
-                        const struct usage_record *after)
-{
-    pthread_mutex_lock(&cache->lock);
-    for (int i = 0; i < 2; i++)
-        cache->usage.bytes[i] += after->bytes[i] - before->bytes[i];
-    cache->usage.blocks += after->blocks - before->blocks;
-    pthread_mutex_unlock(&cache->lock);
-}
-
-int cache_next_tick(struct db_txn *txn, uint64_t *tick)
-{
-    int err = cache_meta_get_u64(txn, "tick", tick);
-    if (err == 0)
-        err = cache_meta_put_u64(txn, "tick", ++*tick);
-    return err;
-}
-
-/* ------------------------------------------------------- paths, files */
-
-static char *data_path(const struct cache *cache, uint64_t id)
-{
-    char *path = NULL;
-    if (asprintf(&path, "%s/%02x/%016llx", cache->data_dir,
-                 (unsigned)(id & 0xff), (unsigned long long)id) < 0)
-        return NULL;
-    return path;
-}
-
-static int open_data_file(const struct cache *cache, uint64_t id, int *fd)
-{
-    char *path = data_path(cache, id);
-    int err = 0;
-
-    if (path == NULL)
-        return ENOMEM;
-    *fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (*fd < 0 && errno == ENOENT) {
-        /* the fan-out directory */
-        char *slash = strrchr(path, '/');
-        *slash = '\0';
-        if (mkdir(path, 0700) != 0 && errno != EEXIST) {
-            err = errno;
-            goto out;
-        }
-        *slash = '/';
-        *fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    }
-    if (*fd < 0)
-        err = errno;
-out:
-    if (err != 0)
-        log_error("cache: cannot open %s: %s", path, strerror(err));
-    free(path);
-    return err;
-}
-
-void cache_unlink_data_file(const struct cache *cache, uint64_t id)
-{
-    char *path = data_path(cache, id);
-    if (path != NULL && unlink(path) != 0 && errno != ENOENT)
-        log_warn("cache: cannot remove %s: %s", path, strerror(errno));
-    free(path);
-}
-
-/* Give the disk space of a dropped block back (the index no longer
- * records it; a reader racing with us sees a checksum failure). */
-void cache_punch_block(const struct cache *cache, uint64_t id, uint64_t block,
-                       uint32_t len)
-{
-    char *path = data_path(cache, id);
-    int fd = path ? open(path, O_RDWR | O_CLOEXEC) : -1;
-
-    if (fd >= 0) {
-        if (fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-                      (off_t)(block * cache->block_size), (off_t)len) != 0 &&
-            errno != EOPNOTSUPP)
-            log_warn("cache: cannot free block space in %s: %s", path,
-                     strerror(errno));
-        close(fd);
-    }
-    free(path);
-}
 
 /* ------------------------------------------------------------ accessors */
 
@@ -221,106 +55,12 @@ struct db *cache_index(struct cache *cache)
 int cache_name_hash(const struct cache *cache, const char *name,
                     unsigned char *out)
 {
-    return key_hash(cache->bucket, name, out);
+    return cache_key_hash(cache->bucket, name, out);
 }
 
 uint32_t cache_block_size(const struct cache *cache)
 {
     return cache->block_size;
-}
-
-/* ------------------------------------------------------------ objects */
-
-static int compare_object_id(const void *a, const void *b)
-{
-    const struct cache_object *x = a, *y = b;
-    return x->id < y->id ? -1 : x->id > y->id;
-}
-
-bool cache_object_is_open_locked(struct cache *cache, uint64_t id)
-{
-    struct cache_object probe = {.id = id};
-    return tfind(&probe, &cache->open_objects, compare_object_id) != NULL;
-}
-
-/* Remove block BLOCK of object ID from the index in TXN; *len gets its
- * length. ENOENT if it was not recorded. Updates USAGE. */
-int cache_drop_block_txn(struct db_txn *txn, uint64_t id, uint64_t block,
-                         struct usage_record *usage, uint32_t *len)
-{
-    struct block_key key = block_key(id, block);
-    struct block_record record;
-    const void *value;
-    size_t value_len;
-    int err = db_get(txn, DB_BLOCKS, key.bytes, sizeof(key.bytes), &value,
-                     &value_len);
-
-    if (err != 0)
-        return err;
-    if (value_len < sizeof(record))
-        return EIO;
-    memcpy(&record, value, sizeof(record));
-    struct recency_key rkey = recency_key(record.segment, record.tick, id, block);
-    db_del(txn, DB_RECENCY, rkey.bytes, sizeof(rkey.bytes));
-    err = db_del(txn, DB_BLOCKS, key.bytes, sizeof(key.bytes));
-    if (err == 0) {
-        usage_sub(usage, record.segment == SEGMENT_PROTECTED,
-                  account(record.len));
-        if (usage->blocks > 0)
-            usage->blocks--;
-        *len = record.len;
-    }
-    return err;
-}
-
-struct block_list {
-    uint64_t *blocks;
-    size_t count;
-    size_t capacity;
-    uint64_t id;
-};
-
-static int collect_object_blocks(void *arg, const void *key, size_t key_len,
-                                 const void *value, size_t value_len)
-{
-    struct block_list *list = arg;
-    (void)value;
-    (void)value_len;
-    if (key_len != 16 || get_be64(key) != list->id)
-        return -1; /* past this object's blocks */
-    if (list->count == list->capacity) {
-        size_t capacity = list->capacity ? list->capacity * 2 : 64;
-        uint64_t *grown = realloc(list->blocks, capacity * sizeof(*grown));
-        if (grown == NULL)
-            return ENOMEM;
-        list->blocks = grown;
-        list->capacity = capacity;
-    }
-    list->blocks[list->count++] = get_be64((const unsigned char *)key + 8);
-    return 0;
-}
-
-/* Forget version ID entirely (its blocks, its record) in TXN. */
-int cache_drop_version_txn(struct db_txn *txn, uint64_t id,
-                           struct usage_record *usage)
-{
-    struct block_list list = {.id = id};
-    struct block_key start = block_key(id, 0);
-    unsigned char id_key[8];
-    uint32_t len;
-    int err = db_scan(txn, DB_BLOCKS, start.bytes, sizeof(start.bytes),
-                      collect_object_blocks, &list);
-
-    for (size_t i = 0; err == 0 && i < list.count; i++)
-        err = cache_drop_block_txn(txn, id, list.blocks[i], usage, &len);
-    free(list.blocks);
-    put_be64(id_key, id);
-    if (err == 0) {
-        err = db_del(txn, DB_OBJECTS, id_key, sizeof(id_key));
-        if (err == ENOENT)
-            err = 0;
-    }
-    return err;
 }
 
 /* Whether the key with HASH is cached as version (ETAG, SIZE); its id in
@@ -347,21 +87,6 @@ static bool version_matches_txn(struct db_txn *txn, const unsigned char *hash,
            memcmp((const char *)value + sizeof(record), etag, etag_len) == 0;
 }
 
-/* Version ID has just been dropped from the index (committed): if a
- * handle has it open, its file goes at the handle's last close
- * (`replaced`), else now. */
-static void retire_dropped_version(struct cache *cache, uint64_t id)
-{
-    pthread_mutex_lock(&cache->lock);
-    struct cache_object probe = {.id = id};
-    void *open = tfind(&probe, &cache->open_objects, compare_object_id);
-    if (open != NULL)
-        (*(struct cache_object **)open)->replaced = true;
-    pthread_mutex_unlock(&cache->lock);
-    if (open == NULL)
-        cache_unlink_data_file(cache, id);
-}
-
 /* Find or create the version's id in the index. *stale_id gets the id of
  * a replaced version (0 if none), whose data file the caller removes. */
 static int resolve_version(struct cache *cache, const char *key,
@@ -378,7 +103,7 @@ static int resolve_version(struct cache *cache, const char *key,
     int err;
 
     *stale_id = 0;
-    err = key_hash(cache->bucket, key, hash);
+    err = cache_key_hash(cache->bucket, key, hash);
     if (err != 0)
         return err;
     /* the common case, a version already cached: a read transaction */
@@ -456,11 +181,11 @@ int cache_object_open(struct cache *cache, const char *key, const char *etag,
     if (err != 0)
         return err;
     if (stale_id != 0)
-        retire_dropped_version(cache, stale_id);
+        cache_retire_dropped_version(cache, stale_id);
 
     pthread_mutex_lock(&cache->lock);
     struct cache_object probe = {.id = id};
-    void *found = tfind(&probe, &cache->open_objects, compare_object_id);
+    void *found = tfind(&probe, &cache->open_objects, cache_compare_object_id);
     if (found != NULL) {
         object = *(struct cache_object **)found;
         object->refs++;
@@ -484,11 +209,11 @@ int cache_object_open(struct cache *cache, const char *key, const char *etag,
         err = ENOMEM;
         goto out;
     }
-    err = open_data_file(cache, id, &object->fd);
+    err = cache_open_data_file(cache, id, &object->fd);
     if (err != 0)
         goto out;
     pthread_mutex_lock(&cache->lock);
-    found = tfind(object, &cache->open_objects, compare_object_id);
+    found = tfind(object, &cache->open_objects, cache_compare_object_id);
     if (found != NULL) { /* another thread opened it meanwhile */
         struct cache_object *other = *(struct cache_object **)found;
         other->refs++;
@@ -499,7 +224,7 @@ int cache_object_open(struct cache *cache, const char *key, const char *etag,
         *out = other;
         return 0;
     }
-    if (tsearch(object, &cache->open_objects, compare_object_id) == NULL)
+    if (tsearch(object, &cache->open_objects, cache_compare_object_id) == NULL)
         err = ENOMEM;
     pthread_mutex_unlock(&cache->lock);
 out:
@@ -532,7 +257,7 @@ void cache_object_close(struct cache *cache, struct cache_object **objectp)
     pthread_mutex_lock(&cache->lock);
     bool last = --object->refs == 0;
     if (last)
-        tdelete(object, &cache->open_objects, compare_object_id);
+        tdelete(object, &cache->open_objects, cache_compare_object_id);
     pthread_mutex_unlock(&cache->lock);
     if (last) {
         close(object->fd);
@@ -914,391 +639,5 @@ out:
     db_txn_abort(&txn);
     free(record);
     fill_free(fill);
-    return err;
-}
-
-/* ------------------------------------------------- the write path's needs */
-
-/* In TXN, drop the version the key with HASH maps to, unless it is KEEP
- * (0: keep none); *dropped gets its id (0 if none was dropped), for
- * retire_dropped_version() after the commit. The KEYS entry itself is
- * left for the caller to replace or delete. */
-static int drop_key_version_txn(struct db_txn *txn, const unsigned char *hash,
-                                uint64_t keep, struct usage_record *usage,
-                                uint64_t *dropped)
-{
-    const void *value;
-    size_t len;
-    uint64_t id;
-    int err = db_get(txn, DB_KEYS, hash, KEY_HASH_LEN, &value, &len);
-
-    *dropped = 0;
-    if (err == ENOENT)
-        return 0;
-    if (err != 0)
-        return err;
-    if (len != sizeof(id))
-        return 0; /* a broken entry: the caller overwrites or deletes it */
-    memcpy(&id, value, sizeof(id));
-    if (id == keep)
-        return 0;
-    err = cache_drop_version_txn(txn, id, usage);
-    if (err == 0)
-        *dropped = id;
-    return err;
-}
-
-int cache_forget_key(struct cache *cache, const char *key)
-{
-    unsigned char hash[KEY_HASH_LEN];
-    struct db_txn *txn = NULL;
-    struct usage_record usage, before;
-    uint64_t dropped = 0;
-    const void *value;
-    size_t len;
-    int err = key_hash(cache->bucket, key, hash);
-
-    if (err != 0)
-        return err;
-    /* the common case for a deleted object, nothing cached: no writer */
-    err = db_txn_begin(cache->db, false, &txn);
-    if (err != 0)
-        return err;
-    err = db_get(txn, DB_KEYS, hash, sizeof(hash), &value, &len);
-    db_txn_abort(&txn);
-    if (err == ENOENT)
-        return 0;
-    if (err != 0)
-        return err;
-
-    err = db_txn_begin(cache->db, true, &txn);
-    if (err == 0)
-        err = cache_usage_get(txn, &usage);
-    before = usage;
-    if (err == 0)
-        err = drop_key_version_txn(txn, hash, 0, &usage, &dropped);
-    if (err == 0) {
-        err = db_del(txn, DB_KEYS, hash, sizeof(hash));
-        if (err == ENOENT)
-            err = 0;
-    }
-    if (err == 0)
-        err = cache_usage_commit(cache, &txn, &before, &usage);
-    db_txn_abort(&txn);
-    if (err != 0)
-        return err;
-    if (dropped != 0)
-        retire_dropped_version(cache, dropped);
-    return 0;
-}
-
-int cache_rename_object(struct cache *cache, const char *key, const char *etag,
-                        const char *new_key, const char *new_etag)
-{
-    unsigned char hash[KEY_HASH_LEN], new_hash[KEY_HASH_LEN];
-    unsigned char id_key[8];
-    struct object_record *record = NULL;
-    struct db_txn *txn = NULL;
-    struct usage_record usage, before;
-    uint64_t id = 0, dropped = 0;
-    const void *value;
-    size_t len;
-    size_t etag_len = strlen(etag), new_etag_len = strlen(new_etag);
-    int err;
-
-    if (new_etag_len > 1024)
-        return EINVAL;
-    err = key_hash(cache->bucket, key, hash);
-    if (err == 0)
-        err = key_hash(cache->bucket, new_key, new_hash);
-    if (err != 0)
-        return err;
-    err = db_txn_begin(cache->db, true, &txn);
-    if (err == 0)
-        err = cache_usage_get(txn, &usage);
-    before = usage;
-    if (err == 0)
-        err = db_get(txn, DB_KEYS, hash, sizeof(hash), &value, &len);
-    if (err == 0 && len != sizeof(id))
-        err = ENOENT;
-    if (err != 0)
-        goto out;
-    memcpy(&id, value, sizeof(id));
-    put_be64(id_key, id);
-    err = db_get(txn, DB_OBJECTS, id_key, sizeof(id_key), &value, &len);
-    if (err == 0 && len != sizeof(*record) + etag_len)
-        err = ENOENT; /* another version of KEY is cached */
-    if (err != 0)
-        goto out;
-    record = calloc(1, sizeof(*record) + new_etag_len);
-    if (record == NULL) {
-        err = ENOMEM;
-        goto out;
-    }
-    memcpy(record, value, sizeof(*record)); /* the size stays */
-    if (record->etag_len != etag_len ||
-        memcmp((const char *)value + sizeof(*record), etag, etag_len) != 0) {
-        err = ENOENT;
-        goto out;
-    }
-    memcpy(record->key_hash, new_hash, sizeof(new_hash));
-    record->etag_len = (uint16_t)new_etag_len;
-    memcpy((char *)(record + 1), new_etag, new_etag_len);
-
-    /* the version keeps its id, blocks and data file: an open handle on
-     * it goes on reading the same bytes, now under the new name */
-    err = drop_key_version_txn(txn, new_hash, id, &usage, &dropped);
-    if (err == 0 && memcmp(hash, new_hash, sizeof(hash)) != 0)
-        err = db_del(txn, DB_KEYS, hash, sizeof(hash));
-    if (err == 0)
-        err = db_put(txn, DB_OBJECTS, id_key, sizeof(id_key), record,
-                     sizeof(*record) + new_etag_len);
-    if (err == 0)
-        err = db_put(txn, DB_KEYS, new_hash, sizeof(new_hash), &id, sizeof(id));
-    if (err == 0)
-        err = cache_usage_commit(cache, &txn, &before, &usage);
-    if (err == 0) {
-        if (dropped != 0)
-            retire_dropped_version(cache, dropped);
-    }
-out:
-    db_txn_abort(&txn);
-    free(record);
-    return err;
-}
-
-/* Pieces read per pread when checksumming a file to adopt. */
-#define ADOPT_READ_PIECES 16
-
-/* The XXH3 of each CACHE_PIECE_SIZE piece of the first SIZE bytes of FD
- * into SUMS (piece I covers [I * piece, (I + 1) * piece), the last one
- * possibly short): since blocks are whole numbers of pieces, these are
- * the blocks' checksums in order. EIO when the file is shorter. */
-static int sum_file_pieces(int fd, uint64_t size, uint64_t *sums)
-{
-    size_t buf_size = (size_t)ADOPT_READ_PIECES * CACHE_PIECE_SIZE;
-    char *buf = malloc(buf_size);
-    uint64_t offset = 0;
-    int err = 0;
-
-    if (buf == NULL)
-        return ENOMEM;
-    while (err == 0 && offset < size) {
-        size_t want = size - offset < buf_size ? (size_t)(size - offset) : buf_size;
-        size_t got = 0;
-        while (got < want) {
-            ssize_t n = pread(fd, buf + got, want - got, (off_t)(offset + got));
-            if (n < 0 && errno == EINTR)
-                continue;
-            if (n <= 0) {
-                err = n < 0 ? errno : EIO;
-                break;
-            }
-            got += (size_t)n;
-        }
-        for (size_t at = 0; err == 0 && at < want; at += CACHE_PIECE_SIZE) {
-            size_t piece_len = want - at < CACHE_PIECE_SIZE ? want - at
-                                                            : CACHE_PIECE_SIZE;
-            sums[(offset + at) / CACHE_PIECE_SIZE] = XXH3_64bits(buf + at, piece_len);
-        }
-        offset += want;
-    }
-    free(buf);
-    return err;
-}
-
-/* rename(FROM, TO), creating TO's fan-out directory if needed. */
-static int rename_into_data(const char *from, char *to)
-{
-    if (rename(from, to) == 0)
-        return 0;
-    if (errno != ENOENT)
-        return errno;
-    char *slash = strrchr(to, '/');
-    *slash = '\0';
-    int err = mkdir(to, 0700) != 0 && errno != EEXIST ? errno : 0;
-    *slash = '/';
-    if (err == 0 && rename(from, to) != 0)
-        err = errno;
-    return err;
-}
-
-/* In TXN: version ID of KEY (HASH) is (ETAG, SIZE) with every block
- * recorded from SUMS (all pieces in order), in probation, most recent
- * last; other versions of the key are dropped (*dropped: see
- * drop_key_version_txn). USAGE is updated. */
-static int publish_adopted_txn(struct cache *cache, struct db_txn *txn,
-                               const unsigned char *hash, uint64_t id,
-                               const char *etag, uint64_t size,
-                               const uint64_t *sums,
-                               struct usage_record *usage, uint64_t *dropped)
-{
-    size_t etag_len = strlen(etag);
-    uint64_t blocks = (size + cache->block_size - 1) / cache->block_size;
-    uint32_t block_pieces = cache->block_size / CACHE_PIECE_SIZE;
-    size_t record_max = sizeof(struct block_record) +
-                        block_pieces * sizeof(uint64_t);
-    struct object_record *object = calloc(1, sizeof(*object) + etag_len);
-    struct block_record *record = calloc(1, record_max);
-    unsigned char id_key[8];
-    uint64_t tick = 0;
-    int err = 0;
-
-    if (object == NULL || record == NULL) {
-        err = ENOMEM;
-        goto out;
-    }
-    err = drop_key_version_txn(txn, hash, id, usage, dropped);
-    if (err == 0) {
-        object->size = size;
-        memcpy(object->key_hash, hash, KEY_HASH_LEN);
-        object->etag_len = (uint16_t)etag_len;
-        memcpy((char *)(object + 1), etag, etag_len);
-        put_be64(id_key, id);
-        err = db_put(txn, DB_OBJECTS, id_key, sizeof(id_key), object,
-                     sizeof(*object) + etag_len);
-    }
-    if (err == 0)
-        err = db_put(txn, DB_KEYS, hash, KEY_HASH_LEN, &id, sizeof(id));
-    if (err == 0)
-        err = cache_meta_get_u64(txn, "tick", &tick);
-    for (uint64_t block = 0; err == 0 && block < blocks; block++) {
-        uint64_t start = block * cache->block_size;
-        uint32_t len = size - start < cache->block_size
-                           ? (uint32_t)(size - start) : cache->block_size;
-        uint32_t pieces = pieces_of(len);
-        struct block_key key = block_key(id, block);
-        struct recency_key rkey;
-
-        record->len = len;
-        record->segment = SEGMENT_PROBATION;
-        record->tick = ++tick;
-        memcpy(record + 1, sums + block * block_pieces, pieces * sizeof(uint64_t));
-        err = db_put(txn, DB_BLOCKS, key.bytes, sizeof(key.bytes), record,
-                     sizeof(*record) + pieces * sizeof(uint64_t));
-        if (err == 0) {
-            rkey = recency_key(SEGMENT_PROBATION, tick, id, block);
-            err = db_put(txn, DB_RECENCY, rkey.bytes, sizeof(rkey.bytes), "", 0);
-        }
-        if (err == 0) {
-            usage->bytes[SEGMENT_PROBATION] += account(len);
-            usage->blocks++;
-        }
-    }
-    if (err == 0 && blocks > 0)
-        err = cache_meta_put_u64(txn, "tick", tick);
-    if (err == 0)
-        err = cache_usage_put(txn, usage);
-out:
-    free(object);
-    free(record);
-    return err;
-}
-
-/*
- * The order makes a kill -9 at any point harmless: the version gets a
- * fresh id, and the file is renamed to that id's data path before any
- * record names the id; one transaction then publishes the version and
- * all its blocks. Before the rename nothing but other versions of KEY
- * has changed; between the rename and the commit the data file is an
- * orphan (no object record), which cache_open sweeps. A fresh id (never
- * the version already cached, even for the same ETag) means no handle
- * can have the data path open on another inode, and nothing else ever
- * writes to the new file.
- */
-int cache_adopt_file(struct cache *cache, const char *key, const char *etag,
-                     uint64_t size, const char *path)
-{
-    unsigned char hash[KEY_HASH_LEN];
-    struct db_txn *txn = NULL;
-    struct usage_record usage, before;
-    uint64_t *sums = NULL;
-    uint64_t id = 0, dropped = 0, need = 0, reserved = 0;
-    uint64_t blocks = (size + cache->block_size - 1) / cache->block_size;
-    uint64_t pieces = (size + CACHE_PIECE_SIZE - 1) / CACHE_PIECE_SIZE;
-    char *target = NULL;
-    bool moved = false;
-    struct stat st;
-    int fd = -1;
-    int err;
-
-    if (strlen(etag) > 1024)
-        return EINVAL;
-    if (blocks > 0)
-        need = (blocks - 1) * account(cache->block_size) +
-               account(size - (blocks - 1) * cache->block_size);
-    if (need > cache->size_limit)
-        return ENOSPC; /* checked first: no eviction for nothing */
-    err = key_hash(cache->bucket, key, hash);
-    if (err != 0)
-        return err;
-    fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return errno;
-    if (fstat(fd, &st) != 0)
-        err = errno;
-    else if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size != size)
-        err = EINVAL;
-    if (err == 0 && pieces > 0) {
-        sums = calloc(pieces, sizeof(*sums));
-        err = sums == NULL ? ENOMEM : sum_file_pieces(fd, size, sums);
-    }
-    close(fd);
-    if (err != 0)
-        goto out;
-
-    /* the old versions go first, so that their room counts */
-    err = cache_forget_key(cache, key);
-    if (err == 0)
-        err = cache_make_room(cache, need, 0); /* the bytes are on disk already */
-    if (err != 0)
-        goto out;
-    reserved = need;
-    err = db_txn_begin(cache->db, true, &txn);
-    if (err == 0)
-        err = cache_meta_get_u64(txn, "next_id", &id);
-    if (err == 0)
-        err = cache_meta_put_u64(txn, "next_id", ++id);
-    if (err == 0)
-        err = db_txn_commit(&txn);
-    db_txn_abort(&txn);
-    if (err != 0)
-        goto out;
-    target = data_path(cache, id);
-    if (target == NULL) {
-        err = ENOMEM;
-        goto out;
-    }
-    err = rename_into_data(path, target);
-    if (err != 0)
-        goto out;
-    moved = true;
-
-    err = db_txn_begin(cache->db, true, &txn);
-    if (err == 0)
-        err = cache_usage_get(txn, &usage);
-    before = usage;
-    if (err == 0)
-        err = publish_adopted_txn(cache, txn, hash, id, etag, size, sums,
-                                  &usage, &dropped);
-    if (err == 0)
-        err = db_txn_commit(&txn);
-    db_txn_abort(&txn);
-    if (err == 0) {
-        cache_usage_mirror(cache, &before, &usage);
-        if (dropped != 0)
-            retire_dropped_version(cache, dropped);
-        atomic_fetch_add(&cache->stored_bytes, size);
-    }
-out:
-    if (err != 0 && moved && rename(target, path) != 0) {
-        log_error("cache: cannot move %s back to %s: %s", target, path,
-                  strerror(errno));
-        cache_unlink_data_file(cache, id);
-    }
-    if (reserved > 0)
-        cache_release_room(cache, reserved);
-    free(target);
-    free(sums);
     return err;
 }

@@ -214,7 +214,10 @@ static inline void usage_sub(struct usage_record *usage, uint8_t segment,
                                  ? bytes : usage->bytes[segment];
 }
 
-/* ------------------------------------------- cache.c: index accessors */
+/* ------------------------------------- cache_store.c: index accessors */
+
+/* The hash naming KEY of BUCKET in the index (HASH_LEN bytes into OUT). */
+int cache_key_hash(const char *bucket, const char *key, unsigned char *out);
 
 /* A u64 in DB_META (0 when absent). */
 int cache_meta_get_u64(struct db_txn *txn, const char *name, uint64_t *out);
@@ -249,7 +252,21 @@ int cache_drop_version_txn(struct db_txn *txn, uint64_t id,
 /* Whether object ID has an open handle; call with `lock` held. */
 bool cache_object_is_open_locked(struct cache *cache, uint64_t id);
 
-/* ---------------------------------------------- cache.c: data files */
+/* The order of cache->open_objects (by id). */
+int cache_compare_object_id(const void *a, const void *b);
+
+/* Version ID has just been dropped from the index (committed): if a
+ * handle has it open, its file goes at the handle's last close
+ * (`replaced`), else now. */
+void cache_retire_dropped_version(struct cache *cache, uint64_t id);
+
+/* ----------------------------------------- cache_store.c: data files */
+
+/* The path of object ID's data file, malloc'd (NULL: out of memory). */
+char *cache_data_path(const struct cache *cache, uint64_t id);
+
+/* Open (creating) object ID's data file into *fd. */
+int cache_open_data_file(const struct cache *cache, uint64_t id, int *fd);
 
 /* Remove the data file of object ID (a missing one is fine). */
 void cache_unlink_data_file(const struct cache *cache, uint64_t id);
@@ -257,6 +274,8 @@ void cache_unlink_data_file(const struct cache *cache, uint64_t id);
 /* Give the disk space of block BLOCK (LEN bytes) of object ID back. */
 void cache_punch_block(const struct cache *cache, uint64_t id, uint64_t block,
                        uint32_t len);
+
+/* ------------------------------------------------------------- cache.c */
 
 /* The destructor of bounce_key: frees a thread's read buffer. */
 void cache_free_bounce(void *arg);

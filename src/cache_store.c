@@ -1,0 +1,294 @@
+/*
+ * cache_store.c - what every part of the block cache builds on: the
+ * index's accessors (meta values, the usage record and its mirror in
+ * struct cache, recency ticks), the data files of versions (path, open,
+ * punch, unlink), and dropping blocks and versions from the index. It
+ * calls nothing else of the cache: cache.c, cache_adopt.c and
+ * cache_policy.c sit above it.
+ */
+#include "config.h"
+
+#include "cache_internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <openssl/evp.h>
+#include <pthread.h>
+#include <search.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "log.h"
+
+/* SHA-256 of "bucket NUL key": the index's name for a key. */
+int cache_key_hash(const char *bucket, const char *key, unsigned char *out)
+{
+    size_t bucket_len = strlen(bucket) + 1;
+    size_t key_len = strlen(key);
+    char *text = malloc(bucket_len + key_len);
+    unsigned int digest_len = 0;
+    int err = 0;
+
+    if (text == NULL)
+        return ENOMEM;
+    memcpy(text, bucket, bucket_len);
+    memcpy(text + bucket_len, key, key_len);
+    if (EVP_Digest(text, bucket_len + key_len, out, &digest_len, EVP_sha256(),
+                   NULL) != 1)
+        err = EIO;
+    free(text);
+    return err;
+}
+
+int cache_meta_get_u64(struct db_txn *txn, const char *name, uint64_t *out)
+{
+    const void *value;
+    size_t len;
+    int err = db_get(txn, DB_META, name, strlen(name), &value, &len);
+
+    if (err == ENOENT) {
+        *out = 0;
+        return 0;
+    }
+    if (err == 0 && len != sizeof(*out))
+        return EIO;
+    if (err == 0)
+        memcpy(out, value, sizeof(*out));
+    return err;
+}
+
+int cache_meta_put_u64(struct db_txn *txn, const char *name, uint64_t value)
+{
+    return db_put(txn, DB_META, name, strlen(name), &value, sizeof(value));
+}
+
+int cache_usage_get(struct db_txn *txn, struct usage_record *out)
+{
+    const void *value;
+    size_t len;
+    int err = db_get(txn, DB_META, "usage", 5, &value, &len);
+
+    memset(out, 0, sizeof(*out));
+    if (err == ENOENT)
+        return 0;
+    if (err == 0 && len == sizeof(*out))
+        memcpy(out, value, sizeof(*out));
+    return err;
+}
+
+int cache_usage_put(struct db_txn *txn, const struct usage_record *usage)
+{
+    return db_put(txn, DB_META, "usage", 5, usage, sizeof(*usage));
+}
+
+int cache_usage_commit(struct cache *cache, struct db_txn **txn,
+                       const struct usage_record *before,
+                       const struct usage_record *usage)
+{
+    int err = cache_usage_put(*txn, usage);
+
+    if (err == 0)
+        err = db_txn_commit(txn);
+    if (err == 0)
+        cache_usage_mirror(cache, before, usage);
+    return err;
+}
+
+/* After a commit, move the in-memory mirror of the usage record by what
+ * the transaction changed (BEFORE -> AFTER). Applying differences keeps
+ * the mirror right whatever order committed transactions report in. */
+void cache_usage_mirror(struct cache *cache, const struct usage_record *before,
+                        const struct usage_record *after)
+{
+    pthread_mutex_lock(&cache->lock);
+    for (int i = 0; i < 2; i++)
+        cache->usage.bytes[i] += after->bytes[i] - before->bytes[i];
+    cache->usage.blocks += after->blocks - before->blocks;
+    pthread_mutex_unlock(&cache->lock);
+}
+
+int cache_next_tick(struct db_txn *txn, uint64_t *tick)
+{
+    int err = cache_meta_get_u64(txn, "tick", tick);
+    if (err == 0)
+        err = cache_meta_put_u64(txn, "tick", ++*tick);
+    return err;
+}
+
+/* ------------------------------------------------------- paths, files */
+
+char *cache_data_path(const struct cache *cache, uint64_t id)
+{
+    char *path = NULL;
+    if (asprintf(&path, "%s/%02x/%016llx", cache->data_dir,
+                 (unsigned)(id & 0xff), (unsigned long long)id) < 0)
+        return NULL;
+    return path;
+}
+
+int cache_open_data_file(const struct cache *cache, uint64_t id, int *fd)
+{
+    char *path = cache_data_path(cache, id);
+    int err = 0;
+
+    if (path == NULL)
+        return ENOMEM;
+    *fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (*fd < 0 && errno == ENOENT) {
+        /* the fan-out directory */
+        char *slash = strrchr(path, '/');
+        *slash = '\0';
+        if (mkdir(path, 0700) != 0 && errno != EEXIST) {
+            err = errno;
+            goto out;
+        }
+        *slash = '/';
+        *fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    }
+    if (*fd < 0)
+        err = errno;
+out:
+    if (err != 0)
+        log_error("cache: cannot open %s: %s", path, strerror(err));
+    free(path);
+    return err;
+}
+
+void cache_unlink_data_file(const struct cache *cache, uint64_t id)
+{
+    char *path = cache_data_path(cache, id);
+    if (path != NULL && unlink(path) != 0 && errno != ENOENT)
+        log_warn("cache: cannot remove %s: %s", path, strerror(errno));
+    free(path);
+}
+
+/* Give the disk space of a dropped block back (the index no longer
+ * records it; a reader racing with us sees a checksum failure). */
+void cache_punch_block(const struct cache *cache, uint64_t id, uint64_t block,
+                       uint32_t len)
+{
+    char *path = cache_data_path(cache, id);
+    int fd = path ? open(path, O_RDWR | O_CLOEXEC) : -1;
+
+    if (fd >= 0) {
+        if (fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                      (off_t)(block * cache->block_size), (off_t)len) != 0 &&
+            errno != EOPNOTSUPP)
+            log_warn("cache: cannot free block space in %s: %s", path,
+                     strerror(errno));
+        close(fd);
+    }
+    free(path);
+}
+
+int cache_compare_object_id(const void *a, const void *b)
+{
+    const struct cache_object *x = a, *y = b;
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+
+bool cache_object_is_open_locked(struct cache *cache, uint64_t id)
+{
+    struct cache_object probe = {.id = id};
+    return tfind(&probe, &cache->open_objects, cache_compare_object_id) != NULL;
+}
+
+/* Remove block BLOCK of object ID from the index in TXN; *len gets its
+ * length. ENOENT if it was not recorded. Updates USAGE. */
+int cache_drop_block_txn(struct db_txn *txn, uint64_t id, uint64_t block,
+                         struct usage_record *usage, uint32_t *len)
+{
+    struct block_key key = block_key(id, block);
+    struct block_record record;
+    const void *value;
+    size_t value_len;
+    int err = db_get(txn, DB_BLOCKS, key.bytes, sizeof(key.bytes), &value,
+                     &value_len);
+
+    if (err != 0)
+        return err;
+    if (value_len < sizeof(record))
+        return EIO;
+    memcpy(&record, value, sizeof(record));
+    struct recency_key rkey = recency_key(record.segment, record.tick, id, block);
+    db_del(txn, DB_RECENCY, rkey.bytes, sizeof(rkey.bytes));
+    err = db_del(txn, DB_BLOCKS, key.bytes, sizeof(key.bytes));
+    if (err == 0) {
+        usage_sub(usage, record.segment == SEGMENT_PROTECTED,
+                  account(record.len));
+        if (usage->blocks > 0)
+            usage->blocks--;
+        *len = record.len;
+    }
+    return err;
+}
+
+struct block_list {
+    uint64_t *blocks;
+    size_t count;
+    size_t capacity;
+    uint64_t id;
+};
+
+static int collect_object_blocks(void *arg, const void *key, size_t key_len,
+                                 const void *value, size_t value_len)
+{
+    struct block_list *list = arg;
+    (void)value;
+    (void)value_len;
+    if (key_len != 16 || get_be64(key) != list->id)
+        return -1; /* past this object's blocks */
+    if (list->count == list->capacity) {
+        size_t capacity = list->capacity ? list->capacity * 2 : 64;
+        uint64_t *grown = realloc(list->blocks, capacity * sizeof(*grown));
+        if (grown == NULL)
+            return ENOMEM;
+        list->blocks = grown;
+        list->capacity = capacity;
+    }
+    list->blocks[list->count++] = get_be64((const unsigned char *)key + 8);
+    return 0;
+}
+
+/* Forget version ID entirely (its blocks, its record) in TXN. */
+int cache_drop_version_txn(struct db_txn *txn, uint64_t id,
+                           struct usage_record *usage)
+{
+    struct block_list list = {.id = id};
+    struct block_key start = block_key(id, 0);
+    unsigned char id_key[8];
+    uint32_t len;
+    int err = db_scan(txn, DB_BLOCKS, start.bytes, sizeof(start.bytes),
+                      collect_object_blocks, &list);
+
+    for (size_t i = 0; err == 0 && i < list.count; i++)
+        err = cache_drop_block_txn(txn, id, list.blocks[i], usage, &len);
+    free(list.blocks);
+    put_be64(id_key, id);
+    if (err == 0) {
+        err = db_del(txn, DB_OBJECTS, id_key, sizeof(id_key));
+        if (err == ENOENT)
+            err = 0;
+    }
+    return err;
+}
+
+/* Version ID has just been dropped from the index (committed): if a
+ * handle has it open, its file goes at the handle's last close
+ * (`replaced`), else now. */
+void cache_retire_dropped_version(struct cache *cache, uint64_t id)
+{
+    pthread_mutex_lock(&cache->lock);
+    struct cache_object probe = {.id = id};
+    void *open = tfind(&probe, &cache->open_objects, cache_compare_object_id);
+    if (open != NULL)
+        (*(struct cache_object **)open)->replaced = true;
+    pthread_mutex_unlock(&cache->lock);
+    if (open == NULL)
+        cache_unlink_data_file(cache, id);
+}
