@@ -1,0 +1,345 @@
+/*
+ * writer_journal.c - promises. A version is promised by fsyncing its
+ * staging file and then writing its journal entry (journal.h), replacing
+ * the file's older entry in the same transaction; an entry moves with a
+ * rename and goes once the bucket holds its version or a later one, or
+ * the file is unlinked. Also the end of a file's last reference: its
+ * staged data becomes the cached version it was uploaded as.
+ */
+#include "config.h"
+
+#include "writer_internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "clock.h"
+#include "log.h"
+
+void writer_entry_of(uint64_t id, const char *key, uint64_t size,
+                     const struct writer_meta *meta, const char *upload_id,
+                     bool unclosed, struct journal_entry *out)
+{
+    *out = (struct journal_entry){
+        .id = id,
+        .key = key,
+        .size = size,
+        .mode = meta->mode,
+        .uid = meta->uid,
+        .gid = meta->gid,
+        .mtime = meta->mtime,
+        .upload_id = upload_id,
+        .unclosed = unclosed,
+    };
+}
+
+void writer_journal_begin_locked(struct writer *writer, struct writer_file *file)
+{
+    while (file->journal_busy)
+        pthread_cond_wait(&writer->file_idle, &writer->lock);
+    file->journal_busy = true;
+}
+
+void writer_journal_end_locked(struct writer *writer, struct writer_file *file)
+{
+    file->journal_busy = false;
+    pthread_cond_broadcast(&writer->file_idle);
+}
+
+int writer_promise(struct writer *writer, struct writer_file *file,
+                   const struct version *v, const char *upload_id)
+{
+    struct journal_entry entry;
+    struct staging_file *old = NULL, *freed = NULL;
+    char *key = NULL, *id_copy = NULL;
+    int err = 0;
+
+    /* the journal must name complete data: fetch what an edit lacks */
+    err = writer_make_present(writer, file, 0, v->size, false);
+    if (err != 0) {
+        log_error("cannot stage all of '%s' for the journal: %s", file->key,
+                  strerror(err));
+        pthread_mutex_lock(&writer->lock);
+        end_promising_locked(file, v->staging);
+        pthread_mutex_unlock(&writer->lock);
+        return err;
+    }
+    pthread_mutex_lock(&writer->lock);
+    writer_journal_begin_locked(writer, file);
+    bool done = file->unlinked ||
+                (file->uploaded && file->uploaded_gen >= v->gen) ||
+                (has_promise(file) && file->entry_gen >= v->gen &&
+                 upload_id == NULL);
+    if (!done) {
+        key = strdup(file->key);
+        if (upload_id == NULL && file->wb != NULL && file->data == v->staging)
+            upload_id = writebehind_upload_id(file->wb);
+        id_copy = upload_id != NULL ? strdup(upload_id) : NULL;
+        if (file->entry != NULL && file->entry != v->staging)
+            old = file->entry;
+    }
+    pthread_mutex_unlock(&writer->lock);
+
+    if (!done && (key == NULL || (upload_id != NULL && id_copy == NULL)))
+        err = ENOMEM;
+    if (!done && err == 0)
+        err = staging_sync(writer->staging, v->staging->fd, key);
+    if (!done && err == 0) {
+        writer_entry_of(v->staging->id, key, v->size, &v->meta, id_copy, false, &entry);
+        err = journal_update(writer->conf.journal, &entry, 1,
+                             old != NULL ? &old->id : NULL, old != NULL);
+        if (err != 0)
+            log_error("cannot journal the upload of '%s': %s", key,
+                      strerror(err));
+    }
+
+    if (!done && err == 0)
+        log_debug("'%s': journaled %016" PRIx64 " (%llu bytes, version %llu)%s",
+                  key, v->staging->id, (unsigned long long)v->size,
+                  (unsigned long long)v->gen, old != NULL ? ", older entry dropped" : "");
+    pthread_mutex_lock(&writer->lock);
+    if (!done && err == 0) {
+        if (file->entry != v->staging) {
+            freed = unref_locked(file->entry);
+            file->entry = hold_locked(v->staging);
+        }
+        if (old != NULL && old->promising == 0)
+            old->journal_seal = 0;
+        file->entry_gen = v->gen;
+        file->entry_data_gen = v->data_gen;
+        file->entry_size = v->size;
+        file->entry_meta = v->meta;
+        file->entry_unclosed = false;
+        free(file->entry_upload_id);
+        file->entry_upload_id = id_copy;
+        id_copy = NULL;
+    }
+    end_promising_locked(file, v->staging);
+    writer_journal_end_locked(writer, file);
+    pthread_mutex_unlock(&writer->lock);
+    writer_staging_free(writer, freed, false);
+    free(id_copy);
+    free(key);
+    return err;
+}
+
+void writer_forget_entry(struct writer *writer, struct writer_file *file,
+                         uint64_t up_to)
+{
+    pthread_mutex_lock(&writer->lock);
+    writer_journal_begin_locked(writer, file);
+    struct staging_file *entry = file->entry;
+    /* (an unclosed entry names a write-behind upload: it stays while that
+     * upload is under way) */
+    bool forget = entry != NULL &&
+                  (up_to == 0 ||
+                   (file->entry_unclosed ? file->wb == NULL
+                                         : file->entry_gen <= up_to));
+    uint64_t id = forget ? entry->id : 0;
+    pthread_mutex_unlock(&writer->lock);
+
+    int err = forget ? journal_del(writer->conf.journal, id) : 0;
+    if (forget && err == 0)
+        log_debug("'%s': entry %016" PRIx64 " dropped", file->key, id);
+
+    struct staging_file *freed = NULL;
+    pthread_mutex_lock(&writer->lock);
+    if (forget && err == 0) {
+        file->entry = NULL;
+        entry->journal_seal = entry->promising > 0 ? entry->journal_seal : 0;
+        free(file->entry_upload_id);
+        file->entry_upload_id = NULL;
+        freed = unref_locked(entry);
+    }
+    writer_journal_end_locked(writer, file);
+    pthread_mutex_unlock(&writer->lock);
+    if (err != 0)
+        log_warn("'%s' stays in the journal (%s): the next mount uploads it "
+                 "again", file->key, strerror(err));
+    writer_staging_free(writer, freed, false);
+}
+
+struct writer_file *writer_file_ref(struct writer_file *file)
+{
+    pthread_mutex_lock(&file->writer->lock);
+    file->refs++;
+    pthread_mutex_unlock(&file->writer->lock);
+    return file;
+}
+
+void writer_file_put(struct writer_file **filep)
+{
+    struct writer_file *file = *filep;
+    char path[PATH_MAX];
+
+    if (file == NULL)
+        return;
+    *filep = NULL;
+    struct writer *writer = file->writer;
+    pthread_mutex_lock(&writer->lock);
+    if (--file->refs > 0) {
+        pthread_mutex_unlock(&writer->lock);
+        return;
+    }
+    if (file->all_prev != NULL)
+        file->all_prev->all_next = file->all_next;
+    else
+        writer->all = file->all_next;
+    if (file->all_next != NULL)
+        file->all_next->all_prev = file->all_prev;
+    bool pending = is_pending(file);
+    /* an entry left by a failed delete, for a file in the bucket */
+    bool stale_entry = file->entry != NULL && !pending;
+    pthread_mutex_unlock(&writer->lock);
+
+    /* (a write-behind upload left only on a file never uploaded: gone) */
+    writebehind_abandon(&file->wb);
+    if (stale_entry)
+        writer_forget_entry(writer, file, 0);
+    pthread_mutex_lock(&writer->lock);
+    bool adopt = !pending && !file->unlinked && file->uploaded &&
+                 file->uploaded_gen == file->gen && file->missing == 0 &&
+                 file->entry == NULL && file->data->refs == 1;
+    struct staging_file *entry = file->entry, *data = file->data;
+    file->entry = file->data = NULL;
+    pthread_mutex_unlock(&writer->lock);
+
+    if (pending) {
+        /* cannot happen while the fs layer keeps pending files; the data
+         * and its entry stay for the next mount all the same */
+        log_warn("'%s' is not uploaded yet; its staged data is kept", file->key);
+        if (entry != NULL && entry != data)
+            writer_staging_free(writer, entry, true);
+        writer_staging_free(writer, data, true);
+    } else {
+        staging_path(writer->staging, data->id, path, sizeof(path));
+        /* the uploaded data becomes the cached version */
+        bool adopted = adopt && cache_adopt_file(writer->conf.cache, file->key,
+                                                 file->etag, file->size,
+                                                 path) == 0;
+        if (adopted)
+            log_debug("'%s': staging file %016" PRIx64 " is its cached version "
+                      "now", file->key, data->id);
+        if (entry != NULL && entry != data)
+            writer_staging_free(writer, entry, true); /* (its entry stays) */
+        writer_staging_free(writer, data, adopted || entry == data);
+    }
+    free(file->entry_upload_id);
+    free(file->key);
+    free(file->base_key);
+    free(file->present);
+    free(file->loading);
+    free(file->written);
+    free(file);
+}
+
+int writer_promise_current(struct writer *writer, struct writer_file *file)
+{
+    struct version v;
+
+    pthread_mutex_lock(&writer->lock);
+    writer_version_take_locked(writer, file, false, &v);
+    pthread_mutex_unlock(&writer->lock);
+    int err = writer_promise(writer, file, &v, NULL);
+    writer_staging_drop(writer, &v.staging);
+    return err;
+}
+
+int writer_move_entry(struct writer *writer, struct writer_file *file,
+                      struct writer_file *replaced)
+{
+    struct journal_entry entry;
+    struct staging_file *freed = NULL;
+    uint64_t dels[2];
+    size_t del_count = 0;
+    int err;
+
+    pthread_mutex_lock(&writer->lock);
+    file->journal_busy = true; /* (held: no other journal update runs) */
+    bool promised = has_promise(file);
+    if (file->entry != NULL && !promised)
+        dels[del_count++] = file->entry->id;
+    if (promised)
+        writer_entry_of(file->entry->id, file->key, file->entry_size, &file->entry_meta,
+                        NULL, false, &entry);
+    if (replaced != NULL && replaced != file) {
+        writer_journal_begin_locked(writer, replaced);
+        if (replaced->entry != NULL)
+            dels[del_count++] = replaced->entry->id;
+    }
+    pthread_mutex_unlock(&writer->lock);
+
+    err = promised || del_count > 0
+              ? journal_update(writer->conf.journal, &entry, promised ? 1 : 0,
+                               dels, del_count)
+              : 0;
+    if (err != 0)
+        log_error("cannot move the journal entry of '%s': %s", file->key,
+                  strerror(err));
+
+    pthread_mutex_lock(&writer->lock);
+    if (err == 0 && file->entry != NULL && !promised) {
+        freed = unref_locked(file->entry);
+        file->entry = NULL;
+    }
+    if (err == 0) {
+        free(file->entry_upload_id);
+        file->entry_upload_id = NULL;
+    }
+    struct staging_file *freed_replaced = NULL;
+    if (replaced != NULL && replaced != file) {
+        if (err == 0 && replaced->entry != NULL) {
+            replaced->entry->journal_seal = 0;
+            freed_replaced = unref_locked(replaced->entry);
+            replaced->entry = NULL;
+        }
+        writer_journal_end_locked(writer, replaced);
+    }
+    file->journal_busy = false;
+    pthread_cond_broadcast(&writer->file_idle);
+    pthread_mutex_unlock(&writer->lock);
+    writer_staging_free(writer, freed, false);
+    writer_staging_free(writer, freed_replaced, false);
+    return err;
+}
+
+void writer_promise_at_drain(struct writer *writer, struct writer_file *file)
+{
+    struct version v;
+    struct journal_entry entry;
+    unsigned char *record = NULL;
+    size_t len = 0;
+
+    pthread_mutex_lock(&writer->lock);
+    writer_version_take_locked(writer, file, false, &v);
+    char *key = strdup(file->key);
+    pthread_mutex_unlock(&writer->lock);
+    int err = writer_promise(writer, file, &v, NULL);
+    if (err != 0 && key != NULL) {
+        writer_entry_of(v.staging->id, key, v.size, &v.meta, NULL, false, &entry);
+        err = journal_record_encode(&entry, &record, &len);
+        if (err == 0)
+            err = staging_sync(writer->staging, v.staging->fd, key);
+        if (err == 0)
+            err = staging_mark(writer->staging, v.staging->id, record, len);
+        if (err == 0) {
+            log_warn("'%s': the journal refuses it; its promise is kept in "
+                     "%s for the next mount", key,
+                     staging_dir_path(writer->staging));
+            pthread_mutex_lock(&writer->lock);
+            file->marked = true;
+            pthread_mutex_unlock(&writer->lock);
+        }
+    }
+    free(record);
+    free(key);
+    writer_staging_drop(writer, &v.staging);
+}

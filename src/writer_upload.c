@@ -1,0 +1,399 @@
+/*
+ * writer_upload.c - uploading a file: one version at a time (so versions
+ * of a file land in order), read from a sealed staging file while writes
+ * go on in a copy; the end of a write-behind upload (default mode) or a
+ * whole upload (upload.h); the callbacks to the fs layer; the background
+ * uploader threads that take files from the queue.
+ */
+#include "config.h"
+
+#include "writer_internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "clock.h"
+#include "log.h"
+
+/* A multipart upload started: journal its id, so that a crash leaves no
+ * stale upload behind (the next mount aborts it and uploads the version
+ * again; in the default mode the close under way had not returned, so
+ * nobody was promised otherwise). */
+static int on_multipart(void *arg, const char *upload_id)
+{
+    struct upload_context *context = arg;
+    struct writer *writer = context->writer;
+    struct writer_file *file = context->file;
+    struct version promised;
+
+    /* journaling an edit would fetch every byte it copies server-side;
+     * in default mode nothing was promised yet, so it is not journaled
+     * (a crash leaves this upload for the bucket's lifecycle rules) */
+    pthread_mutex_lock(&writer->lock);
+    bool skip = file->base_key != NULL && !writer->conf.writeback &&
+                !has_promise(file);
+    if (!skip) {
+        promised = *context->version;
+        hold_locked(promised.staging);
+        begin_promising_locked(promised.staging, promised.size);
+    }
+    pthread_mutex_unlock(&writer->lock);
+    if (skip)
+        return 0;
+    int err = writer_promise(writer, file, &promised, upload_id);
+    writer_staging_drop(writer, &promised.staging);
+    return err;
+}
+
+static void fill_put_meta(const struct writer_meta *meta, struct s3_put_meta *out)
+{
+    *out = (struct s3_put_meta){
+        .content_type = NULL,
+        .has_mode = true,
+        .has_uid = true,
+        .has_gid = true,
+        .has_mtime = true,
+        .mode = meta->mode,
+        .uid = meta->uid,
+        .gid = meta->gid,
+        .mtime = meta->mtime,
+    };
+}
+
+/*
+ * Complete write-behind upload *WBP of a file now SIZE bytes at KEY with
+ * META (the writer is done with this version). If its mode or owner, or
+ * its mtime explicitly, changed since the upload was created, the object
+ * is copied onto itself with META. Otherwise the object carries no mtime
+ * header and META->mtime becomes its Last-Modified time (one HEAD), so
+ * that this mount shows what every other client sees.
+ *
+ * Returns 0 with the object's ETag in ETAG, or an errno. *FALL_BACK says
+ * that the file is to be uploaded the usual way instead, now: the upload
+ * does not fit (renamed meanwhile, too small now), it was lost on the
+ * server (aborted by a lifecycle rule: ENOENT), or its metadata could not
+ * be set afterwards (the data goes again, with the right headers).
+ */
+static int finish_writebehind(struct writer *writer, struct writebehind **wbp,
+                              const char *key, uint64_t size,
+                              struct writer_meta *meta,
+                              const struct writer_meta *wb_meta, bool mtime_set,
+                              char *etag, bool *fall_back)
+{
+    *fall_back = false;
+    if (strcmp(writebehind_key(*wbp), key) != 0 ||
+        size <= writer->conf.multipart_threshold) {
+        writebehind_abandon(wbp);
+        *fall_back = true;
+        return 0;
+    }
+    int err = writebehind_finish(wbp, size, etag);
+    if (err == ENOENT || err == EINVAL) {
+        log_warn("upload %s: the multipart upload made while it was written "
+                 "is gone from the server (%s); uploading it again",
+                 key, strerror(err));
+        *fall_back = true;
+        return 0;
+    }
+    if (err != 0)
+        return err;
+    if (meta->mode != wb_meta->mode || meta->uid != wb_meta->uid ||
+        meta->gid != wb_meta->gid || mtime_set) {
+        struct s3_put_meta put_meta;
+        char source_etag[S3_ETAG_MAX];
+        fill_put_meta(meta, &put_meta);
+        put_meta.has_mtime = mtime_set;
+        snprintf(source_etag, sizeof(source_etag), "%s", etag);
+        bool same = false;
+        err = upload_copy(&writer->upload, key, source_etag, size, key,
+                          &put_meta, etag, &same);
+        if (err == 0 && !same)
+            err = ESTALE; /* another client's object now: ours goes again */
+        if (err != 0) {
+            log_warn("upload %s: cannot set its metadata after the upload "
+                     "(%s); uploading it again with it", key, strerror(err));
+            *fall_back = true;
+            return 0;
+        }
+        if (mtime_set)
+            return 0;
+    }
+    /* the object's own time is its mtime (on AWS, a multipart object's
+     * Last-Modified is when the upload was created) */
+    struct s3_object_info info;
+    if (s3_head_object(writer->conf.s3, key, &info) == 0 &&
+        strcmp(info.etag, etag) == 0)
+        meta->mtime = info.has_mtime ? info.mtime : info.last_modified;
+    return 0;
+}
+
+int writer_upload_version(struct writer *writer, struct writer_file *file,
+                          bool promised_only)
+{
+    struct version v;
+    struct s3_put_meta put_meta;
+    char etag[S3_ETAG_MAX] = "";
+    char *base_key = NULL;
+    char base_etag[S3_ETAG_MAX] = "";
+    uint64_t base_limit = 0;
+    int err;
+
+    pthread_mutex_lock(&writer->lock);
+    while (file->held || file->sending != NULL)
+        pthread_cond_wait(&writer->file_idle, &writer->lock);
+    if (!is_pending(file) || (promised_only && !has_promise(file))) {
+        err = file->unlinked || !file->failed || !is_pending(file)
+                  ? 0 : file->last_error;
+        pthread_mutex_unlock(&writer->lock);
+        return err;
+    }
+    struct writebehind *wb = NULL;
+    struct writer_meta wb_meta = file->wb_meta;
+    bool mtime_set = false;
+    if (promised_only) {
+        v = (struct version){
+            .staging = hold_locked(file->entry),
+            .size = file->entry_size,
+            .gen = file->entry_gen,
+            .data_gen = file->entry_data_gen,
+            .meta = file->entry_meta,
+        };
+        v.staging->upload_seal = v.size;
+    } else {
+        writer_version_take_locked(writer, file, true, &v);
+        /* finished or abandoned below, whatever happens */
+        wb = file->wb;
+        file->wb = NULL;
+        mtime_set = file->mtime_set;
+    }
+    file->sending = v.staging;
+    char *key = strdup(file->key);
+    void *owner = file->owner;
+    if (file->base_key != NULL) {
+        base_key = strdup(file->base_key);
+        snprintf(base_etag, sizeof(base_etag), "%s", file->base_etag);
+        base_limit = file->base_limit;
+    }
+    pthread_mutex_unlock(&writer->lock);
+
+    struct upload_context context = {writer, file, &v};
+    struct upload_base base = {
+        .key = base_key,
+        .etag = base_etag,
+        .size = base_limit,
+        .range_unchanged = writer_base_range_unchanged,
+        .materialize = writer_base_materialize,
+        .arg = &context,
+    };
+    struct upload_request request = {
+        .key = key,
+        .fd = v.staging->fd,
+        .size = v.size,
+        .meta = &put_meta,
+        .base = base_key != NULL ? &base : NULL,
+        .on_multipart = on_multipart,
+        .arg = &context,
+    };
+    fill_put_meta(&v.meta, &put_meta);
+    bool fall_back = true;
+    err = key == NULL ? ENOMEM : 0;
+    if (err == 0 && wb != NULL)
+        err = finish_writebehind(writer, &wb, key, v.size, &v.meta, &wb_meta,
+                                 mtime_set, etag, &fall_back);
+    writebehind_abandon(&wb); /* (on a failure before finishing) */
+    if (err == 0 && fall_back)
+        err = upload_file(&writer->upload, &request, etag);
+
+    /* the upload counts as under way (sending) until its consequences are
+     * recorded: its journal entry, and the fs layer told under the key it
+     * went to; a rename or unlink waiting for it comes after all of that
+     * (else a late callback put the old name back in a listing) */
+    bool need_promise = false;
+    pthread_mutex_lock(&writer->lock);
+    if (err == 0) {
+        if (v.gen > file->uploaded_gen)
+            file->uploaded_gen = v.gen;
+        file->uploaded = true;
+        file->failed = false;
+        file->retries = 0;
+        snprintf(file->etag, sizeof(file->etag), "%s", etag);
+        writer_rebase_locked(file, &v, key, etag);
+        writer->stats.uploads_completed++;
+        if (!is_dirty(file)) {
+            file->mtime_set = false;
+            file->meta.mtime = v.meta.mtime; /* (the object's, after write-behind) */
+        }
+    } else {
+        file->failed = true;
+        file->last_error = err;
+        writer->stats.upload_failures++;
+        /* a failed upload must survive a crash: journal it */
+        need_promise = !file->unlinked &&
+                       !(has_promise(file) && file->entry_gen >= v.gen);
+        if (need_promise)
+            begin_promising_locked(v.staging, v.size);
+    }
+    pthread_mutex_unlock(&writer->lock);
+
+    if (err == 0) {
+        writer_forget_entry(writer, file, v.gen);
+        if (writer->conf.uploaded != NULL)
+            writer->conf.uploaded(writer->conf.uploaded_arg, file, owner, key,
+                                  etag, v.size, &v.meta);
+    } else {
+        log_error("upload of '%s' failed: %s; the data is kept in the cache "
+                  "directory and the upload will be retried",
+                  key != NULL ? key : "?", strerror(err));
+        if (need_promise)
+            writer_promise(writer, file, &v, NULL);
+    }
+    pthread_mutex_lock(&writer->lock);
+    file->sending = NULL;
+    v.staging->upload_seal = 0;
+    if (err != 0)
+        writer_schedule_retry_locked(writer, file);
+    pthread_cond_broadcast(&writer->file_idle);
+    pthread_mutex_unlock(&writer->lock);
+    writer_staging_drop(writer, &v.staging);
+    free(base_key);
+    free(key);
+    return err;
+}
+
+void *writer_uploader_main(void *arg)
+{
+    struct writer *writer = arg;
+
+    pthread_mutex_lock(&writer->lock);
+    for (;;) {
+        while (writer->queue_head == NULL && !writer->stopping)
+            pthread_cond_wait(&writer->work_queued, &writer->lock);
+        /* the first file that is due (retries wait longer than new ones) */
+        double now = clock_monotonic_seconds(), first_due = 0;
+        struct writer_file *file = NULL, *previous = NULL;
+        for (struct writer_file *at = writer->queue_head, *before = NULL;
+             at != NULL; before = at, at = at->queue_next) {
+            if (at->due <= now || writer->stopping || writer->draining) {
+                file = at;
+                previous = before;
+                break;
+            }
+            if (first_due == 0 || at->due < first_due)
+                first_due = at->due;
+        }
+        if (file == NULL && writer->queue_head == NULL)
+            break; /* stopping, nothing left */
+        if (file == NULL) {
+            double wait = first_due - now;
+            struct timespec until = clock_monotonic_after(wait);
+            pthread_cond_timedwait(&writer->work_queued, &writer->lock, &until);
+            continue;
+        }
+        if (previous != NULL)
+            previous->queue_next = file->queue_next;
+        else
+            writer->queue_head = file->queue_next;
+        if (writer->queue_tail == file)
+            writer->queue_tail = previous;
+        file->queued = false;
+        /* open for writing: in writeback mode its last close queues it
+         * again; in the default mode only what was promised goes (a
+         * retry), not what is being written */
+        bool writing = file->open_writers > 0 && !writer->draining;
+        bool skip = writing && writer->conf.writeback;
+        writer->running++;
+        pthread_mutex_unlock(&writer->lock);
+
+        if (!skip)
+            writer_upload_version(writer, file, writing);
+        writer_file_put(&file);
+
+        pthread_mutex_lock(&writer->lock);
+        writer->running--;
+        pthread_cond_broadcast(&writer->upload_done);
+    }
+    pthread_mutex_unlock(&writer->lock);
+    return NULL;
+}
+
+void writer_start_writebehind(struct writer *writer, struct writer_file *file)
+{
+    struct writebehind *wb = NULL;
+    struct s3_put_meta put_meta;
+    struct journal_entry entry;
+    struct staging_file *freed = NULL;
+
+    pthread_mutex_lock(&writer->lock);
+    struct writer_meta meta = file->meta;
+    char *key = strdup(file->key);
+    int fd = file->data->fd;
+    pthread_mutex_unlock(&writer->lock);
+
+    fill_put_meta(&meta, &put_meta);
+    put_meta.has_mtime = false; /* its Last-Modified is read back at the end */
+    int err = key == NULL ? ENOMEM
+                          : writebehind_start(&writer->upload, key, &put_meta,
+                                              fd, &wb);
+    char *upload_id = err == 0 ? strdup(writebehind_upload_id(wb)) : NULL;
+    if (err == 0 && upload_id == NULL)
+        err = ENOMEM;
+    bool promised = false;
+    if (err == 0) {
+        pthread_mutex_lock(&writer->lock);
+        writer_journal_begin_locked(writer, file);
+        promised = has_promise(file);
+        struct staging_file *named = promised ? file->entry : file->data;
+        if (promised)
+            writer_entry_of(named->id, key, file->entry_size, &file->entry_meta,
+                            upload_id, false, &entry);
+        else
+            writer_entry_of(named->id, key, file->size, &meta, upload_id, true, &entry);
+        uint64_t old_id = file->entry != NULL && file->entry != named
+                              ? file->entry->id : 0;
+        pthread_mutex_unlock(&writer->lock);
+        err = journal_update(writer->conf.journal, &entry, 1, &old_id,
+                             old_id != 0);
+        pthread_mutex_lock(&writer->lock);
+        if (err == 0) {
+            if (!promised && file->entry != file->data) {
+                freed = unref_locked(file->entry);
+                file->entry = hold_locked(file->data);
+                file->entry_gen = 0;
+                file->entry_unclosed = true;
+            }
+            free(file->entry_upload_id);
+            file->entry_upload_id = upload_id;
+            upload_id = NULL;
+        }
+        writer_journal_end_locked(writer, file);
+        pthread_mutex_unlock(&writer->lock);
+        if (err != 0)
+            writebehind_abandon(&wb);
+    }
+    if (err != 0)
+        log_debug("'%s' is uploaded at close, not while it is written: %s",
+                  file->key, strerror(err));
+
+    pthread_mutex_lock(&writer->lock);
+    file->wb_starting = false;
+    file->wb = wb;
+    file->wb_refused = wb == NULL;
+    file->wb_meta = meta;
+    uint64_t ready = file->seq_end;
+    pthread_mutex_unlock(&writer->lock);
+    /* parts are read only from now on: every write that ends later tells
+     * wb what it changed */
+    if (wb != NULL)
+        writebehind_wrote(wb, 0, 0, ready);
+    writer_staging_free(writer, freed, false);
+    free(upload_id);
+    free(key);
+}
