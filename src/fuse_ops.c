@@ -141,94 +141,70 @@ static void op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
         fs_releasedir(request_fs(req), dir); /* interrupted: nobody owns it */
 }
 
-static void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset,
-                       struct fuse_file_info *fi)
-{
-    struct fs *fs = request_fs(req);
-    struct fs_dir *dir = (struct fs_dir *)(uintptr_t)fi->fh;
-    char *buf = malloc(size);
-    size_t used = 0;
-
-    (void)ino;
-    if (dir == NULL) { /* never opened: cannot happen with a sane kernel */
-        free(buf);
-        fuse_reply_err(req, EBADF);
-        return;
-    }
-    if (buf == NULL) {
-        fuse_reply_err(req, ENOMEM);
-        return;
-    }
-    for (size_t index = (size_t)offset; index < fs_dir_count(dir); index++) {
-        struct stat attr;
-        const char *name = fs_dir_entry(fs, dir, index, &attr);
-        size_t need = fuse_add_direntry(req, buf + used, size - used, name,
-                                        &attr, (off_t)index + 1);
-        if (need > size - used)
-            break;
-        used += need;
-    }
-    fuse_reply_buf(req, buf, used);
-    free(buf);
-}
-
-static void op_readdirplus(fuse_req_t req, fuse_ino_t ino, size_t size,
-                           off_t offset, struct fuse_file_info *fi)
+/* readdir and readdirplus: the entries of DIR from OFFSET that fit in SIZE
+ * bytes, with (PLUS) or without their attributes and a kernel reference
+ * each. Entries that would not fit are never looked up: no HEAD and no
+ * reference is spent on one the kernel will not get. */
+static void reply_dir(fuse_req_t req, size_t size, off_t offset,
+                      struct fuse_file_info *fi, bool plus)
 {
     struct fs *fs = request_fs(req);
     struct fs_dir *dir = (struct fs_dir *)(uintptr_t)fi->fh;
     struct fs_entry *entries = NULL;
-    char *buf = malloc(size);
+    char *buf = NULL;
     size_t used = 0;
     size_t index = (size_t)offset;
     size_t count = 0;
     int err = 0;
 
-    (void)ino;
     if (dir == NULL) { /* never opened: cannot happen with a sane kernel */
-        free(buf);
         fuse_reply_err(req, EBADF);
         return;
     }
-    if (buf == NULL) {
+    if ((buf = malloc(size)) == NULL) {
         err = ENOMEM;
         goto out;
     }
-    /* How many entries fit? Ask exactly, so that no lookup (a HEAD, a
-     * kernel reference) is spent on an entry the kernel will not get. */
+    /* how many entries fit, asked exactly */
     for (size_t need = 0; index + count < fs_dir_count(dir); count++) {
-        struct stat unused;
-        const char *name = fs_dir_entry(fs, dir, index + count, &unused);
-        need += fuse_add_direntry_plus(req, NULL, 0, name, NULL, 0);
+        struct stat attr;
+        const char *name = fs_dir_entry(fs, dir, index + count, &attr);
+        need += plus ? fuse_add_direntry_plus(req, NULL, 0, name, NULL, 0)
+                     : fuse_add_direntry(req, NULL, 0, name, NULL, 0);
         if (need > size)
             break;
     }
     if (count == 0)
         goto out;
-    entries = calloc(count, sizeof(*entries));
-    if (entries == NULL) {
-        err = ENOMEM;
-        goto out;
+    if (plus) {
+        entries = calloc(count, sizeof(*entries));
+        err = entries == NULL ? ENOMEM
+                              : fs_dir_entries_plus(fs, dir, index, count, entries);
+        if (err != 0)
+            goto out;
     }
-    err = fs_dir_entries_plus(fs, dir, index, count, entries);
-    if (err != 0)
-        goto out;
     for (size_t i = 0; i < count; i++) {
-        struct stat unused;
-        const char *name = fs_dir_entry(fs, dir, index + i, &unused);
-        struct fuse_entry_param param = {
-            .ino = entries[i].ino,
-            .attr = entries[i].attr,
-            .attr_timeout = entries[i].attr_timeout,
-            .entry_timeout = entries[i].entry_timeout,
-        };
-        used += fuse_add_direntry_plus(req, buf + used, size - used, name,
-                                       &param, (off_t)(index + i) + 1);
+        struct stat attr;
+        const char *name = fs_dir_entry(fs, dir, index + i, &attr);
+        off_t next = (off_t)(index + i) + 1;
+        if (plus) {
+            struct fuse_entry_param param = {
+                .ino = entries[i].ino,
+                .attr = entries[i].attr,
+                .attr_timeout = entries[i].attr_timeout,
+                .entry_timeout = entries[i].entry_timeout,
+            };
+            used += fuse_add_direntry_plus(req, buf + used, size - used, name,
+                                           &param, next);
+        } else {
+            used += fuse_add_direntry(req, buf + used, size - used, name,
+                                      &attr, next);
+        }
     }
 out:
     if (err != 0) {
         reply_error(req, err);
-    } else if (fuse_reply_buf(req, buf, used) != 0) {
+    } else if (fuse_reply_buf(req, buf, used) != 0 && plus) {
         /* the kernel never saw them: give the references back */
         for (size_t i = 0; i < count; i++)
             if (index + i >= 2)
@@ -236,6 +212,20 @@ out:
     }
     free(buf);
     free(entries);
+}
+
+static void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset,
+                       struct fuse_file_info *fi)
+{
+    (void)ino;
+    reply_dir(req, size, offset, fi, false);
+}
+
+static void op_readdirplus(fuse_req_t req, fuse_ino_t ino, size_t size,
+                           off_t offset, struct fuse_file_info *fi)
+{
+    (void)ino;
+    reply_dir(req, size, offset, fi, true);
 }
 
 static void op_releasedir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
