@@ -249,6 +249,37 @@ int fs_put_marker(struct fs *fs, const char *dir_key,
     return put_marker_with(fs, dir_key, meta, NULL);
 }
 
+/* The tail of mkdir, symlink and mknod: KEY, just made in the bucket with
+ * ATTRS, becomes an inode (a symlink's with its SYMLINK_TARGET, a
+ * directory's with an empty listing: lookups in it need no LIST), handed
+ * to the kernel in ENTRY, and its parent's listing and times show it. */
+static int enter_created(struct fs *fs, const char *key,
+                         const struct inode_attrs *attrs,
+                         const char *symlink_target, struct fs_entry *entry)
+{
+    inode_table_lock(fs->inodes);
+    struct inode *inode = inode_ref_locked(fs->inodes, key, attrs);
+    if (inode != NULL && attrs->kind == INODE_DIR) {
+        struct inode_listing *empty = calloc(1, sizeof(*empty));
+        if (empty != NULL) {
+            empty->fetched_at = clock_monotonic_seconds();
+            inode_set_listing_locked(fs->inodes, inode, empty);
+        }
+    }
+    if (inode != NULL && attrs->kind != INODE_DIR) {
+        free(inode->symlink_target);
+        inode->symlink_target = symlink_target ? strdup(symlink_target) : NULL;
+    }
+    if (inode != NULL)
+        fs_fill_entry(fs, inode, entry);
+    inode_table_unlock(fs->inodes);
+    if (inode == NULL)
+        return ENOMEM;
+    fs_patch_parent(fs, key, attrs);
+    fs_entry_changed(fs, key);
+    return 0;
+}
+
 int fs_mkdir(struct fs *fs, fuse_ino_t parent, const char *name, mode_t mode,
              uid_t uid, gid_t gid, struct fs_entry *entry)
 {
@@ -270,24 +301,7 @@ int fs_mkdir(struct fs *fs, fuse_ino_t parent, const char *name, mode_t mode,
     attrs.gid = gid;
     attrs.mtime = meta.mtime;
     attrs.headers_known = true;
-    inode_table_lock(fs->inodes);
-    struct inode *inode = inode_ref_locked(fs->inodes, key, &attrs);
-    if (inode != NULL) {
-        /* a new directory is empty: lookups in it need no LIST */
-        struct inode_listing *empty = calloc(1, sizeof(*empty));
-        if (empty != NULL) {
-            empty->fetched_at = clock_monotonic_seconds();
-            inode_set_listing_locked(fs->inodes, inode, empty);
-        }
-        fs_fill_entry(fs, inode, entry);
-    }
-    inode_table_unlock(fs->inodes);
-    if (inode == NULL) {
-        err = ENOMEM;
-    } else {
-        fs_patch_parent(fs, key, &attrs);
-        fs_entry_changed(fs, key);
-    }
+    err = enter_created(fs, key, &attrs, NULL, entry);
 out:
     free(key);
     return err;
@@ -446,20 +460,7 @@ static int create_object(struct fs *fs, fuse_ino_t parent, const char *name,
     if (err != 0)
         goto out;
     metacache_put_attrs(fs->conf.cache, key, attrs);
-    inode_table_lock(fs->inodes);
-    struct inode *inode = inode_ref_locked(fs->inodes, key, attrs);
-    if (inode != NULL) {
-        free(inode->symlink_target);
-        inode->symlink_target = symlink_target ? strdup(symlink_target) : NULL;
-        fs_fill_entry(fs, inode, entry);
-    }
-    inode_table_unlock(fs->inodes);
-    if (inode == NULL) {
-        err = ENOMEM;
-    } else {
-        fs_patch_parent(fs, key, attrs);
-        fs_entry_changed(fs, key);
-    }
+    err = enter_created(fs, key, attrs, symlink_target, entry);
 out:
     free(key);
     return err;
