@@ -703,73 +703,70 @@ static void ctx_free(struct parse_ctx *c)
     free(c);
 }
 
+/* The skeleton of every parse: BODY parsed as a document of KIND into a
+ * new context in *out (the caller takes its results, then ctx_free()s
+ * it). On failure *out is NULL. A single value (an upload id, an ETag)
+ * too long for its cap is no answer S3 sends: EPROTO. */
+static int parse_body(enum doc_kind kind, const char *body, size_t len,
+                      struct parse_ctx **out)
+{
+    struct parse_ctx *c = ctx_new(kind);
+    int rc;
+
+    *out = NULL;
+    if (c == NULL)
+        return ENOMEM;
+    rc = run_parser(c, body, len);
+    if (rc == EOVERFLOW && (kind == KIND_UPLOAD_ID || kind == KIND_ETAG))
+        rc = EPROTO;
+    if (rc != 0) {
+        ctx_free(c);
+        return rc;
+    }
+    *out = c;
+    return 0;
+}
+
 int s3xml_parse_listing(const char *body, size_t len, struct s3xml_listing *out)
 {
-    struct parse_ctx *c = NULL;
-    int rc = 0;
+    struct parse_ctx *c;
 
     memset(out, 0, sizeof(*out));
-    c = ctx_new(KIND_LISTING);
-    if (c == NULL) {
-        rc = ENOMEM;
-        goto out;
+    int rc = parse_body(KIND_LISTING, body, len, &c);
+    if (rc == 0)
+        rc = finish_listing(c);
+    if (rc == 0) {
+        *out = c->listing;
+        memset(&c->listing, 0, sizeof(c->listing));
     }
-    rc = run_parser(c, body, len);
-    if (rc != 0)
-        goto out;
-    rc = finish_listing(c);
-    if (rc != 0)
-        goto out;
-    *out = c->listing;
-    memset(&c->listing, 0, sizeof(c->listing));
-out:
     ctx_free(c);
     return rc;
 }
 
 int s3xml_parse_error(const char *body, size_t len, struct s3xml_error *out)
 {
-    struct parse_ctx *c = NULL;
-    int rc = 0;
+    struct parse_ctx *c;
 
     memset(out, 0, sizeof(*out));
-    c = ctx_new(KIND_ERROR);
-    if (c == NULL) {
-        rc = ENOMEM;
-        goto out;
-    }
-    rc = run_parser(c, body, len);
-    if (rc != 0)
-        goto out;
-    *out = c->error;
-out:
+    int rc = parse_body(KIND_ERROR, body, len, &c);
+    if (rc == 0)
+        *out = c->error;
     ctx_free(c);
     return rc;
 }
 
 int s3xml_parse_upload_id(const char *body, size_t len, char **upload_id)
 {
-    struct parse_ctx *c = NULL;
-    int rc = 0;
+    struct parse_ctx *c;
 
     *upload_id = NULL;
-    c = ctx_new(KIND_UPLOAD_ID);
-    if (c == NULL) {
-        rc = ENOMEM;
-        goto out;
-    }
-    rc = run_parser(c, body, len);
-    if (rc == EOVERFLOW)
-        rc = EPROTO;            /* no upload id is that long */
-    if (rc != 0)
-        goto out;
-    if (c->value == NULL) {
+    int rc = parse_body(KIND_UPLOAD_ID, body, len, &c);
+    if (rc == 0 && c->value == NULL)
         rc = EPROTO;
-        goto out;
+    if (rc == 0) {
+        *upload_id = c->value;
+        c->value = NULL;
     }
-    *upload_id = c->value;
-    c->value = NULL;
-out:
     ctx_free(c);
     return rc;
 }
@@ -777,35 +774,23 @@ out:
 int s3xml_parse_etag_result(const char *body, size_t len, char **etag,
                             struct s3xml_error *err)
 {
-    struct parse_ctx *c = NULL;
-    int rc = 0;
+    struct parse_ctx *c;
 
     *etag = NULL;
     if (err != NULL)
         memset(err, 0, sizeof(*err));
-    c = ctx_new(KIND_ETAG);
-    if (c == NULL) {
-        rc = ENOMEM;
-        goto out;
-    }
-    rc = run_parser(c, body, len);
-    if (rc == EOVERFLOW)
-        rc = EPROTO;            /* no ETag is that long */
-    if (rc != 0)
-        goto out;
-    if (c->root == ROOT_ERROR) {
+    int rc = parse_body(KIND_ETAG, body, len, &c);
+    if (rc == 0 && c->root == ROOT_ERROR) {
         if (err != NULL)
             *err = c->error;
         rc = EIO;
-        goto out;
-    }
-    if (c->value == NULL) {
+    } else if (rc == 0 && c->value == NULL) {
         rc = EPROTO;
-        goto out;
     }
-    *etag = c->value;
-    c->value = NULL;
-out:
+    if (rc == 0) {
+        *etag = c->value;
+        c->value = NULL;
+    }
     ctx_free(c);
     return rc;
 }
