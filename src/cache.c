@@ -38,7 +38,7 @@ void cache_get_stats(struct cache *cache, struct cache_stats *out)
     out->used_bytes = cache->usage.bytes[0] + cache->usage.bytes[1];
     out->protected_bytes = cache->usage.bytes[SEGMENT_PROTECTED];
     out->blocks = cache->usage.blocks;
-    pthread_mutex_unlock(&cache->lock);
+    cache_unlock(cache);
     out->index_bytes = db_file_bytes(cache->db);
     out->size_limit = cache->size_limit;
     out->served_bytes = atomic_load(&cache->served_bytes);
@@ -190,7 +190,7 @@ int cache_object_open(struct cache *cache, const char *key, const char *etag,
         object = *(struct cache_object **)found;
         object->refs++;
     }
-    pthread_mutex_unlock(&cache->lock);
+    cache_unlock(cache);
     if (object != NULL) {
         *out = object;
         return 0;
@@ -217,7 +217,7 @@ int cache_object_open(struct cache *cache, const char *key, const char *etag,
     if (found != NULL) { /* another thread opened it meanwhile */
         struct cache_object *other = *(struct cache_object **)found;
         other->refs++;
-        pthread_mutex_unlock(&cache->lock);
+        cache_unlock(cache);
         close(object->fd);
         free(object->key);
         free(object);
@@ -226,7 +226,7 @@ int cache_object_open(struct cache *cache, const char *key, const char *etag,
     }
     if (tsearch(object, &cache->open_objects, cache_compare_object_id) == NULL)
         err = ENOMEM;
-    pthread_mutex_unlock(&cache->lock);
+    cache_unlock(cache);
 out:
     if (err != 0) {
         if (object->fd >= 0)
@@ -244,7 +244,7 @@ struct cache_object *cache_object_ref(struct cache *cache,
 {
     pthread_mutex_lock(&cache->lock);
     object->refs++;
-    pthread_mutex_unlock(&cache->lock);
+    cache_unlock(cache);
     return object;
 }
 
@@ -258,7 +258,7 @@ void cache_object_close(struct cache *cache, struct cache_object **objectp)
     bool last = --object->refs == 0;
     if (last)
         tdelete(object, &cache->open_objects, cache_compare_object_id);
-    pthread_mutex_unlock(&cache->lock);
+    cache_unlock(cache);
     if (last) {
         close(object->fd);
         if (object->replaced)
@@ -363,7 +363,7 @@ void cache_free_bounce(void *arg)
 
     pthread_mutex_lock(&cache->lock);
     unlist_bounce_locked(cache, bounce);
-    pthread_mutex_unlock(&cache->lock);
+    cache_unlock(cache);
     free(bounce);
 }
 
@@ -390,7 +390,7 @@ static char *bounce_buffer(struct cache *cache, size_t len)
     if (cache->bounces != NULL)
         cache->bounces->prev = fresh;
     cache->bounces = fresh;
-    pthread_mutex_unlock(&cache->lock);
+    cache_unlock(cache);
     free(bounce);
     pthread_setspecific(cache->bounce_key, fresh);
     return fresh->data;
@@ -513,7 +513,7 @@ int cache_fill_begin(struct cache *cache, struct cache_object *object,
     XXH3_64bits_reset(fill->piece_state);
     pthread_mutex_lock(&cache->lock);
     object->refs++; /* the fill keeps the object (and its fd) alive */
-    pthread_mutex_unlock(&cache->lock);
+    cache_unlock(cache);
     *out = fill;
     return 0;
 }

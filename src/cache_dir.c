@@ -518,11 +518,13 @@ void cache_close(struct cache **cachep)
         pthread_mutex_lock(&cache->lock);
         cache->stopping = true;
         pthread_cond_signal(&cache->flusher_wake);
-        pthread_mutex_unlock(&cache->lock);
+        cache_unlock(cache);
         pthread_join(cache->flusher, NULL);
     }
     if (cache->db != NULL) {
         cache_flush(cache);
+        if (INVARIANTS_ON)
+            cache_check_usage(cache);
         db_close(&cache->db);
         read_boot_id(boot_id, sizeof(boot_id));
         write_state(cache, boot_id, true);

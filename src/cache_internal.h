@@ -48,6 +48,7 @@
 
 #include "cache.h"
 #include "db.h"
+#include "invariant.h"
 
 #define FORMAT_VERSION 1
 #define INDEX_MAP_SIZE (64ull << 30)   /* address space, not disk */
@@ -212,6 +213,26 @@ static inline void usage_sub(struct usage_record *usage, uint8_t segment,
 {
     usage->bytes[segment] -= bytes < usage->bytes[segment]
                                  ? bytes : usage->bytes[segment];
+}
+
+/* ---------------------------------------- cache_store.c: invariants */
+
+/* Check what holds under `lock` (see the top of cache_store.c); lock
+ * held. Called by cache_unlock() in debug builds. */
+void cache_check_locked(struct cache *cache);
+
+/* Check the usage record against the index: its bytes per segment and its
+ * block count are those of the block records, and the copy in struct
+ * cache is the record. Nothing else may use the cache meanwhile (the
+ * flusher stopped: cache_close() calls it in debug builds). */
+void cache_check_usage(struct cache *cache);
+
+/* Release `lock`, checking cache_check_locked() first in debug builds. */
+static inline void cache_unlock(struct cache *cache)
+{
+    if (INVARIANTS_ON)
+        cache_check_locked(cache);
+    pthread_mutex_unlock(&cache->lock);
 }
 
 /* ------------------------------------- cache_store.c: index accessors */

@@ -94,7 +94,7 @@ static bool retire_object_txn(struct cache *cache, struct db_txn *txn, uint64_t 
 
     pthread_mutex_lock(&cache->lock);
     bool open = cache_object_is_open_locked(cache, id);
-    pthread_mutex_unlock(&cache->lock);
+    cache_unlock(cache);
     if (open || !object_empty_txn(txn, id))
         return false;
     put_be64(id_key, id);
@@ -212,7 +212,7 @@ int cache_make_room(struct cache *cache, uint64_t need, uint64_t disk_need)
         pthread_mutex_lock(&cache->lock);
         uint64_t committed = cache->usage.bytes[0] + cache->usage.bytes[1] +
                              cache->reserved;
-        pthread_mutex_unlock(&cache->lock);
+        cache_unlock(cache);
         disk_space(cache, &free_bytes, &keep_free);
         uint64_t wanted_size = add_capped(committed, need);
         uint64_t wanted_free = add_capped(keep_free, disk_need);
@@ -226,7 +226,7 @@ int cache_make_room(struct cache *cache, uint64_t need, uint64_t disk_need)
         if (want == 0) {
             pthread_mutex_lock(&cache->lock);
             cache->reserved += need;
-            pthread_mutex_unlock(&cache->lock);
+            cache_unlock(cache);
             break;
         }
         if (evict_some(cache, want, &err) == 0) {
@@ -249,7 +249,7 @@ void cache_release_room(struct cache *cache, uint64_t bytes)
 {
     pthread_mutex_lock(&cache->lock);
     cache->reserved -= bytes;
-    pthread_mutex_unlock(&cache->lock);
+    cache_unlock(cache);
 }
 
 /* ------------------------------------------------------------ recency */
@@ -260,7 +260,7 @@ void cache_add_touch(struct cache *cache, uint64_t id, uint64_t block,
     pthread_mutex_lock(&cache->lock);
     if (cache->touch_count < TOUCHES_MAX) /* recency is best effort */
         cache->touches[cache->touch_count++] = (struct touch){id, block, reuse};
-    pthread_mutex_unlock(&cache->lock);
+    cache_unlock(cache);
 }
 
 /* Read the record of block (ID, BLOCK) into SCRATCH (BLOCK_RECORD_MAX
@@ -387,7 +387,7 @@ int cache_flush(struct cache *cache)
             cache->touch_count = 0;
         }
     }
-    pthread_mutex_unlock(&cache->lock);
+    cache_unlock(cache);
     if (count > 0 && touches == NULL)
         return ENOMEM;
     if (count == 0)
@@ -425,12 +425,12 @@ void *cache_flusher_main(void *arg)
         pthread_cond_timedwait(&cache->flusher_wake, &cache->lock, &until);
         if (cache->stopping)
             break;
-        pthread_mutex_unlock(&cache->lock);
+        cache_unlock(cache);
         int err = cache_flush(cache);
         if (err != 0)
             log_warn("cache: recency update failed: %s", strerror(err));
         pthread_mutex_lock(&cache->lock);
     }
-    pthread_mutex_unlock(&cache->lock);
+    cache_unlock(cache);
     return NULL;
 }

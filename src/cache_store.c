@@ -5,6 +5,15 @@
  * punch, unlink), and dropping blocks and versions from the index. It
  * calls nothing else of the cache: cache.c, cache_adopt.c and
  * cache_policy.c sit above it.
+ *
+ * Invariants of the usage accounting: the usage record holds, per
+ * segment, the sum of account(len) of the blocks recorded in that
+ * segment, and their number; struct cache's copy (usage) is the record
+ * once a commit's mirror is done. Under `lock`: the copy's bytes are whole
+ * ACCOUNT_UNITs and none without blocks, at most TOUCHES_MAX touches
+ * wait, and every open version is referenced. Debug builds check the
+ * latter where the lock is released (cache_unlock), and the former when
+ * the cache closes (cache_check_usage).
  */
 #include "config.h"
 
@@ -109,7 +118,7 @@ void cache_usage_mirror(struct cache *cache, const struct usage_record *before,
     for (int i = 0; i < 2; i++)
         cache->usage.bytes[i] += after->bytes[i] - before->bytes[i];
     cache->usage.blocks += after->blocks - before->blocks;
-    pthread_mutex_unlock(&cache->lock);
+    cache_unlock(cache);
 }
 
 int cache_next_tick(struct db_txn *txn, uint64_t *tick)
@@ -288,7 +297,81 @@ void cache_retire_dropped_version(struct cache *cache, uint64_t id)
     void *open = tfind(&probe, &cache->open_objects, cache_compare_object_id);
     if (open != NULL)
         (*(struct cache_object **)open)->replaced = true;
-    pthread_mutex_unlock(&cache->lock);
+    cache_unlock(cache);
     if (open == NULL)
         cache_unlink_data_file(cache, id);
+}
+
+/* ------------------------------------------------------------ invariants */
+
+static void check_open_object(const void *node, VISIT which, void *arg)
+{
+    const struct cache_object *object = *(const struct cache_object *const *)node;
+
+    (void)arg;
+    if (which == postorder || which == leaf)
+        INVARIANT(object->refs > 0, object->key ? object->key : "a version");
+}
+
+void cache_check_locked(struct cache *cache)
+{
+    const struct usage_record *usage = &cache->usage;
+    uint64_t bytes = usage->bytes[0] + usage->bytes[1];
+
+    INVARIANT(usage->bytes[0] % ACCOUNT_UNIT == 0 &&
+                  usage->bytes[1] % ACCOUNT_UNIT == 0,
+              "the cache's usage");
+    INVARIANT((usage->blocks == 0) == (bytes == 0), "the cache's usage");
+    INVARIANT(bytes >= usage->blocks * ACCOUNT_UNIT, "the cache's usage");
+    INVARIANT(cache->touch_count <= TOUCHES_MAX, "the cache's touches");
+    twalk_r(cache->open_objects, check_open_object, NULL);
+}
+
+struct usage_sum {
+    struct usage_record usage;
+    bool bad_record;
+};
+
+static int add_block(void *arg, const void *key, size_t key_len,
+                     const void *value, size_t value_len)
+{
+    struct usage_sum *sum = arg;
+    struct block_record record;
+
+    (void)key, (void)key_len;
+    if (value_len < sizeof(record)) {
+        sum->bad_record = true;
+        return 0;
+    }
+    memcpy(&record, value, sizeof(record));
+    if (record.segment > SEGMENT_PROTECTED) {
+        sum->bad_record = true;
+        return 0;
+    }
+    sum->usage.bytes[record.segment] += account(record.len);
+    sum->usage.blocks++;
+    return 0;
+}
+
+void cache_check_usage(struct cache *cache)
+{
+    struct db_txn *txn = NULL;
+    struct usage_sum sum = {0};
+    struct usage_record stored;
+
+    if (db_txn_begin(cache->db, false, &txn) != 0)
+        return;
+    int err = cache_usage_get(txn, &stored);
+    if (err == 0)
+        err = db_scan(txn, DB_BLOCKS, NULL, 0, add_block, &sum);
+    db_txn_abort(&txn);
+    if (err != 0)
+        return;
+    INVARIANT(!sum.bad_record, "the cache's block records");
+    INVARIANT(stored.bytes[0] == sum.usage.bytes[0] &&
+                  stored.bytes[1] == sum.usage.bytes[1] &&
+                  stored.blocks == sum.usage.blocks,
+              "the usage record against the block records");
+    INVARIANT(memcmp(&stored, &cache->usage, sizeof(stored)) == 0,
+              "the cache's copy of its usage record");
 }

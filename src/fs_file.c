@@ -95,6 +95,7 @@ int fs_open(struct fs *fs, fuse_ino_t ino, int flags, struct fs_file **out,
             writer_file_open_writer(file->wfile);
             inode_table_lock(fs->inodes);
             inode->write_handles++;
+            inode->open_handles++; /* (counted together) */
             inode_table_unlock(fs->inodes);
         }
         goto out;
@@ -120,9 +121,11 @@ out:
     if (err != 0) {
         fs_maybe_detach(fs, inode);
     } else {
-        inode_table_lock(fs->inodes);
-        inode->open_handles++;
-        inode_table_unlock(fs->inodes);
+        if (!file->writable) {
+            inode_table_lock(fs->inodes);
+            inode->open_handles++;
+            inode_table_unlock(fs->inodes);
+        }
         fs_file_link(fs, file);
     }
     inode_put(fs->inodes, inode);

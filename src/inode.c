@@ -4,8 +4,15 @@
  * Two search trees (POSIX tsearch) index the same inodes, by number and by
  * key. Inode numbers are never reused within a mount (a 64-bit counter), so
  * a stale number from the kernel can only miss, never hit another file.
- * Invariants, under the lock: every inode is in both trees; the root has
- * nlookup >= 1 forever; an inode with nlookup == 0 and pins == 0 is freed.
+ * Invariants, under the lock: every inode is in the tree by number, and
+ * in the tree by key unless it is unlinked (it keeps its last key); count is
+ * the number of inodes; the root has nlookup >= 1 forever; an inode with
+ * nlookup == 0 and pins == 0 is freed; an inode with a staged file
+ * (wfile) is pinned by it, and the fs layer's users of that file are
+ * counted only while it is there; handles open for writing are among the
+ * handles open; a listing is referenced. Debug builds check them where
+ * the lock is released (table_unlock): every inode while the table holds
+ * at most CHECK_ALL_MAX, else at one release in count / CHECK_ALL_MAX.
  */
 #include "config.h"
 
@@ -20,12 +27,17 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "invariant.h"
+
+#define CHECK_ALL_MAX 512
+
 struct inode_table {
     pthread_mutex_t lock;
     void *by_ino;         /* tsearch tree of struct inode *, by ino */
     void *by_key;         /* tsearch tree of struct inode *, by key */
     fuse_ino_t next_ino;
     size_t count;
+    size_t unlocks;       /* releases of the lock (debug builds) */
 };
 
 static int compare_ino(const void *a, const void *b)
@@ -38,6 +50,54 @@ static int compare_key(const void *a, const void *b)
 {
     const struct inode *x = a, *y = b;
     return strcmp(x->key, y->key);
+}
+
+struct check_walk {
+    const struct inode_table *table;
+    size_t count;
+};
+
+static void check_inode(const void *node, VISIT which, void *arg)
+{
+    struct check_walk *walk = arg;
+    const struct inode *inode = *(const struct inode *const *)node;
+
+    if (which != postorder && which != leaf)
+        return;
+    walk->count++;
+    const char *where = inode->key[0] ? inode->key : "the root";
+    INVARIANT(inode->nlookup > 0 || inode->pins > 0, where);
+    INVARIANT(inode->ino != FUSE_ROOT_ID || inode->nlookup > 0, where);
+    void *by_key = inode->unlinked
+                       ? NULL
+                       : tfind(inode, &walk->table->by_key, compare_key);
+    INVARIANT(inode->unlinked ||
+                  (by_key != NULL && *(struct inode **)by_key == inode),
+              where);
+    INVARIANT(inode->wfile == NULL || inode->pins > 0, where);
+    INVARIANT(inode->wfile != NULL || inode->wfile_users == 0, where);
+    INVARIANT(inode->write_handles <= inode->open_handles, where);
+    INVARIANT(inode->listing == NULL || inode->listing->refs > 0, where);
+}
+
+/* The invariants at the top of this file; lock held. */
+static void check_table_locked(struct inode_table *table)
+{
+    size_t every = table->count / CHECK_ALL_MAX + 1;
+
+    if (++table->unlocks % every != 0)
+        return;
+    struct check_walk walk = {table, 0};
+    twalk_r(table->by_ino, check_inode, &walk);
+    INVARIANT(walk.count == table->count, "the inode table");
+}
+
+/* Release the lock (after checking the invariants, in debug builds). */
+static void table_unlock(struct inode_table *table)
+{
+    if (INVARIANTS_ON)
+        check_table_locked(table);
+    pthread_mutex_unlock(&table->lock);
 }
 
 /* kinds and their file type bits, in enum order */
@@ -187,11 +247,13 @@ void inode_table_lock(struct inode_table *table)
 
 void inode_table_unlock(struct inode_table *table)
 {
-    pthread_mutex_unlock(&table->lock);
+    table_unlock(table);
 }
 
 void inode_table_wait(struct inode_table *table, pthread_cond_t *cond)
 {
+    if (INVARIANTS_ON)
+        check_table_locked(table);
     pthread_cond_wait(cond, &table->lock);
 }
 
@@ -206,7 +268,7 @@ struct inode *inode_get(struct inode_table *table, fuse_ino_t ino)
         inode = *(struct inode **)found;
         inode->pins++;
     }
-    pthread_mutex_unlock(&table->lock);
+    table_unlock(table);
     return inode;
 }
 
@@ -223,7 +285,7 @@ void inode_put(struct inode_table *table, struct inode *inode)
     assert(inode->pins > 0);
     inode->pins--;
     maybe_free_locked(table, inode);
-    pthread_mutex_unlock(&table->lock);
+    table_unlock(table);
 }
 
 struct inode *inode_ref_locked(struct inode_table *table, const char *key,
@@ -280,7 +342,7 @@ void inode_forget(struct inode_table *table, fuse_ino_t ino, uint64_t n)
             inode->nlookup = 1;
         maybe_free_locked(table, inode);
     }
-    pthread_mutex_unlock(&table->lock);
+    table_unlock(table);
 }
 
 struct inode_listing *inode_listing_ref_locked(struct inode_listing *listing)
@@ -296,7 +358,7 @@ void inode_listing_put(struct inode_table *table, struct inode_listing *listing)
         return;
     pthread_mutex_lock(&table->lock);
     release_listing_locked(listing);
-    pthread_mutex_unlock(&table->lock);
+    table_unlock(table);
 }
 
 void inode_set_listing_locked(struct inode_table *table, struct inode *dir,
@@ -328,7 +390,7 @@ char *inode_key_dup(struct inode_table *table, struct inode *inode)
 {
     pthread_mutex_lock(&table->lock);
     char *key = strdup(inode->key);
-    pthread_mutex_unlock(&table->lock);
+    table_unlock(table);
     return key;
 }
 
@@ -552,6 +614,6 @@ size_t inode_table_count(struct inode_table *table)
 {
     pthread_mutex_lock(&table->lock);
     size_t count = table->count;
-    pthread_mutex_unlock(&table->lock);
+    table_unlock(table);
     return count;
 }

@@ -72,7 +72,7 @@ struct inode_listing {
 struct inode {
     fuse_ino_t ino;             /* immutable */
     char *key;                  /* (L) directories end in '/'; changes on
-                                   rename; "" once unlinked */
+                                   rename; the last one once unlinked */
     uint64_t nlookup;           /* (L) kernel references */
     unsigned pins;              /* (L) callers working on it */
     struct inode_attrs attrs;   /* (L) */

@@ -43,7 +43,7 @@
  * A file is pending when gen != uploaded_gen and it is not unlinked. The
  * fs layer keeps a reference while a file is pending.
  *
- * Invariants: a journal entry is replaced (newer writer_promise, rename) in one
+ * Invariants: a journal entry is replaced (newer promise, rename) in one
  * journal transaction with the entry it supersedes (journal_update), so
  * the journal never holds two promises for one key; an entry is deleted
  * only once the bucket has its version or a later one, or the file is
@@ -104,7 +104,8 @@
                                        Face hub appends in a second open)
                                        is uploaded once */
 
-int writer_file_create(struct writer *writer, const char *key,
+/* A new file for KEY (see writer_file_create), not published yet. */
+static int file_create(struct writer *writer, const char *key,
                        const struct writer_meta *meta, bool dirty, void *owner,
                        struct writer_file **out)
 {
@@ -124,12 +125,23 @@ int writer_file_create(struct writer *writer, const char *key,
     return 0;
 }
 
+int writer_file_create(struct writer *writer, const char *key,
+                       const struct writer_meta *meta, bool dirty, void *owner,
+                       struct writer_file **out)
+{
+    int err = file_create(writer, key, meta, dirty, owner, out);
+
+    if (err == 0)
+        writer_file_publish(writer, *out);
+    return err;
+}
+
 int writer_file_create_edit(struct writer *writer, const char *key,
                             const struct writer_meta *meta, const char *etag,
                             uint64_t size, void *owner, struct writer_file **out)
 {
     struct writer_file *file = NULL;
-    int err = writer_file_create(writer, key, meta, false, owner, &file);
+    int err = file_create(writer, key, meta, false, owner, &file);
 
     *out = NULL;
     if (err != 0)
@@ -146,7 +158,7 @@ int writer_file_create_edit(struct writer *writer, const char *key,
     else if (ftruncate(file->data->fd, (off_t)size) != 0)
         err = errno == ENOSPC || errno == EDQUOT ? ENOSPC : EIO;
     if (err != 0) {
-        writer_file_put(&file);
+        writer_file_discard(writer, file);
         return err;
     }
     snprintf(file->base_etag, sizeof(file->base_etag), "%s", etag);
@@ -156,6 +168,7 @@ int writer_file_create_edit(struct writer *writer, const char *key,
     file->granules = granules;
     file->missing = granules;
     file->size = size;
+    writer_file_publish(writer, file);
     *out = file;
     return 0;
 }
@@ -173,12 +186,12 @@ static int copy_on_write_locked(struct writer *writer, struct writer_file *file,
 
     file->copying = true;
     while (file->active_writes > 0)
-        pthread_cond_wait(&writer->file_idle, &writer->lock);
+        writer_wait(writer, &writer->file_idle);
     uint64_t length = keep < file->size ? keep : file->size;
     struct staging_file *from = hold_locked(file->data);
     struct writebehind *wb = file->wb;
     file->wb = NULL;
-    pthread_mutex_unlock(&writer->lock);
+    writer_unlock(writer);
 
     writebehind_abandon(&wb);
     int err = cache_reserve_disk(writer->conf.cache, length);
@@ -208,7 +221,7 @@ static int copy_on_write_locked(struct writer *writer, struct writer_file *file,
     struct staging_file *freed_from = unref_locked(from);
     file->copying = false;
     pthread_cond_broadcast(&writer->file_idle);
-    pthread_mutex_unlock(&writer->lock);
+    writer_unlock(writer);
     writer_staging_free(writer, freed, false);
     writer_staging_free(writer, freed_from, false);
     writer_staging_free(writer, fresh, false);
@@ -233,22 +246,22 @@ static int begin_change(struct writer *writer, struct writer_file *file,
     pthread_mutex_lock(&writer->lock);
     for (;;) {
         while (file->held || file->copying)
-            pthread_cond_wait(&writer->file_idle, &writer->lock);
+            writer_wait(writer, &writer->file_idle);
         if (from >= sealed_size(file->data))
             break;
         if (!writer_copyable(file)) { /* an edit with holes: wait for the seal */
-            pthread_cond_wait(&writer->file_idle, &writer->lock);
+            writer_wait(writer, &writer->file_idle);
             continue;
         }
         err = copy_on_write_locked(writer, file, keep);
         if (err != 0) {
-            pthread_mutex_unlock(&writer->lock);
+            writer_unlock(writer);
             return err;
         }
     }
     file->active_writes++;
     uint64_t reserved = file->reserved;
-    pthread_mutex_unlock(&writer->lock);
+    writer_unlock(writer);
     if (end > reserved) {
         uint64_t step = end - reserved > RESERVE_STEP ? end - reserved : RESERVE_STEP;
         err = cache_reserve_disk(writer->conf.cache, step);
@@ -259,7 +272,7 @@ static int begin_change(struct writer *writer, struct writer_file *file,
             file->active_writes--;
             pthread_cond_broadcast(&writer->file_idle);
         }
-        pthread_mutex_unlock(&writer->lock);
+        writer_unlock(writer);
     }
     return err;
 }
@@ -282,7 +295,7 @@ static void end_change(struct writer *writer, struct writer_file *file,
         writer->stats.bytes_written += written;
     }
     pthread_cond_broadcast(&writer->file_idle);
-    pthread_mutex_unlock(&writer->lock);
+    writer_unlock(writer);
 }
 
 int writer_file_write(struct writer_file *file, uint64_t offset, const void *data,
@@ -301,14 +314,14 @@ int writer_file_write(struct writer_file *file, uint64_t offset, const void *dat
     if (err != 0) {
         pthread_mutex_lock(&writer->lock);
         writer_settle_covered_locked(writer, file, offset, len, 0);
-        pthread_mutex_unlock(&writer->lock);
+        writer_unlock(writer);
         end_change(writer, file, false, 0, false, 0);
         return err;
     }
     pthread_mutex_lock(&writer->lock);
     writer_mark_written_locked(file, offset, len);
     int fd = file->data->fd; /* (no copy while this write is active) */
-    pthread_mutex_unlock(&writer->lock);
+    writer_unlock(writer);
     while (left > 0) {
         ssize_t done = pwrite(fd, at, left, (off_t)pos);
         if (done < 0 && errno == EINTR)
@@ -336,7 +349,7 @@ int writer_file_write(struct writer_file *file, uint64_t offset, const void *dat
                  ready > writer->conf.multipart_threshold;
     if (start)
         file->wb_starting = true;
-    pthread_mutex_unlock(&writer->lock);
+    writer_unlock(writer);
     /* (wb cannot be finished meanwhile: this write holds active_writes) */
     if (wb != NULL && pos > offset)
         writebehind_wrote(wb, offset, pos - offset, ready);
@@ -356,7 +369,7 @@ int writer_file_read(struct writer_file *file, uint64_t offset, size_t len,
     *got = 0;
     pthread_mutex_lock(&writer->lock);
     uint64_t size = file->size;
-    pthread_mutex_unlock(&writer->lock);
+    writer_unlock(writer);
     if (offset >= size)
         return 0;
     if (len > size - offset)
@@ -368,7 +381,7 @@ int writer_file_read(struct writer_file *file, uint64_t offset, size_t len,
      * write may replace it meanwhile */
     pthread_mutex_lock(&writer->lock);
     struct staging_file *staging = hold_locked(file->data);
-    pthread_mutex_unlock(&writer->lock);
+    writer_unlock(writer);
     while (len > 0) {
         ssize_t done = pread(staging->fd, at, len, (off_t)offset);
         if (done < 0 && errno == EINTR)
@@ -405,17 +418,17 @@ int writer_file_truncate(struct writer_file *file, uint64_t size)
         file->base_limit = size;
         for (uint64_t g = size / GRANULE; g < file->granules; g++)
             while (bit_get(file->loading, g))
-                pthread_cond_wait(&writer->file_idle, &writer->lock);
+                writer_wait(writer, &writer->file_idle);
     }
     int fd = file->data->fd;
-    pthread_mutex_unlock(&writer->lock);
+    writer_unlock(writer);
     if (ftruncate(fd, (off_t)size) != 0)
         err = errno == ENOSPC || errno == EDQUOT ? ENOSPC : EIO;
     pthread_mutex_lock(&writer->lock);
     if (err == 0 && size < file->seq_end)
         file->seq_end = size;
     struct writebehind *wb = err == 0 ? file->wb : NULL;
-    pthread_mutex_unlock(&writer->lock);
+    writer_unlock(writer);
     if (wb != NULL)
         writebehind_truncated(wb, size);
     end_change(writer, file, err == 0, size, true, 0);
@@ -432,7 +445,7 @@ void writer_file_info(struct writer_file *file, uint64_t *size,
         *meta = file->meta;
     if (pending != NULL)
         *pending = is_pending(file);
-    pthread_mutex_unlock(&file->writer->lock);
+    writer_unlock(file->writer);
 }
 
 void writer_file_set_meta(struct writer_file *file, const struct writer_meta *meta)
@@ -441,13 +454,13 @@ void writer_file_set_meta(struct writer_file *file, const struct writer_meta *me
 
     pthread_mutex_lock(&writer->lock);
     while (file->held)
-        pthread_cond_wait(&writer->file_idle, &writer->lock);
+        writer_wait(writer, &writer->file_idle);
     if (meta->mtime.tv_sec != file->meta.mtime.tv_sec ||
         meta->mtime.tv_nsec != file->meta.mtime.tv_nsec)
         file->mtime_set = true;
     file->meta = *meta;
     file->gen++; /* uploaded with the data: the next flush sends it */
-    pthread_mutex_unlock(&writer->lock);
+    writer_unlock(writer);
 }
 
 int writer_file_flush(struct writer_file *file)
@@ -459,9 +472,9 @@ int writer_file_flush(struct writer_file *file)
 
     pthread_mutex_lock(&writer->lock);
     while (file->held)
-        pthread_cond_wait(&writer->file_idle, &writer->lock);
+        writer_wait(writer, &writer->file_idle);
     bool pending = is_pending(file);
-    pthread_mutex_unlock(&writer->lock);
+    writer_unlock(writer);
     if (!pending)
         return 0;
 
@@ -473,7 +486,7 @@ int writer_file_flush(struct writer_file *file)
     pthread_mutex_lock(&writer->lock);
     if (file->open_writers == 0 && is_pending(file))
         writer_enqueue_locked(writer, file, SETTLE_SECONDS);
-    pthread_mutex_unlock(&writer->lock);
+    writer_unlock(writer);
     return err;
 }
 
@@ -486,7 +499,7 @@ void writer_file_open_writer(struct writer_file *file)
 {
     pthread_mutex_lock(&file->writer->lock);
     file->open_writers++;
-    pthread_mutex_unlock(&file->writer->lock);
+    writer_unlock(file->writer);
 }
 
 void writer_file_close_writer(struct writer_file *file)
@@ -498,14 +511,14 @@ void writer_file_close_writer(struct writer_file *file)
         file->open_writers--;
     if (file->open_writers == 0 && writer->conf.writeback && is_pending(file))
         writer_enqueue_locked(writer, file, SETTLE_SECONDS);
-    pthread_mutex_unlock(&writer->lock);
+    writer_unlock(writer);
 }
 
 bool writer_file_pending(struct writer_file *file)
 {
     pthread_mutex_lock(&file->writer->lock);
     bool pending = is_pending(file);
-    pthread_mutex_unlock(&file->writer->lock);
+    writer_unlock(file->writer);
     return pending;
 }
 
@@ -513,7 +526,7 @@ bool writer_file_uploading(struct writer_file *file)
 {
     pthread_mutex_lock(&file->writer->lock);
     bool uploading = file->sending != NULL;
-    pthread_mutex_unlock(&file->writer->lock);
+    writer_unlock(file->writer);
     return uploading;
 }
 
@@ -525,7 +538,7 @@ static void hold_locked_wait(struct writer *writer, struct writer_file *file)
 {
     while (file->held || file->sending != NULL || file->journal_busy ||
            file->active_writes > 0 || file->copying)
-        pthread_cond_wait(&writer->file_idle, &writer->lock);
+        writer_wait(writer, &writer->file_idle);
     file->held = true;
 }
 
@@ -541,7 +554,7 @@ int writer_file_hold(struct writer_file *file, enum writer_renamed *state)
     pthread_mutex_lock(&writer->lock);
     bool streamed = file->wb != NULL && is_pending(file);
     uint64_t whole = file->size;
-    pthread_mutex_unlock(&writer->lock);
+    writer_unlock(writer);
     if (streamed)
         writer_upload_version(writer, file, false);
     /* the base object is about to move or go: fetch what is still there */
@@ -550,7 +563,7 @@ int writer_file_hold(struct writer_file *file, enum writer_renamed *state)
     pthread_mutex_lock(&writer->lock);
     hold_locked_wait(writer, file); /* held from here on, even on failure */
     if (err != 0) {
-        pthread_mutex_unlock(&writer->lock);
+        writer_unlock(writer);
         return err;
     }
     writer_drop_base_locked(file); /* complete: nothing is copied from it now */
@@ -561,7 +574,7 @@ int writer_file_hold(struct writer_file *file, enum writer_renamed *state)
      * write-behind upload, for the old key: it goes */
     struct writebehind *stale = file->wb;
     file->wb = NULL;
-    pthread_mutex_unlock(&writer->lock);
+    writer_unlock(writer);
     writebehind_abandon(&stale); /* (safe on NULL) */
     return 0;
 }
@@ -581,7 +594,7 @@ int writer_file_rename(struct writer_file *file, const char *new_key,
     /* (held: the state writer_file_hold() found has not changed) */
     bool takes_place = is_pending(file) && has_promise(file);
     bool journaled = file->entry != NULL;
-    pthread_mutex_unlock(&writer->lock);
+    writer_unlock(writer);
     /* the entry names the new key; the replaced file's promise goes in the
      * same transaction only when this one takes its place in the journal
      * (otherwise the caller drops it once the bucket has the new object:
@@ -602,7 +615,7 @@ int writer_file_rename_back(struct writer_file *file, const char *key)
     free(file->key);
     file->key = copy;
     bool journaled = file->entry != NULL;
-    pthread_mutex_unlock(&writer->lock);
+    writer_unlock(writer);
     return journaled ? writer_move_entry(writer, file, NULL) : 0; /* (held) */
 }
 
@@ -613,14 +626,14 @@ void writer_file_release(struct writer_file *file)
     pthread_mutex_lock(&writer->lock);
     file->held = false;
     pthread_cond_broadcast(&writer->file_idle);
-    pthread_mutex_unlock(&writer->lock);
+    writer_unlock(writer);
 }
 
 void writer_file_set_owner(struct writer_file *file, void *owner)
 {
     pthread_mutex_lock(&file->writer->lock);
     file->owner = owner;
-    pthread_mutex_unlock(&file->writer->lock);
+    writer_unlock(file->writer);
 }
 
 void writer_file_relink(struct writer_file *file)
@@ -629,7 +642,7 @@ void writer_file_relink(struct writer_file *file)
 
     pthread_mutex_lock(&writer->lock);
     while (file->held)
-        pthread_cond_wait(&writer->file_idle, &writer->lock);
+        writer_wait(writer, &writer->file_idle);
     file->unlinked = false;
     bool pending = is_pending(file);
     /* its promise was dropped with the unlink (or the rename that failed
@@ -637,14 +650,14 @@ void writer_file_relink(struct writer_file *file)
     bool promise_again = pending && !(has_promise(file) &&
                                       file->entry_gen >= file->gen) &&
                          (writer->conf.writeback || file->failed);
-    pthread_mutex_unlock(&writer->lock);
+    writer_unlock(writer);
     if (!pending)
         return;
     int err = promise_again ? writer_promise_current(writer, file) : 0;
     pthread_mutex_lock(&writer->lock);
     if (err == 0 && file->open_writers == 0 && writer->conf.writeback)
         writer_enqueue_locked(writer, file, 0);
-    pthread_mutex_unlock(&writer->lock);
+    writer_unlock(writer);
 }
 
 bool writer_file_unlink(struct writer_file *file, bool forget)
@@ -654,7 +667,7 @@ bool writer_file_unlink(struct writer_file *file, bool forget)
     pthread_mutex_lock(&writer->lock);
     /* an upload under way lands first: the caller deletes what it made */
     while (file->held || file->sending != NULL)
-        pthread_cond_wait(&writer->file_idle, &writer->lock);
+        writer_wait(writer, &writer->file_idle);
     file->unlinked = true;
     bool uploaded = file->uploaded;
     /* its staged data goes as soon as nobody reads it: not at the queue's
@@ -663,7 +676,7 @@ bool writer_file_unlink(struct writer_file *file, bool forget)
         file->refs--; /* the caller holds one more: never the last */
     struct writebehind *wb = file->wb;
     file->wb = NULL;
-    pthread_mutex_unlock(&writer->lock);
+    writer_unlock(writer);
     writebehind_abandon(&wb);
     if (forget)
         writer_forget_entry(writer, file, 0);
@@ -674,7 +687,7 @@ void writer_file_forget(struct writer_file *file)
 {
     pthread_mutex_lock(&file->writer->lock);
     bool unlinked = file->unlinked;
-    pthread_mutex_unlock(&file->writer->lock);
+    writer_unlock(file->writer);
     if (unlinked)
         writer_forget_entry(file->writer, file, 0);
 }
@@ -685,7 +698,7 @@ bool writer_file_etag(struct writer_file *file, char *etag_out)
     bool uploaded = file->uploaded && !is_dirty(file);
     if (uploaded)
         snprintf(etag_out, S3_ETAG_MAX, "%s", file->etag);
-    pthread_mutex_unlock(&file->writer->lock);
+    writer_unlock(file->writer);
     return uploaded;
 }
 
@@ -746,7 +759,7 @@ void writer_destroy(struct writer **writerp)
     pthread_mutex_lock(&writer->lock);
     writer->stopping = true;
     pthread_cond_broadcast(&writer->work_queued);
-    pthread_mutex_unlock(&writer->lock);
+    writer_unlock(writer);
     for (unsigned i = 0; i < writer->thread_count; i++)
         pthread_join(writer->threads[i], NULL);
     free(writer->threads);
@@ -767,7 +780,7 @@ void writer_get_stats(struct writer *writer, struct writer_stats *out)
     for (struct writer_file *file = writer->all; file != NULL; file = file->all_next)
         if (is_pending(file))
             out->uploads_pending++;
-    pthread_mutex_unlock(&writer->lock);
+    writer_unlock(writer);
 }
 
 uint64_t writer_drain(struct writer *writer)
@@ -781,7 +794,7 @@ uint64_t writer_drain(struct writer *writer)
             writer_enqueue_locked(writer, file, 0);
     pthread_cond_broadcast(&writer->work_queued);
     while (writer->queue_head != NULL || writer->running > 0)
-        pthread_cond_wait(&writer->upload_done, &writer->lock);
+        writer_wait(writer, &writer->upload_done);
     /* what is left must be in the journal for the next mount: a promise
      * that could not be written before (a full disk, an I/O error) gets
      * one more try now */
@@ -794,7 +807,7 @@ uint64_t writer_drain(struct writer *writer)
             break;
         file->drain_tried = true; /* (tried once here) */
         file->refs++;
-        pthread_mutex_unlock(&writer->lock);
+        writer_unlock(writer);
         writer_promise_at_drain(writer, file);
         writer_file_put(&file);
         pthread_mutex_lock(&writer->lock);
@@ -810,6 +823,6 @@ uint64_t writer_drain(struct writer *writer)
                           "journal: its data is lost when this mount ends",
                           file->key);
         }
-    pthread_mutex_unlock(&writer->lock);
+    writer_unlock(writer);
     return left;
 }

@@ -51,7 +51,7 @@ int writer_make_present(struct writer *writer, struct writer_file *file,
            g * GRANULE < end) {
         uint64_t start = g * GRANULE;
         if (bit_get(file->loading, g)) {
-            pthread_cond_wait(&writer->file_idle, &writer->lock);
+            writer_wait(writer, &writer->file_idle);
             continue; /* look again */
         }
         if (bit_get(file->present, g) || start >= file->base_limit) {
@@ -86,7 +86,7 @@ int writer_make_present(struct writer *writer, struct writer_file *file,
         snprintf(etag, sizeof(etag), "%s", file->base_etag);
         uint64_t base_size = file->base_size;
         int fd = file->data->fd;
-        pthread_mutex_unlock(&writer->lock);
+        writer_unlock(writer);
 
         err = key == NULL ? ENOMEM
             : writer->conf.fetch_base(writer->conf.fetch_arg, key, etag, base_size,
@@ -103,7 +103,7 @@ int writer_make_present(struct writer *writer, struct writer_file *file,
         }
         pthread_cond_broadcast(&writer->file_idle);
     }
-    pthread_mutex_unlock(&writer->lock);
+    writer_unlock(writer);
     return err;
 }
 
@@ -160,7 +160,7 @@ bool writer_base_range_unchanged(void *arg, uint64_t offset, uint64_t length)
     for (uint64_t g = offset / GRANULE; unchanged && g < file->granules &&
                                         g * GRANULE < offset + length; g++)
         unchanged = !bit_get(file->written, g);
-    pthread_mutex_unlock(&context->writer->lock);
+    writer_unlock(context->writer);
     return unchanged;
 }
 
@@ -196,11 +196,11 @@ int writer_file_complete(struct writer_file *file)
 
     pthread_mutex_lock(&writer->lock);
     uint64_t whole = file->size;
-    pthread_mutex_unlock(&writer->lock);
+    writer_unlock(writer);
     int err = writer_make_present(writer, file, 0, whole, false);
     pthread_mutex_lock(&writer->lock);
     if (err == 0 && !file->held)
         writer_drop_base_locked(file);
-    pthread_mutex_unlock(&writer->lock);
+    writer_unlock(writer);
     return err;
 }

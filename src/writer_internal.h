@@ -25,6 +25,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "invariant.h"
 #include "staging.h"
 #include "upload.h"
 #include "writebehind.h"
@@ -203,6 +204,35 @@ static inline void end_promising_locked(struct writer_file *file,
 
 /* ------------------------------------------------------- writer_state.c */
 
+/* Check the writer's invariants (see the top of writer.c); lock held.
+ * Called by writer_unlock() and writer_wait() in debug builds. */
+void writer_check_invariants_locked(const struct writer *writer);
+
+/* Release the writer lock / wait on COND with it (or until UNTIL, a
+ * monotonic time: ETIMEDOUT), checking the invariants first in debug
+ * builds. */
+static inline void writer_unlock(struct writer *writer)
+{
+    if (INVARIANTS_ON)
+        writer_check_invariants_locked(writer);
+    pthread_mutex_unlock(&writer->lock);
+}
+
+static inline void writer_wait(struct writer *writer, pthread_cond_t *cond)
+{
+    if (INVARIANTS_ON)
+        writer_check_invariants_locked(writer);
+    pthread_cond_wait(cond, &writer->lock);
+}
+
+static inline int writer_wait_until(struct writer *writer, pthread_cond_t *cond,
+                                    const struct timespec *until)
+{
+    if (INVARIANTS_ON)
+        writer_check_invariants_locked(writer);
+    return pthread_cond_timedwait(cond, &writer->lock, until);
+}
+
 int writer_staging_new(struct writer *writer, struct staging_file **out);
 
 /* Close and free STAGING, removing its file unless KEEP. Lock not held. */
@@ -234,9 +264,19 @@ bool writer_dequeue_locked(struct writer *writer, struct writer_file *file);
  * (lock held). Not during the drain, which tries each file once more. */
 void writer_schedule_retry_locked(struct writer *writer, struct writer_file *file);
 
+/* A new file of KEY whose data is DATA (its reference goes with it),
+ * with one reference for the caller. Not on the writer's list, where
+ * other threads see it, until writer_file_publish(): the caller fills it
+ * in first. ENOMEM. */
 int writer_file_new(struct writer *writer, struct staging_file *data,
                     const char *key, const struct writer_meta *meta,
                     void *owner, struct writer_file **out);
+
+/* Put FILE, filled in, on the writer's list. */
+void writer_file_publish(struct writer *writer, struct writer_file *file);
+
+/* Free FILE, never published, and its data's staging file. */
+void writer_file_discard(struct writer *writer, struct writer_file *file);
 
 
 /* ------------------------------------------------------- writer_edit.c */

@@ -44,7 +44,7 @@ void writer_entry_of(uint64_t id, const char *key, uint64_t size,
 void writer_journal_begin_locked(struct writer *writer, struct writer_file *file)
 {
     while (file->journal_busy)
-        pthread_cond_wait(&writer->file_idle, &writer->lock);
+        writer_wait(writer, &writer->file_idle);
     file->journal_busy = true;
 }
 
@@ -69,7 +69,7 @@ int writer_promise(struct writer *writer, struct writer_file *file,
                   strerror(err));
         pthread_mutex_lock(&writer->lock);
         end_promising_locked(file, v->staging);
-        pthread_mutex_unlock(&writer->lock);
+        writer_unlock(writer);
         return err;
     }
     pthread_mutex_lock(&writer->lock);
@@ -86,7 +86,7 @@ int writer_promise(struct writer *writer, struct writer_file *file,
         if (file->entry != NULL && file->entry != v->staging)
             old = file->entry;
     }
-    pthread_mutex_unlock(&writer->lock);
+    writer_unlock(writer);
 
     if (!done && (key == NULL || (upload_id != NULL && id_copy == NULL)))
         err = ENOMEM;
@@ -124,7 +124,7 @@ int writer_promise(struct writer *writer, struct writer_file *file,
     }
     end_promising_locked(file, v->staging);
     writer_journal_end_locked(writer, file);
-    pthread_mutex_unlock(&writer->lock);
+    writer_unlock(writer);
     writer_staging_free(writer, freed, false);
     free(id_copy);
     free(key);
@@ -144,7 +144,7 @@ void writer_forget_entry(struct writer *writer, struct writer_file *file,
                    (file->entry_unclosed ? file->wb == NULL
                                          : file->entry_gen <= up_to));
     uint64_t id = forget ? entry->id : 0;
-    pthread_mutex_unlock(&writer->lock);
+    writer_unlock(writer);
 
     int err = forget ? journal_del(writer->conf.journal, id) : 0;
     if (forget && err == 0)
@@ -160,7 +160,7 @@ void writer_forget_entry(struct writer *writer, struct writer_file *file,
         freed = unref_locked(entry);
     }
     writer_journal_end_locked(writer, file);
-    pthread_mutex_unlock(&writer->lock);
+    writer_unlock(writer);
     if (err != 0)
         log_warn("'%s' stays in the journal (%s): the next mount uploads it "
                  "again", file->key, strerror(err));
@@ -171,7 +171,7 @@ struct writer_file *writer_file_ref(struct writer_file *file)
 {
     pthread_mutex_lock(&file->writer->lock);
     file->refs++;
-    pthread_mutex_unlock(&file->writer->lock);
+    writer_unlock(file->writer);
     return file;
 }
 
@@ -186,7 +186,7 @@ void writer_file_put(struct writer_file **filep)
     struct writer *writer = file->writer;
     pthread_mutex_lock(&writer->lock);
     if (--file->refs > 0) {
-        pthread_mutex_unlock(&writer->lock);
+        writer_unlock(writer);
         return;
     }
     if (file->all_prev != NULL)
@@ -198,7 +198,7 @@ void writer_file_put(struct writer_file **filep)
     bool pending = is_pending(file);
     /* an entry left by a failed delete, for a file in the bucket */
     bool stale_entry = file->entry != NULL && !pending;
-    pthread_mutex_unlock(&writer->lock);
+    writer_unlock(writer);
 
     /* (a write-behind upload left only on a file never uploaded: gone) */
     writebehind_abandon(&file->wb);
@@ -210,7 +210,7 @@ void writer_file_put(struct writer_file **filep)
                  file->entry == NULL && file->data->refs == 1;
     struct staging_file *entry = file->entry, *data = file->data;
     file->entry = file->data = NULL;
-    pthread_mutex_unlock(&writer->lock);
+    writer_unlock(writer);
 
     if (pending) {
         /* cannot happen while the fs layer keeps pending files; the data
@@ -247,7 +247,7 @@ int writer_promise_current(struct writer *writer, struct writer_file *file)
 
     pthread_mutex_lock(&writer->lock);
     writer_version_take_locked(writer, file, false, &v);
-    pthread_mutex_unlock(&writer->lock);
+    writer_unlock(writer);
     int err = writer_promise(writer, file, &v, NULL);
     writer_staging_drop(writer, &v.staging);
     return err;
@@ -275,7 +275,7 @@ int writer_move_entry(struct writer *writer, struct writer_file *file,
         if (replaced->entry != NULL)
             dels[del_count++] = replaced->entry->id;
     }
-    pthread_mutex_unlock(&writer->lock);
+    writer_unlock(writer);
 
     err = promised || del_count > 0
               ? journal_update(writer->conf.journal, &entry, promised ? 1 : 0,
@@ -305,7 +305,7 @@ int writer_move_entry(struct writer *writer, struct writer_file *file,
     }
     file->journal_busy = false;
     pthread_cond_broadcast(&writer->file_idle);
-    pthread_mutex_unlock(&writer->lock);
+    writer_unlock(writer);
     writer_staging_free(writer, freed, false);
     writer_staging_free(writer, freed_replaced, false);
     return err;
@@ -321,7 +321,7 @@ void writer_promise_at_drain(struct writer *writer, struct writer_file *file)
     pthread_mutex_lock(&writer->lock);
     writer_version_take_locked(writer, file, false, &v);
     char *key = strdup(file->key);
-    pthread_mutex_unlock(&writer->lock);
+    writer_unlock(writer);
     int err = writer_promise(writer, file, &v, NULL);
     if (err != 0 && key != NULL) {
         writer_entry_of(v.staging->id, key, v.size, &v.meta, NULL, false, &entry);
@@ -336,7 +336,7 @@ void writer_promise_at_drain(struct writer *writer, struct writer_file *file)
                      staging_dir_path(writer->staging));
             pthread_mutex_lock(&writer->lock);
             file->marked = true;
-            pthread_mutex_unlock(&writer->lock);
+            writer_unlock(writer);
         }
     }
     free(record);

@@ -142,6 +142,7 @@ static bool recover_promise(struct recovery *recovery, const struct journal_entr
     file->entry_gen = file->entry_data_gen = 1;
     file->entry_size = entry->size;
     file->entry_meta = meta;
+    writer_file_publish(writer, file);
     if (entry->upload_id != NULL) {
         /* the aborted upload is gone: the entry without it */
         struct journal_entry again = *entry;
@@ -153,7 +154,7 @@ static bool recover_promise(struct recovery *recovery, const struct journal_entr
                         entry->size, &meta);
     pthread_mutex_lock(&writer->lock);
     writer_enqueue_locked(writer, file, 0);
-    pthread_mutex_unlock(&writer->lock);
+    writer_unlock(writer);
     writer_file_put(&file);
     recovery->queued++;
     return true;

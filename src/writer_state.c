@@ -65,7 +65,7 @@ void writer_staging_drop(struct writer *writer, struct staging_file **staging)
 {
     pthread_mutex_lock(&writer->lock);
     struct staging_file *last = unref_locked(*staging);
-    pthread_mutex_unlock(&writer->lock);
+    writer_unlock(writer);
     writer_staging_free(writer, last, false);
     *staging = NULL;
 }
@@ -74,7 +74,7 @@ void writer_version_take_locked(struct writer *writer, struct writer_file *file,
                                 bool for_upload, struct version *out)
 {
     while (file->active_writes > 0 || file->copying)
-        pthread_cond_wait(&writer->file_idle, &writer->lock);
+        writer_wait(writer, &writer->file_idle);
     *out = (struct version){
         .staging = hold_locked(file->data),
         .size = file->size,
@@ -164,12 +164,81 @@ int writer_file_new(struct writer *writer, struct staging_file *data,
     file->owner = owner;
     file->refs = 1;
     file->meta = *meta;
+    *out = file;
+    return 0;
+}
+
+void writer_file_publish(struct writer *writer, struct writer_file *file)
+{
     pthread_mutex_lock(&writer->lock);
     file->all_next = writer->all;
     if (writer->all != NULL)
         writer->all->all_prev = file;
     writer->all = file;
-    pthread_mutex_unlock(&writer->lock);
-    *out = file;
-    return 0;
+    writer_unlock(writer);
+}
+
+void writer_file_discard(struct writer *writer, struct writer_file *file)
+{
+    writer_staging_free(writer, file->data, false);
+    free(file->key);
+    free(file->base_key);
+    free(file->present);
+    free(file->loading);
+    free(file->written);
+    free(file);
+}
+
+/* ------------------------------------------------------------ invariants */
+
+/* A staging file no journal write is under way for is sealed exactly as
+ * far as the file's entry promises, if it is that entry, else not. */
+static void check_journal_seal(const struct writer_file *file,
+                               const struct staging_file *staging)
+{
+    if (staging == NULL || staging->promising > 0)
+        return;
+    bool promised = file->entry == staging && !file->entry_unclosed;
+    INVARIANT(staging->journal_seal == (promised ? file->entry_size : 0),
+              file->key);
+}
+
+void writer_check_invariants_locked(const struct writer *writer)
+{
+    size_t queued = 0, in_queue = 0;
+
+    for (const struct writer_file *file = writer->all; file != NULL;
+         file = file->all_next) {
+        INVARIANT(file->writer == writer, file->key);
+        INVARIANT(file->refs > 0, file->key);
+        INVARIANT(file->all_next == NULL || file->all_next->all_prev == file,
+                  file->key);
+        /* gens only grow; the bucket's and the promised one are among
+         * them */
+        INVARIANT(file->uploaded_gen <= file->gen, file->key);
+        INVARIANT(file->data_gen <= file->gen, file->key);
+        INVARIANT(file->entry == NULL || file->entry_gen <= file->gen, file->key);
+        /* every staging file it names is referenced */
+        INVARIANT(file->data == NULL || file->data->refs > 0, file->key);
+        INVARIANT(file->entry == NULL || file->entry->refs > 0, file->key);
+        INVARIANT(file->sending == NULL || file->sending->refs > 0, file->key);
+        check_journal_seal(file, file->data);
+        check_journal_seal(file, file->entry);
+        /* an unlinked file is never uploaded, nor streamed */
+        INVARIANT(!file->unlinked || (!file->queued && file->wb == NULL),
+                  file->key);
+        INVARIANT(file->missing <= file->granules, file->key);
+        if (file->queued)
+            queued++;
+    }
+    const struct writer_file *last = NULL;
+    for (const struct writer_file *file = writer->queue_head; file != NULL;
+         file = file->queue_next) {
+        INVARIANT(file->queued, file->key);
+        last = file;
+        in_queue++;
+    }
+    INVARIANT(writer->queue_tail == last, "the upload queue");
+    INVARIANT(queued == in_queue, "the upload queue");
+    INVARIANT(writer->running <= writer->thread_count, "the uploaders");
 }

@@ -45,7 +45,7 @@ static int on_multipart(void *arg, const char *upload_id)
         hold_locked(promised.staging);
         begin_promising_locked(promised.staging, promised.size);
     }
-    pthread_mutex_unlock(&writer->lock);
+    writer_unlock(writer);
     if (skip)
         return 0;
     int err = writer_promise(writer, file, &promised, upload_id);
@@ -148,11 +148,11 @@ int writer_upload_version(struct writer *writer, struct writer_file *file,
 
     pthread_mutex_lock(&writer->lock);
     while (file->held || file->sending != NULL)
-        pthread_cond_wait(&writer->file_idle, &writer->lock);
+        writer_wait(writer, &writer->file_idle);
     if (!is_pending(file) || (promised_only && !has_promise(file))) {
         err = file->unlinked || !file->failed || !is_pending(file)
                   ? 0 : file->last_error;
-        pthread_mutex_unlock(&writer->lock);
+        writer_unlock(writer);
         return err;
     }
     struct writebehind *wb = NULL;
@@ -182,7 +182,7 @@ int writer_upload_version(struct writer *writer, struct writer_file *file,
         snprintf(base_etag, sizeof(base_etag), "%s", file->base_etag);
         base_limit = file->base_limit;
     }
-    pthread_mutex_unlock(&writer->lock);
+    writer_unlock(writer);
 
     struct upload_context context = {writer, file, &v};
     struct upload_base base = {
@@ -241,7 +241,7 @@ int writer_upload_version(struct writer *writer, struct writer_file *file,
         if (need_promise)
             begin_promising_locked(v.staging, v.size);
     }
-    pthread_mutex_unlock(&writer->lock);
+    writer_unlock(writer);
 
     if (err == 0) {
         writer_forget_entry(writer, file, v.gen);
@@ -261,7 +261,7 @@ int writer_upload_version(struct writer *writer, struct writer_file *file,
     if (err != 0)
         writer_schedule_retry_locked(writer, file);
     pthread_cond_broadcast(&writer->file_idle);
-    pthread_mutex_unlock(&writer->lock);
+    writer_unlock(writer);
     writer_staging_drop(writer, &v.staging);
     free(base_key);
     free(key);
@@ -275,7 +275,7 @@ void *writer_uploader_main(void *arg)
     pthread_mutex_lock(&writer->lock);
     for (;;) {
         while (writer->queue_head == NULL && !writer->stopping)
-            pthread_cond_wait(&writer->work_queued, &writer->lock);
+            writer_wait(writer, &writer->work_queued);
         /* the first file that is due (retries wait longer than new ones) */
         double now = clock_monotonic_seconds(), first_due = 0;
         struct writer_file *file = NULL, *previous = NULL;
@@ -294,7 +294,7 @@ void *writer_uploader_main(void *arg)
         if (file == NULL) {
             double wait = first_due - now;
             struct timespec until = clock_monotonic_after(wait);
-            pthread_cond_timedwait(&writer->work_queued, &writer->lock, &until);
+            writer_wait_until(writer, &writer->work_queued, &until);
             continue;
         }
         if (previous != NULL)
@@ -310,7 +310,7 @@ void *writer_uploader_main(void *arg)
         bool writing = file->open_writers > 0 && !writer->draining;
         bool skip = writing && writer->conf.writeback;
         writer->running++;
-        pthread_mutex_unlock(&writer->lock);
+        writer_unlock(writer);
 
         if (!skip)
             writer_upload_version(writer, file, writing);
@@ -320,7 +320,7 @@ void *writer_uploader_main(void *arg)
         writer->running--;
         pthread_cond_broadcast(&writer->upload_done);
     }
-    pthread_mutex_unlock(&writer->lock);
+    writer_unlock(writer);
     return NULL;
 }
 
@@ -335,7 +335,7 @@ void writer_start_writebehind(struct writer *writer, struct writer_file *file)
     struct writer_meta meta = file->meta;
     char *key = strdup(file->key);
     int fd = file->data->fd;
-    pthread_mutex_unlock(&writer->lock);
+    writer_unlock(writer);
 
     fill_put_meta(&meta, &put_meta);
     put_meta.has_mtime = false; /* its Last-Modified is read back at the end */
@@ -358,7 +358,7 @@ void writer_start_writebehind(struct writer *writer, struct writer_file *file)
             writer_entry_of(named->id, key, file->size, &meta, upload_id, true, &entry);
         uint64_t old_id = file->entry != NULL && file->entry != named
                               ? file->entry->id : 0;
-        pthread_mutex_unlock(&writer->lock);
+        writer_unlock(writer);
         err = journal_update(writer->conf.journal, &entry, 1, &old_id,
                              old_id != 0);
         pthread_mutex_lock(&writer->lock);
@@ -374,7 +374,7 @@ void writer_start_writebehind(struct writer *writer, struct writer_file *file)
             upload_id = NULL;
         }
         writer_journal_end_locked(writer, file);
-        pthread_mutex_unlock(&writer->lock);
+        writer_unlock(writer);
         if (err != 0)
             writebehind_abandon(&wb);
     }
@@ -388,7 +388,7 @@ void writer_start_writebehind(struct writer *writer, struct writer_file *file)
     file->wb_refused = wb == NULL;
     file->wb_meta = meta;
     uint64_t ready = file->seq_end;
-    pthread_mutex_unlock(&writer->lock);
+    writer_unlock(writer);
     /* parts are read only from now on: every write that ends later tells
      * wb what it changed */
     if (wb != NULL)
