@@ -102,6 +102,7 @@ void fs_meta_attrs(const struct writer_meta *meta, uint64_t size, const char *et
         .kind = INODE_FILE,
         .size = size,
         .mtime = meta->mtime,
+        .atime = meta->atime,
         .mode = meta->mode & 07777,
         .uid = meta->uid,
         .gid = meta->gid,
@@ -172,6 +173,7 @@ void fs_writer_meta_of(const struct inode_attrs *attrs, struct writer_meta *out)
         .uid = attrs->uid,
         .gid = attrs->gid,
         .mtime = attrs->mtime,
+        .atime = attrs->atime,
     };
 }
 

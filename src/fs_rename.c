@@ -163,8 +163,11 @@ static int move_prefix(struct fs *fs, const char *src_prefix, const char *dst_pr
     for (size_t i = 0; i < moved_count; i++)
         free(moved[i]);
     if (err == 0 && !had_marker) {
-        struct writer_meta meta = {S_IFDIR | fs->conf.dir_mode, fs->conf.uid,
-                                   fs->conf.gid, clock_wall_now()};
+        struct writer_meta meta = {
+            .mode = S_IFDIR | fs->conf.dir_mode, .uid = fs->conf.uid,
+            .gid = fs->conf.gid,
+            .mtime = clock_wall_now(),
+        };
         err = fs_put_marker(fs, dst_prefix, &meta);
     }
     return err;

@@ -171,7 +171,10 @@ int fs_create_file(struct fs *fs, fuse_ino_t parent, const char *name,
     }
     err = fs_stage_file(fs, inode, true, &file->wfile);
     if (err == 0) {
-        struct writer_meta meta = {S_IFREG | (mode & 07777), uid, gid, attrs.mtime};
+        struct writer_meta meta = {
+            .mode = S_IFREG | (mode & 07777), .uid = uid, .gid = gid,
+            .mtime = attrs.mtime,
+        };
         writer_file_set_meta(file->wfile, &meta);
         file->ino = inode->ino;
         file->writable = true;
@@ -283,7 +286,10 @@ static int enter_created(struct fs *fs, const char *key,
 int fs_mkdir(struct fs *fs, fuse_ino_t parent, const char *name, mode_t mode,
              uid_t uid, gid_t gid, struct fs_entry *entry)
 {
-    struct writer_meta meta = {S_IFDIR | (mode & 07777), uid, gid, clock_wall_now()};
+    struct writer_meta meta = {
+        .mode = S_IFDIR | (mode & 07777), .uid = uid, .gid = gid,
+        .mtime = clock_wall_now(),
+    };
     struct inode_attrs attrs;
     char *key = NULL;
 
@@ -369,8 +375,11 @@ static void keep_parent_dir(struct fs *fs, const char *key)
         bool gone = page.object_count == 0 && page.prefix_count == 0;
         s3xml_listing_free(&page);
         if (gone) {
-            struct writer_meta meta = {S_IFDIR | fs->conf.dir_mode, fs->conf.uid,
-                                       fs->conf.gid, clock_wall_now()};
+            struct writer_meta meta = {
+                .mode = S_IFDIR | fs->conf.dir_mode, .uid = fs->conf.uid,
+                .gid = fs->conf.gid,
+                .mtime = clock_wall_now(),
+            };
             fs_put_marker(fs, parent_key, &meta);
         }
     }
@@ -469,7 +478,10 @@ out:
 int fs_symlink(struct fs *fs, const char *target, fuse_ino_t parent,
                const char *name, uid_t uid, gid_t gid, struct fs_entry *entry)
 {
-    struct writer_meta meta = {S_IFLNK | 0777, uid, gid, clock_wall_now()};
+    struct writer_meta meta = {
+        .mode = S_IFLNK | 0777, .uid = uid, .gid = gid,
+        .mtime = clock_wall_now(),
+    };
     struct inode_attrs attrs = {
         .kind = INODE_SYMLINK,
         .size = strlen(target),
@@ -494,8 +506,10 @@ int fs_mknod(struct fs *fs, fuse_ino_t parent, const char *name, mode_t mode,
              dev_t rdev, uid_t uid, gid_t gid, struct fs_entry *entry)
 {
     enum inode_kind kind = inode_kind_of_mode(mode);
-    struct writer_meta meta = {inode_kind_type(kind) | (mode & 07777), uid, gid,
-                               clock_wall_now()};
+    struct writer_meta meta = {
+        .mode = inode_kind_type(kind) | (mode & 07777), .uid = uid, .gid = gid,
+        .mtime = clock_wall_now(),
+    };
     struct inode_attrs attrs = {
         .kind = kind,
         .mtime = meta.mtime,
@@ -664,6 +678,7 @@ int fs_setattr(struct fs *fs, fuse_ino_t ino, const struct stat *want, int to_se
             attrs.atime = clock_wall_now();
         else if (to_set & FUSE_SET_ATTR_ATIME)
             attrs.atime = want->st_atim;
+        meta.atime = attrs.atime; /* (a staged file's goes with its upload) */
         attrs.ctime = clock_wall_now(); /* a change of the inode */
         if (to_set & FUSE_SET_ATTR_MODE)
             meta.mode = (meta.mode & S_IFMT) | (want->st_mode & 07777);

@@ -50,6 +50,9 @@ struct writer_meta {
     uint32_t mode;                /* file type bits included */
     uint32_t uid, gid;
     struct timespec mtime;
+    struct timespec atime;        /* set by utimensat; 0: none (the mtime
+                                     is shown). Not journaled: a crash
+                                     before the upload forgets it */
 };
 
 struct writer_file;

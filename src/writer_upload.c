@@ -65,6 +65,8 @@ static void fill_put_meta(const struct writer_meta *meta, struct s3_put_meta *ou
         .uid = meta->uid,
         .gid = meta->gid,
         .mtime = meta->mtime,
+        .has_atime = meta->atime.tv_sec != 0 || meta->atime.tv_nsec != 0,
+        .atime = meta->atime,
     };
 }
 
@@ -106,7 +108,8 @@ static int finish_writebehind(struct writer *writer, struct writebehind **wbp,
     if (err != 0)
         return err;
     if (meta->mode != wb_meta->mode || meta->uid != wb_meta->uid ||
-        meta->gid != wb_meta->gid || mtime_set) {
+        meta->gid != wb_meta->gid || mtime_set ||
+        meta->atime.tv_sec != wb_meta->atime.tv_sec) {
         struct s3_put_meta put_meta;
         char source_etag[S3_ETAG_MAX];
         fill_put_meta(meta, &put_meta);

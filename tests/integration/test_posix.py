@@ -177,6 +177,32 @@ def test_times_follow_posix(server, bucket, mount, s3):
     assert (info.st_atime, info.st_mtime) == (1400000000, 1450000000)
 
 
+@pytest.mark.parametrize('mode', ['default', 'writeback'])
+def test_atime_of_a_file_being_written_is_kept(server, s3, bucket, mount,
+                                               mode):
+    """utimensat on a file open for writing (staged): the access time goes
+    to the bucket with the upload, and a new mount shows it. (Before: a
+    staged file's metadata had no access time, and it was lost.)"""
+    options = ['writeback'] if mode == 'writeback' else []
+    mnt = mount(bucket, options=options)
+    path = mnt.path / 'f'
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, b'data')
+        os.utime(path, (1400000000, 1450000000))
+        assert os.stat(path).st_atime == 1400000000
+    finally:
+        os.close(fd)
+    fsync_path(path)
+    meta = s3.head_object(Bucket=bucket, Key='f')['Metadata']
+    assert meta.get('atime') == '1400000000', meta
+    assert meta.get('mtime') == '1450000000', meta
+    mnt.unmount()
+    again = mount(bucket, name='again')
+    info = os.stat(again.path / 'f')
+    assert (info.st_atime, info.st_mtime) == (1400000000, 1450000000)
+
+
 def test_keys_longer_than_s3_allows(server, bucket, mount):
     mnt = mount(bucket)
     path = mnt.path
