@@ -121,6 +121,7 @@ struct s3_client {
     struct log_entry *log;
     size_t log_count, log_cap;
     uint64_t seq;
+    unsigned under_way;             /* requests begun and not ended */
     time_t clock;
     struct s3_stats stats;
 };
@@ -654,6 +655,7 @@ static int request_begin(struct s3_client *s3, struct request *request)
     pthread_mutex_lock(&s3->lock);
     request->seq = s3->seq++;
     request->lost_err = 0;
+    s3->under_way++;
     log_add_locked(s3, request);
     s3->stats.requests[op_of_call[request->call]]++;
     pthread_cond_broadcast(&s3->changed);
@@ -705,6 +707,7 @@ static int request_end(struct s3_client *s3, struct request *request, int err)
     }
     if (err != 0 && err != ENOENT)
         s3->stats.failures++;
+    s3->under_way--;
     pthread_cond_broadcast(&s3->changed);
     pthread_mutex_unlock(&s3->lock);
     return err;
@@ -1768,6 +1771,18 @@ int fake_s3_wait_count(struct s3_client *s3, const struct fake_s3_match *match,
 
     pthread_mutex_lock(&s3->lock);
     while (err == 0 && count_locked(s3, match) < count)
+        err = pthread_cond_timedwait(&s3->changed, &s3->lock, &until);
+    pthread_mutex_unlock(&s3->lock);
+    return err;
+}
+
+int fake_s3_wait_idle(struct s3_client *s3)
+{
+    struct timespec until = wait_deadline();
+    int err = 0;
+
+    pthread_mutex_lock(&s3->lock);
+    while (err == 0 && s3->under_way > 0)
         err = pthread_cond_timedwait(&s3->changed, &s3->lock, &until);
     pthread_mutex_unlock(&s3->lock);
     return err;

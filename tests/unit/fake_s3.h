@@ -255,6 +255,10 @@ unsigned fake_s3_count(struct s3_client *s3, const struct fake_s3_match *match);
 int fake_s3_wait_count(struct s3_client *s3, const struct fake_s3_match *match,
                        unsigned count);
 
+/* Wait until no request is under way (a held one is: release it first).
+ * 0 or ETIMEDOUT. */
+int fake_s3_wait_idle(struct s3_client *s3);
+
 /* Forget the log (the counters of s3_client_stats() stay). No request
  * may be under way. */
 void fake_s3_log_clear(struct s3_client *s3);

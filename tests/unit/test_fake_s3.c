@@ -556,6 +556,7 @@ static void test_hold_and_release(void **state)
     fake_s3_release_all(s3, 0);
     pthread_join(first.thread, NULL);
     assert_true(fake_s3_holds(s3, "k", "third", 5));
+    assert_int_equal(fake_s3_wait_idle(s3), 0);
 }
 
 static void test_failures_and_lost_answers(void **state)
