@@ -45,6 +45,10 @@
  *     UPLOAD_MIN_PART_SIZE bytes (EINVAL at complete, as AWS's
  *     EntityTooSmall). A CopyObject's ETag is the MD5 of the bytes, also
  *     for a multipart source.
+ *   - The fake behaves as AWS does. Other servers' quirks are a failure
+ *     rule away: s3rver's missing UploadPartCopy and abort (ENOSYS,
+ *     FAKE_S3_ALWAYS), Swift's 412 on a multipart copy source (ESTALE),
+ *     a 200 carrying an <Error> (EIO).
  *
  * Threads: every function may be called from any thread; one mutex guards
  * the whole fake and is never held while a sink is called.

@@ -32,9 +32,14 @@
  *     without a drain): exactly what was closed is uploaded, also after a
  *     reopen that truncated and wrote a few bytes (sealed bytes go to a
  *     copy: issue 10, defect 4), an append never closed (cut to the
- *     entry's size), a newer promise of a file closed twice; a
- *     write-behind upload of a file never closed is only aborted; a file
- *     never closed is not uploaded; stray staging files are swept.
+ *     entry's size), a newer promise of a file closed twice; the
+ *     multipart uploads the journal names are aborted (a write-behind
+ *     upload of a file never closed only that; a failed close's, or a
+ *     write-behind upload begun after a promise, before the promise goes
+ *     up); a file never closed is not uploaded; stray staging files are
+ *     swept;
+ *   - a known defect, skipped unless S3CACHEFS_TEST_KNOWN_DEFECTS is set
+ *     (test_failed_abort_is_not_forgotten: see its comment).
  */
 #ifdef HAVE_CONFIG_H
 #include "config.h"
@@ -100,6 +105,7 @@ struct fixture {
     struct workers *workers;
     struct s3_client *s3;
     struct writer *writer;
+    unsigned char *scratch;        /* a test's bytes, freed in teardown */
 
     /* what the writer's callbacks told (under lock, signalled on told) */
     pthread_mutex_t lock;
@@ -239,6 +245,7 @@ static int teardown(void **state)
     pthread_cond_destroy(&f->told);
     pthread_mutex_destroy(&f->lock);
     unit_remove_tree(f->dir);
+    free(f->scratch);
     free(f);
     return 0;
 }
@@ -669,6 +676,58 @@ static void test_default_lost_answers(void **state)
     free(bytes);
 }
 
+/*
+ * Known defect, reported and not fixed here (the test is skipped unless
+ * S3CACHEFS_TEST_KNOWN_DEFECTS is set): a multipart upload whose parts
+ * and whose abort both failed is forgotten. upload.c only logs the
+ * failed abort; the file's promise keeps that upload's id, but the next
+ * attempt (the background retry, a sync, the drain) journals its own
+ * upload's id in its place, so neither this mount nor the next one (after
+ * a crash) ever aborts the first: it stays in the bucket, billed, until
+ * a lifecycle rule removes it. HACKING.md ("Why the default mode
+ * journals only failures and multipart starts") promises that a
+ * multipart upload a close starts is aborted by the next mount.
+ * Expected: no multipart upload left once the file is in the bucket.
+ * Seen: the first one is left, and the journal no longer names it.
+ */
+static void test_failed_abort_is_not_forgotten(void **state)
+{
+    struct fixture *f = *state;
+    size_t size = 2 * MIB;
+    struct entry_copy entries[MAX_ENTRIES];
+
+    if (getenv("S3CACHEFS_TEST_KNOWN_DEFECTS") == NULL) {
+        print_message("skipped: a known defect (see the comment above "
+                      "the test); S3CACHEFS_TEST_KNOWN_DEFECTS=1 runs it\n");
+        skip();
+    }
+    unsigned char *bytes = f->scratch = pattern(size, 6);
+    /* the parts and the abort of the first attempt fail */
+    assert_int_equal(fake_s3_fail(f->s3, ON(FAKE_S3_MP_PART, "m"), 1, EIO,
+                                  false, NULL), 0);
+    assert_int_equal(fake_s3_fail(f->s3, ON(FAKE_S3_MP_ABORT, "m"), 1, EIO,
+                                  false, NULL), 0);
+    struct writer_file *file = file_open(f, "m");
+    /* (not in order from byte 0: no write-behind, the parts go at close) */
+    file_write(file, MIB, bytes + MIB, size - MIB, 0);
+    file_write(file, 0, bytes, MIB, 0);
+    assert_int_equal(writer_file_flush(file), EIO);
+    assert_int_equal(fake_s3_uploads(f->s3, "m"), 1);
+    assert_int_equal(journal_entries(f, entries), 1);
+    assert_true(entries[0].has_upload_id);
+
+    /* the next attempt succeeds */
+    assert_int_equal(writer_file_sync(file), 0);
+    assert_true(fake_s3_holds(f->s3, "m", bytes, size));
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_MP_CREATE, "m")), 2);
+    writer_file_close_writer(file);
+    writer_file_put(&file);
+    assert_int_equal(writer_drain(f->writer), 0);
+    /* the first upload: aborted, or still named by the journal */
+    assert_true(fake_s3_uploads(f->s3, "m") == 0 ||
+                journal_entries(f, entries) > 0);
+}
+
 /* ----------------------------------------------------- writeback mode */
 
 /*
@@ -992,11 +1051,14 @@ static void test_recovery_uploads_what_was_closed(void **state)
     struct fixture *f = *state;
     struct entry_copy entries[MAX_ENTRIES];
     const size_t a_size = 300 * KIB, b_size = 200 * KIB, c_size = 2 * MIB;
-    const size_t d_size = 100 * KIB, e_size = 120 * KIB;
+    const size_t d_size = 100 * KIB, e_size = 120 * KIB, f_size = 2 * MIB;
+    const size_t g_size = 100 * KIB, g_more = 2 * MIB;
     unsigned char *a = pattern(a_size, 50), *b = pattern(b_size + 50 * KIB, 51);
     unsigned char *c = pattern(c_size, 52), *d = pattern(d_size, 53);
     unsigned char *e1 = pattern(e_size, 54), *e2 = pattern(e_size, 55);
-    struct writer_file *files[5];
+    unsigned char *f_bytes = pattern(f_size, 56), *g1 = pattern(g_size, 57);
+    unsigned char *g2 = pattern(g_more, 58);
+    struct writer_file *files[7];
 
     /* the bucket refuses every upload (creating one excepted) and abort */
     assert_int_equal(fake_s3_fail(f->s3, FAKE_S3_ON(
@@ -1031,19 +1093,44 @@ static void test_recovery_uploads_what_was_closed(void **state)
     assert_int_equal(writer_file_flush(files[4]), EIO);
     file_write(files[4], 0, e2, e_size, 0);
     assert_int_equal(writer_file_flush(files[4]), EIO);
+    /* f: past the threshold but not from byte 0 in order (no
+     * write-behind): its close creates a multipart upload, journals the
+     * promise with the upload's id, and fails; the abort fails too */
+    files[5] = file_open(f, "f");
+    file_write(files[5], MIB, f_bytes + MIB, f_size - MIB, 0);
+    file_write(files[5], 0, f_bytes, MIB, 0);
+    assert_int_equal(writer_file_flush(files[5]), EIO);
+    assert_int_equal(fake_s3_uploads(f->s3, "f"), 1);
+    /* (its retries create no other upload: see
+     * test_failed_abort_is_not_forgotten) */
+    assert_int_equal(fake_s3_fail(f->s3, ON(FAKE_S3_MP_CREATE, "f"),
+                                  FAKE_S3_ALWAYS, EIO, false, NULL), 0);
+    /* g: closed (failed: promised), then rewritten from byte 0 past the
+     * threshold: a write-behind upload, its id in g's promise */
+    files[6] = file_open(f, "g");
+    file_write(files[6], 0, g1, g_size, 0);
+    assert_int_equal(writer_file_flush(files[6]), EIO);
+    assert_int_equal(writer_file_truncate(files[6], 0), 0);
+    file_write(files[6], 0, g2, g_more, 256 * KIB);
+    assert_int_equal(fake_s3_uploads(f->s3, "g"), 1);
 
     size_t count = journal_entries(f, entries);
-    assert_int_equal(count, 4);
+    assert_int_equal(count, 6);
     assert_int_equal(entry_for(entries, count, "a")->size, a_size);
     assert_int_equal(entry_for(entries, count, "b")->size, b_size);
     assert_true(entry_for(entries, count, "c")->unclosed);
     assert_null(entry_for(entries, count, "d"));
     assert_int_equal(entry_for(entries, count, "e")->size, e_size);
+    assert_int_equal(entry_for(entries, count, "f")->size, f_size);
+    assert_true(entry_for(entries, count, "f")->has_upload_id);
+    assert_int_equal(entry_for(entries, count, "g")->size, g_size);
+    assert_false(entry_for(entries, count, "g")->unclosed);
+    assert_true(entry_for(entries, count, "g")->has_upload_id);
     /* what is written still reads back (the copy, the append) */
     assert_true(file_reads(files[0], (const unsigned char *)"xyz", 3));
     assert_true(file_reads(files[1], b, b_size + 50 * KIB));
 
-    crash(f, files, 5);
+    crash(f, files, 7);
 
     /* the next mount, on the same cache directory and journal */
     fake_s3_fail_clear(f->s3, 0);
@@ -1051,34 +1138,45 @@ static void test_recovery_uploads_what_was_closed(void **state)
     journal_start(f);
     writer_start(f);
     assert_int_equal(writer_recover(f->writer, on_adopt, f), 0);
-    /* the staging files no promise names are gone: a's copy, b's... only
-     * the three promised ones stay */
-    assert_int_equal(staging_files(f), 3);
+    /* the staging files no promise names are gone (a's copy, c, d, g's
+     * copy): the five promised ones stay */
+    assert_int_equal(staging_files(f), 5);
     assert_int_equal(writer_drain(f->writer), 0);
 
     assert_true(fake_s3_holds(f->s3, "a", a, a_size));
     assert_true(fake_s3_holds(f->s3, "b", b, b_size));
     assert_true(fake_s3_holds(f->s3, "e", e2, e_size));
+    assert_true(fake_s3_holds(f->s3, "f", f_bytes, f_size));
+    assert_true(fake_s3_holds(f->s3, "g", g1, g_size));
     char **keys = NULL;
     size_t key_count = 0;
     assert_int_equal(fake_s3_keys(f->s3, NULL, &keys, &key_count), 0);
-    assert_int_equal(key_count, 3); /* no c, no d */
+    assert_int_equal(key_count, 5); /* no c, no d */
     fake_s3_keys_free(keys, key_count);
-    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_PUT, NULL)), 3);
-    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_MP_CREATE, NULL)), 0);
-    /* c's upload was aborted, nothing else done for it */
-    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_MP_ABORT, "c")), 1);
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_PUT, NULL)), 4);
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_MP_CREATE, NULL)), 1);
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_MP_COMPLETE, "f")), 1);
+    /* c's upload was aborted, nothing else done for it; f's and g's
+     * aborted before their promises went up */
     assert_int_equal(fake_s3_count(f->s3, FAKE_S3_ON(0, "c")), 1);
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_MP_ABORT, "c")), 1);
+    long aborted = fake_s3_log_find(f->s3, 0, ON(FAKE_S3_MP_ABORT, "f"));
+    assert_true(aborted >= 0 &&
+                fake_s3_log_find(f->s3, 0, ON(FAKE_S3_MP_CREATE, "f")) >
+                    aborted);
+    aborted = fake_s3_log_find(f->s3, 0, ON(FAKE_S3_MP_ABORT, "g"));
+    assert_true(aborted >= 0 &&
+                fake_s3_log_find(f->s3, 0, ON(FAKE_S3_PUT, "g")) > aborted);
     assert_int_equal(fake_s3_uploads(f->s3, NULL), 0);
     assert_int_equal(journal_entries(f, entries), 0);
 
     /* each recovered file was handed to the fs layer with its promise */
-    assert_int_equal(f->adopted_count, 3);
+    static const char *const promised[] = {"a", "b", "e", "f", "g"};
+    const uint64_t promised_sizes[] = {a_size, b_size, e_size, f_size, g_size};
+    assert_int_equal(f->adopted_count, 5);
     for (unsigned i = 0; i < f->adopted_count; i++) {
-        const char *key = f->adopted_keys[i];
-        uint64_t expected = strcmp(key, "a") == 0 ? a_size
-                            : strcmp(key, "b") == 0 ? b_size : e_size;
-        assert_int_equal(f->adopted_sizes[i], expected);
+        assert_string_equal(f->adopted_keys[i], promised[i]); /* key order */
+        assert_int_equal(f->adopted_sizes[i], promised_sizes[i]);
         assert_false(writer_file_pending(f->adopted[i]));
     }
     adopted_put(f);
@@ -1089,6 +1187,9 @@ static void test_recovery_uploads_what_was_closed(void **state)
     free(d);
     free(e1);
     free(e2);
+    free(f_bytes);
+    free(g1);
+    free(g2);
 }
 
 int main(void)
@@ -1108,6 +1209,9 @@ int main(void)
             (void *)&default_mode),
         cmocka_unit_test_prestate_setup_teardown(
             test_default_lost_answers, setup, teardown, (void *)&default_mode),
+        cmocka_unit_test_prestate_setup_teardown(
+            test_failed_abort_is_not_forgotten, setup, teardown,
+            (void *)&default_mode),
         cmocka_unit_test_prestate_setup_teardown(
             test_writeback_close_does_not_wait_for_an_upload, setup, teardown,
             (void *)&writeback_mode),
