@@ -1,0 +1,527 @@
+/*
+ * test_reader.c - the read path (reader.c over the block cache) on the
+ * in-memory S3 of fake_s3.h.
+ *
+ * Each test gets a cache directory under /tmp with 64 KiB blocks, a fake
+ * bucket, a pool of 2 workers for read-ahead and a reader whose window
+ * grows to 1 MiB (16 blocks) and whose GETs carry at most 256 KiB (4
+ * blocks). Objects are put behind the reader's back (another client);
+ * the reader is driven as fs.c drives it: reader_open() with the ETag
+ * and size a lookup found, reader_read(), reader_close(). GET bodies
+ * reach the cache in pieces of FAKE_S3_SINK_CHUNK bytes, which no block
+ * boundary matches.
+ *
+ * Covered: a cold sequential read fetches every block exactly once (the
+ * GETs' ranges tile the object, each with If-Match), in fewer GETs than
+ * blocks, while its read-ahead window doubles from 4 blocks to 16;
+ * random reads fetch exactly the block each touches and nothing ahead;
+ * a second read, from another open, another reader or after the cache
+ * is reopened, sends no GET; a lookup's whole-object fetch is one GET
+ * and the read after it none; a version change behind the reader's back
+ * (the next GET with If-Match gets ESTALE, also read-ahead GETs in
+ * flight) never returns or caches bytes of the new version for the old
+ * one; a GET whose answer breaks off leaves no partial block behind.
+ */
+#ifdef HAVE_CONFIG_H
+#include "config.h"
+#endif
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include <errno.h>
+#include <pthread.h>
+#include <unistd.h>
+
+#include "cache.h"
+#include "fake_s3.h"
+#include "log.h"
+#include "reader.h"
+#include "s3.h"
+#include "unit_cache.h"
+#include "workers.h"
+
+#define KIB (1u << 10)
+#define BLOCK (64u * KIB)
+#define READ_AHEAD (1u << 20)         /* 16 blocks */
+#define MAX_REQUEST (256u * KIB)      /* 4 blocks */
+#define INITIAL_WINDOW 4              /* blocks, as reader.h says */
+#define MAX_GETS 256
+
+#define ON(call, key) FAKE_S3_ON(FAKE_S3_CALL(call), key)
+
+struct fixture {
+    char dir[64];
+    struct cache_conf cache_conf;
+    struct cache *cache;
+    struct workers *workers;
+    struct s3_client *s3;
+    struct reader *reader;
+};
+
+/* A GET as the log has it. */
+struct get {
+    uint64_t offset, length;
+    char condition[S3_ETAG_MAX];
+    int result;
+};
+
+/* ------------------------------------------------------------ fixture */
+
+static void reader_start(struct fixture *f)
+{
+    struct reader_conf conf = {
+        .s3 = f->s3,
+        .cache = f->cache,
+        .workers = f->workers,
+        .read_ahead = READ_AHEAD,
+        .max_request = MAX_REQUEST,
+    };
+    assert_int_equal(reader_create(&conf, &f->reader), 0);
+}
+
+/* Stop and free the reader as fs_destroy() does: queued read-ahead ends,
+ * the pool runs what is left, then the reader goes. */
+static void reader_stop_all(struct fixture *f)
+{
+    if (f->reader != NULL)
+        reader_stop(f->reader);
+    workers_destroy(&f->workers);
+    reader_destroy(&f->reader);
+}
+
+static int setup(void **state)
+{
+    struct fixture *f = calloc(1, sizeof(*f));
+
+    assert_non_null(f);
+    snprintf(f->dir, sizeof(f->dir), "/tmp/test_reader.XXXXXX");
+    assert_non_null(mkdtemp(f->dir));
+    f->cache_conf = (struct cache_conf){
+        .dir = f->dir,
+        .bucket = "test-bucket",
+        .size_limit = 64ull << 20,
+        .block_size = BLOCK,
+    };
+    f->cache = unit_cache_open(&f->cache_conf);
+    assert_int_equal(workers_create(2, &f->workers), 0);
+    assert_int_equal(fake_s3_create(&f->s3), 0);
+    reader_start(f);
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    struct fixture *f = *state;
+
+    fake_s3_hold_clear(f->s3, 0);
+    fake_s3_fail_clear(f->s3, 0);
+    reader_stop_all(f);
+    cache_close(&f->cache);
+    s3_client_destroy(&f->s3);
+    unit_remove_tree(f->dir);
+    free(f);
+    return 0;
+}
+
+/* ------------------------------------------------------------- helpers */
+
+/* LEN bytes of version SEED of an object. */
+static unsigned char *pattern(size_t len, unsigned seed)
+{
+    unsigned char *bytes = malloc(len ? len : 1);
+
+    assert_non_null(bytes);
+    for (size_t i = 0; i < len; i++)
+        bytes[i] = (unsigned char)((i * 251 + seed * 97 + (i >> 16)) & 0xff);
+    return bytes;
+}
+
+/* Put LEN bytes of version SEED as KEY (another client); the bytes, and
+ * the ETag into ETAG. */
+static unsigned char *object_put(struct fixture *f, const char *key,
+                                 size_t len, unsigned seed, char *etag)
+{
+    unsigned char *bytes = pattern(len, seed);
+
+    assert_int_equal(fake_s3_put(f->s3, key, bytes, len, NULL, etag), 0);
+    return bytes;
+}
+
+/* The GETs of KEY logged from index FROM on, into GETS (MAX_GETS), in
+ * arrival order; how many. */
+static size_t gets_of(struct fixture *f, const char *key, size_t from,
+                      struct get *gets)
+{
+    size_t count = 0;
+    long at = (long)from - 1;
+
+    while ((at = fake_s3_log_find(f->s3, (size_t)(at + 1),
+                                  ON(FAKE_S3_GET, key))) >= 0) {
+        struct fake_s3_request request;
+        assert_int_equal(fake_s3_log_get(f->s3, (size_t)at, &request), 0);
+        assert_true(count < MAX_GETS);
+        gets[count] = (struct get){request.offset, request.length, "",
+                                   request.result};
+        snprintf(gets[count].condition, S3_ETAG_MAX, "%s",
+                 request.condition ? request.condition : "");
+        count++;
+    }
+    return count;
+}
+
+static int compare_gets(const void *a, const void *b)
+{
+    const struct get *x = a, *y = b;
+    return x->offset < y->offset ? -1 : x->offset > y->offset;
+}
+
+/* Whether the ranges of GETS (COUNT, reordered) cover [0, SIZE) exactly
+ * once, each starting on a block and at most MAX_REQUEST long. */
+static bool gets_tile(struct get *gets, size_t count, uint64_t size)
+{
+    uint64_t at = 0;
+
+    qsort(gets, count, sizeof(*gets), compare_gets);
+    for (size_t i = 0; i < count; i++) {
+        if (gets[i].offset != at || gets[i].offset % BLOCK != 0 ||
+            gets[i].length == 0 || gets[i].length > MAX_REQUEST)
+            return false;
+        at += gets[i].length;
+    }
+    return at == size;
+}
+
+static struct reader_stats reader_stats_of(struct fixture *f)
+{
+    struct reader_stats stats;
+
+    reader_get_stats(f->reader, &stats);
+    return stats;
+}
+
+/* Read [OFFSET, OFFSET + LEN) of FILE and compare it with EXPECTED (the
+ * whole object). Returns reader_read's errno. */
+static int read_check(struct reader_file *file, uint64_t offset, size_t len,
+                      const unsigned char *expected)
+{
+    char *buf = malloc(len);
+    size_t got = 0;
+
+    assert_non_null(buf);
+    int err = reader_read(file, offset, len, buf, &got);
+    if (err == 0) {
+        assert_int_equal(got, len);
+        assert_memory_equal(buf, expected + offset, len);
+    }
+    free(buf);
+    return err;
+}
+
+static void open_file(struct fixture *f, const char *key, const char *etag,
+                      uint64_t size, struct reader_file **file)
+{
+    assert_int_equal(reader_open(f->reader, key, etag, size, file), 0);
+    assert_non_null(*file);
+}
+
+/* ------------------------------------------------------------- tests */
+
+static void test_cold_sequential_read(void **state)
+{
+    struct fixture *f = *state;
+    const size_t blocks = 33;
+    const size_t size = (blocks - 1) * BLOCK + 1000; /* a short last block */
+    char etag[S3_ETAG_MAX];
+    unsigned char *bytes = object_put(f, "seq", size, 1, etag);
+    struct get gets[MAX_GETS];
+    struct reader_file *file = NULL;
+
+    open_file(f, "seq", etag, size, &file);
+    for (size_t block = 0; block < blocks; block++) {
+        uint64_t offset = block * BLOCK;
+        size_t len = size - offset < BLOCK ? size - offset : BLOCK;
+        assert_int_equal(read_check(file, offset, len, bytes), 0);
+        /* blocks scheduled ahead of the reader: the window doubles from
+         * 4 blocks to 16 (1 MiB), and never goes further */
+        uint64_t ahead = 2 + reader_stats_of(f).blocks_prefetched - (block + 1);
+        if (block == 0)
+            assert_int_equal(reader_stats_of(f).blocks_prefetched, 0);
+        else if (block <= 3)
+            assert_int_equal(ahead, INITIAL_WINDOW << (block - 1));
+        else if (2 + reader_stats_of(f).blocks_prefetched < blocks)
+            assert_true(ahead >= 8 && ahead <= 16);
+    }
+    assert_int_equal(read_check(file, size - 1, 1, bytes), 0);
+    assert_int_equal(fake_s3_wait_idle(f->s3), 0);
+
+    /* every block fetched exactly once, with If-Match, in large GETs */
+    size_t count = gets_of(f, "seq", 0, gets);
+    for (size_t i = 0; i < count; i++) {
+        assert_string_equal(gets[i].condition, etag);
+        assert_int_equal(gets[i].result, 0);
+    }
+    assert_true(gets_tile(gets, count, size));
+    assert_true(count < blocks / 2);
+    struct s3_stats s3_stats;
+    s3_client_stats(f->s3, &s3_stats);
+    assert_int_equal(s3_stats.bytes_received, size);
+    assert_int_equal(s3_stats.requests[S3_OP_GET], count);
+    struct reader_stats stats = reader_stats_of(f);
+    assert_int_equal(stats.bytes_read, size + 1);
+    assert_int_equal(stats.blocks_prefetched, blocks - 2);
+    assert_int_equal(stats.direct_bytes, 0);
+    reader_close(&file);
+    free(bytes);
+}
+
+static void test_random_reads_fetch_one_block(void **state)
+{
+    struct fixture *f = *state;
+    const size_t size = 32 * BLOCK + 100;
+    char etag[S3_ETAG_MAX];
+    unsigned char *bytes = object_put(f, "rnd", size, 2, etag);
+    static const unsigned touched[] = {20, 3, 17, 9, 32, 25};
+    struct get gets[MAX_GETS];
+    struct reader_file *file = NULL;
+
+    open_file(f, "rnd", etag, size, &file);
+    for (size_t i = 0; i < sizeof(touched) / sizeof(touched[0]); i++) {
+        uint64_t offset = touched[i] * (uint64_t)BLOCK + 50;
+        assert_int_equal(read_check(file, offset, 40, bytes), 0);
+        /* exactly the block read, whole, and nothing ahead */
+        assert_int_equal(gets_of(f, "rnd", 0, gets), i + 1);
+        assert_int_equal(gets[i].offset, touched[i] * (uint64_t)BLOCK);
+        assert_int_equal(gets[i].length,
+                         touched[i] == 32 ? 100 : BLOCK);
+        assert_int_equal(reader_stats_of(f).blocks_prefetched, 0);
+    }
+    /* a read across two blocks, one of them cached: one GET */
+    assert_int_equal(read_check(file, 10 * BLOCK - 10, 20, bytes), 0);
+    assert_int_equal(gets_of(f, "rnd", 0, gets), 7);
+    assert_int_equal(gets[6].offset, 10 * (uint64_t)BLOCK);
+    /* again: all cached */
+    assert_int_equal(read_check(file, 10 * BLOCK - 10, 20, bytes), 0);
+    assert_int_equal(read_check(file, 20 * BLOCK, 10, bytes), 0);
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_GET, NULL)), 7);
+    reader_close(&file);
+    free(bytes);
+}
+
+static void test_second_read_from_the_cache(void **state)
+{
+    struct fixture *f = *state;
+    const size_t size = 20 * BLOCK + 5;
+    char etag[S3_ETAG_MAX];
+    unsigned char *bytes = object_put(f, "warm", size, 3, etag);
+    struct reader_file *file = NULL;
+
+    open_file(f, "warm", etag, size, &file);
+    assert_int_equal(read_check(file, 0, size, bytes), 0);
+    reader_close(&file);
+    assert_int_equal(fake_s3_wait_idle(f->s3), 0);
+    unsigned cold = fake_s3_count(f->s3, NULL);
+    assert_true(cold > 0);
+    uint64_t hits = reader_stats_of(f).hit_bytes;
+
+    /* another open of the same version: no request at all */
+    open_file(f, "warm", etag, size, &file);
+    for (uint64_t at = 0; at < size; at += 128 * KIB) {
+        size_t len = size - at < 128 * KIB ? size - at : 128 * KIB;
+        assert_int_equal(read_check(file, at, len, bytes), 0);
+    }
+    reader_close(&file);
+    assert_int_equal(fake_s3_count(f->s3, NULL), cold);
+    assert_int_equal(reader_stats_of(f).hit_bytes - hits, size);
+
+    /* nor after the cache is closed and opened again (a remount) */
+    reader_stop_all(f);
+    cache_close(&f->cache);
+    f->cache = unit_cache_open(&f->cache_conf);
+    assert_int_equal(workers_create(2, &f->workers), 0);
+    reader_start(f);
+    open_file(f, "warm", etag, size, &file);
+    assert_int_equal(read_check(file, 0, size, bytes), 0);
+    reader_close(&file);
+    assert_int_equal(fake_s3_count(f->s3, NULL), cold);
+
+    /* a lookup's whole-object fetch: one GET; the read after it none */
+    char small_etag[S3_ETAG_MAX];
+    unsigned char *small = object_put(f, "small", 3 * BLOCK, 4, small_etag);
+    struct s3_object_info info;
+    assert_int_equal(reader_fetch_whole(f->reader, "small", small_etag,
+                                        3 * BLOCK, &info), 0);
+    assert_string_equal(info.etag, small_etag);
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_GET, "small")), 1);
+    assert_int_equal(reader_fetch_whole(f->reader, "small", small_etag,
+                                        3 * BLOCK, &info), EEXIST);
+    open_file(f, "small", small_etag, 3 * BLOCK, &file);
+    assert_int_equal(read_check(file, 0, 3 * BLOCK, small), 0);
+    reader_close(&file);
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_GET, "small")), 1);
+    free(small);
+    free(bytes);
+}
+
+/* Sequential reads of a whole file in a thread of their own, each
+ * compared with one version: the read stops at its first error. */
+struct reading {
+    pthread_t thread;
+    struct reader_file *file;
+    const unsigned char *expected;
+    uint64_t size;
+    uint64_t good;                 /* bytes read and equal to expected */
+    int err;                       /* the first error, or 0 */
+    bool mixed;                    /* a byte differed from expected */
+};
+
+static void *reading_main(void *arg)
+{
+    struct reading *reading = arg;
+    char *buf = malloc(BLOCK);
+
+    if (buf == NULL) {
+        reading->err = ENOMEM;
+        return NULL;
+    }
+    while (reading->good < reading->size && reading->err == 0 &&
+           !reading->mixed) {
+        size_t got = 0;
+        uint64_t left = reading->size - reading->good;
+        size_t len = left < BLOCK ? (size_t)left : BLOCK;
+        reading->err = reader_read(reading->file, reading->good, len, buf,
+                                   &got);
+        if (reading->err == 0 && got != len)
+            reading->err = EIO;
+        if (reading->err == 0 &&
+            memcmp(buf, reading->expected + reading->good, len) != 0)
+            reading->mixed = true;
+        else if (reading->err == 0)
+            reading->good += len;
+    }
+    free(buf);
+    return NULL;
+}
+
+static void test_version_change_mid_read(void **state)
+{
+    struct fixture *f = *state;
+    const size_t size = 12 * BLOCK;
+    char etag1[S3_ETAG_MAX], etag2[S3_ETAG_MAX];
+    unsigned char *v1 = object_put(f, "v", size, 5, etag1);
+    unsigned char *v2 = pattern(size, 6);
+    struct reader_file *file = NULL;
+    struct get gets[MAX_GETS];
+    unsigned rule = 0;
+
+    /* cached block 0 of v1; then another client replaces the object */
+    open_file(f, "v", etag1, size, &file);
+    assert_int_equal(read_check(file, 100, 10, v1), 0);
+    assert_int_equal(fake_s3_put(f->s3, "v", v2, size, NULL, etag2), 0);
+    /* the next GET (If-Match v1) fails: no byte of v2 is returned */
+    assert_int_equal(read_check(file, 7 * BLOCK, 10, v1), ESTALE);
+    assert_int_equal(read_check(file, BLOCK - 5, 10, v1), ESTALE);
+    /* what v1 had cached is still v1 */
+    assert_int_equal(read_check(file, 0, BLOCK, v1), 0);
+    size_t count = gets_of(f, "v", 0, gets);
+    assert_int_equal(count, 3);
+    assert_int_equal(gets[1].result, ESTALE);
+    assert_int_equal(gets[2].result, ESTALE);
+    assert_string_equal(gets[2].condition, etag1);
+    reader_close(&file);
+
+    /* the new version read by a new open: v2's bytes only, none of v1 */
+    open_file(f, "v", etag2, size, &file);
+    assert_int_equal(read_check(file, 0, size, v2), 0);
+    reader_close(&file);
+
+    /* read-ahead in flight when the object changes: held GETs of the old
+     * version, released after the change, fail; the reader stops with
+     * ESTALE after the bytes of the version it opened */
+    char etag3[S3_ETAG_MAX];
+    unsigned char *v3 = object_put(f, "w", size, 7, etag3);
+    size_t log_from = fake_s3_log_count(f->s3);
+    assert_int_equal(fake_s3_hold(f->s3, ON(FAKE_S3_GET, "w"), &rule), 0);
+    struct reading reading = {.expected = v3, .size = size};
+    open_file(f, "w", etag3, size, &reading.file);
+    assert_int_equal(pthread_create(&reading.thread, NULL, reading_main,
+                                    &reading), 0);
+    /* block 0 (read alone), then block 1 with read-ahead of 2..5 */
+    assert_int_equal(fake_s3_wait_held(f->s3, rule, 1), 0);
+    assert_int_equal(fake_s3_release(f->s3, rule, false, NULL), 0);
+    assert_int_equal(fake_s3_wait_held(f->s3, rule, 2), 0);
+    assert_int_equal(fake_s3_put(f->s3, "w", v1, size, NULL, NULL), 0);
+    fake_s3_hold_clear(f->s3, rule);
+    pthread_join(reading.thread, NULL);
+    assert_false(reading.mixed);
+    assert_int_equal(reading.err, ESTALE);
+    assert_int_equal(reading.good, BLOCK);
+    assert_int_equal(fake_s3_wait_idle(f->s3), 0);
+    count = gets_of(f, "w", log_from, gets);
+    assert_true(count >= 3);
+    for (size_t i = 1; i < count; i++)
+        assert_int_equal(gets[i].result, ESTALE);
+    /* nothing of the new object was cached as the old version */
+    struct cache_object *object = NULL;
+    assert_int_equal(cache_object_open(f->cache, "w", etag3, size, &object), 0);
+    assert_true(cache_block_present(f->cache, object, 0));
+    for (uint64_t block = 1; block < size / BLOCK; block++)
+        assert_false(cache_block_present(f->cache, object, block));
+    cache_object_close(f->cache, &object);
+    reader_close(&reading.file);
+    free(v1);
+    free(v2);
+    free(v3);
+}
+
+static void test_broken_answer_leaves_no_partial_block(void **state)
+{
+    struct fixture *f = *state;
+    const size_t size = 6 * BLOCK;
+    char etag[S3_ETAG_MAX];
+    unsigned char *bytes = object_put(f, "b", size, 8, etag);
+    struct reader_file *file = NULL;
+
+    /* the GET of block 2 delivers half the block, then breaks */
+    assert_int_equal(fake_s3_fail(f->s3, ON(FAKE_S3_GET, "b"), 1, ECONNRESET,
+                                  true, NULL), 0);
+    open_file(f, "b", etag, size, &file);
+    assert_int_equal(read_check(file, 2 * BLOCK, 100, bytes), ECONNRESET);
+    struct cache_object *object = NULL;
+    assert_int_equal(cache_object_open(f->cache, "b", etag, size, &object), 0);
+    assert_false(cache_block_present(f->cache, object, 2));
+    /* the next read fetches it again, whole and right */
+    assert_int_equal(read_check(file, 2 * BLOCK, BLOCK, bytes), 0);
+    assert_true(cache_block_present(f->cache, object, 2));
+    cache_object_close(f->cache, &object);
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_GET, "b")), 2);
+    reader_close(&file);
+    free(bytes);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_cold_sequential_read, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_random_reads_fetch_one_block,
+                                        setup, teardown),
+        cmocka_unit_test_setup_teardown(test_second_read_from_the_cache, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_version_change_mid_read, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(
+            test_broken_answer_leaves_no_partial_block, setup, teardown),
+    };
+    log_set_level(LOG_LEVEL_ERROR);
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

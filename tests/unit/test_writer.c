@@ -1,0 +1,1236 @@
+/*
+ * test_writer.c - the write path (writer.c with journal.c, upload.c,
+ * writebehind.c, staging.c and the cache) driven directly, on the
+ * in-memory S3 of fake_s3.h: no FUSE, no root, no server.
+ *
+ * Each test gets a cache directory under /tmp with its journal, a fake
+ * bucket, a pool of 2 upload workers and a writer with small multipart
+ * sizes (threshold 1 MiB, 5 MiB parts), and drives the writer as the fs
+ * layer does: writer_file_open_writer(), writes, writer_file_flush() (a
+ * close), writer_file_close_writer() (its release), writer_file_put().
+ * Outcomes are checked where they land: bytes and ETags in the bucket,
+ * the requests and their order in the fake's log, the journal's entries,
+ * the staging directory, the writer's counters.
+ *
+ * Covered:
+ *   - default mode: close uploads (PUT under the threshold; a multipart
+ *     upload above it, written sequentially (write-behind, its `unclosed`
+ *     entry while written) or not (parts at close, the upload id
+ *     journaled while it runs)); a failed upload keeps the data and its
+ *     promise and reaches the bucket through the background retry; a
+ *     lost answer: a complete taken as done (one HEAD), a PUT sent again;
+ *   - writeback mode: close journals and returns while an older version's
+ *     upload is held; a read right after close returns the closed bytes;
+ *     the versions land in order and the bucket ends with the last one,
+ *     with the held uploads released late or at once (issue 10, defect 1);
+ *   - rename: what writer_file_hold() says (UPLOADED, JOURNALED, UNSAVED),
+ *     the journal entry following the new key, and no upload of a held
+ *     file before writer_file_release();
+ *   - unlink while the file's upload is held: it waits, the DELETE comes
+ *     after the PUT, the journal forgets the file;
+ *   - recovery after a crash (every upload refused, the writer destroyed
+ *     without a drain): exactly what was closed is uploaded, also after a
+ *     reopen that truncated and wrote a few bytes (sealed bytes go to a
+ *     copy: issue 10, defect 4), an append never closed (cut to the
+ *     entry's size), a newer promise of a file closed twice; the
+ *     multipart uploads the journal names are aborted (a write-behind
+ *     upload of a file never closed only that; a failed close's, or a
+ *     write-behind upload begun after a promise, before the promise goes
+ *     up); a file never closed is not uploaded; stray staging files are
+ *     swept;
+ *   - a known defect, skipped unless S3CACHEFS_TEST_KNOWN_DEFECTS is set
+ *     (test_failed_abort_is_not_forgotten: see its comment).
+ */
+#ifdef HAVE_CONFIG_H
+#include "config.h"
+#endif
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include <dirent.h>
+#include <errno.h>
+#include <pthread.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cache.h"
+#include "fake_s3.h"
+#include "journal.h"
+#include "log.h"
+#include "s3.h"
+#include "unit_cache.h"
+#include "workers.h"
+#include "writer.h"
+
+#define KIB (1u << 10)
+#define MIB (1u << 20)
+#define THRESHOLD (1ull * MIB)
+#define PART_SIZE (5ull * MIB)
+#define MAX_ADOPTED 16
+#define MAX_ENTRIES 16
+#define WAIT_SECONDS FAKE_S3_WAIT_SECONDS
+
+/* cmocka's assertions may only fail on the thread running the test: the
+ * writer's threads (its callbacks) and the test's helper threads use this */
+#define CHECK(cond)                                                        \
+    do {                                                                   \
+        if (!(cond)) {                                                     \
+            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__,         \
+                    __LINE__, #cond);                                      \
+            abort();                                                       \
+        }                                                                  \
+    } while (0)
+
+#define ON(call, key) FAKE_S3_ON(FAKE_S3_CALL(call), key)
+
+static const bool default_mode = false;
+static const bool writeback_mode = true;
+
+struct fixture {
+    char dir[64];
+    bool writeback;
+    struct cache_conf cache_conf;
+    struct cache *cache;
+    struct journal *journal;
+    struct workers *workers;
+    struct s3_client *s3;
+    struct writer *writer;
+    unsigned char *scratch;        /* a test's bytes, freed in teardown */
+
+    /* what the writer's callbacks told (under lock, signalled on told) */
+    pthread_mutex_t lock;
+    pthread_cond_t told;
+    unsigned uploads;              /* uploaded callbacks */
+    char last_key[256];
+    char last_etag[S3_ETAG_MAX];
+    uint64_t last_size;
+    struct writer_meta last_meta;
+    struct writer_file *adopted[MAX_ADOPTED]; /* references from recovery */
+    char adopted_keys[MAX_ADOPTED][64];
+    uint64_t adopted_sizes[MAX_ADOPTED];
+    unsigned adopted_count;
+};
+
+/* A journal entry, copied out of journal_scan(). */
+struct entry_copy {
+    uint64_t id;
+    char key[256];
+    uint64_t size;
+    bool unclosed;
+    bool has_upload_id;
+};
+
+/* ------------------------------------------------------------ fixture */
+
+static void on_uploaded(void *arg, struct writer_file *file, void *owner,
+                        const char *key, const char *etag, uint64_t size,
+                        const struct writer_meta *meta)
+{
+    struct fixture *f = arg;
+
+    (void)file;
+    (void)owner;
+    pthread_mutex_lock(&f->lock);
+    f->uploads++;
+    snprintf(f->last_key, sizeof(f->last_key), "%s", key);
+    snprintf(f->last_etag, sizeof(f->last_etag), "%s", etag);
+    f->last_size = size;
+    f->last_meta = *meta;
+    pthread_cond_broadcast(&f->told);
+    pthread_mutex_unlock(&f->lock);
+}
+
+static void on_adopt(void *arg, struct writer_file *file, const char *key,
+                     uint64_t size, const struct writer_meta *meta)
+{
+    struct fixture *f = arg;
+
+    (void)meta;
+    pthread_mutex_lock(&f->lock);
+    CHECK(f->adopted_count < MAX_ADOPTED);
+    f->adopted[f->adopted_count] = file;
+    snprintf(f->adopted_keys[f->adopted_count], sizeof(f->adopted_keys[0]),
+             "%s", key);
+    f->adopted_sizes[f->adopted_count] = size;
+    f->adopted_count++;
+    pthread_mutex_unlock(&f->lock);
+}
+
+static void writer_start(struct fixture *f)
+{
+    struct writer_conf conf = {
+        .s3 = f->s3,
+        .cache = f->cache,
+        .workers = f->workers,
+        .journal = f->journal,
+        .writeback = f->writeback,
+        .uploaders = 2,
+        .parallel_parts = 2,
+        .multipart_threshold = THRESHOLD,
+        .part_size = PART_SIZE,
+        .uploaded = on_uploaded,
+        .uploaded_arg = f,
+    };
+    assert_int_equal(writer_create(&conf, &f->writer), 0);
+}
+
+static void journal_start(struct fixture *f)
+{
+    char path[128], errbuf[256] = "";
+
+    snprintf(path, sizeof(path), "%s/journal", f->dir);
+    int err = journal_open(path, &f->journal, errbuf, sizeof(errbuf));
+    if (err != 0)
+        fail_msg("journal_open: %s (%s)", strerror(err), errbuf);
+}
+
+/* STATE points at the mode: default_mode or writeback_mode. */
+static int setup(void **state)
+{
+    struct fixture *f = calloc(1, sizeof(*f));
+
+    assert_non_null(f);
+    f->writeback = *(const bool *)*state;
+    snprintf(f->dir, sizeof(f->dir), "/tmp/test_writer.XXXXXX");
+    assert_non_null(mkdtemp(f->dir));
+    f->cache_conf = (struct cache_conf){
+        .dir = f->dir,
+        .bucket = "test-bucket",
+        .size_limit = 256ull * MIB,
+        .block_size = CACHE_DEFAULT_BLOCK_SIZE,
+    };
+    f->cache = unit_cache_open(&f->cache_conf);
+    journal_start(f);
+    assert_int_equal(workers_create(2, &f->workers), 0);
+    assert_int_equal(fake_s3_create(&f->s3), 0);
+    pthread_mutex_init(&f->lock, NULL);
+    pthread_cond_init(&f->told, NULL);
+    writer_start(f);
+    *state = f;
+    return 0;
+}
+
+static void adopted_put(struct fixture *f)
+{
+    for (unsigned i = 0; i < f->adopted_count; i++)
+        writer_file_put(&f->adopted[i]);
+    f->adopted_count = 0;
+}
+
+static int teardown(void **state)
+{
+    struct fixture *f = *state;
+
+    /* whatever the test left held or failing goes on now */
+    fake_s3_hold_clear(f->s3, 0);
+    fake_s3_fail_clear(f->s3, 0);
+    if (f->writer != NULL)
+        writer_drain(f->writer);
+    adopted_put(f);
+    writer_destroy(&f->writer);
+    workers_destroy(&f->workers);
+    journal_close(&f->journal);
+    cache_close(&f->cache);
+    s3_client_destroy(&f->s3);
+    pthread_cond_destroy(&f->told);
+    pthread_mutex_destroy(&f->lock);
+    unit_remove_tree(f->dir);
+    free(f->scratch);
+    free(f);
+    return 0;
+}
+
+/* Wait until COUNT uploads were told in all. 0 or ETIMEDOUT. */
+static int wait_uploads(struct fixture *f, unsigned count)
+{
+    struct timespec until;
+    int err = 0;
+
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += WAIT_SECONDS;
+    pthread_mutex_lock(&f->lock);
+    while (err == 0 && f->uploads < count)
+        err = pthread_cond_timedwait(&f->told, &f->lock, &until);
+    pthread_mutex_unlock(&f->lock);
+    return err;
+}
+
+static unsigned uploads_told(struct fixture *f)
+{
+    pthread_mutex_lock(&f->lock);
+    unsigned count = f->uploads;
+    pthread_mutex_unlock(&f->lock);
+    return count;
+}
+
+/* ------------------------------------------------------------- helpers */
+
+/* LEN bytes of pattern SEED. */
+static unsigned char *pattern(size_t len, unsigned seed)
+{
+    unsigned char *bytes = malloc(len ? len : 1);
+
+    assert_non_null(bytes);
+    for (size_t i = 0; i < len; i++)
+        bytes[i] =
+            (unsigned char)((i * 131 + seed * 17 + (i >> 10) * seed) & 0xff);
+    return bytes;
+}
+
+static const struct writer_meta file_meta = {
+    .mode = 0100644, .uid = 1000, .gid = 1000,
+    .mtime = {.tv_sec = 1700000000},
+};
+
+/* A new file KEY, open for writing (as fs_create does). */
+static struct writer_file *file_open(struct fixture *f, const char *key)
+{
+    struct writer_file *file = NULL;
+
+    assert_int_equal(writer_file_create(f->writer, key, &file_meta, true, NULL,
+                                        &file), 0);
+    writer_file_open_writer(file);
+    return file;
+}
+
+/* Write LEN bytes of DATA at OFFSET in chunks of CHUNK bytes (0: one). */
+static void file_write(struct writer_file *file, uint64_t offset,
+                       const unsigned char *data, size_t len, size_t chunk)
+{
+    if (chunk == 0)
+        chunk = len;
+    for (size_t done = 0; done < len; done += chunk) {
+        size_t piece = len - done < chunk ? len - done : chunk;
+        assert_int_equal(writer_file_write(file, offset + done, data + done,
+                                           piece), 0);
+    }
+}
+
+/* Whether FILE reads as exactly the LEN bytes of DATA. */
+static bool file_reads(struct writer_file *file, const unsigned char *data,
+                       size_t len)
+{
+    unsigned char *buf = malloc(len + 1);
+    size_t got = 0;
+    uint64_t size = 0;
+
+    assert_non_null(buf);
+    writer_file_info(file, &size, NULL, NULL);
+    bool same = size == len &&
+                writer_file_read(file, 0, len + 1, buf, &got) == 0 &&
+                got == len && memcmp(buf, data, len) == 0;
+    free(buf);
+    return same;
+}
+
+static int copy_entry(void *arg, const struct journal_entry *entry)
+{
+    struct entry_copy *copies = arg;
+    size_t at = 0;
+
+    while (at < MAX_ENTRIES && copies[at].key[0] != '\0')
+        at++;
+    if (at == MAX_ENTRIES)
+        return ENOSPC;
+    copies[at].id = entry->id;
+    snprintf(copies[at].key, sizeof(copies[at].key), "%s", entry->key);
+    copies[at].size = entry->size;
+    copies[at].unclosed = entry->unclosed;
+    copies[at].has_upload_id = entry->upload_id != NULL;
+    return 0;
+}
+
+/* The journal's entries into OUT (MAX_ENTRIES), in id order; how many. */
+static size_t journal_entries(struct fixture *f, struct entry_copy *out)
+{
+    memset(out, 0, MAX_ENTRIES * sizeof(*out));
+    assert_int_equal(journal_scan(f->journal, copy_entry, out), 0);
+    size_t count = 0;
+    while (count < MAX_ENTRIES && out[count].key[0] != '\0')
+        count++;
+    return count;
+}
+
+/* The entry for KEY in ENTRIES (COUNT), or NULL. */
+static const struct entry_copy *entry_for(const struct entry_copy *entries,
+                                          size_t count, const char *key)
+{
+    for (size_t i = 0; i < count; i++)
+        if (strcmp(entries[i].key, key) == 0)
+            return &entries[i];
+    return NULL;
+}
+
+/* Files in CACHE/staging (staging files and kept promises). */
+static unsigned staging_files(struct fixture *f)
+{
+    char path[128];
+    unsigned count = 0;
+
+    snprintf(path, sizeof(path), "%s/staging", f->dir);
+    DIR *dir = opendir(path);
+    assert_non_null(dir);
+    for (struct dirent *entry; (entry = readdir(dir)) != NULL;)
+        if (entry->d_name[0] != '.')
+            count++;
+    closedir(dir);
+    return count;
+}
+
+static struct writer_stats stats_of(struct fixture *f)
+{
+    struct writer_stats stats;
+
+    writer_get_stats(f->writer, &stats);
+    return stats;
+}
+
+/* The ETags of the requests of CALL on KEY that succeeded, in order,
+ * into ETAGS (CAP); how many. */
+static size_t etags_made(struct fixture *f, enum fake_s3_call call,
+                         const char *key, char (*etags)[S3_ETAG_MAX],
+                         size_t cap)
+{
+    size_t count = 0;
+    long at = -1;
+
+    while ((at = fake_s3_log_find(f->s3, (size_t)(at + 1), ON(call, key)))
+           >= 0) {
+        struct fake_s3_request request;
+        assert_int_equal(fake_s3_log_get(f->s3, (size_t)at, &request), 0);
+        if (request.done && request.result == 0 && count < cap)
+            snprintf(etags[count++], S3_ETAG_MAX, "%s", request.etag);
+    }
+    return count;
+}
+
+/* A writer call in a thread of its own (it may wait for a held request). */
+struct call_thread {
+    pthread_t thread;
+    struct writer_file *file;
+    enum { CALL_FLUSH, CALL_SYNC, CALL_UNLINK } what;
+    int result;                    /* errno, or for unlink whether uploaded */
+};
+
+static void *call_main(void *arg)
+{
+    struct call_thread *call = arg;
+
+    switch (call->what) {
+    case CALL_FLUSH:
+        call->result = writer_file_flush(call->file);
+        break;
+    case CALL_SYNC:
+        call->result = writer_file_sync(call->file);
+        break;
+    case CALL_UNLINK:
+        call->result = writer_file_unlink(call->file, true);
+        break;
+    }
+    return NULL;
+}
+
+static void call_start(struct call_thread *call, struct writer_file *file,
+                       int what)
+{
+    *call = (struct call_thread){.file = file, .what = what, .result = -1};
+    assert_int_equal(pthread_create(&call->thread, NULL, call_main, call), 0);
+}
+
+/* ------------------------------------------------------- default mode */
+
+static void test_default_close_puts_a_small_file(void **state)
+{
+    struct fixture *f = *state;
+    size_t size = 100 * KIB + 7;
+    unsigned char *bytes = pattern(size, 1);
+    char etag[S3_ETAG_MAX], told[S3_ETAG_MAX];
+    struct entry_copy entries[MAX_ENTRIES];
+
+    struct writer_file *file = file_open(f, "d/small");
+    file_write(file, 0, bytes, size, 4096);
+    assert_true(writer_file_pending(file));
+    assert_int_equal(fake_s3_count(f->s3, NULL), 0); /* nothing before close */
+    assert_int_equal(writer_file_flush(file), 0);
+
+    /* in the bucket when close returns: one PUT, its ETag the MD5 */
+    fake_s3_etag_of(bytes, size, etag);
+    assert_true(fake_s3_holds(f->s3, "d/small", bytes, size));
+    assert_int_equal(fake_s3_count(f->s3, NULL), 1);
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_PUT, "d/small")), 1);
+    assert_true(writer_file_etag(file, told));
+    assert_string_equal(told, etag);
+    assert_false(writer_file_pending(file));
+    assert_int_equal(uploads_told(f), 1);
+    assert_string_equal(f->last_key, "d/small");
+    assert_string_equal(f->last_etag, etag);
+    assert_int_equal(f->last_size, size);
+    /* the s3fs headers went with it */
+    struct s3_object_info info;
+    void *data = NULL;
+    size_t len = 0;
+    assert_int_equal(fake_s3_get(f->s3, "d/small", &data, &len, &info), 0);
+    free(data);
+    assert_true(info.has_mode && info.has_uid && info.has_gid &&
+                info.has_mtime);
+    assert_int_equal(info.mode, 0100644);
+    assert_int_equal(info.uid, 1000);
+    /* the default mode journals nothing that went up at close */
+    assert_int_equal(journal_entries(f, entries), 0);
+    assert_int_equal(stats_of(f).uploads_completed, 1);
+    assert_int_equal(stats_of(f).bytes_written, size);
+
+    /* the last reference: the staged data becomes the cached version */
+    writer_file_close_writer(file);
+    writer_file_put(&file);
+    assert_int_equal(staging_files(f), 0);
+    struct cache_object *object = NULL;
+    assert_int_equal(cache_object_open(f->cache, "d/small", etag, size,
+                                       &object), 0);
+    assert_true(cache_block_present(f->cache, object, 0));
+    cache_object_close(f->cache, &object);
+    free(bytes);
+}
+
+static void test_default_close_of_a_large_file_written_in_order(void **state)
+{
+    struct fixture *f = *state;
+    size_t size = 11 * MIB;
+    unsigned char *bytes = pattern(size, 2);
+    char etag[S3_ETAG_MAX];
+    struct entry_copy entries[MAX_ENTRIES];
+
+    struct writer_file *file = file_open(f, "big");
+    file_write(file, 0, bytes, size, MIB);
+    /* past the threshold from byte 0: a write-behind upload, journaled
+     * as unclosed (to abort after a crash) */
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_MP_CREATE, "big")), 1);
+    assert_int_equal(journal_entries(f, entries), 1);
+    assert_string_equal(entries[0].key, "big");
+    assert_true(entries[0].unclosed);
+    assert_true(entries[0].has_upload_id);
+
+    assert_int_equal(writer_file_flush(file), 0);
+    fake_s3_multipart_etag_of(bytes, size, PART_SIZE, etag);
+    assert_true(fake_s3_holds(f->s3, "big", bytes, size));
+    assert_string_equal(f->last_etag, etag);
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_PUT, NULL)), 0);
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_MP_PART, "big")), 3);
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_MP_COMPLETE, "big")), 1);
+    assert_int_equal(fake_s3_uploads(f->s3, NULL), 0);
+    /* created without an mtime header: the object's Last-Modified (one
+     * HEAD) is the file's mtime */
+    struct s3_object_info info;
+    void *data = NULL;
+    size_t len = 0;
+    assert_int_equal(fake_s3_get(f->s3, "big", &data, &len, &info), 0);
+    free(data);
+    assert_false(info.has_mtime);
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_HEAD, "big")), 1);
+    assert_int_equal(f->last_meta.mtime.tv_sec, info.last_modified.tv_sec);
+    assert_int_equal(journal_entries(f, entries), 0);
+
+    writer_file_close_writer(file);
+    writer_file_put(&file);
+    free(bytes);
+}
+
+/* Flush of a file on a thread of its own, waiting for its complete. */
+static void test_default_close_of_a_large_file_written_backwards(void **state)
+{
+    struct fixture *f = *state;
+    size_t size = 11 * MIB;
+    unsigned char *bytes = pattern(size, 3);
+    char etag[S3_ETAG_MAX];
+    struct entry_copy entries[MAX_ENTRIES];
+    struct call_thread flush;
+    unsigned rule = 0;
+
+    struct writer_file *file = file_open(f, "back");
+    /* from the end to the start: never written contiguously from byte 0
+     * past the threshold, so no write-behind: the parts go at close */
+    for (size_t at = size; at > 0; at -= MIB)
+        file_write(file, at - MIB, bytes + at - MIB, MIB, 0);
+    assert_int_equal(fake_s3_count(f->s3, NULL), 0);
+
+    assert_int_equal(
+        fake_s3_hold(f->s3, ON(FAKE_S3_MP_COMPLETE, "back"), &rule), 0);
+    call_start(&flush, file, CALL_FLUSH);
+    assert_int_equal(fake_s3_wait_held(f->s3, rule, 1), 0);
+    /* while the parts are up: the upload id is journaled with the closed
+     * version, so a crash leaves no multipart upload behind */
+    assert_int_equal(journal_entries(f, entries), 1);
+    assert_string_equal(entries[0].key, "back");
+    assert_false(entries[0].unclosed);
+    assert_true(entries[0].has_upload_id);
+    assert_int_equal(entries[0].size, size);
+    assert_int_equal(fake_s3_uploads(f->s3, "back"), 1);
+    fake_s3_hold_clear(f->s3, rule);
+    pthread_join(flush.thread, NULL);
+    assert_int_equal(flush.result, 0);
+
+    fake_s3_multipart_etag_of(bytes, size, PART_SIZE, etag);
+    assert_true(fake_s3_holds(f->s3, "back", bytes, size));
+    assert_string_equal(f->last_etag, etag);
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_MP_PART, "back")), 3);
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_HEAD, NULL)), 0);
+    assert_int_equal(journal_entries(f, entries), 0);
+    writer_file_close_writer(file);
+    writer_file_put(&file);
+    free(bytes);
+}
+
+static void test_default_failed_upload_is_retried(void **state)
+{
+    struct fixture *f = *state;
+    size_t size = 64 * KIB;
+    unsigned char *bytes = pattern(size, 4);
+    char etags[4][S3_ETAG_MAX], etag[S3_ETAG_MAX];
+    struct entry_copy entries[MAX_ENTRIES];
+
+    assert_int_equal(fake_s3_fail(f->s3, ON(FAKE_S3_PUT, "r"), 1, EACCES, false,
+                                  NULL), 0);
+    struct writer_file *file = file_open(f, "r");
+    file_write(file, 0, bytes, size, 0);
+    assert_int_equal(writer_file_flush(file), EACCES);
+    writer_file_close_writer(file);
+
+    /* not in the bucket, but kept: staged, pending, promised */
+    assert_false(fake_s3_holds(f->s3, "r", bytes, size));
+    assert_true(writer_file_pending(file));
+    assert_true(file_reads(file, bytes, size));
+    assert_int_equal(journal_entries(f, entries), 1);
+    assert_string_equal(entries[0].key, "r");
+    assert_int_equal(entries[0].size, size);
+    assert_false(entries[0].unclosed);
+    struct writer_stats stats = stats_of(f);
+    assert_int_equal(stats.upload_failures, 1);
+    assert_int_equal(stats.upload_retries, 1);
+    assert_int_equal(stats.uploads_pending, 1);
+
+    /* the background retry (about a second later) takes it up */
+    assert_int_equal(wait_uploads(f, 1), 0);
+    fake_s3_etag_of(bytes, size, etag);
+    assert_true(fake_s3_holds(f->s3, "r", bytes, size));
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_PUT, "r")), 2);
+    assert_int_equal(etags_made(f, FAKE_S3_PUT, "r", etags, 4), 1);
+    assert_string_equal(etags[0], etag);
+    assert_false(writer_file_pending(file));
+    assert_int_equal(journal_entries(f, entries), 0);
+    assert_int_equal(stats_of(f).uploads_completed, 1);
+    writer_file_put(&file);
+    free(bytes);
+}
+
+static void test_default_lost_answers(void **state)
+{
+    struct fixture *f = *state;
+    size_t size = 6 * MIB;
+    unsigned char *bytes = pattern(size, 5);
+    char etag[S3_ETAG_MAX];
+    struct entry_copy entries[MAX_ENTRIES];
+
+    /* the complete's answer is lost after the bucket made the object:
+     * one HEAD shows it is this upload, and close succeeds */
+    assert_int_equal(fake_s3_fail(f->s3, ON(FAKE_S3_MP_COMPLETE, "m"), 1, EIO,
+                                  true, NULL), 0);
+    struct writer_file *file = file_open(f, "m");
+    file_write(file, 0, bytes, size, MIB);
+    assert_int_equal(writer_file_flush(file), 0);
+    fake_s3_multipart_etag_of(bytes, size, PART_SIZE, etag);
+    assert_string_equal(f->last_etag, etag);
+    assert_true(fake_s3_holds(f->s3, "m", bytes, size));
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_MP_COMPLETE, "m")), 1);
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_PUT, NULL)), 0);
+    assert_int_equal(stats_of(f).upload_failures, 0);
+    writer_file_close_writer(file);
+    writer_file_put(&file);
+
+    /* a PUT's answer is lost: close fails (nobody can tell), the data is
+     * kept and promised, and the retry sends it again */
+    assert_int_equal(fake_s3_fail(f->s3, ON(FAKE_S3_PUT, "p"), 1, ECONNRESET,
+                                  true, NULL), 0);
+    file = file_open(f, "p");
+    file_write(file, 0, bytes, 10 * KIB, 0);
+    assert_int_equal(writer_file_flush(file), ECONNRESET);
+    writer_file_close_writer(file);
+    assert_true(fake_s3_holds(f->s3, "p", bytes, 10 * KIB));
+    assert_true(writer_file_pending(file));
+    assert_int_equal(journal_entries(f, entries), 1);
+    assert_int_equal(wait_uploads(f, 2), 0);
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_PUT, "p")), 2);
+    assert_true(fake_s3_holds(f->s3, "p", bytes, 10 * KIB));
+    assert_false(writer_file_pending(file));
+    assert_int_equal(journal_entries(f, entries), 0);
+    writer_file_put(&file);
+    free(bytes);
+}
+
+/*
+ * Known defect, reported and not fixed here (the test is skipped unless
+ * S3CACHEFS_TEST_KNOWN_DEFECTS is set): a multipart upload whose parts
+ * and whose abort both failed is forgotten. upload.c only logs the
+ * failed abort; the file's promise keeps that upload's id, but the next
+ * attempt (the background retry, a sync, the drain) journals its own
+ * upload's id in its place, so neither this mount nor the next one (after
+ * a crash) ever aborts the first: it stays in the bucket, billed, until
+ * a lifecycle rule removes it. HACKING.md ("Why the default mode
+ * journals only failures and multipart starts") promises that a
+ * multipart upload a close starts is aborted by the next mount.
+ * Expected: no multipart upload left once the file is in the bucket.
+ * Seen: the first one is left, and the journal no longer names it.
+ */
+static void test_failed_abort_is_not_forgotten(void **state)
+{
+    struct fixture *f = *state;
+    size_t size = 2 * MIB;
+    struct entry_copy entries[MAX_ENTRIES];
+
+    if (getenv("S3CACHEFS_TEST_KNOWN_DEFECTS") == NULL) {
+        print_message("skipped: a known defect (see the comment above "
+                      "the test); S3CACHEFS_TEST_KNOWN_DEFECTS=1 runs it\n");
+        skip();
+    }
+    unsigned char *bytes = f->scratch = pattern(size, 6);
+    /* the parts and the abort of the first attempt fail */
+    assert_int_equal(fake_s3_fail(f->s3, ON(FAKE_S3_MP_PART, "m"), 1, EIO,
+                                  false, NULL), 0);
+    assert_int_equal(fake_s3_fail(f->s3, ON(FAKE_S3_MP_ABORT, "m"), 1, EIO,
+                                  false, NULL), 0);
+    struct writer_file *file = file_open(f, "m");
+    /* (not in order from byte 0: no write-behind, the parts go at close) */
+    file_write(file, MIB, bytes + MIB, size - MIB, 0);
+    file_write(file, 0, bytes, MIB, 0);
+    assert_int_equal(writer_file_flush(file), EIO);
+    assert_int_equal(fake_s3_uploads(f->s3, "m"), 1);
+    assert_int_equal(journal_entries(f, entries), 1);
+    assert_true(entries[0].has_upload_id);
+
+    /* the next attempt succeeds */
+    assert_int_equal(writer_file_sync(file), 0);
+    assert_true(fake_s3_holds(f->s3, "m", bytes, size));
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_MP_CREATE, "m")), 2);
+    writer_file_close_writer(file);
+    writer_file_put(&file);
+    assert_int_equal(writer_drain(f->writer), 0);
+    /* the first upload: aborted, or still named by the journal */
+    assert_true(fake_s3_uploads(f->s3, "m") == 0 ||
+                journal_entries(f, entries) > 0);
+}
+
+/* ----------------------------------------------------- writeback mode */
+
+/*
+ * Write version SEED of KEY's file (SIZE bytes, over whatever it held: a
+ * truncate to 0 first, as open(O_TRUNC)), close it: returns its bytes.
+ */
+static unsigned char *write_version(struct writer_file *file, size_t size,
+                                    unsigned seed)
+{
+    unsigned char *bytes = pattern(size, seed);
+
+    writer_file_open_writer(file);
+    assert_int_equal(writer_file_truncate(file, 0), 0);
+    file_write(file, 0, bytes, size, 0);
+    assert_int_equal(writer_file_flush(file), 0);
+    writer_file_close_writer(file);
+    return bytes;
+}
+
+static void test_writeback_close_does_not_wait_for_an_upload(void **state)
+{
+    struct fixture *f = *state;
+    struct entry_copy entries[MAX_ENTRIES];
+    char etags[4][S3_ETAG_MAX], etag[S3_ETAG_MAX];
+    unsigned rule = 0;
+
+    assert_int_equal(fake_s3_hold(f->s3, ON(FAKE_S3_PUT, "ckpt"), &rule), 0);
+    struct writer_file *file = NULL;
+    assert_int_equal(writer_file_create(f->writer, "ckpt", &file_meta, true,
+                                        NULL, &file), 0);
+    unsigned char *v1 = write_version(file, 300 * KIB, 11);
+    /* journaled when close returned, uploaded later */
+    assert_int_equal(journal_entries(f, entries), 1);
+    assert_int_equal(entries[0].size, 300 * KIB);
+    assert_int_equal(fake_s3_wait_held(f->s3, rule, 1), 0);
+
+    /* a new version closes while the old one's PUT is held: close does
+     * not wait, and a read right after it returns the new bytes */
+    unsigned char *v2 = write_version(file, 200 * KIB, 12);
+    assert_int_equal(fake_s3_held(f->s3, rule), 1);
+    assert_true(file_reads(file, v2, 200 * KIB));
+    assert_int_equal(journal_entries(f, entries), 1); /* one promise a key */
+    assert_int_equal(entries[0].size, 200 * KIB);
+    assert_true(writer_file_pending(file));
+
+    /* the held PUT sends the version it began with, unchanged */
+    fake_s3_release(f->s3, rule, false, NULL);
+    assert_int_equal(wait_uploads(f, 1), 0);
+    assert_true(fake_s3_holds(f->s3, "ckpt", v1, 300 * KIB));
+    assert_true(file_reads(file, v2, 200 * KIB));
+    assert_int_equal(stats_of(f).copies_on_write, 1); /* how: v2 is a copy */
+    /* then the newer one */
+    assert_int_equal(fake_s3_wait_held(f->s3, rule, 1), 0);
+    fake_s3_release(f->s3, rule, false, NULL);
+    assert_int_equal(wait_uploads(f, 2), 0);
+    assert_true(fake_s3_holds(f->s3, "ckpt", v2, 200 * KIB));
+    assert_int_equal(etags_made(f, FAKE_S3_PUT, "ckpt", etags, 4), 2);
+    fake_s3_etag_of(v1, 300 * KIB, etag);
+    assert_string_equal(etags[0], etag);
+    fake_s3_etag_of(v2, 200 * KIB, etag);
+    assert_string_equal(etags[1], etag);
+    assert_false(writer_file_pending(file));
+    assert_int_equal(journal_entries(f, entries), 0);
+    writer_file_put(&file);
+    free(v1);
+    free(v2);
+}
+
+/*
+ * Three versions of one file, their uploads held and released at
+ * different moments: versions reach the bucket in order, never two
+ * uploads of the file at once, and the bucket ends with the last.
+ * RELEASE_EACH: each upload is let go before the next version closes
+ * (every version goes up); else all three close first (the one in flight
+ * goes up, then the last).
+ */
+static void check_versions_land_in_order(struct fixture *f, const char *key,
+                                         bool release_each)
+{
+    const size_t sizes[3] = {100 * KIB, 130 * KIB, 70 * KIB};
+    unsigned char *versions[3];
+    char etags[4][S3_ETAG_MAX], etag[S3_ETAG_MAX];
+    unsigned rule = 0;
+
+    assert_int_equal(fake_s3_hold(f->s3, ON(FAKE_S3_PUT, key), &rule), 0);
+    unsigned told = uploads_told(f);
+    struct writer_file *file = NULL;
+    assert_int_equal(writer_file_create(f->writer, key, &file_meta, true, NULL,
+                                        &file), 0);
+    for (unsigned v = 0; v < 3; v++) {
+        versions[v] = write_version(file, sizes[v], 20 + v);
+        assert_true(file_reads(file, versions[v], sizes[v]));
+        if (v == 0 || release_each) {
+            assert_int_equal(fake_s3_wait_held(f->s3, rule, 1), 0);
+            assert_int_equal(fake_s3_held(f->s3, rule), 1);
+        }
+        if (release_each) {
+            fake_s3_release(f->s3, rule, false, NULL);
+            assert_int_equal(wait_uploads(f, told + v + 1), 0);
+            assert_true(fake_s3_holds(f->s3, key, versions[v], sizes[v]));
+        }
+    }
+    if (!release_each) {
+        /* the PUT of the first version is still held; the last closes
+         * went to the journal only */
+        assert_int_equal(fake_s3_held(f->s3, rule), 1);
+        fake_s3_release(f->s3, rule, true, NULL);
+        assert_int_equal(wait_uploads(f, told + 1), 0);
+        assert_true(fake_s3_holds(f->s3, key, versions[0], sizes[0]));
+        assert_int_equal(fake_s3_wait_held(f->s3, rule, 1), 0);
+        assert_int_equal(fake_s3_held(f->s3, rule), 1);
+        fake_s3_release(f->s3, rule, true, NULL);
+        assert_int_equal(wait_uploads(f, told + 2), 0);
+    }
+    assert_true(fake_s3_holds(f->s3, key, versions[2], sizes[2]));
+    assert_false(writer_file_pending(file));
+    /* every PUT of the key, in order, made versions in order */
+    size_t made = etags_made(f, FAKE_S3_PUT, key, etags, 4);
+    assert_int_equal(made, release_each ? 3 : 2);
+    for (size_t i = 0, v = 0; i < made; i++, v++) {
+        if (!release_each && i == 1)
+            v = 2; /* the second version was never sent: the third was */
+        fake_s3_etag_of(versions[v], sizes[v], etag);
+        assert_string_equal(etags[i], etag);
+    }
+    fake_s3_hold_clear(f->s3, rule);
+    writer_file_put(&file);
+    for (unsigned v = 0; v < 3; v++)
+        free(versions[v]);
+}
+
+static void test_writeback_versions_land_in_order(void **state)
+{
+    struct fixture *f = *state;
+    struct entry_copy entries[MAX_ENTRIES];
+
+    check_versions_land_in_order(f, "each", true);
+    check_versions_land_in_order(f, "late", false);
+    assert_int_equal(journal_entries(f, entries), 0);
+    assert_int_equal(fake_s3_uploads(f->s3, NULL), 0);
+}
+
+/* ------------------------------------------------------------- rename */
+
+static void test_rename_states_and_hold(void **state)
+{
+    struct fixture *f = *state;
+    struct entry_copy entries[MAX_ENTRIES];
+    enum writer_renamed renamed;
+    unsigned char *bytes = pattern(50 * KIB, 30);
+
+    /* UPLOADED: closed, and its upload done */
+    struct writer_file *uploaded = file_open(f, "up");
+    file_write(uploaded, 0, bytes, 50 * KIB, 0);
+    assert_int_equal(writer_file_flush(uploaded), 0);
+    writer_file_close_writer(uploaded);
+    assert_int_equal(wait_uploads(f, 1), 0);
+    assert_int_equal(writer_file_hold(uploaded, &renamed), 0);
+    assert_int_equal(renamed, WRITER_RENAMED_UPLOADED);
+    assert_int_equal(writer_file_rename(uploaded, "up2", NULL), 0);
+    writer_file_release(uploaded);
+    writer_file_put(&uploaded);
+
+    /* UNSAVED: written, never closed */
+    struct writer_file *unsaved = file_open(f, "un");
+    file_write(unsaved, 0, bytes, 10 * KIB, 0);
+    assert_int_equal(writer_file_hold(unsaved, &renamed), 0);
+    assert_int_equal(renamed, WRITER_RENAMED_UNSAVED);
+    assert_int_equal(writer_file_rename(unsaved, "un2", NULL), 0);
+    assert_int_equal(journal_entries(f, entries), 0);
+    writer_file_release(unsaved);
+
+    /* JOURNALED: closed (still open elsewhere, so not queued yet) */
+    struct writer_file *journaled = file_open(f, "jo");
+    file_write(journaled, 0, bytes, 20 * KIB, 0);
+    assert_int_equal(writer_file_flush(journaled), 0);
+    assert_int_equal(writer_file_hold(journaled, &renamed), 0);
+    assert_int_equal(renamed, WRITER_RENAMED_JOURNALED);
+    assert_int_equal(writer_file_rename(journaled, "jo2", NULL), 0);
+    /* the promise follows the key at once */
+    assert_int_equal(journal_entries(f, entries), 1);
+    assert_string_equal(entries[0].key, "jo2");
+
+    /* held: its last close queues it, and a file queued after it goes up,
+     * but it does not */
+    writer_file_close_writer(journaled);
+    struct writer_file *other = file_open(f, "other");
+    file_write(other, 0, bytes, KIB, 0);
+    assert_int_equal(writer_file_flush(other), 0);
+    writer_file_close_writer(other);
+    assert_int_equal(wait_uploads(f, 2), 0);
+    assert_string_equal(f->last_key, "other");
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_PUT, "jo")), 0);
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_PUT, "jo2")), 0);
+    assert_true(writer_file_pending(journaled));
+    writer_file_release(journaled);
+    assert_int_equal(wait_uploads(f, 3), 0);
+    assert_true(fake_s3_holds(f->s3, "jo2", bytes, 20 * KIB));
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_PUT, "jo")), 0);
+    assert_false(writer_file_pending(journaled));
+
+    /* the unsaved file closes under its new name */
+    assert_int_equal(writer_file_flush(unsaved), 0);
+    writer_file_close_writer(unsaved);
+    assert_int_equal(wait_uploads(f, 4), 0);
+    assert_true(fake_s3_holds(f->s3, "un2", bytes, 10 * KIB));
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_PUT, "un")), 0);
+    assert_int_equal(journal_entries(f, entries), 0);
+
+    writer_file_put(&journaled);
+    writer_file_put(&unsaved);
+    writer_file_put(&other);
+    free(bytes);
+}
+
+/* In the default mode, a failed upload's promise makes it JOURNALED. */
+static void test_rename_of_a_failed_upload(void **state)
+{
+    struct fixture *f = *state;
+    struct entry_copy entries[MAX_ENTRIES];
+    enum writer_renamed renamed;
+    unsigned char *bytes = pattern(8 * KIB, 31);
+    unsigned rule = 0;
+
+    assert_int_equal(fake_s3_fail(f->s3, ON(FAKE_S3_PUT, "f"), FAKE_S3_ALWAYS,
+                                  EIO, false, &rule), 0);
+    struct writer_file *file = file_open(f, "f");
+    file_write(file, 0, bytes, 8 * KIB, 0);
+    assert_int_equal(writer_file_flush(file), EIO);
+    assert_int_equal(writer_file_hold(file, &renamed), 0);
+    assert_int_equal(renamed, WRITER_RENAMED_JOURNALED);
+    assert_int_equal(writer_file_rename(file, "g", NULL), 0);
+    assert_int_equal(journal_entries(f, entries), 1);
+    assert_string_equal(entries[0].key, "g");
+    writer_file_release(file);
+    fake_s3_fail_clear(f->s3, rule);
+    /* fsync sends it, to the new key */
+    assert_int_equal(writer_file_sync(file), 0);
+    assert_true(fake_s3_holds(f->s3, "g", bytes, 8 * KIB));
+    assert_int_equal(journal_entries(f, entries), 0);
+    writer_file_close_writer(file);
+    writer_file_put(&file);
+    free(bytes);
+}
+
+/* ------------------------------------------------------------- unlink */
+
+static void test_unlink_while_the_upload_is_held(void **state)
+{
+    struct fixture *f = *state;
+    struct entry_copy entries[MAX_ENTRIES];
+    unsigned char *bytes = pattern(40 * KIB, 40);
+    struct call_thread unlinker;
+    unsigned rule = 0;
+
+    assert_int_equal(fake_s3_hold(f->s3, ON(FAKE_S3_PUT, "d/f"), &rule), 0);
+    struct writer_file *file = file_open(f, "d/f");
+    file_write(file, 0, bytes, 40 * KIB, 0);
+    assert_int_equal(writer_file_flush(file), 0);
+    writer_file_close_writer(file);
+    assert_int_equal(fake_s3_wait_held(f->s3, rule, 1), 0);
+
+    /* unlink waits for the upload under way, and says it landed: the
+     * caller deletes what it made */
+    call_start(&unlinker, file, CALL_UNLINK);
+    fake_s3_hold_clear(f->s3, rule);
+    pthread_join(unlinker.thread, NULL);
+    assert_int_equal(unlinker.result, true);
+    assert_int_equal(s3_delete_object(f->s3, "d/f"), 0);
+
+    long put = fake_s3_log_find(f->s3, 0, ON(FAKE_S3_PUT, "d/f"));
+    long deleted = fake_s3_log_find(f->s3, 0, ON(FAKE_S3_DELETE, "d/f"));
+    assert_true(put >= 0 && deleted > put);
+    struct fake_s3_request request;
+    assert_int_equal(fake_s3_log_get(f->s3, (size_t)put, &request), 0);
+    assert_true(request.done);
+    assert_int_equal(request.result, 0);
+    assert_int_equal(fake_s3_count(f->s3, NULL), 2);
+    char **keys = NULL;
+    size_t count = 0;
+    assert_int_equal(fake_s3_keys(f->s3, NULL, &keys, &count), 0);
+    assert_int_equal(count, 0);
+    fake_s3_keys_free(keys, count);
+    assert_false(writer_file_pending(file));
+    assert_int_equal(journal_entries(f, entries), 0);
+    writer_file_put(&file);
+    /* (the uploader drops its reference once its upload has ended: the
+     * drain waits for that) */
+    assert_int_equal(writer_drain(f->writer), 0);
+    assert_int_equal(staging_files(f), 0);
+
+    /* a file unlinked before its upload began is never sent */
+    file = file_open(f, "d/g");
+    file_write(file, 0, bytes, KIB, 0);
+    assert_int_equal(writer_file_flush(file), 0);
+    assert_int_equal(journal_entries(f, entries), 1);
+    assert_false(writer_file_unlink(file, true));
+    writer_file_close_writer(file);
+    writer_file_put(&file);
+    assert_int_equal(writer_drain(f->writer), 0);
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_PUT, "d/g")), 0);
+    assert_int_equal(journal_entries(f, entries), 0);
+    assert_int_equal(staging_files(f), 0);
+    free(bytes);
+}
+
+/* ----------------------------------------------------------- recovery */
+
+/* The mount ends without a drain: every reference put, the writer and
+ * the journal closed as a kill would leave them. */
+static void crash(struct fixture *f, struct writer_file **files, size_t count)
+{
+    for (size_t i = 0; i < count; i++)
+        writer_file_put(&files[i]);
+    writer_destroy(&f->writer);
+    journal_close(&f->journal);
+}
+
+static void test_recovery_uploads_what_was_closed(void **state)
+{
+    struct fixture *f = *state;
+    struct entry_copy entries[MAX_ENTRIES];
+    const size_t a_size = 300 * KIB, b_size = 200 * KIB, c_size = 2 * MIB;
+    const size_t d_size = 100 * KIB, e_size = 120 * KIB, f_size = 2 * MIB;
+    const size_t g_size = 100 * KIB, g_more = 2 * MIB;
+    unsigned char *a = pattern(a_size, 50), *b = pattern(b_size + 50 * KIB, 51);
+    unsigned char *c = pattern(c_size, 52), *d = pattern(d_size, 53);
+    unsigned char *e1 = pattern(e_size, 54), *e2 = pattern(e_size, 55);
+    unsigned char *f_bytes = pattern(f_size, 56), *g1 = pattern(g_size, 57);
+    unsigned char *g2 = pattern(g_more, 58);
+    struct writer_file *files[7];
+
+    /* the bucket refuses every upload (creating one excepted) and abort */
+    assert_int_equal(fake_s3_fail(f->s3, FAKE_S3_ON(
+                                      (FAKE_S3_UPLOADS &
+                                       ~FAKE_S3_CALL(FAKE_S3_MP_CREATE)) |
+                                      FAKE_S3_CALL(FAKE_S3_MP_ABORT), NULL),
+                                  FAKE_S3_ALWAYS, EIO, false, NULL), 0);
+
+    /* a: closed (its upload failed: journaled), then reopened with
+     * O_TRUNC and a few bytes written, never closed */
+    files[0] = file_open(f, "a");
+    file_write(files[0], 0, a, a_size, 64 * KIB);
+    assert_int_equal(writer_file_flush(files[0]), EIO);
+    assert_int_equal(writer_file_truncate(files[0], 0), 0);
+    file_write(files[0], 0, (const unsigned char *)"xyz", 3, 0);
+    /* b: closed, then appended to, never closed again */
+    files[1] = file_open(f, "b");
+    file_write(files[1], 0, b, b_size, 0);
+    assert_int_equal(writer_file_flush(files[1]), EIO);
+    file_write(files[1], b_size, b + b_size, 50 * KIB, 0);
+    /* c: past the threshold from byte 0, never closed: a write-behind
+     * upload, journaled as unclosed */
+    files[2] = file_open(f, "c");
+    file_write(files[2], 0, c, c_size, 256 * KIB);
+    assert_int_equal(fake_s3_uploads(f->s3, "c"), 1);
+    /* d: written, never closed */
+    files[3] = file_open(f, "d");
+    file_write(files[3], 0, d, d_size, 0);
+    /* e: closed twice; the second promise replaces the first */
+    files[4] = file_open(f, "e");
+    file_write(files[4], 0, e1, e_size, 0);
+    assert_int_equal(writer_file_flush(files[4]), EIO);
+    file_write(files[4], 0, e2, e_size, 0);
+    assert_int_equal(writer_file_flush(files[4]), EIO);
+    /* f: past the threshold but not from byte 0 in order (no
+     * write-behind): its close creates a multipart upload, journals the
+     * promise with the upload's id, and fails; the abort fails too */
+    files[5] = file_open(f, "f");
+    file_write(files[5], MIB, f_bytes + MIB, f_size - MIB, 0);
+    file_write(files[5], 0, f_bytes, MIB, 0);
+    assert_int_equal(writer_file_flush(files[5]), EIO);
+    assert_int_equal(fake_s3_uploads(f->s3, "f"), 1);
+    /* (its retries create no other upload: see
+     * test_failed_abort_is_not_forgotten) */
+    assert_int_equal(fake_s3_fail(f->s3, ON(FAKE_S3_MP_CREATE, "f"),
+                                  FAKE_S3_ALWAYS, EIO, false, NULL), 0);
+    /* g: closed (failed: promised), then rewritten from byte 0 past the
+     * threshold: a write-behind upload, its id in g's promise */
+    files[6] = file_open(f, "g");
+    file_write(files[6], 0, g1, g_size, 0);
+    assert_int_equal(writer_file_flush(files[6]), EIO);
+    assert_int_equal(writer_file_truncate(files[6], 0), 0);
+    file_write(files[6], 0, g2, g_more, 256 * KIB);
+    assert_int_equal(fake_s3_uploads(f->s3, "g"), 1);
+
+    size_t count = journal_entries(f, entries);
+    assert_int_equal(count, 6);
+    assert_int_equal(entry_for(entries, count, "a")->size, a_size);
+    assert_int_equal(entry_for(entries, count, "b")->size, b_size);
+    assert_true(entry_for(entries, count, "c")->unclosed);
+    assert_null(entry_for(entries, count, "d"));
+    assert_int_equal(entry_for(entries, count, "e")->size, e_size);
+    assert_int_equal(entry_for(entries, count, "f")->size, f_size);
+    assert_true(entry_for(entries, count, "f")->has_upload_id);
+    assert_int_equal(entry_for(entries, count, "g")->size, g_size);
+    assert_false(entry_for(entries, count, "g")->unclosed);
+    assert_true(entry_for(entries, count, "g")->has_upload_id);
+    /* what is written still reads back (the copy, the append) */
+    assert_true(file_reads(files[0], (const unsigned char *)"xyz", 3));
+    assert_true(file_reads(files[1], b, b_size + 50 * KIB));
+
+    crash(f, files, 7);
+
+    /* the next mount, on the same cache directory and journal */
+    fake_s3_fail_clear(f->s3, 0);
+    fake_s3_log_clear(f->s3);
+    journal_start(f);
+    writer_start(f);
+    assert_int_equal(writer_recover(f->writer, on_adopt, f), 0);
+    /* the staging files no promise names are gone (a's copy, c, d, g's
+     * copy): the five promised ones stay */
+    assert_int_equal(staging_files(f), 5);
+    assert_int_equal(writer_drain(f->writer), 0);
+
+    assert_true(fake_s3_holds(f->s3, "a", a, a_size));
+    assert_true(fake_s3_holds(f->s3, "b", b, b_size));
+    assert_true(fake_s3_holds(f->s3, "e", e2, e_size));
+    assert_true(fake_s3_holds(f->s3, "f", f_bytes, f_size));
+    assert_true(fake_s3_holds(f->s3, "g", g1, g_size));
+    char **keys = NULL;
+    size_t key_count = 0;
+    assert_int_equal(fake_s3_keys(f->s3, NULL, &keys, &key_count), 0);
+    assert_int_equal(key_count, 5); /* no c, no d */
+    fake_s3_keys_free(keys, key_count);
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_PUT, NULL)), 4);
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_MP_CREATE, NULL)), 1);
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_MP_COMPLETE, "f")), 1);
+    /* c's upload was aborted, nothing else done for it; f's and g's
+     * aborted before their promises went up */
+    assert_int_equal(fake_s3_count(f->s3, FAKE_S3_ON(0, "c")), 1);
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_MP_ABORT, "c")), 1);
+    long aborted = fake_s3_log_find(f->s3, 0, ON(FAKE_S3_MP_ABORT, "f"));
+    assert_true(aborted >= 0 &&
+                fake_s3_log_find(f->s3, 0, ON(FAKE_S3_MP_CREATE, "f")) >
+                    aborted);
+    aborted = fake_s3_log_find(f->s3, 0, ON(FAKE_S3_MP_ABORT, "g"));
+    assert_true(aborted >= 0 &&
+                fake_s3_log_find(f->s3, 0, ON(FAKE_S3_PUT, "g")) > aborted);
+    assert_int_equal(fake_s3_uploads(f->s3, NULL), 0);
+    assert_int_equal(journal_entries(f, entries), 0);
+
+    /* each recovered file was handed to the fs layer with its promise */
+    static const char *const promised[] = {"a", "b", "e", "f", "g"};
+    const uint64_t promised_sizes[] = {a_size, b_size, e_size, f_size, g_size};
+    assert_int_equal(f->adopted_count, 5);
+    for (unsigned i = 0; i < f->adopted_count; i++) {
+        assert_string_equal(f->adopted_keys[i], promised[i]); /* key order */
+        assert_int_equal(f->adopted_sizes[i], promised_sizes[i]);
+        assert_false(writer_file_pending(f->adopted[i]));
+    }
+    adopted_put(f);
+    assert_int_equal(staging_files(f), 0);
+    free(a);
+    free(b);
+    free(c);
+    free(d);
+    free(e1);
+    free(e2);
+    free(f_bytes);
+    free(g1);
+    free(g2);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_prestate_setup_teardown(
+            test_default_close_puts_a_small_file, setup, teardown,
+            (void *)&default_mode),
+        cmocka_unit_test_prestate_setup_teardown(
+            test_default_close_of_a_large_file_written_in_order, setup,
+            teardown, (void *)&default_mode),
+        cmocka_unit_test_prestate_setup_teardown(
+            test_default_close_of_a_large_file_written_backwards, setup,
+            teardown, (void *)&default_mode),
+        cmocka_unit_test_prestate_setup_teardown(
+            test_default_failed_upload_is_retried, setup, teardown,
+            (void *)&default_mode),
+        cmocka_unit_test_prestate_setup_teardown(
+            test_default_lost_answers, setup, teardown, (void *)&default_mode),
+        cmocka_unit_test_prestate_setup_teardown(
+            test_failed_abort_is_not_forgotten, setup, teardown,
+            (void *)&default_mode),
+        cmocka_unit_test_prestate_setup_teardown(
+            test_writeback_close_does_not_wait_for_an_upload, setup, teardown,
+            (void *)&writeback_mode),
+        cmocka_unit_test_prestate_setup_teardown(
+            test_writeback_versions_land_in_order, setup, teardown,
+            (void *)&writeback_mode),
+        cmocka_unit_test_prestate_setup_teardown(
+            test_rename_states_and_hold, setup, teardown,
+            (void *)&writeback_mode),
+        cmocka_unit_test_prestate_setup_teardown(
+            test_rename_of_a_failed_upload, setup, teardown,
+            (void *)&default_mode),
+        cmocka_unit_test_prestate_setup_teardown(
+            test_unlink_while_the_upload_is_held, setup, teardown,
+            (void *)&writeback_mode),
+        cmocka_unit_test_prestate_setup_teardown(
+            test_recovery_uploads_what_was_closed, setup, teardown,
+            (void *)&default_mode),
+    };
+    log_set_level(LOG_LEVEL_ERROR);
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
