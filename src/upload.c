@@ -88,17 +88,6 @@ uint64_t upload_part_size(uint64_t size, uint64_t min_part_size)
     return part;
 }
 
-/* Abort after a failure: the failure already has its errno, so a failed
- * abort is only logged. */
-static void abort_after_failure(const struct upload_conf *conf,
-                                const char *key, const char *upload_id)
-{
-    int err = upload_abort(conf, key, upload_id);
-    if (err != 0)
-        log_warn("upload %s: cannot abort the failed multipart upload: %s",
-                 key, strerror(err));
-}
-
 /* --------------------------------------------------------------- parts */
 
 /* 0 when the copy source still has the ETag expected, ESTALE when it
@@ -282,7 +271,7 @@ static int run_parts(struct upload_run *run, uint64_t size, uint64_t part_size,
     }
 out:
     if (err != 0)
-        abort_after_failure(conf, run->key, run->upload_id);
+        upload_abandon(conf, run->key, run->upload_id);
     else if (run->copy_key != NULL)
         log_debug("upload %s: %u of %u parts copied server-side", run->key,
                   atomic_load(&run->copied_parts), count);
@@ -346,7 +335,7 @@ int upload_file(const struct upload_conf *conf, const struct upload_request *req
     if (req->on_multipart != NULL) {
         err = req->on_multipart(req->arg, upload_id);
         if (err != 0) {
-            abort_after_failure(conf, req->key, upload_id);
+            upload_abandon(conf, req->key, upload_id);
             goto out;
         }
     }
@@ -510,4 +499,17 @@ int upload_abort(const struct upload_conf *conf, const char *key,
         err = 0;
     }
     return err;
+}
+
+void upload_abandon(const struct upload_conf *conf, const char *key,
+                    const char *upload_id)
+{
+    int err = upload_abort(conf, key, upload_id);
+
+    if (err == 0)
+        return;
+    log_warn("upload %s: cannot abort the unfinished multipart upload: %s",
+             key, strerror(err));
+    if (conf->abort_failed != NULL)
+        conf->abort_failed(conf->abort_failed_arg, key, upload_id);
 }

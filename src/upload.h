@@ -39,6 +39,11 @@ struct upload_conf {
     unsigned parallel;             /* parts in flight per upload (>= 1) */
     uint64_t multipart_threshold;  /* larger objects go multipart */
     uint64_t part_size;            /* smallest part, >= 5 MiB */
+    /* Told of a multipart upload left on the server because its abort
+     * failed (upload_abandon()), so that it can be aborted later (stored
+     * parts are billed until then); may be NULL. */
+    void (*abort_failed)(void *arg, const char *key, const char *upload_id);
+    void *abort_failed_arg;
 };
 
 /* The part size for an object of SIZE bytes: MIN_PART_SIZE, grown to a
@@ -99,5 +104,11 @@ int upload_copy(const struct upload_conf *conf, const char *src_key,
  * a server that cannot abort is logged and counts as done. */
 int upload_abort(const struct upload_conf *conf, const char *key,
                  const char *upload_id);
+
+/* Abort UPLOAD_ID of KEY, an upload that failed or is given up. A failure
+ * to abort is logged and told to conf->abort_failed: the caller's error is
+ * already the upload's, and the upload is to be aborted later. */
+void upload_abandon(const struct upload_conf *conf, const char *key,
+                    const char *upload_id);
 
 #endif /* S3CFS_UPLOAD_H */

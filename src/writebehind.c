@@ -464,9 +464,6 @@ void writebehind_abandon(struct writebehind **wbp)
     wb->stopping = true;
     wait_parts_locked(wb);
     pthread_mutex_unlock(&wb->lock);
-    int err = upload_abort(wb->conf, wb->key, wb->upload_id);
-    if (err != 0)
-        log_warn("upload %s: cannot abort an unfinished multipart upload: %s",
-                 wb->key, strerror(err));
+    upload_abandon(wb->conf, wb->key, wb->upload_id);
     free_wb(wb);
 }

@@ -83,7 +83,8 @@ void writebehind_truncated(struct writebehind *wb, uint64_t size);
 int writebehind_finish(struct writebehind **wb, uint64_t size, char *etag_out);
 
 /* Give up: wait for the parts in flight, abort the multipart upload
- * (a failure is logged), free; *WB = NULL. Safe with NULL. */
+ * (upload_abandon(): a failure is logged and handed over), free; *WB =
+ * NULL. Safe with NULL. */
 void writebehind_abandon(struct writebehind **wb);
 
 #endif /* S3CFS_WRITEBEHIND_H */

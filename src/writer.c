@@ -719,6 +719,8 @@ int writer_create(const struct writer_conf *conf, struct writer **out)
         .parallel = conf->parallel_parts ? conf->parallel_parts : 1,
         .multipart_threshold = conf->multipart_threshold,
         .part_size = conf->part_size,
+        .abort_failed = writer_keep_orphan,
+        .abort_failed_arg = writer,
     };
     pthread_mutex_init(&writer->lock, NULL);
     pthread_cond_init(&writer->file_idle, NULL);
@@ -763,6 +765,13 @@ void writer_destroy(struct writer **writerp)
     for (unsigned i = 0; i < writer->thread_count; i++)
         pthread_join(writer->threads[i], NULL);
     free(writer->threads);
+    while (writer->orphans != NULL) {
+        struct orphan_upload *orphan = writer->orphans;
+        writer->orphans = orphan->next;
+        free(orphan->key);
+        free(orphan->upload_id);
+        free(orphan);
+    }
     staging_dir_close(&writer->staging);
     pthread_mutex_destroy(&writer->lock);
     pthread_cond_destroy(&writer->file_idle);
@@ -824,5 +833,7 @@ uint64_t writer_drain(struct writer *writer)
                           file->key);
         }
     writer_unlock(writer);
+    /* (a multipart upload whose abort failed is no loss of data) */
+    writer_abort_orphans(writer);
     return left;
 }

@@ -110,7 +110,17 @@ struct writer {
     unsigned running;             /* background uploads under way */
     bool stopping;
     bool draining;                /* upload everything now */
+    struct orphan_upload *orphans; /* multipart uploads whose abort failed */
     struct writer_stats stats;
+};
+
+/* A multipart upload left on the server because its abort failed: an
+ * unclosed journal entry (id) names it, so that the drain or the next
+ * mount aborts it (writer_keep_orphan). */
+struct orphan_upload {
+    uint64_t id;                  /* its journal entry; 0: none written */
+    char *key, *upload_id;
+    struct orphan_upload *next;
 };
 
 /* A version of a file: what an upload sends or a journal entry names. */
@@ -376,6 +386,17 @@ int writer_move_entry(struct writer *writer, struct writer_file *file,
  */
 void writer_promise_at_drain(struct writer *writer, struct writer_file *file);
 
+
+/* upload.h's abort_failed (ARG: the writer): UPLOAD_ID of KEY is left on
+ * the server. It is journaled as an unclosed entry of its own, so that a
+ * crash leaves it to the next mount's recovery to abort, and kept for the
+ * drain to abort (writer_abort_orphans). Never with the lock held. */
+void writer_keep_orphan(void *arg, const char *key, const char *upload_id);
+
+/* Abort the uploads writer_keep_orphan() kept; each aborted goes from the
+ * journal and the list, the others stay for the next mount. Returns the
+ * number left. Lock not held. */
+unsigned writer_abort_orphans(struct writer *writer);
 
 /* ----------------------------------------------------- writer_upload.c */
 

@@ -343,3 +343,70 @@ void writer_promise_at_drain(struct writer *writer, struct writer_file *file)
     free(key);
     writer_staging_drop(writer, &v.staging);
 }
+
+void writer_keep_orphan(void *arg, const char *key, const char *upload_id)
+{
+    struct writer *writer = arg;
+    struct orphan_upload *orphan = calloc(1, sizeof(*orphan));
+    struct writer_meta none = {0};
+    struct journal_entry entry;
+
+    if (orphan == NULL || (orphan->key = strdup(key)) == NULL ||
+        (orphan->upload_id = strdup(upload_id)) == NULL) {
+        log_error("upload %s: out of memory; its unfinished multipart upload "
+                  "is left to the bucket's lifecycle rules", key);
+        if (orphan != NULL)
+            free(orphan->key);
+        free(orphan);
+        return;
+    }
+    orphan->id = journal_next_id(writer->conf.journal);
+    writer_entry_of(orphan->id, key, 0, &none, upload_id, true, &entry);
+    int err = journal_put(writer->conf.journal, &entry);
+    if (err != 0) {
+        log_error("upload %s: cannot journal its unfinished multipart upload "
+                  "(%s); it is aborted at unmount, or else left to the "
+                  "bucket's lifecycle rules", key, strerror(err));
+        orphan->id = 0;
+    } else {
+        log_info("upload %s: its unfinished multipart upload is aborted at "
+                 "unmount or by the next mount", key);
+    }
+    pthread_mutex_lock(&writer->lock);
+    orphan->next = writer->orphans;
+    writer->orphans = orphan;
+    writer_unlock(writer);
+}
+
+unsigned writer_abort_orphans(struct writer *writer)
+{
+    unsigned left = 0;
+
+    pthread_mutex_lock(&writer->lock);
+    struct orphan_upload *orphans = writer->orphans;
+    writer->orphans = NULL;
+    writer_unlock(writer);
+    while (orphans != NULL) {
+        struct orphan_upload *orphan = orphans;
+        orphans = orphan->next;
+        int err = upload_abort(&writer->upload, orphan->key, orphan->upload_id);
+        if (err == 0 && orphan->id != 0)
+            journal_del(writer->conf.journal, orphan->id);
+        if (err == 0) {
+            log_debug("'%s': unfinished multipart upload aborted", orphan->key);
+            free(orphan->key);
+            free(orphan->upload_id);
+            free(orphan);
+            continue;
+        }
+        log_warn("upload %s: still cannot abort its unfinished multipart "
+                 "upload (%s)%s", orphan->key, strerror(err),
+                 orphan->id != 0 ? "; the next mount tries again" : "");
+        left++;
+        pthread_mutex_lock(&writer->lock);
+        orphan->next = writer->orphans;
+        writer->orphans = orphan;
+        writer_unlock(writer);
+    }
+    return left;
+}

@@ -227,8 +227,8 @@ int s3_multipart_complete_object(struct s3_client *client, const char *key,
                                  part_count, etag_out);
 }
 
-int upload_abort(const struct upload_conf *conf, const char *key,
-                 const char *upload_id)
+void upload_abandon(const struct upload_conf *conf, const char *key,
+                    const char *upload_id)
 {
     (void)conf;
     (void)key;
@@ -236,7 +236,6 @@ int upload_abort(const struct upload_conf *conf, const char *key,
     pthread_mutex_lock(&server.lock);
     server.aborts++;
     pthread_mutex_unlock(&server.lock);
-    return 0;
 }
 
 /* ------------------------------------------------------------ the writer */
