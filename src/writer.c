@@ -60,9 +60,9 @@
  * (the object's Last-Modified, read back once it is complete, becomes the
  * file's mtime); if the mode, owner or an explicit mtime changed
  * meanwhile, the object is copied onto itself with them. A copy on write
- * abandons it (its parts read the old staging file). A file renamed while
- * its write-behind upload is under way is first uploaded under its old
- * name, then moved by the caller as any uploaded object.
+ * abandons it (its parts read the old staging file), and so does a
+ * rename (writer_file_hold): its bytes were never closed, and the file
+ * goes up under its new name at its close.
  *
  * Failed uploads are retried in the background with exponential backoff
  * (RETRY_FIRST_SECONDS doubling up to RETRY_MAX_SECONDS), until they reach
@@ -548,15 +548,9 @@ int writer_file_hold(struct writer_file *file, enum writer_renamed *state)
     int err = 0;
 
     *state = WRITER_RENAMED_UPLOADED;
-    /* a write-behind upload is under way at the old key: finish it there,
-     * then the object moves as any uploaded one (if that upload fails,
-     * the file is pending again and goes to the new key later) */
     pthread_mutex_lock(&writer->lock);
-    bool streamed = file->wb != NULL && is_pending(file);
     uint64_t whole = file->size;
     writer_unlock(writer);
-    if (streamed)
-        writer_upload_version(writer, file, false);
     /* the base object is about to move or go: fetch what is still there */
     err = writer_make_present(writer, file, 0, whole, false);
 
@@ -570,8 +564,11 @@ int writer_file_hold(struct writer_file *file, enum writer_renamed *state)
     if (is_pending(file))
         *state = has_promise(file) ? WRITER_RENAMED_JOURNALED
                                    : WRITER_RENAMED_UNSAVED;
-    /* a write that got in after the upload above may have begun another
-     * write-behind upload, for the old key: it goes */
+    /* a write-behind upload (of a file being written, never closed) is
+     * for the old key and holds bytes nobody closed: it goes, and the
+     * file is uploaded under its new name when it is closed. Finishing it
+     * would put those bytes in the bucket in place of the last saved
+     * version. */
     struct writebehind *stale = file->wb;
     file->wb = NULL;
     writer_unlock(writer);

@@ -172,15 +172,28 @@ def test_metadata_changed_while_written(s3, bucket, proxy, mount):
     assert int(st.st_mtime) == 1_600_000_000
 
 
-def test_rename_while_written(s3, bucket, proxy, mount):
-    """Renamed while open with parts sent: uploaded under the old name,
-    moved on the server, written on; only the new name is left."""
+@pytest.mark.parametrize('before', ['new', 'saved'])
+def test_rename_while_written(s3, bucket, proxy, mount, before):
+    """Renamed while open with parts sent: the write-behind upload is given
+    up (its bytes were never closed), the new name holds what was saved
+    before (nothing for a new file) until the close, then everything
+    written; only the new name is left. (Before: the upload was finished
+    under the old name and moved, so bytes never closed replaced the
+    saved version; found by the crash torture, seed 2069084.)"""
+    saved = payload('wb-saved', 1 * MiB)
+    if before == 'saved':
+        s3.put_object(Bucket=bucket, Key='tmp.bin', Body=saved)
     mnt = mount(bucket, endpoint=proxy.endpoint)
     first, more = payload('wb-ren1', 40 * MiB), payload('wb-ren2', 3 * MiB)
     with new_file(mnt, 'tmp.bin') as fd:
         write_chunks(fd, first)
         wait_parts(proxy, 1, 'tmp.bin')
         os.rename(mnt.path / 'tmp.bin', mnt.path / 'final.bin')
+        if before == 'saved':
+            assert bucket_keys(s3, bucket) == ['final.bin']
+            assert sha(object_bytes(s3, bucket, 'final.bin')) == sha(saved)
+        else:
+            assert bucket_keys(s3, bucket) == []
         write_chunks(fd, more, len(first))
     assert bucket_keys(s3, bucket) == ['final.bin']
     assert sha(object_bytes(s3, bucket, 'final.bin')) == sha(first + more)
