@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh Debian 12 machine (as root):
 #   1. installs what the build and the tests need (tests/install-deps.sh);
-#   2. builds s3cachefs twice, plain and with ASan+UBSan
-#      (./configure --enable-sanitizers), each in its own build directory;
+#   2. builds s3cachefs twice, plain and with ASan+UBSan and the
+#      invariant checks of debug builds (./configure --enable-sanitizers
+#      --enable-debug), each in its own build directory;
 #   3. runs `make check` in both at the same time: cmocka unit tests, then
 #      the integration tests that mount for real against s3rver and
 #      OpenStack Swift s3api (the ASan+UBSan build against s3rver only,
@@ -46,7 +47,7 @@ failed=0
 for build in "${builds[@]}"; do
     dir="$srcdir/build-$build"
     flags=()
-    [ "$build" = sanitizers ] && flags=(--enable-sanitizers)
+    [ "$build" = sanitizers ] && flags=(--enable-sanitizers --enable-debug)
     echo "=== $build build in $dir"
     mkdir -p "$dir"
     (cd "$dir" && [ -f Makefile ] || "$srcdir/configure" -q "${flags[@]}")
