@@ -3,15 +3,20 @@
  * else includes: the in-memory and stored layouts, the tuning constants,
  * and the helpers one part calls in another. The public API is cache.h.
  *
- *   cache.c         objects (versions, open/close), reading and filling
- *                   blocks, statistics; the index accessors (meta values,
- *                   the usage record) and the data files; adopting,
- *                   re-keying and forgetting versions (the write path)
- *   cache_dir.c     the directory: lock, state file and boot id, format
- *                   check, cache_open/cache_close
+ *   cache_store.c   what the others build on: the index accessors (meta
+ *                   values, the usage record, ticks), the data files,
+ *                   dropping blocks and versions, the open-version
+ *                   registry; the invariant checks
  *   cache_policy.c  room and eviction (cache_reserve_disk too), recency
  *                   (touches, promotion, demotion), cache_flush and the
  *                   flusher thread
+ *   cache.c         objects (versions, open/close), reading and filling
+ *                   blocks, statistics
+ *   cache_adopt.c   the write path's calls: adopting a staged file,
+ *                   re-keying a version after a copy, forgetting a key
+ *   cache_dir.c     the directory: lock, state file and boot id, format
+ *                   check, cache_open/cache_close
+ * Each uses only those listed before it (cache_dir.c any of them).
  *
  * Index records (host byte order: a cache directory never moves between
  * machines; keys are big-endian so they sort numerically):
@@ -27,8 +32,9 @@
  * Locks: `lock` guards open_objects, touches, reserved, usage (the
  * in-memory mirror of the committed usage record), bounces and stopping,
  * and each cache_object's refs and replaced; flusher_wake (on
- * CLOCK_MONOTONIC) is signalled under it to stop the flusher. `evict_lock` lets one thread at a time
- * choose and drop victims and reserve room; it is held across a whole
+ * CLOCK_MONOTONIC) is signalled under it to stop the flusher.
+ * `evict_lock` lets one thread at a time choose and drop victims and
+ * reserve room; it is held across a whole
  * eviction (its write transaction, then the holes and unlinks).
  * Order: evict_lock, then an index transaction, then `lock`. The rule is
  * never to begin an index transaction while holding `lock` (LMDB's writer

@@ -1,8 +1,8 @@
 /*
  * fs_internal.h - what the files of the fs layer share: struct fs, open
- * handles, and each file's functions for the files above it (see
- * HACKING.md for their order: fs_attrs, fs_listing, fs_lookup, fs_stage,
- * fs_dir, fs, fs_write, fs_rename). Not for other modules.
+ * handles, and each file's functions for the files above it, in the
+ * order fs.c's header gives: fs_attrs, fs_listing, fs_lookup, fs_stage,
+ * fs, fs_dir, fs_file, fs_write, fs_rename. Not for other modules.
  */
 #ifndef S3CFS_FS_INTERNAL_H
 #define S3CFS_FS_INTERNAL_H

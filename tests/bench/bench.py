@@ -1460,7 +1460,7 @@ class Bench:
 
 MEDIAN_FIELDS = ('seconds', 'iops', 'mib_per_s', 'mib_fetched', 'mib_sent',
                  'mib_written', 'wait_seconds', 'peak_rss_mib', 'cpu_seconds')
-# Targets of the write path (issue 4).
+# Targets of the write path.
 TARGET_BIG_VS_LIMIT = 1.3     # write_big: at most 1.3x the raw multipart time
 TARGET_SMALL_VS_S3FS = 2.0    # write_small, default mode: 2x s3fs's speed
 TARGET_SMALL_WB_VS_RCLONE = 1.0  # write_small, writeback: rclone's speed
@@ -1636,10 +1636,10 @@ def verdict(met):
 
 
 def report_targets(table, tool_order):
-    """The write path's targets (issue 4) next to the figures."""
+    """The write path's targets next to the figures."""
     if not any(row in WRITE_ROW_NAMES for row, _ in table):
         return
-    print('\nwrite targets (issue 4):')
+    print('\nwrite targets:')
     limit = table.get(('raw_mpu', 'curl'))
     print(f'  large file + fsync within {TARGET_BIG_VS_LIMIT:.1f}x the time '
           f'of the raw multipart upload'
