@@ -78,22 +78,41 @@ int writer_promise(struct writer *writer, struct writer_file *file,
                 (file->uploaded && file->uploaded_gen >= v->gen) ||
                 (has_promise(file) && file->entry_gen >= v->gen &&
                  upload_id == NULL);
+    /* the upload of V began after a newer version was promised: the entry
+     * stays that newer promise and names V's upload, which recovery
+     * aborts before it uploads the newer version (a crash may leave it
+     * completing at the server) */
+    bool newer = !done && has_promise(file) && file->entry_gen > v->gen;
+    struct version promised = *v;
+    if (newer) {
+        promised = (struct version){
+            .staging = file->entry, .size = file->entry_size,
+            .gen = file->entry_gen, .data_gen = file->entry_data_gen,
+            .meta = file->entry_meta,
+        };
+    }
     if (!done) {
         key = strdup(file->key);
         if (upload_id == NULL && file->wb != NULL && file->data == v->staging)
             upload_id = writebehind_upload_id(file->wb);
+        /* an older version's upload under way stays named, for the same
+         * reason */
+        if (upload_id == NULL && file->sending != NULL)
+            upload_id = file->entry_upload_id;
         id_copy = upload_id != NULL ? strdup(upload_id) : NULL;
-        if (file->entry != NULL && file->entry != v->staging)
+        if (!newer && file->entry != NULL && file->entry != v->staging)
             old = file->entry;
     }
     writer_unlock(writer);
 
     if (!done && (key == NULL || (upload_id != NULL && id_copy == NULL)))
         err = ENOMEM;
-    if (!done && err == 0)
+    /* (a newer promise's data was made durable when it was written) */
+    if (!done && !newer && err == 0)
         err = staging_sync(writer->staging, v->staging->fd, key);
     if (!done && err == 0) {
-        writer_entry_of(v->staging->id, key, v->size, &v->meta, id_copy, false, &entry);
+        writer_entry_of(promised.staging->id, key, promised.size,
+                        &promised.meta, id_copy, false, &entry);
         err = journal_update(writer->conf.journal, &entry, 1,
                              old != NULL ? &old->id : NULL, old != NULL);
         if (err != 0)
@@ -102,11 +121,17 @@ int writer_promise(struct writer *writer, struct writer_file *file,
     }
 
     if (!done && err == 0)
-        log_debug("'%s': journaled %016" PRIx64 " (%llu bytes, version %llu)%s",
-                  key, v->staging->id, (unsigned long long)v->size,
-                  (unsigned long long)v->gen, old != NULL ? ", older entry dropped" : "");
+        log_debug("'%s': journaled %016" PRIx64 " (%llu bytes, version %llu)%s%s",
+                  key, promised.staging->id, (unsigned long long)promised.size,
+                  (unsigned long long)promised.gen,
+                  old != NULL ? ", older entry dropped" : "",
+                  newer ? ", naming an older version's upload" : "");
     pthread_mutex_lock(&writer->lock);
-    if (!done && err == 0) {
+    if (!done && err == 0 && newer) {
+        free(file->entry_upload_id);
+        file->entry_upload_id = id_copy;
+        id_copy = NULL;
+    } else if (!done && err == 0) {
         if (file->entry != v->staging) {
             freed = unref_locked(file->entry);
             file->entry = hold_locked(v->staging);

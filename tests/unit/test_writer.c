@@ -1043,6 +1043,65 @@ static void crash(struct fixture *f, struct writer_file **files, size_t count)
     journal_close(&f->journal);
 }
 
+/*
+ * Writeback: version 1 (multipart) closed and its upload begun, its
+ * CreateMultipartUpload held at the fake; version 2 (small) closed
+ * meanwhile, promised. When the create is released, the journal still
+ * promises version 2, and names version 1's upload, which recovery aborts
+ * before it uploads version 2; after a crash there, version 2 is what the
+ * bucket ends with. (Before: the upload's start journaled version 1 with
+ * its id over version 2's promise, and recovery uploaded version 1;
+ * found by the crash torture, seed 3068818.)
+ */
+static void test_older_upload_begun_after_a_newer_promise(void **state)
+{
+    struct fixture *f = *state;
+    struct entry_copy entries[MAX_ENTRIES];
+    unsigned create = 0, parts = 0;
+
+    assert_int_equal(fake_s3_hold(f->s3, ON(FAKE_S3_MP_CREATE, "ckpt"),
+                                  &create), 0);
+    assert_int_equal(fake_s3_hold(f->s3, ON(FAKE_S3_MP_PART, "ckpt"),
+                                  &parts), 0);
+    struct writer_file *file = NULL;
+    assert_int_equal(writer_file_create(f->writer, "ckpt", &file_meta, true,
+                                        NULL, &file), 0);
+    unsigned char *v1 = write_version(file, 2 * MIB, 21);
+    assert_int_equal(fake_s3_wait_held(f->s3, create, 1), 0);
+    unsigned char *v2 = write_version(file, 10 * KIB, 22);
+    assert_int_equal(journal_entries(f, entries), 1);
+    assert_int_equal(entries[0].size, 10 * KIB);
+    assert_false(entries[0].has_upload_id);
+
+    /* version 1's upload now exists: the promise stays version 2's */
+    fake_s3_release(f->s3, create, false, NULL);
+    assert_int_equal(fake_s3_wait_held(f->s3, parts, 1), 0);
+    assert_int_equal(journal_entries(f, entries), 1);
+    assert_int_equal(entries[0].size, 10 * KIB);
+    assert_false(entries[0].unclosed);
+    assert_true(entries[0].has_upload_id);
+
+    /* a crash with version 1's parts on their way: nothing more reaches
+     * the bucket */
+    assert_int_equal(fake_s3_fail(f->s3, FAKE_S3_ON(
+                                      FAKE_S3_UPLOADS |
+                                      FAKE_S3_CALL(FAKE_S3_MP_ABORT), NULL),
+                                  FAKE_S3_ALWAYS, EIO, false, NULL), 0);
+    fake_s3_hold_clear(f->s3, 0);
+    crash(f, &file, 1);
+    fake_s3_fail_clear(f->s3, 0);
+    journal_start(f);
+    writer_start(f);
+    assert_int_equal(writer_recover(f->writer, on_adopt, f), 0);
+    assert_int_equal(writer_drain(f->writer), 0);
+    assert_true(fake_s3_holds(f->s3, "ckpt", v2, 10 * KIB));
+    assert_int_equal(fake_s3_uploads(f->s3, "ckpt"), 0);
+    assert_int_equal(journal_entries(f, entries), 0);
+    adopted_put(f);
+    free(v1);
+    free(v2);
+}
+
 static void test_recovery_uploads_what_was_closed(void **state)
 {
     struct fixture *f = *state;
@@ -1224,6 +1283,9 @@ int main(void)
             (void *)&default_mode),
         cmocka_unit_test_prestate_setup_teardown(
             test_writeback_close_does_not_wait_for_an_upload, setup, teardown,
+            (void *)&writeback_mode),
+        cmocka_unit_test_prestate_setup_teardown(
+            test_older_upload_begun_after_a_newer_promise, setup, teardown,
             (void *)&writeback_mode),
         cmocka_unit_test_prestate_setup_teardown(
             test_writeback_versions_land_in_order, setup, teardown,
