@@ -17,9 +17,9 @@
  * Nothing sleeps. A test waits for a request held at the fake
  * (fake_s3_wait_held), for the uploads to end (fs_drain), or, where the
  * order of a rename and an upload matters, for the rename to reach
- * writer_file_unlink(): the program is linked with
- * -Wl,--wrap=writer_file_unlink, and the wrapper below counts the calls
- * (the one seam that no request marks).
+ * writer_file_unlink() or writer_file_hold(), where it waits for the
+ * upload: the program is linked with -Wl,--wrap for both, and the
+ * wrappers below count the calls (a moment no request marks).
  *
  * Covered:
  *   - lookup and listing: files, directories from prefixes and markers,
@@ -37,10 +37,17 @@
  *     multipart upload; reads of a file being written return its bytes;
  *   - rename of an uploaded file (COPY then DELETE), of a pending one
  *     (only its key changes; uploaded once, under the new name), over an
- *     existing file, of a directory (every key, copies before deletes, a
- *     marker for a directory that had none); RENAME_NOREPLACE and the
- *     other errno values; unlink, rmdir (ENOTEMPTY, also for pending
- *     files only), mkdir, symlink, chmod, truncate;
+ *     existing file, over a pending one (one promise left), over one open
+ *     for reading (its descriptor reads the replaced bytes), of a file
+ *     being written (its saved version moves first), of a directory
+ *     (every key, 64 at a time, each batch's copies before its deletes, a
+ *     marker for a directory that had none; a file being written under
+ *     it goes up under the new name; an upload under way is waited for
+ *     and its object moved); RENAME_NOREPLACE and the other errno
+ *     values; unlink (of a pending file: no request; of an open file:
+ *     its descriptor reads on), rmdir (ENOTEMPTY, also for pending files
+ *     only), mkdir, symlink, chmod (of a pending file: with its upload),
+ *     truncate;
  *   - the ordering fixes of fs_rename.c and fs_write.c:
  *     1. an older object under a journaled file's key is deleted before
  *        the promise leaves the key (rename, unlink, directory rename):
@@ -150,46 +157,70 @@ struct fixture {
     char log_text[TEXT_MAX];
 };
 
-/* --------------------------------------- the writer_file_unlink() seam */
+/* ------------------------------------------- seams in the writer's API */
+
+/* Calls from the library to writer_file_unlink() and writer_file_hold()
+ * come to the wrappers below first (-Wl,--wrap=...), which count them:
+ * a test waits there for a rename to reach the point where it waits for
+ * an upload under way, a moment no request marks. */
+enum seam {
+    SEAM_UNLINK,            /* writer_file_unlink() */
+    SEAM_HOLD,              /* writer_file_hold() */
+    SEAM_COUNT,
+};
 
 bool __real_writer_file_unlink(struct writer_file *file, bool forget);
 bool __wrap_writer_file_unlink(struct writer_file *file, bool forget);
+int __real_writer_file_hold(struct writer_file *file,
+                            enum writer_renamed *state);
+int __wrap_writer_file_hold(struct writer_file *file,
+                            enum writer_renamed *state);
 
-static pthread_mutex_t unlink_calls_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t unlink_called = PTHREAD_COND_INITIALIZER;
-static unsigned unlink_calls;       /* (unlink_calls_lock) */
+static pthread_mutex_t seam_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t seam_reached_cond = PTHREAD_COND_INITIALIZER;
+static unsigned seam_calls[SEAM_COUNT];   /* (seam_lock) */
 
-/* Every call of writer_file_unlink() from the library comes here first. */
+static void seam_reached(enum seam seam)
+{
+    pthread_mutex_lock(&seam_lock);
+    seam_calls[seam]++;
+    pthread_cond_broadcast(&seam_reached_cond);
+    pthread_mutex_unlock(&seam_lock);
+}
+
 bool __wrap_writer_file_unlink(struct writer_file *file, bool forget)
 {
-    pthread_mutex_lock(&unlink_calls_lock);
-    unlink_calls++;
-    pthread_cond_broadcast(&unlink_called);
-    pthread_mutex_unlock(&unlink_calls_lock);
+    seam_reached(SEAM_UNLINK);
     return __real_writer_file_unlink(file, forget);
 }
 
-static unsigned unlink_calls_now(void)
+int __wrap_writer_file_hold(struct writer_file *file,
+                            enum writer_renamed *state)
 {
-    pthread_mutex_lock(&unlink_calls_lock);
-    unsigned count = unlink_calls;
-    pthread_mutex_unlock(&unlink_calls_lock);
+    seam_reached(SEAM_HOLD);
+    return __real_writer_file_hold(file, state);
+}
+
+static unsigned seam_calls_now(enum seam seam)
+{
+    pthread_mutex_lock(&seam_lock);
+    unsigned count = seam_calls[seam];
+    pthread_mutex_unlock(&seam_lock);
     return count;
 }
 
-/* Wait until writer_file_unlink() was called COUNT times in all. 0 or
- * ETIMEDOUT. */
-static int wait_unlink_calls(unsigned count)
+/* Wait until SEAM was reached COUNT times in all. 0 or ETIMEDOUT. */
+static int wait_seam_calls(enum seam seam, unsigned count)
 {
     struct timespec until;
     int err = 0;
 
     clock_gettime(CLOCK_REALTIME, &until);
     until.tv_sec += WAIT_SECONDS;
-    pthread_mutex_lock(&unlink_calls_lock);
-    while (err == 0 && unlink_calls < count)
-        err = pthread_cond_timedwait(&unlink_called, &unlink_calls_lock, &until);
-    pthread_mutex_unlock(&unlink_calls_lock);
+    pthread_mutex_lock(&seam_lock);
+    while (err == 0 && seam_calls[seam] < count)
+        err = pthread_cond_timedwait(&seam_reached_cond, &seam_lock, &until);
+    pthread_mutex_unlock(&seam_lock);
     return err;
 }
 
@@ -1494,9 +1525,9 @@ static struct fs_file *renamed_over_an_upload(struct fixture *f,
 
     file = create_file(f, ROOT, "tmp", tmp_data, size, &tmp);
     assert_int_equal(fs_flush(f->fs, file), 0);
-    unsigned calls = unlink_calls_now();
+    unsigned calls = seam_calls_now(SEAM_UNLINK);
     rename_start(f, ROOT, "tmp", ROOT, "b");
-    assert_int_equal(wait_unlink_calls(calls + 1), 0);
+    assert_int_equal(wait_seam_calls(SEAM_UNLINK, calls + 1), 0);
     fake_s3_hold_clear(f->s3, rule);
     assert_int_equal(op_join(f), 0);
 
@@ -1550,6 +1581,289 @@ static void test_rename_over_an_upload_then_unlink_leaves_no_object(void **state
     assert_string_equal(changes_since(f, mark), "DELETE b");
 }
 
+/* ================================================ more renames and unlinks */
+
+/* Writeback: a journaled file renamed over another journaled one: the
+ * journal keeps one promise for the name, the renamed file's, and the
+ * replaced file never goes up. */
+static void test_rename_over_a_pending_file_keeps_one_promise(void **state)
+{
+    struct fixture *f = *state;
+    unsigned char *a = bytes_of(f, 12 * KIB, 30);
+    unsigned char *b = bytes_of(f, 34 * KIB, 31);
+    char expected[128];
+
+    struct fs_file *a_file = create_file(f, ROOT, "a", a, 12 * KIB, NULL);
+    struct fs_file *b_file = create_file(f, ROOT, "b", b, 34 * KIB, NULL);
+    assert_int_equal(fs_flush(f->fs, a_file), 0);
+    assert_int_equal(fs_flush(f->fs, b_file), 0);
+    snprintf(expected, sizeof(expected), "a:%u b:%u", 12 * KIB, 34 * KIB);
+    assert_string_equal(journal_of(f), expected);
+
+    assert_int_equal(fs_rename(f->fs, ROOT, "a", ROOT, "b", 0), 0);
+    snprintf(expected, sizeof(expected), "b:%u", 12 * KIB);
+    assert_string_equal(journal_of(f), expected);
+    assert_string_equal(listing_of(f, ROOT), "b");
+    /* the replaced file's descriptor reads on what it wrote */
+    assert_true(handle_reads_as(f, b_file, b, 34 * KIB));
+    assert_int_equal(fs_flush(f->fs, b_file), 0);
+    fs_release(f->fs, b_file);
+    fs_release(f->fs, a_file);
+    assert_int_equal(fs_drain(f->fs), 0);
+    assert_string_equal(changes_since(f, 0), "PUT b");
+    assert_true(fake_s3_holds(f->s3, "b", a, 12 * KIB));
+    assert_string_equal(journal_of(f), "");
+}
+
+/* Writeback: `mv app.log app.log.1` while the logger writes: the last
+ * saved version (the object) moves first, so a crash before the file's
+ * upload leaves it under the new name; the upload then replaces it. */
+static void test_rename_of_a_file_being_written_moves_its_saved_version(
+    void **state)
+{
+    struct fixture *f = *state;
+    const size_t saved = 10 * KIB, more = 3 * KIB;
+    unsigned char *data = bytes_of(f, saved + more, 32);
+    struct fs_file *file = NULL;
+    bool keep_cache;
+    char expected[64];
+
+    other_put(f, "app.log", data, saved, NULL);
+    fuse_ino_t ino = lookup(f, ROOT, "app.log", NULL);
+    assert_int_equal(fs_open(f->fs, ino, O_WRONLY | O_APPEND, &file,
+                             &keep_cache), 0);
+    assert_int_equal(fs_write(f->fs, file, saved, (const char *)data + saved,
+                              more), 0);
+    assert_string_equal(journal_of(f), ""); /* written, not closed */
+
+    size_t mark = fake_s3_log_count(f->s3);
+    assert_int_equal(fs_rename(f->fs, ROOT, "app.log", ROOT, "app.log.1", 0), 0);
+    assert_string_equal(changes_since(f, mark),
+                        "COPY app.log.1<-app.log, DELETE app.log");
+    assert_string_equal(bucket_of(f), "app.log.1");
+    assert_true(fake_s3_holds(f->s3, "app.log.1", data, saved));
+
+    assert_int_equal(fs_flush(f->fs, file), 0);
+    snprintf(expected, sizeof(expected), "app.log.1:%zu", saved + more);
+    assert_string_equal(journal_of(f), expected);
+    fs_release(f->fs, file);
+    assert_int_equal(fs_drain(f->fs), 0);
+    assert_string_equal(bucket_of(f), "app.log.1");
+    assert_true(fake_s3_holds(f->s3, "app.log.1", data, saved + more));
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_PUT, "app.log")), 0);
+}
+
+/* A file being written (never closed) in a directory that is renamed
+ * goes up under the new name at its close. */
+static void test_file_being_written_in_a_renamed_directory(void **state)
+{
+    struct fixture *f = *state;
+    unsigned char *data = bytes_of(f, 40 * KIB, 33);
+    struct fs_entry dir;
+
+    assert_int_equal(fs_mkdir(f->fs, ROOT, "d", 0755, 1000, 1000, &dir), 0);
+    struct fs_file *file = create_file(f, dir.ino, "f", data, 20 * KIB, NULL);
+    size_t mark = fake_s3_log_count(f->s3);
+    assert_int_equal(fs_rename(f->fs, ROOT, "d", ROOT, "e", 0), 0);
+    assert_string_equal(changes_since(f, mark), "COPY e/<-d/, DELETE d/");
+    assert_string_equal(listing_of(f, dir.ino), "f");
+    assert_int_equal(fs_write(f->fs, file, 20 * KIB, (const char *)data + 20 * KIB,
+                              20 * KIB), 0);
+    assert_int_equal(fs_flush(f->fs, file), 0);
+    fs_release(f->fs, file);
+    assert_string_equal(changes_since(f, mark),
+                        "COPY e/<-d/, DELETE d/, PUT e/f");
+    assert_string_equal(bucket_of(f), "e/ e/f");
+    assert_true(fake_s3_holds(f->s3, "e/f", data, 40 * KIB));
+}
+
+/* 150 keys: the move lists, copies and deletes 64 at a time, each batch's
+ * copies before its deletes, and lists from the start until none is left. */
+static void test_rename_of_a_directory_in_batches(void **state)
+{
+    struct fixture *f = *state;
+    const unsigned keys = 150;
+    char key[32], moved[32];
+
+    for (unsigned i = 0; i < keys; i++) {
+        snprintf(key, sizeof(key), "d/k%03u", i);
+        other_put(f, key, key, strlen(key), NULL);
+    }
+    assert_int_not_equal(lookup(f, ROOT, "d", NULL), 0);
+    size_t mark = fake_s3_log_count(f->s3);
+    assert_int_equal(fs_rename(f->fs, ROOT, "d", ROOT, "e", 0), 0);
+
+    for (unsigned i = 0; i < keys; i++) {
+        snprintf(key, sizeof(key), "d/k%03u", i);
+        snprintf(moved, sizeof(moved), "e/k%03u", i);
+        assert_true(fake_s3_holds(f->s3, moved, key, strlen(key)));
+    }
+    char **left = NULL;
+    size_t count = 0;
+    assert_int_equal(fake_s3_keys(f->s3, "d/", &left, &count), 0);
+    fake_s3_keys_free(left, count);
+    assert_int_equal(count, 0);
+    assert_true(fake_s3_holds(f->s3, "e/", "", 0)); /* d had no marker */
+
+    /* batch by batch: a LIST of 64, its copies, then its deletes */
+    unsigned batches = 0, copies[8] = {0}, deletes[8] = {0};
+    for (size_t i = mark; i < fake_s3_log_count(f->s3); i++) {
+        struct fake_s3_request request;
+        assert_int_equal(fake_s3_log_get(f->s3, i, &request), 0);
+        if (request.call == FAKE_S3_LIST && request.length == 64) {
+            assert_string_equal(request.key, "d/");
+            assert_true(batches < 8);
+            batches++;
+        } else if (request.call == FAKE_S3_COPY) {
+            assert_true(batches > 0);
+            assert_int_equal(deletes[batches - 1], 0);
+            copies[batches - 1]++;
+        } else if (request.call == FAKE_S3_DELETE) {
+            assert_true(batches > 0);
+            deletes[batches - 1]++;
+        }
+    }
+    assert_int_equal(batches, 4); /* the last one empty */
+    const unsigned sizes[4] = {64, 64, 22, 0};
+    for (unsigned b = 0; b < 4; b++) {
+        assert_int_equal(copies[b], sizes[b]);
+        assert_int_equal(deletes[b], sizes[b]);
+    }
+}
+
+/* A file unlinked before its upload never reaches the bucket: no
+ * request at all. */
+static void test_unlink_of_a_pending_file_sends_nothing(void **state)
+{
+    struct fixture *f = *state;
+    unsigned char *data = bytes_of(f, 5 * KIB, 34);
+
+    struct fs_file *file = create_file(f, ROOT, "p", data, 5 * KIB, NULL);
+    assert_int_equal(fs_flush(f->fs, file), 0);
+    assert_int_equal(fs_unlink(f->fs, ROOT, "p"), 0);
+    assert_string_equal(journal_of(f), "");
+    assert_true(handle_reads_as(f, file, data, 5 * KIB));
+    fs_release(f->fs, file);
+    assert_int_equal(fs_drain(f->fs), 0);
+    assert_string_equal(changes_since(f, 0), "");
+    assert_string_equal(listing_of(f, ROOT), "");
+}
+
+/* An object unlinked while a descriptor has it open for reading: the
+ * descriptor reads on (its bytes were fetched before the DELETE). */
+static void test_unlinked_open_file_reads_on(void **state)
+{
+    struct fixture *f = *state;
+    const size_t size = 300 * KIB;
+    unsigned char *data = bytes_of(f, size, 35);
+    struct fs_file *file = NULL;
+    bool keep_cache;
+
+    other_put(f, "f", data, size, NULL);
+    fuse_ino_t ino = lookup(f, ROOT, "f", NULL);
+    assert_int_equal(fs_open(f->fs, ino, O_RDONLY, &file, &keep_cache), 0);
+    size_t mark = fake_s3_log_count(f->s3);
+    assert_int_equal(fs_unlink(f->fs, ROOT, "f"), 0);
+    assert_string_equal(changes_since(f, mark), "DELETE f");
+    assert_int_equal(lookup(f, ROOT, "f", NULL), 0);
+    assert_true(handle_reads_as(f, file, data, size));
+    fs_release(f->fs, file);
+    assert_int_equal(fs_drain(f->fs), 0);
+    assert_string_equal(bucket_of(f), "");
+    assert_string_equal(changes_since(f, mark), "DELETE f");
+}
+
+/* A file renamed over one open for reading: that descriptor reads the
+ * replaced bytes, and the name the new ones. */
+static void test_rename_over_an_open_file(void **state)
+{
+    struct fixture *f = *state;
+    unsigned char *a = bytes_of(f, 70 * KIB, 36);
+    unsigned char *b = bytes_of(f, 90 * KIB, 37);
+    struct fs_file *file = NULL;
+    bool keep_cache;
+
+    other_put(f, "a", a, 70 * KIB, NULL);
+    other_put(f, "b", b, 90 * KIB, NULL);
+    fuse_ino_t a_ino = lookup(f, ROOT, "a", NULL);
+    fuse_ino_t b_ino = lookup(f, ROOT, "b", NULL);
+    assert_int_equal(fs_open(f->fs, b_ino, O_RDONLY, &file, &keep_cache), 0);
+    assert_int_equal(fs_rename(f->fs, ROOT, "a", ROOT, "b", 0), 0);
+    assert_true(handle_reads_as(f, file, b, 90 * KIB));
+    fs_release(f->fs, file);
+    assert_int_equal(lookup(f, ROOT, "b", NULL), a_ino);
+    assert_true(reads_as(f, a_ino, a, 70 * KIB));
+    assert_int_equal(fs_drain(f->fs), 0);
+    assert_string_equal(bucket_of(f), "b");
+    assert_true(fake_s3_holds(f->s3, "b", a, 70 * KIB));
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_PUT, NULL)), 0);
+}
+
+/* Writeback: a directory renamed while a file's upload under it is under
+ * way waits for it, then moves the object it made (no second upload). */
+static void test_directory_rename_waits_for_an_upload_under_way(void **state)
+{
+    struct fixture *f = *state;
+    unsigned char *data = bytes_of(f, 30 * KIB, 38);
+    struct fs_entry dir;
+    unsigned rule = 0;
+
+    assert_int_equal(fs_mkdir(f->fs, ROOT, "d", 0755, 1000, 1000, &dir), 0);
+    assert_int_equal(fake_s3_hold(f->s3, ON(FAKE_S3_PUT, "d/f"), &rule), 0);
+    struct fs_file *file = create_file(f, dir.ino, "f", data, 30 * KIB, NULL);
+    assert_int_equal(fs_flush(f->fs, file), 0);
+    fs_release(f->fs, file);
+    assert_int_equal(fake_s3_wait_held(f->s3, rule, 1), 0);
+
+    unsigned holds = seam_calls_now(SEAM_HOLD);
+    rename_start(f, ROOT, "d", ROOT, "e");
+    assert_int_equal(wait_seam_calls(SEAM_HOLD, holds + 1), 0);
+    fake_s3_hold_clear(f->s3, rule);
+    assert_int_equal(op_join(f), 0);
+
+    assert_string_equal(bucket_of(f), "e/ e/f");
+    assert_true(fake_s3_holds(f->s3, "e/f", data, 30 * KIB));
+    long put = first_of(f, 0, FAKE_S3_PUT, "d/f");
+    long copy = first_of(f, 0, FAKE_S3_COPY, "e/f");
+    struct fake_s3_request request;
+    assert_int_equal(fake_s3_log_get(f->s3, (size_t)put, &request), 0);
+    assert_int_equal(request.result, 0);
+    assert_true(copy > put);
+    assert_int_equal(fs_drain(f->fs), 0);
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_PUT, "e/f")), 0);
+    assert_string_equal(journal_of(f), "");
+    fuse_ino_t e_f = lookup(f, dir.ino, "f", NULL);
+    assert_true(reads_as(f, e_f, data, 30 * KIB));
+}
+
+/* Writeback: chmod of a file waiting for its upload costs no request;
+ * the mode goes up with the data. */
+static void test_chmod_of_a_pending_file_goes_with_its_upload(void **state)
+{
+    struct fixture *f = *state;
+    unsigned char *data = bytes_of(f, 8 * KIB, 39);
+    struct stat want = {.st_mode = 0600}, attr;
+    double timeout;
+    fuse_ino_t ino = 0;
+
+    struct fs_file *file = create_file(f, ROOT, "f", data, 8 * KIB, &ino);
+    assert_int_equal(fs_flush(f->fs, file), 0);
+    assert_int_equal(fs_setattr(f->fs, ino, &want, FUSE_SET_ATTR_MODE, NULL,
+                                &attr, &timeout), 0);
+    assert_int_equal(attr.st_mode, S_IFREG | 0600);
+    assert_string_equal(changes_since(f, 0), "");
+    fs_release(f->fs, file);
+    assert_int_equal(fs_drain(f->fs), 0);
+    assert_string_equal(changes_since(f, 0), "PUT f");
+    struct s3_object_info info;
+    void *stored = NULL;
+    size_t len = 0;
+    assert_int_equal(fake_s3_get(f->s3, "f", &stored, &len, &info), 0);
+    free(stored);
+    assert_int_equal(info.mode, S_IFREG | 0600);
+    assert_true(fake_s3_holds(f->s3, "f", data, 8 * KIB));
+}
+
 #define FS_TEST(name, params)                                              \
     cmocka_unit_test_prestate_setup_teardown(name, setup, teardown,        \
                                              (void *)&(params))
@@ -1592,6 +1906,19 @@ int main(void)
         FS_TEST(test_rename_over_an_upload_then_away_leaves_no_object,
                 writeback_cached),
         FS_TEST(test_rename_over_an_upload_then_unlink_leaves_no_object,
+                writeback_cached),
+        FS_TEST(test_rename_over_a_pending_file_keeps_one_promise,
+                writeback_cached),
+        FS_TEST(test_rename_of_a_file_being_written_moves_its_saved_version,
+                writeback_cached),
+        FS_TEST(test_file_being_written_in_a_renamed_directory, default_cached),
+        FS_TEST(test_rename_of_a_directory_in_batches, default_cached),
+        FS_TEST(test_unlink_of_a_pending_file_sends_nothing, writeback_cached),
+        FS_TEST(test_unlinked_open_file_reads_on, default_cached),
+        FS_TEST(test_rename_over_an_open_file, default_cached),
+        FS_TEST(test_directory_rename_waits_for_an_upload_under_way,
+                writeback_cached),
+        FS_TEST(test_chmod_of_a_pending_file_goes_with_its_upload,
                 writeback_cached),
     };
     log_set_level(LOG_LEVEL_ERROR);
