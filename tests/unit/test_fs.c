@@ -27,7 +27,9 @@
  *     negative lookups, keys that are not names (`e//b`, `d/./y`,
  *     `d/../z`) not shown, a listing of two LIST pages, readdirplus;
  *     listings trusted within dir_ttl and relisted past it, showing
- *     another client's new and deleted names;
+ *     another client's new and deleted names; a directory probed 8 times
+ *     is listed; where lookups are followed by reads, a lookup GETs a
+ *     small file whole and the read sends nothing;
  *   - against a changing bucket: an object replaced between lookup and
  *     open is read at its new version; one replaced while open fails
  *     with ESTALE and never returns bytes of the new version; a file
@@ -45,7 +47,8 @@
  *     it goes up under the new name; an upload under way is waited for
  *     and its object moved); RENAME_NOREPLACE and the other errno
  *     values; unlink (of a pending file: no request; of an open file:
- *     its descriptor reads on), rmdir (ENOTEMPTY, also for pending files
+ *     its descriptor reads on; during an upload: it waits, then deletes
+ *     what the upload made), rmdir (ENOTEMPTY, also for pending files
  *     only), mkdir, symlink, chmod (of a pending file: with its upload),
  *     truncate;
  *   - the ordering fixes of fs_rename.c and fs_write.c:
@@ -1867,6 +1870,100 @@ static void test_chmod_of_a_pending_file_goes_with_its_upload(void **state)
     assert_true(fake_s3_holds(f->s3, "f", data, 8 * KIB));
 }
 
+/* Writeback: an unlink while the file's upload is under way waits for
+ * it, then deletes the object it made. */
+static void test_unlink_during_an_upload_deletes_what_it_made(void **state)
+{
+    struct fixture *f = *state;
+    unsigned char *data = bytes_of(f, 15 * KIB, 40);
+    unsigned rule = 0;
+
+    assert_int_equal(fake_s3_hold(f->s3, ON(FAKE_S3_PUT, "u"), &rule), 0);
+    struct fs_file *file = create_file(f, ROOT, "u", data, 15 * KIB, NULL);
+    assert_int_equal(fs_flush(f->fs, file), 0);
+    fs_release(f->fs, file);
+    assert_int_equal(fake_s3_wait_held(f->s3, rule, 1), 0);
+
+    unsigned calls = seam_calls_now(SEAM_UNLINK);
+    unlink_start(f, ROOT, "u");
+    assert_int_equal(wait_seam_calls(SEAM_UNLINK, calls + 1), 0);
+    fake_s3_hold_clear(f->s3, rule);
+    assert_int_equal(op_join(f), 0);
+    assert_string_equal(changes_since(f, 0), "PUT u, DELETE u");
+    assert_string_equal(bucket_of(f), "");
+    assert_string_equal(journal_of(f), "");
+    assert_int_equal(lookup(f, ROOT, "u", NULL), 0);
+    assert_int_equal(fs_drain(f->fs), 0);
+    assert_string_equal(changes_since(f, 0), "PUT u, DELETE u");
+}
+
+/* A directory never listed is probed name by name (LIST NAME/, HEAD
+ * NAME); the 8th probe lists it instead, and the listing answers what
+ * follows. */
+static void test_a_directory_probed_eight_times_is_listed(void **state)
+{
+    struct fixture *f = *state;
+    char key[32], name[8], expected[64];
+
+    for (unsigned i = 0; i < 20; i++) {
+        snprintf(key, sizeof(key), "dir/g%02u", i);
+        other_put(f, key, key, strlen(key), NULL);
+    }
+    fuse_ino_t dir = lookup(f, ROOT, "dir", NULL);
+    for (unsigned i = 0; i < 7; i++) {
+        size_t mark = fake_s3_log_count(f->s3);
+        snprintf(name, sizeof(name), "g%02u", i);
+        assert_int_not_equal(lookup(f, dir, name, NULL), 0);
+        snprintf(expected, sizeof(expected), "LIST dir/%s/, HEAD dir/%s", name,
+                 name);
+        assert_string_equal(requests_since(f, mark), expected);
+    }
+    size_t mark = fake_s3_log_count(f->s3);
+    assert_int_not_equal(lookup(f, dir, "g07", NULL), 0);
+    assert_string_equal(requests_since(f, mark), "LIST dir/, HEAD dir/g07");
+    mark = fake_s3_log_count(f->s3);
+    assert_int_not_equal(lookup(f, dir, "g19", NULL), 0);
+    assert_int_equal(lookup(f, dir, "g20", NULL), 0);
+    assert_string_equal(requests_since(f, mark), "HEAD dir/g19");
+}
+
+/* Where the files lookups find are then opened for reading (8 of 8), a
+ * lookup GETs a small file whole instead of a HEAD, with the listed
+ * ETag, and the open and read that follow send nothing. */
+static void test_lookups_followed_by_reads_fetch_small_files_whole(void **state)
+{
+    struct fixture *f = *state;
+    unsigned char *data = bytes_of(f, 20 * KIB, 41);
+    char name[8], expected[64], etag[S3_ETAG_MAX];
+    struct fs_file *file = NULL;
+    bool keep_cache;
+
+    for (unsigned i = 0; i < 10; i++) {
+        snprintf(name, sizeof(name), "f%u", i);
+        other_put(f, name, data, 20 * KIB, NULL);
+    }
+    fake_s3_etag_of(data, 20 * KIB, etag);
+    assert_string_equal(listing_of(f, ROOT), "f0 f1 f2 f3 f4 f5 f6 f7 f8 f9");
+    for (unsigned i = 0; i < 8; i++) {
+        size_t mark = fake_s3_log_count(f->s3);
+        snprintf(name, sizeof(name), "f%u", i);
+        fuse_ino_t ino = lookup(f, ROOT, name, NULL);
+        snprintf(expected, sizeof(expected), "HEAD %s", name);
+        assert_string_equal(requests_since(f, mark), expected);
+        assert_int_equal(fs_open(f->fs, ino, O_RDONLY, &file, &keep_cache), 0);
+        fs_release(f->fs, file);
+    }
+    size_t mark = fake_s3_log_count(f->s3);
+    fuse_ino_t f8 = lookup(f, ROOT, "f8", NULL);
+    assert_string_equal(requests_since(f, mark), "GET f8");
+    struct fake_s3_request request;
+    assert_int_equal(fake_s3_log_get(f->s3, mark, &request), 0);
+    assert_string_equal(request.condition, etag);
+    assert_int_equal(request.length, 20 * KIB);
+    assert_true(reads_as(f, f8, data, 20 * KIB));
+    assert_string_equal(requests_since(f, mark), "GET f8");
+}
+
 /*
  * Known defect, reported and not fixed here (skipped unless
  * S3CACHEFS_TEST_KNOWN_DEFECTS is set): a directory that exists only as
@@ -1953,6 +2050,11 @@ int main(void)
                 writeback_cached),
         FS_TEST(test_chmod_of_a_pending_file_goes_with_its_upload,
                 writeback_cached),
+        FS_TEST(test_unlink_during_an_upload_deletes_what_it_made,
+                writeback_cached),
+        FS_TEST(test_a_directory_probed_eight_times_is_listed, default_cached),
+        FS_TEST(test_lookups_followed_by_reads_fetch_small_files_whole,
+                default_cached),
         FS_TEST(test_rename_of_the_last_file_keeps_its_directory,
                 default_cached),
     };
