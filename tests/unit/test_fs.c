@@ -1,0 +1,2063 @@
+/*
+ * test_fs.c - the fs layer (fs.h) driven directly, without a kernel, on
+ * the in-memory S3 of fake_s3.h: lookups, listings, reads, writes,
+ * renames and removals as fuse_ops.c would call them, with inode numbers
+ * as plain integers (FUSE_ROOT_ID is 1).
+ *
+ * Each test gets a cache directory under /tmp (64 KiB blocks) with its
+ * journal, a fake bucket and an fs with 2 connections and small multipart
+ * sizes (threshold 1 MiB, 5 MiB parts); its mode and TTLs come from the
+ * test's parameters: `cached` TTLs (an hour: nothing is revalidated
+ * during a test) or `fresh` ones (0: every listing and open asks the
+ * bucket again, which is what "past dir_ttl" means, without waiting for
+ * it). Outcomes are checked where they land: the keys and bytes in the
+ * bucket, the requests and their order in the fake's log, what lookups
+ * and listings return, errno values, the journal's entries.
+ *
+ * Nothing sleeps. A test waits for a request held at the fake
+ * (fake_s3_wait_held), for the uploads to end (fs_drain), or, where the
+ * order of a rename and an upload matters, for the rename to reach
+ * writer_file_unlink() or writer_file_hold(), where it waits for the
+ * upload: the program is linked with -Wl,--wrap for both, and the
+ * wrappers below count the calls (a moment no request marks).
+ *
+ * Covered:
+ *   - lookup and listing: files, directories from prefixes and markers,
+ *     "dir wins" (listings and lookups, the directory asked first),
+ *     negative lookups, keys that are not names (`e//b`, `d/./y`,
+ *     `d/../z`) not shown, a listing of two LIST pages, readdirplus;
+ *     listings trusted within dir_ttl and relisted past it, showing
+ *     another client's new and deleted names; a directory probed 8 times
+ *     is listed; where lookups are followed by reads, a lookup GETs a
+ *     small file whole and the read sends nothing;
+ *   - against a changing bucket: an object replaced between lookup and
+ *     open is read at its new version; one replaced while open fails
+ *     with ESTALE and never returns bytes of the new version; a file
+ *     deleted by another client while listed;
+ *   - the write path: default close uploads (one PUT), writeback close
+ *     journals and the upload lands later (held at the fake), fsync, a
+ *     multipart upload; reads of a file being written return its bytes;
+ *   - rename of an uploaded file (COPY then DELETE), of a pending one
+ *     (only its key changes; uploaded once, under the new name), over an
+ *     existing file, over a pending one (one promise left), over one open
+ *     for reading (its descriptor reads the replaced bytes), of a file
+ *     being written (its saved version moves first), of a directory
+ *     (every key, 64 at a time, each batch's copies before its deletes, a
+ *     marker for a directory that had none; a file being written under
+ *     it goes up under the new name; an upload under way is waited for
+ *     and its object moved); RENAME_NOREPLACE and the other errno
+ *     values; unlink (of a pending file: no request; of an open file:
+ *     its descriptor reads on; during an upload: it waits, then deletes
+ *     what the upload made), rmdir (ENOTEMPTY, also for pending files
+ *     only), mkdir, symlink, chmod (of a pending file: with its upload),
+ *     truncate;
+ *   - the ordering fixes of fs_rename.c and fs_write.c:
+ *     1. an older object under a journaled file's key is deleted before
+ *        the promise leaves the key (rename, unlink, directory rename):
+ *        while the DELETE is held, the journal still names the old key;
+ *     2. a directory whose only keys are files waiting for their upload
+ *        (recovered from the journal) shows in listings and lookups;
+ *     3. a rename over a target whose upload is under way: that upload's
+ *        object is deleted when the renamed file is later renamed away or
+ *        unlinked;
+ *   - a known defect, skipped unless S3CACHEFS_TEST_KNOWN_DEFECTS is set:
+ *     a directory without a marker vanishes when its last file is renamed
+ *     out of it (test_rename_of_the_last_file_keeps_its_directory).
+ */
+#ifdef HAVE_CONFIG_H
+#include "config.h"
+#endif
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/fs.h>
+#include <pthread.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cache.h"
+#include "fake_s3.h"
+#include "fs.h"
+#include "journal.h"
+#include "log.h"
+#include "names.h"
+#include "s3.h"
+#include "unit_cache.h"
+#include "writer.h"
+
+#define KIB (1u << 10)
+#define MIB (1u << 20)
+#define BLOCK (64u * KIB)
+#define READ_AHEAD (256u * KIB)
+#define THRESHOLD (1ull * MIB)
+#define PART_SIZE (5ull * MIB)
+#define ROOT FUSE_ROOT_ID
+#define CACHED_TTL 3600.0
+#define MAX_ALLOCS 32
+#define TEXT_MAX 4096
+#define WAIT_SECONDS FAKE_S3_WAIT_SECONDS
+
+/* cmocka's assertions may only fail on the thread running the test: the
+ * test's helper threads use this */
+#define CHECK(cond)                                                        \
+    do {                                                                   \
+        if (!(cond)) {                                                     \
+            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__,         \
+                    __LINE__, #cond);                                      \
+            abort();                                                       \
+        }                                                                  \
+    } while (0)
+
+#define ON(call, key) FAKE_S3_ON(FAKE_S3_CALL(call), key)
+
+/* What a test runs with. */
+struct fs_params {
+    bool writeback;
+    double attr_ttl;
+    double dir_ttl;
+};
+
+static const struct fs_params default_cached = {false, CACHED_TTL, CACHED_TTL};
+static const struct fs_params default_fresh = {false, 0, 0};
+/* attributes revalidated at every open, listings kept */
+static const struct fs_params default_reopen = {false, 0, CACHED_TTL};
+static const struct fs_params writeback_cached = {true, CACHED_TTL, CACHED_TTL};
+
+/* A change made on a thread of its own (it waits for a held request). */
+struct op_thread {
+    pthread_t thread;
+    bool started;
+    struct fs *fs;
+    enum { OP_RENAME, OP_UNLINK } kind;
+    fuse_ino_t parent, new_parent;
+    char name[64], new_name[64];
+    int result;
+};
+
+struct fixture {
+    char dir[64];
+    struct fs_params params;
+    struct cache_conf cache_conf;
+    struct cache *cache;
+    struct journal *journal;
+    struct s3_client *s3;
+    struct fs *fs;
+    struct op_thread op;
+    unsigned char *allocs[MAX_ALLOCS];   /* test bytes, freed in teardown */
+    unsigned alloc_count;
+    char listing_text[TEXT_MAX];
+    char journal_text[TEXT_MAX];
+    char bucket_text[TEXT_MAX];
+    char log_text[TEXT_MAX];
+};
+
+/* ------------------------------------------- seams in the writer's API */
+
+/* Calls from the library to writer_file_unlink() and writer_file_hold()
+ * come to the wrappers below first (-Wl,--wrap=...), which count them:
+ * a test waits there for a rename to reach the point where it waits for
+ * an upload under way, a moment no request marks. */
+enum seam {
+    SEAM_UNLINK,            /* writer_file_unlink() */
+    SEAM_HOLD,              /* writer_file_hold() */
+    SEAM_COUNT,
+};
+
+bool __real_writer_file_unlink(struct writer_file *file, bool forget);
+bool __wrap_writer_file_unlink(struct writer_file *file, bool forget);
+int __real_writer_file_hold(struct writer_file *file,
+                            enum writer_renamed *state);
+int __wrap_writer_file_hold(struct writer_file *file,
+                            enum writer_renamed *state);
+
+static pthread_mutex_t seam_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t seam_reached_cond = PTHREAD_COND_INITIALIZER;
+static unsigned seam_calls[SEAM_COUNT];   /* (seam_lock) */
+
+static void seam_reached(enum seam seam)
+{
+    pthread_mutex_lock(&seam_lock);
+    seam_calls[seam]++;
+    pthread_cond_broadcast(&seam_reached_cond);
+    pthread_mutex_unlock(&seam_lock);
+}
+
+bool __wrap_writer_file_unlink(struct writer_file *file, bool forget)
+{
+    seam_reached(SEAM_UNLINK);
+    return __real_writer_file_unlink(file, forget);
+}
+
+int __wrap_writer_file_hold(struct writer_file *file,
+                            enum writer_renamed *state)
+{
+    seam_reached(SEAM_HOLD);
+    return __real_writer_file_hold(file, state);
+}
+
+static unsigned seam_calls_now(enum seam seam)
+{
+    pthread_mutex_lock(&seam_lock);
+    unsigned count = seam_calls[seam];
+    pthread_mutex_unlock(&seam_lock);
+    return count;
+}
+
+/* Wait until SEAM was reached COUNT times in all. 0 or ETIMEDOUT. */
+static int wait_seam_calls(enum seam seam, unsigned count)
+{
+    struct timespec until;
+    int err = 0;
+
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += WAIT_SECONDS;
+    pthread_mutex_lock(&seam_lock);
+    while (err == 0 && seam_calls[seam] < count)
+        err = pthread_cond_timedwait(&seam_reached_cond, &seam_lock, &until);
+    pthread_mutex_unlock(&seam_lock);
+    return err;
+}
+
+/* ------------------------------------------------------------ fixture */
+
+static void fs_start(struct fixture *f)
+{
+    struct fs_conf conf = {
+        .root_key = "",
+        .uid = 1000,
+        .gid = 1000,
+        .file_mode = 0644,
+        .dir_mode = 0755,
+        .attr_ttl = f->params.attr_ttl,
+        .dir_ttl = f->params.dir_ttl,
+        .read_ahead = READ_AHEAD,
+        .connections = 2,
+        .cache = f->cache,
+        .journal = f->journal,
+        .writeback = f->params.writeback,
+        .multipart_threshold = THRESHOLD,
+        .part_size = PART_SIZE,
+    };
+    assert_int_equal(fs_create(&conf, f->s3, &f->fs), 0);
+}
+
+/* STATE points at the test's struct fs_params. */
+static int setup(void **state)
+{
+    struct fixture *f = calloc(1, sizeof(*f));
+    char path[128], errbuf[256] = "";
+
+    assert_non_null(f);
+    f->params = *(const struct fs_params *)*state;
+    snprintf(f->dir, sizeof(f->dir), "/tmp/test_fs.XXXXXX");
+    assert_non_null(mkdtemp(f->dir));
+    f->cache_conf = (struct cache_conf){
+        .dir = f->dir,
+        .bucket = "test-bucket",
+        .size_limit = 256ull * MIB,
+        .block_size = BLOCK,
+    };
+    f->cache = unit_cache_open(&f->cache_conf);
+    snprintf(path, sizeof(path), "%s/journal", f->dir);
+    int err = journal_open(path, &f->journal, errbuf, sizeof(errbuf));
+    if (err != 0)
+        fail_msg("journal_open: %s (%s)", strerror(err), errbuf);
+    assert_int_equal(fake_s3_create(&f->s3), 0);
+    fs_start(f);
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    struct fixture *f = *state;
+
+    /* whatever the test left held or failing goes on now */
+    fake_s3_hold_clear(f->s3, 0);
+    fake_s3_fail_clear(f->s3, 0);
+    if (f->op.started)
+        pthread_join(f->op.thread, NULL);
+    fs_destroy(&f->fs); /* releases open handles, drains */
+    journal_close(&f->journal);
+    cache_close(&f->cache);
+    s3_client_destroy(&f->s3);
+    unit_remove_tree(f->dir);
+    for (unsigned i = 0; i < f->alloc_count; i++)
+        free(f->allocs[i]);
+    free(f);
+    return 0;
+}
+
+/* ------------------------------------------------------------- helpers */
+
+/* LEN bytes of pattern SEED, freed in teardown. */
+static unsigned char *bytes_of(struct fixture *f, size_t len, unsigned seed)
+{
+    unsigned char *bytes = malloc(len ? len : 1);
+
+    assert_non_null(bytes);
+    assert_true(f->alloc_count < MAX_ALLOCS);
+    f->allocs[f->alloc_count++] = bytes;
+    for (size_t i = 0; i < len; i++)
+        bytes[i] =
+            (unsigned char)((i * 131 + seed * 17 + (i >> 10) * seed) & 0xff);
+    return bytes;
+}
+
+/* Another client puts KEY with LEN bytes of DATA (META may be NULL). */
+static void other_put(struct fixture *f, const char *key, const void *data,
+                      size_t len, const struct s3_put_meta *meta)
+{
+    assert_int_equal(fake_s3_put(f->s3, key, data, len, meta, NULL), 0);
+}
+
+/* Another client makes the directory marker KEY ("name/"). */
+static void other_put_marker(struct fixture *f, const char *key)
+{
+    const struct s3_put_meta meta = {.content_type = "application/x-directory"};
+
+    other_put(f, key, "", 0, &meta);
+}
+
+/* NAME in PARENT: its inode (0: a negative entry), attributes in *ATTR
+ * (may be NULL). The kernel's reference is kept. */
+static fuse_ino_t lookup(struct fixture *f, fuse_ino_t parent, const char *name,
+                         struct stat *attr)
+{
+    struct fs_entry entry;
+
+    assert_int_equal(fs_lookup(f->fs, parent, name, &entry), 0);
+    if (attr != NULL)
+        *attr = entry.attr;
+    return entry.ino;
+}
+
+/* What an opendir of DIR shows, "." and ".." left out: the names in
+ * order, separated by one space, a directory's with a '/' after it. */
+static const char *listing_of(struct fixture *f, fuse_ino_t dir)
+{
+    struct fs_dir *handle = NULL;
+    size_t used = 0;
+
+    assert_int_equal(fs_opendir(f->fs, dir, &handle), 0);
+    f->listing_text[0] = '\0';
+    for (size_t i = 2; i < fs_dir_count(handle); i++) {
+        struct stat attr;
+        const char *name = fs_dir_entry(f->fs, handle, i, &attr);
+        int n = snprintf(f->listing_text + used, TEXT_MAX - used, "%s%s%s",
+                         used ? " " : "", name, S_ISDIR(attr.st_mode) ? "/" : "");
+        assert_true(n > 0 && (size_t)n < TEXT_MAX - used);
+        used += (size_t)n;
+    }
+    fs_releasedir(f->fs, handle);
+    return f->listing_text;
+}
+
+static int copy_entry(void *arg, const struct journal_entry *entry)
+{
+    char *text = arg;
+    size_t used = strlen(text);
+    int n = snprintf(text + used, TEXT_MAX - used, "%s%s:%llu%s",
+                     used ? " " : "", entry->key,
+                     (unsigned long long)entry->size,
+                     entry->unclosed ? "(unclosed)" : "");
+
+    return n > 0 && (size_t)n < TEXT_MAX - used ? 0 : ENOSPC;
+}
+
+/* The journal's entries in id order: "key:size ...". */
+static const char *journal_of(struct fixture *f)
+{
+    f->journal_text[0] = '\0';
+    assert_int_equal(journal_scan(f->journal, copy_entry, f->journal_text), 0);
+    return f->journal_text;
+}
+
+/* The bucket's keys in order, separated by one space. */
+static const char *bucket_of(struct fixture *f)
+{
+    char **keys = NULL;
+    size_t count = 0, used = 0;
+
+    assert_int_equal(fake_s3_keys(f->s3, NULL, &keys, &count), 0);
+    f->bucket_text[0] = '\0';
+    for (size_t i = 0; i < count; i++) {
+        int n = snprintf(f->bucket_text + used, TEXT_MAX - used, "%s%s",
+                         used ? " " : "", keys[i]);
+        if (n > 0 && (size_t)n < TEXT_MAX - used)
+            used += (size_t)n;
+    }
+    fake_s3_keys_free(keys, count);
+    return f->bucket_text;
+}
+
+/* The requests logged from entry FROM on: "CALL key, ...", a copy as
+ * "COPY dst<-src", an empty LIST prefix as "". */
+static const char *requests_since(struct fixture *f, size_t from)
+{
+    size_t used = 0;
+
+    f->log_text[0] = '\0';
+    for (size_t i = from; i < fake_s3_log_count(f->s3); i++) {
+        struct fake_s3_request request;
+        assert_int_equal(fake_s3_log_get(f->s3, i, &request), 0);
+        int n = snprintf(f->log_text + used, TEXT_MAX - used, "%s%s %s%s%s%s",
+                         used ? ", " : "", fake_s3_call_name(request.call),
+                         request.key[0] ? request.key : "\"\"",
+                         request.source ? "<-" : "",
+                         request.source ? request.source : "",
+                         request.done && request.result != 0 ? "(failed)" : "");
+        assert_true(n > 0 && (size_t)n < TEXT_MAX - used);
+        used += (size_t)n;
+    }
+    return f->log_text;
+}
+
+/* Requests that changed the bucket (PUT, DELETE, COPY, multipart) from
+ * entry FROM on, as requests_since() shows them. */
+static const char *changes_since(struct fixture *f, size_t from)
+{
+    size_t used = 0;
+
+    f->log_text[0] = '\0';
+    for (size_t i = from; i < fake_s3_log_count(f->s3); i++) {
+        struct fake_s3_request request;
+        assert_int_equal(fake_s3_log_get(f->s3, i, &request), 0);
+        if (request.call == FAKE_S3_HEAD || request.call == FAKE_S3_GET ||
+            request.call == FAKE_S3_LIST)
+            continue;
+        int n = snprintf(f->log_text + used, TEXT_MAX - used, "%s%s %s%s%s",
+                         used ? ", " : "", fake_s3_call_name(request.call),
+                         request.key, request.source ? "<-" : "",
+                         request.source ? request.source : "");
+        assert_true(n > 0 && (size_t)n < TEXT_MAX - used);
+        used += (size_t)n;
+    }
+    return f->log_text;
+}
+
+/* Create NAME in PARENT, write LEN bytes of DATA (in writes of at most
+ * 64 KiB): the open handle; its inode in *INO (may be NULL). */
+static struct fs_file *create_file(struct fixture *f, fuse_ino_t parent,
+                                   const char *name, const unsigned char *data,
+                                   size_t len, fuse_ino_t *ino)
+{
+    struct fs_entry entry;
+    struct fs_file *file = NULL;
+
+    assert_int_equal(fs_create_file(f->fs, parent, name, 0644,
+                                     O_WRONLY | O_CREAT, 1000, 1000, &entry,
+                                     &file), 0);
+    assert_non_null(file);
+    assert_int_not_equal(entry.ino, 0);
+    for (size_t done = 0; done < len; done += 64 * KIB) {
+        size_t piece = len - done < 64 * KIB ? len - done : 64 * KIB;
+        assert_int_equal(fs_write(f->fs, file, done,
+                                  (const char *)data + done, piece), 0);
+    }
+    if (ino != NULL)
+        *ino = entry.ino;
+    return file;
+}
+
+/* Read FILE from byte 0 to its end into *OUT (malloc'd, at most CAP
+ * bytes), its length in *LEN. 0 or fs_read's errno. */
+static int read_handle(struct fixture *f, struct fs_file *file, size_t cap,
+                       unsigned char **out, size_t *len)
+{
+    unsigned char *buf = malloc(cap + 1);
+    size_t total = 0;
+    int err = 0;
+
+    assert_non_null(buf);
+    while (err == 0 && total <= cap) {
+        size_t got = 0;
+        err = fs_read(f->fs, file, total, cap + 1 - total, (char *)buf + total,
+                      &got);
+        if (err == 0 && got == 0)
+            break;
+        total += got;
+    }
+    if (err != 0) {
+        free(buf);
+        buf = NULL;
+        total = 0;
+    }
+    *out = buf;
+    *len = total;
+    return err;
+}
+
+/* Whether FILE reads as exactly the LEN bytes of DATA. */
+static bool handle_reads_as(struct fixture *f, struct fs_file *file,
+                            const unsigned char *data, size_t len)
+{
+    unsigned char *got = NULL;
+    size_t got_len = 0;
+
+    assert_int_equal(read_handle(f, file, len + 16, &got, &got_len), 0);
+    bool same = got_len == len && memcmp(got, data, len) == 0;
+    free(got);
+    return same;
+}
+
+/* Whether INO, opened for reading, reads as the LEN bytes of DATA. */
+static bool reads_as(struct fixture *f, fuse_ino_t ino,
+                     const unsigned char *data, size_t len)
+{
+    struct fs_file *file = NULL;
+    bool keep_cache;
+
+    assert_int_equal(fs_open(f->fs, ino, O_RDONLY, &file, &keep_cache), 0);
+    bool same = handle_reads_as(f, file, data, len);
+    fs_release(f->fs, file);
+    return same;
+}
+
+/* Whether the log holds a request of CALL on KEY, the first after entry
+ * FROM, and where (-1: none). */
+static long first_of(struct fixture *f, size_t from, enum fake_s3_call call,
+                     const char *key)
+{
+    return fake_s3_log_find(f->s3, from, ON(call, key));
+}
+
+/* ----------------------------------------------------- the helper thread */
+
+static void *op_main(void *arg)
+{
+    struct op_thread *op = arg;
+
+    if (op->kind == OP_RENAME)
+        op->result = fs_rename(op->fs, op->parent, op->name, op->new_parent,
+                               op->new_name, 0);
+    else
+        op->result = fs_unlink(op->fs, op->parent, op->name);
+    CHECK(op->result >= 0);
+    return NULL;
+}
+
+/* Start fs_rename(PARENT, NAME -> NEW_PARENT, NEW_NAME) on a thread. */
+static void rename_start(struct fixture *f, fuse_ino_t parent, const char *name,
+                         fuse_ino_t new_parent, const char *new_name)
+{
+    assert_false(f->op.started);
+    f->op = (struct op_thread){.fs = f->fs, .kind = OP_RENAME, .parent = parent,
+                               .new_parent = new_parent, .result = -1};
+    snprintf(f->op.name, sizeof(f->op.name), "%s", name);
+    snprintf(f->op.new_name, sizeof(f->op.new_name), "%s", new_name);
+    assert_int_equal(pthread_create(&f->op.thread, NULL, op_main, &f->op), 0);
+    f->op.started = true;
+}
+
+/* Start fs_unlink(PARENT, NAME) on a thread. */
+static void unlink_start(struct fixture *f, fuse_ino_t parent, const char *name)
+{
+    assert_false(f->op.started);
+    f->op = (struct op_thread){.fs = f->fs, .kind = OP_UNLINK, .parent = parent,
+                               .result = -1};
+    snprintf(f->op.name, sizeof(f->op.name), "%s", name);
+    assert_int_equal(pthread_create(&f->op.thread, NULL, op_main, &f->op), 0);
+    f->op.started = true;
+}
+
+/* Wait for the thread's change to end: its errno. */
+static int op_join(struct fixture *f)
+{
+    assert_true(f->op.started);
+    assert_int_equal(pthread_join(f->op.thread, NULL), 0);
+    f->op.started = false;
+    return f->op.result;
+}
+
+/* ================================================== lookup and listing */
+
+static void test_listing_shows_files_dirs_and_hides_bad_keys(void **state)
+{
+    struct fixture *f = *state;
+    const struct s3_put_meta owned = {
+        .has_mode = true, .mode = 0100600, .has_uid = true, .uid = 42,
+    };
+    struct stat attr;
+
+    other_put(f, "a.txt", "hello", 5, &owned);
+    other_put_marker(f, "m/");                /* a marker only */
+    other_put(f, "d/x", "x", 1, NULL);        /* a prefix only */
+    other_put(f, "d/./y", "y", 1, NULL);      /* not names */
+    other_put(f, "d/../z", "z", 1, NULL);
+    other_put(f, "e//b", "b", 1, NULL);
+    other_put(f, "both", "file", 4, NULL);    /* a file and a directory */
+    other_put(f, "both/inner", "i", 1, NULL);
+
+    assert_string_equal(listing_of(f, ROOT), "a.txt both/ d/ e/ m/");
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_LIST, NULL)), 1);
+
+    /* the directory wins in lookups too; the object is never asked for */
+    fuse_ino_t both = lookup(f, ROOT, "both", &attr);
+    assert_int_not_equal(both, 0);
+    assert_true(S_ISDIR(attr.st_mode));
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_HEAD, "both")), 0);
+    assert_string_equal(listing_of(f, both), "inner");
+
+    /* a file's s3fs headers from one HEAD */
+    fuse_ino_t a = lookup(f, ROOT, "a.txt", &attr);
+    assert_int_not_equal(a, 0);
+    assert_true(S_ISREG(attr.st_mode));
+    assert_int_equal(attr.st_mode & 07777, 0600);
+    assert_int_equal(attr.st_uid, 42);
+    assert_int_equal(attr.st_gid, 1000);
+    assert_int_equal(attr.st_size, 5);
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_HEAD, "a.txt")), 1);
+    assert_true(reads_as(f, a, (const unsigned char *)"hello", 5));
+
+    /* negative lookups: absent, and names no key can have */
+    size_t mark = fake_s3_log_count(f->s3);
+    assert_int_equal(lookup(f, ROOT, "nope", NULL), 0);
+    assert_int_equal(lookup(f, ROOT, ".", NULL), 0);
+    assert_int_equal(lookup(f, ROOT, "..", NULL), 0);
+    assert_string_equal(requests_since(f, mark), ""); /* the fresh listing */
+    struct fs_entry entry;
+    char long_name[NAMES_NAME_MAX + 2];
+    memset(long_name, 'n', sizeof(long_name) - 1);
+    long_name[sizeof(long_name) - 1] = '\0';
+    assert_int_equal(fs_lookup(f->fs, ROOT, long_name, &entry), ENAMETOOLONG);
+    assert_int_equal(fs_lookup(f->fs, a, "x", &entry), ENOTDIR);
+
+    /* d/./y and d/../z are no names, nor e//b: not shown */
+    fuse_ino_t d = lookup(f, ROOT, "d", NULL);
+    fuse_ino_t e = lookup(f, ROOT, "e", NULL);
+    assert_string_equal(listing_of(f, d), "x");
+    assert_string_equal(listing_of(f, e), "");
+    assert_int_equal(lookup(f, d, "x", NULL) != 0, true);
+    assert_int_equal(lookup(f, e, "b", NULL), 0);
+    fuse_ino_t m = lookup(f, ROOT, "m", &attr);
+    assert_true(S_ISDIR(attr.st_mode));
+    assert_string_equal(listing_of(f, m), "");
+
+    /* readdirplus: every entry with its inode; the file's headers from
+     * a HEAD, known already for a.txt (no second one) */
+    struct fs_dir *dir = NULL;
+    struct fs_entry plus[7];
+    assert_int_equal(fs_opendir(f->fs, ROOT, &dir), 0);
+    assert_int_equal(fs_dir_count(dir), 7);
+    assert_int_equal(fs_dir_entries_plus(f->fs, dir, 0, 7, plus), 0);
+    assert_int_equal(plus[2].ino, a);
+    assert_int_equal(plus[2].attr.st_uid, 42);
+    assert_int_equal(plus[3].ino, both);
+    assert_true(S_ISDIR(plus[3].attr.st_mode));
+    for (size_t i = 2; i < 7; i++) {
+        assert_int_not_equal(plus[i].ino, 0);
+        fs_forget(f->fs, plus[i].ino, 1);
+    }
+    fs_releasedir(f->fs, dir);
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_HEAD, "a.txt")), 1);
+}
+
+/* Without a listing, a lookup asks "a directory?" (LIST NAME/ max-keys 1)
+ * before "a file?" (HEAD NAME), so that it agrees with listings. */
+static void test_lookup_without_listing_asks_for_the_directory_first(void **state)
+{
+    struct fixture *f = *state;
+    struct stat attr;
+
+    other_put(f, "both", "file", 4, NULL);
+    other_put(f, "both/inner", "i", 1, NULL);
+    other_put(f, "f", "ff", 2, NULL);
+
+    size_t mark = fake_s3_log_count(f->s3);
+    assert_int_not_equal(lookup(f, ROOT, "both", &attr), 0);
+    assert_true(S_ISDIR(attr.st_mode));
+    /* (the HEAD is of a marker, for the directory's headers: none) */
+    assert_string_equal(requests_since(f, mark),
+                        "LIST both/, HEAD both/(failed)");
+
+    mark = fake_s3_log_count(f->s3);
+    assert_int_not_equal(lookup(f, ROOT, "f", &attr), 0);
+    assert_true(S_ISREG(attr.st_mode));
+    assert_int_equal(attr.st_size, 2);
+    assert_string_equal(requests_since(f, mark), "LIST f/, HEAD f");
+
+    mark = fake_s3_log_count(f->s3);
+    assert_int_equal(lookup(f, ROOT, "none", NULL), 0);
+    assert_string_equal(requests_since(f, mark),
+                        "LIST none/, HEAD none(failed)");
+    struct fake_s3_request request;
+    assert_int_equal(fake_s3_log_get(f->s3, mark, &request), 0);
+    assert_int_equal(request.length, 1); /* max-keys */
+}
+
+/* 1100 files and a directory: two LIST pages of 1000. */
+static void test_listing_of_two_pages(void **state)
+{
+    struct fixture *f = *state;
+    const size_t files = 1100;
+    char key[32];
+
+    for (size_t i = 0; i < files; i++) {
+        snprintf(key, sizeof(key), "p/f%04zu", i);
+        other_put(f, key, key, strlen(key), NULL);
+    }
+    other_put(f, "p/zdir/x", "x", 1, NULL);
+    fuse_ino_t p = lookup(f, ROOT, "p", NULL);
+    assert_int_not_equal(p, 0);
+
+    size_t mark = fake_s3_log_count(f->s3);
+    struct fs_dir *dir = NULL;
+    assert_int_equal(fs_opendir(f->fs, p, &dir), 0);
+    assert_int_equal(fs_dir_count(dir), 2 + files + 1);
+    for (size_t i = 0; i < files; i++) {
+        struct stat attr;
+        snprintf(key, sizeof(key), "f%04zu", i);
+        assert_string_equal(fs_dir_entry(f->fs, dir, 2 + i, &attr), key);
+        assert_true(S_ISREG(attr.st_mode));
+        assert_int_equal(attr.st_size, 7);
+    }
+    struct stat attr;
+    assert_string_equal(fs_dir_entry(f->fs, dir, 2 + files, &attr), "zdir");
+    assert_true(S_ISDIR(attr.st_mode));
+    fs_releasedir(f->fs, dir);
+    assert_string_equal(requests_since(f, mark), "LIST p/, LIST p/");
+    for (size_t i = mark; i < mark + 2; i++) {
+        struct fake_s3_request request;
+        assert_int_equal(fake_s3_log_get(f->s3, i, &request), 0);
+        assert_int_equal(request.length, 1000);
+    }
+
+    /* the listing answers lookups: a HEAD for the headers, no LIST */
+    mark = fake_s3_log_count(f->s3);
+    assert_int_not_equal(lookup(f, p, "f1099", NULL), 0);
+    assert_int_equal(lookup(f, p, "f1100", NULL), 0);
+    assert_string_equal(requests_since(f, mark), "HEAD p/f1099");
+}
+
+/* dir_ttl 0: every opendir lists again, and shows what another client
+ * changed. */
+static void test_listing_past_dir_ttl_shows_other_clients_changes(void **state)
+{
+    struct fixture *f = *state;
+
+    other_put(f, "a", "a", 1, NULL);
+    other_put(f, "b", "b", 1, NULL);
+    assert_string_equal(listing_of(f, ROOT), "a b");
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_LIST, "")), 1);
+
+    other_put(f, "c", "c", 1, NULL);
+    assert_true(fake_s3_delete(f->s3, "a"));
+    assert_string_equal(listing_of(f, ROOT), "b c");
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_LIST, "")), 2);
+    assert_int_equal(lookup(f, ROOT, "a", NULL), 0);
+    assert_int_not_equal(lookup(f, ROOT, "c", NULL), 0);
+}
+
+/* An hour of dir_ttl: the listing is shown and answers lookups as it
+ * was, without a request. */
+static void test_listing_within_dir_ttl_is_trusted(void **state)
+{
+    struct fixture *f = *state;
+
+    other_put(f, "a", "a", 1, NULL);
+    assert_string_equal(listing_of(f, ROOT), "a");
+    other_put(f, "b", "b", 1, NULL);
+    size_t mark = fake_s3_log_count(f->s3);
+    assert_string_equal(listing_of(f, ROOT), "a");
+    assert_int_equal(lookup(f, ROOT, "b", NULL), 0);
+    assert_string_equal(requests_since(f, mark), "");
+}
+
+/* dir_ttl and attr_ttl 0: a file deleted by another client while it is
+ * listed and open. */
+static void test_file_deleted_by_another_client_while_listed(void **state)
+{
+    struct fixture *f = *state;
+    unsigned char *data = bytes_of(f, 100 * KIB, 1);
+    struct fs_file *file = NULL;
+    bool keep_cache;
+    struct stat attr;
+    double timeout;
+
+    other_put(f, "gone", data, 100 * KIB, NULL);
+    other_put(f, "keep", "k", 1, NULL);
+    assert_string_equal(listing_of(f, ROOT), "gone keep");
+    fuse_ino_t gone = lookup(f, ROOT, "gone", NULL);
+    assert_int_not_equal(gone, 0);
+    assert_int_equal(fs_open(f->fs, gone, O_RDONLY, &file, &keep_cache), 0);
+    struct fs_dir *dir = NULL;
+    assert_int_equal(fs_opendir(f->fs, ROOT, &dir), 0); /* a snapshot */
+
+    assert_true(fake_s3_delete(f->s3, "gone"));
+
+    /* the open handle gets an error, never bytes */
+    char buf[4096];
+    size_t got = 99;
+    assert_int_equal(fs_read(f->fs, file, 0, sizeof(buf), buf, &got), ENOENT);
+    fs_release(f->fs, file);
+    /* the name is gone for lookups, getattr, open and listings */
+    assert_int_equal(lookup(f, ROOT, "gone", NULL), 0);
+    assert_int_equal(fs_getattr(f->fs, gone, &attr, &timeout), ENOENT);
+    assert_int_equal(fs_open(f->fs, gone, O_RDONLY, &file, &keep_cache), ENOENT);
+    assert_string_equal(listing_of(f, ROOT), "keep");
+
+    /* the snapshot still lists it: readdirplus does not fail (the HEAD
+     * that fails leaves the listing's attributes) */
+    struct fs_entry plus[2];
+    assert_int_equal(fs_dir_entries_plus(f->fs, dir, 2, 2, plus), 0);
+    assert_int_not_equal(plus[0].ino, 0);
+    assert_int_equal(plus[0].attr.st_size, 100 * KIB);
+    assert_int_not_equal(plus[1].ino, 0);
+    fs_forget(f->fs, plus[0].ino, 1);
+    fs_forget(f->fs, plus[1].ino, 1);
+    fs_releasedir(f->fs, dir);
+}
+
+/* ============================================== against a changing bucket */
+
+/* attr_ttl 0: open revalidates, and reads the version there now. */
+static void test_object_replaced_between_lookup_and_open(void **state)
+{
+    struct fixture *f = *state;
+    unsigned char *v1 = bytes_of(f, 300 * KIB, 2);
+    unsigned char *v2 = bytes_of(f, 200 * KIB + 3, 3);
+    char etag2[S3_ETAG_MAX];
+    struct stat attr;
+    double timeout;
+
+    other_put(f, "obj", v1, 300 * KIB, NULL);
+    fuse_ino_t obj = lookup(f, ROOT, "obj", &attr);
+    assert_int_equal(attr.st_size, 300 * KIB);
+
+    assert_int_equal(fake_s3_put(f->s3, "obj", v2, 200 * KIB + 3, NULL, etag2), 0);
+    size_t mark = fake_s3_log_count(f->s3);
+    assert_true(reads_as(f, obj, v2, 200 * KIB + 3));
+    /* every GET asked for the new version */
+    long at = (long)mark - 1;
+    unsigned gets = 0;
+    while ((at = first_of(f, (size_t)(at + 1), FAKE_S3_GET, "obj")) >= 0) {
+        struct fake_s3_request request;
+        assert_int_equal(fake_s3_log_get(f->s3, (size_t)at, &request), 0);
+        assert_string_equal(request.condition, etag2);
+        gets++;
+    }
+    assert_true(gets >= 1);
+    assert_int_equal(fs_getattr(f->fs, obj, &attr, &timeout), 0);
+    assert_int_equal(attr.st_size, 200 * KIB + 3);
+}
+
+/* An open handle reads the version it opened: once another client
+ * replaced the object, what is not cached fails with ESTALE, and no read
+ * returns a byte of the new version. */
+static void test_object_replaced_while_open_is_never_mixed(void **state)
+{
+    struct fixture *f = *state;
+    const size_t size = 1 * MIB;
+    unsigned char *v1 = bytes_of(f, size, 4);
+    unsigned char *v2 = bytes_of(f, size, 5);
+    struct fs_file *file = NULL;
+    bool keep_cache;
+    char buf[4 * KIB];
+    size_t got = 0;
+
+    other_put(f, "obj", v1, size, NULL);
+    fuse_ino_t obj = lookup(f, ROOT, "obj", NULL);
+    assert_int_equal(fs_open(f->fs, obj, O_RDONLY, &file, &keep_cache), 0);
+    assert_int_equal(fs_read(f->fs, file, 0, sizeof(buf), buf, &got), 0);
+    assert_int_equal(got, sizeof(buf));
+    assert_memory_equal(buf, v1, sizeof(buf));
+
+    other_put(f, "obj", v2, size, NULL);
+    /* (the first read fetched block 0 and read-ahead of 256 KiB at most) */
+    assert_int_equal(fs_read(f->fs, file, size - sizeof(buf), sizeof(buf), buf,
+                             &got), ESTALE);
+    /* what was fetched before is still the old version's */
+    assert_int_equal(fs_read(f->fs, file, 4 * KIB, sizeof(buf), buf, &got), 0);
+    assert_int_equal(got, sizeof(buf));
+    assert_memory_equal(buf, v1 + 4 * KIB, sizeof(buf));
+    fs_release(f->fs, file);
+}
+
+/* ========================================================== write path */
+
+static void test_default_close_puts_the_object(void **state)
+{
+    struct fixture *f = *state;
+    const size_t size = 100 * KIB + 7;
+    unsigned char *data = bytes_of(f, size, 6);
+    struct fs_file *reader = NULL;
+    fuse_ino_t ino = 0;
+    bool keep_cache;
+    struct stat attr;
+
+    assert_string_equal(listing_of(f, ROOT), "");
+    struct fs_file *file = create_file(f, ROOT, "new", data, size, &ino);
+    /* before close: nothing in the bucket, but lookups, listings and
+     * reads (this handle and another) see the file */
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_PUT, NULL)), 0);
+    assert_int_equal(lookup(f, ROOT, "new", &attr), ino);
+    assert_int_equal(attr.st_size, size);
+    assert_string_equal(listing_of(f, ROOT), "new");
+    assert_true(handle_reads_as(f, file, data, size));
+    assert_int_equal(fs_open(f->fs, ino, O_RDONLY, &reader, &keep_cache), 0);
+    assert_true(handle_reads_as(f, reader, data, size));
+
+    size_t mark = fake_s3_log_count(f->s3);
+    assert_int_equal(fs_flush(f->fs, file), 0);
+    assert_string_equal(requests_since(f, mark), "PUT new");
+    assert_true(fake_s3_holds(f->s3, "new", data, size));
+    assert_string_equal(journal_of(f), "");
+    fs_release(f->fs, file);
+    fs_release(f->fs, reader);
+
+    /* the staged data became the cached version: no GET to read it */
+    assert_true(reads_as(f, ino, data, size));
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_GET, NULL)), 0);
+    /* the headers went up with it */
+    struct s3_object_info info;
+    void *stored = NULL;
+    size_t len = 0;
+    assert_int_equal(fake_s3_get(f->s3, "new", &stored, &len, &info), 0);
+    free(stored);
+    assert_true(info.has_mode);
+    assert_int_equal(info.mode, 0100644);
+}
+
+static void test_writeback_close_journals_and_uploads_later(void **state)
+{
+    struct fixture *f = *state;
+    const size_t size = 300 * KIB;
+    unsigned char *data = bytes_of(f, size, 7);
+    unsigned char *synced = bytes_of(f, 10 * KIB, 8);
+    fuse_ino_t ino = 0;
+    unsigned rule = 0;
+    char expected[64];
+
+    assert_int_equal(fake_s3_hold(f->s3, ON(FAKE_S3_PUT, "wb"), &rule), 0);
+    struct fs_file *file = create_file(f, ROOT, "wb", data, size, &ino);
+    assert_int_equal(fs_flush(f->fs, file), 0);
+    /* promised when close returns, not sent */
+    snprintf(expected, sizeof(expected), "wb:%zu", size);
+    assert_string_equal(journal_of(f), expected);
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_PUT, NULL)), 0);
+    fs_release(f->fs, file);
+
+    /* the upload starts after the last close (and a settle): held */
+    assert_int_equal(fake_s3_wait_held(f->s3, rule, 1), 0);
+    assert_false(fake_s3_holds(f->s3, "wb", data, size));
+    assert_string_equal(journal_of(f), expected);
+    assert_int_equal(lookup(f, ROOT, "wb", NULL), ino);
+    assert_string_equal(listing_of(f, ROOT), "wb");
+    assert_true(reads_as(f, ino, data, size));
+
+    /* fsync uploads in the caller's thread, also in writeback mode */
+    struct fs_file *other = create_file(f, ROOT, "synced", synced, 10 * KIB, NULL);
+    assert_int_equal(fs_fsync(f->fs, other), 0);
+    assert_true(fake_s3_holds(f->s3, "synced", synced, 10 * KIB));
+    assert_int_equal(fs_flush(f->fs, other), 0);
+    fs_release(f->fs, other);
+
+    fake_s3_hold_clear(f->s3, rule);
+    assert_int_equal(fs_drain(f->fs), 0);
+    assert_true(fake_s3_holds(f->s3, "wb", data, size));
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_PUT, "wb")), 1);
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_PUT, "synced")), 1);
+    assert_string_equal(journal_of(f), "");
+}
+
+/* Above the threshold, a multipart upload of 5 MiB parts. */
+static void test_writeback_large_file_goes_up_in_parts(void **state)
+{
+    struct fixture *f = *state;
+    const size_t size = 6 * MIB + 5;
+    unsigned char *data = bytes_of(f, size, 9);
+    char etag[S3_ETAG_MAX];
+    struct stat attr;
+    double timeout;
+    fuse_ino_t ino = 0;
+
+    struct fs_file *file = create_file(f, ROOT, "big", data, size, &ino);
+    assert_int_equal(fs_flush(f->fs, file), 0);
+    fs_release(f->fs, file);
+    assert_int_equal(fs_drain(f->fs), 0);
+    assert_true(fake_s3_holds(f->s3, "big", data, size));
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_PUT, NULL)), 0);
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_MP_CREATE, "big")), 1);
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_MP_PART, "big")), 2);
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_MP_COMPLETE, "big")), 1);
+    assert_int_equal(fake_s3_uploads(f->s3, NULL), 0);
+    struct s3_object_info info;
+    void *stored = NULL;
+    size_t len = 0;
+    assert_int_equal(fake_s3_get(f->s3, "big", &stored, &len, &info), 0);
+    free(stored);
+    fake_s3_multipart_etag_of(data, size, PART_SIZE, etag);
+    assert_string_equal(info.etag, etag);
+    assert_int_equal(fs_getattr(f->fs, ino, &attr, &timeout), 0);
+    assert_int_equal(attr.st_size, size);
+    assert_string_equal(journal_of(f), "");
+}
+
+/* ============================================================== rename */
+
+static void test_rename_of_an_uploaded_file_copies_then_deletes(void **state)
+{
+    struct fixture *f = *state;
+    unsigned char *data = bytes_of(f, 50 * KIB, 10);
+
+    other_put(f, "src", data, 50 * KIB, NULL);
+    fuse_ino_t src = lookup(f, ROOT, "src", NULL);
+    assert_string_equal(listing_of(f, ROOT), "src");
+
+    size_t mark = fake_s3_log_count(f->s3);
+    assert_int_equal(fs_rename(f->fs, ROOT, "src", ROOT, "dst", 0), 0);
+    assert_string_equal(changes_since(f, mark), "COPY dst<-src, DELETE src");
+    assert_string_equal(bucket_of(f), "dst");
+    assert_true(fake_s3_holds(f->s3, "dst", data, 50 * KIB));
+    /* the inode keeps its number under the new name */
+    assert_int_equal(lookup(f, ROOT, "src", NULL), 0);
+    assert_int_equal(lookup(f, ROOT, "dst", NULL), src);
+    assert_string_equal(listing_of(f, ROOT), "dst");
+    assert_true(reads_as(f, src, data, 50 * KIB));
+}
+
+/* Writeback: a file closed (journaled) but not uploaded, renamed: only
+ * its key changes, and it goes up once, under the new name. */
+static void test_rename_of_a_pending_file_changes_only_its_key(void **state)
+{
+    struct fixture *f = *state;
+    const size_t size = 20 * KIB;
+    unsigned char *data = bytes_of(f, size, 11);
+    fuse_ino_t ino = 0;
+    char expected[64];
+
+    /* (kept open for writing: not queued for upload meanwhile) */
+    struct fs_file *file = create_file(f, ROOT, "tmp", data, size, &ino);
+    assert_int_equal(fs_flush(f->fs, file), 0);
+    snprintf(expected, sizeof(expected), "tmp:%zu", size);
+    assert_string_equal(journal_of(f), expected);
+
+    size_t mark = fake_s3_log_count(f->s3);
+    assert_int_equal(fs_rename(f->fs, ROOT, "tmp", ROOT, "final", 0), 0);
+    assert_string_equal(changes_since(f, mark), "");
+    snprintf(expected, sizeof(expected), "final:%zu", size);
+    assert_string_equal(journal_of(f), expected);
+    assert_int_equal(lookup(f, ROOT, "tmp", NULL), 0);
+    assert_int_equal(lookup(f, ROOT, "final", NULL), ino);
+    assert_string_equal(listing_of(f, ROOT), "final");
+    assert_true(handle_reads_as(f, file, data, size));
+
+    fs_release(f->fs, file);
+    assert_int_equal(fs_drain(f->fs), 0);
+    assert_string_equal(changes_since(f, mark), "PUT final");
+    assert_string_equal(bucket_of(f), "final");
+    assert_true(fake_s3_holds(f->s3, "final", data, size));
+    assert_string_equal(journal_of(f), "");
+}
+
+static void test_rename_over_an_existing_file(void **state)
+{
+    struct fixture *f = *state;
+    unsigned char *a = bytes_of(f, 30 * KIB, 12);
+    unsigned char *b = bytes_of(f, 40 * KIB, 13);
+
+    other_put(f, "a", a, 30 * KIB, NULL);
+    other_put(f, "b", b, 40 * KIB, NULL);
+    fuse_ino_t a_ino = lookup(f, ROOT, "a", NULL);
+    fuse_ino_t b_ino = lookup(f, ROOT, "b", NULL);
+    assert_int_not_equal(a_ino, b_ino);
+
+    size_t mark = fake_s3_log_count(f->s3);
+    assert_int_equal(fs_rename(f->fs, ROOT, "a", ROOT, "b", 0), 0);
+    assert_string_equal(changes_since(f, mark), "COPY b<-a, DELETE a");
+    assert_string_equal(bucket_of(f), "b");
+    assert_true(fake_s3_holds(f->s3, "b", a, 30 * KIB));
+    assert_int_equal(lookup(f, ROOT, "b", NULL), a_ino);
+    assert_int_equal(lookup(f, ROOT, "a", NULL), 0);
+    assert_string_equal(listing_of(f, ROOT), "b");
+    assert_true(reads_as(f, a_ino, a, 30 * KIB));
+}
+
+/* Writeback: a journaled file renamed over an object in the bucket: the
+ * object stays until the upload replaces it (no DELETE of b, ever). */
+static void test_rename_of_a_pending_file_over_an_uploaded_one(void **state)
+{
+    struct fixture *f = *state;
+    unsigned char *old = bytes_of(f, 40 * KIB, 14);
+    unsigned char *data = bytes_of(f, 25 * KIB, 15);
+    char expected[64];
+
+    other_put(f, "b", old, 40 * KIB, NULL);
+    assert_int_not_equal(lookup(f, ROOT, "b", NULL), 0);
+    struct fs_file *file = create_file(f, ROOT, "tmp", data, 25 * KIB, NULL);
+    assert_int_equal(fs_flush(f->fs, file), 0);
+
+    size_t mark = fake_s3_log_count(f->s3);
+    assert_int_equal(fs_rename(f->fs, ROOT, "tmp", ROOT, "b", 0), 0);
+    snprintf(expected, sizeof(expected), "b:%u", 25 * KIB);
+    assert_string_equal(journal_of(f), expected);
+    assert_true(fake_s3_holds(f->s3, "b", old, 40 * KIB));
+    fs_release(f->fs, file);
+    assert_int_equal(fs_drain(f->fs), 0);
+    assert_string_equal(changes_since(f, mark), "PUT b");
+    assert_string_equal(bucket_of(f), "b");
+    assert_true(fake_s3_holds(f->s3, "b", data, 25 * KIB));
+    assert_string_equal(journal_of(f), "");
+}
+
+static void test_rename_errors(void **state)
+{
+    struct fixture *f = *state;
+    struct fs_entry entry;
+
+    other_put(f, "a", "a", 1, NULL);
+    other_put(f, "b", "b", 1, NULL);
+    other_put(f, "d/x", "x", 1, NULL);
+    fuse_ino_t d = lookup(f, ROOT, "d", NULL);
+    assert_int_equal(fs_mkdir(f->fs, ROOT, "empty", 0755, 1000, 1000, &entry), 0);
+    size_t mark = fake_s3_log_count(f->s3);
+
+    assert_int_equal(fs_rename(f->fs, ROOT, "a", ROOT, "b", RENAME_NOREPLACE),
+                     EEXIST);
+    assert_int_equal(fs_rename(f->fs, ROOT, "a", ROOT, "b", RENAME_EXCHANGE),
+                     EINVAL);
+    assert_int_equal(fs_rename(f->fs, ROOT, "missing", ROOT, "c", 0), ENOENT);
+    assert_int_equal(fs_rename(f->fs, ROOT, "a", ROOT, "d", 0), EISDIR);
+    assert_int_equal(fs_rename(f->fs, ROOT, "d", ROOT, "a", 0), ENOTDIR);
+    assert_int_equal(fs_rename(f->fs, ROOT, "d", d, "inside", 0), EINVAL);
+    assert_int_equal(fs_rename(f->fs, ROOT, "empty", ROOT, "d", 0), ENOTEMPTY);
+    assert_string_equal(changes_since(f, mark), "");
+    assert_string_equal(bucket_of(f), "a b d/x empty/");
+
+    /* a name to itself: nothing to do */
+    assert_int_equal(fs_rename(f->fs, ROOT, "a", ROOT, "a", 0), 0);
+    /* RENAME_NOREPLACE to a free name renames */
+    assert_int_equal(fs_rename(f->fs, ROOT, "a", ROOT, "c", RENAME_NOREPLACE), 0);
+    assert_string_equal(changes_since(f, mark), "COPY c<-a, DELETE a");
+    assert_string_equal(bucket_of(f), "b c d/x empty/");
+}
+
+static void test_rename_of_a_directory_moves_every_key(void **state)
+{
+    struct fixture *f = *state;
+    unsigned char *data = bytes_of(f, 10 * KIB, 16);
+
+    other_put_marker(f, "d/");
+    other_put(f, "d/a", data, 10 * KIB, NULL);
+    other_put(f, "d/sub/b", "b", 1, NULL);
+    other_put(f, "d/sub/c/deep", "deep", 4, NULL);
+    other_put(f, "dx", "not under d/", 12, NULL);
+    other_put(f, "n/x", "x", 1, NULL); /* a directory without a marker */
+    fuse_ino_t d = lookup(f, ROOT, "d", NULL);
+    assert_string_equal(listing_of(f, d), "a sub/");
+
+    size_t mark = fake_s3_log_count(f->s3);
+    assert_int_equal(fs_rename(f->fs, ROOT, "d", ROOT, "e", 0), 0);
+    assert_string_equal(bucket_of(f), "dx e/ e/a e/sub/b e/sub/c/deep n/x");
+    assert_true(fake_s3_holds(f->s3, "e/a", data, 10 * KIB));
+    /* copies before deletes: every key has a name at every moment */
+    long first_delete = first_of(f, mark, FAKE_S3_DELETE, NULL);
+    long last_copy = -1;
+    for (long at = (long)mark - 1;
+         (at = first_of(f, (size_t)(at + 1), FAKE_S3_COPY, NULL)) >= 0;)
+        last_copy = at;
+    assert_true(last_copy >= 0 && first_delete > last_copy);
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_COPY, NULL)), 4);
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_DELETE, NULL)), 4);
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_PUT, NULL)), 0);
+
+    assert_int_equal(lookup(f, ROOT, "d", NULL), 0);
+    assert_int_equal(lookup(f, ROOT, "e", NULL), d);
+    assert_string_equal(listing_of(f, ROOT), "dx e/ n/");
+    assert_string_equal(listing_of(f, d), "a sub/");
+    fuse_ino_t sub = lookup(f, d, "sub", NULL);
+    assert_string_equal(listing_of(f, sub), "b c/");
+
+    /* without a marker, the new directory gets one */
+    mark = fake_s3_log_count(f->s3);
+    assert_int_equal(fs_rename(f->fs, ROOT, "n", ROOT, "o", 0), 0);
+    assert_string_equal(changes_since(f, mark), "COPY o/x<-n/x, DELETE n/x, PUT o/");
+    assert_string_equal(bucket_of(f), "dx e/ e/a e/sub/b e/sub/c/deep o/ o/x");
+}
+
+/* ======================================================= other changes */
+
+static void test_unlink_rmdir_mkdir_symlink(void **state)
+{
+    struct fixture *f = *state;
+    struct fs_entry entry;
+    struct stat attr;
+    char *target = NULL;
+
+    other_put(f, "f", "f", 1, NULL);
+    other_put(f, "full/x", "x", 1, NULL);
+    other_put(f, "k/only", "o", 1, NULL);
+    assert_int_not_equal(lookup(f, ROOT, "f", NULL), 0);
+
+    size_t mark = fake_s3_log_count(f->s3);
+    assert_int_equal(fs_unlink(f->fs, ROOT, "f"), 0);
+    assert_string_equal(changes_since(f, mark), "DELETE f");
+    assert_int_equal(lookup(f, ROOT, "f", NULL), 0);
+    assert_int_equal(fs_unlink(f->fs, ROOT, "f"), ENOENT);
+    assert_int_equal(fs_unlink(f->fs, ROOT, "full"), EISDIR);
+    assert_int_equal(fs_rmdir(f->fs, ROOT, "full"), ENOTEMPTY);
+    assert_int_equal(fs_rmdir(f->fs, ROOT, "missing"), ENOENT);
+    assert_string_equal(changes_since(f, mark), "DELETE f");
+
+    /* mkdir makes a marker, rmdir deletes it */
+    mark = fake_s3_log_count(f->s3);
+    assert_int_equal(fs_mkdir(f->fs, ROOT, "new", 0750, 1000, 1000, &entry), 0);
+    assert_true(S_ISDIR(entry.attr.st_mode));
+    assert_int_equal(entry.attr.st_mode & 07777, 0750);
+    assert_int_equal(lookup(f, ROOT, "new", NULL), entry.ino);
+    assert_string_equal(listing_of(f, entry.ino), "");
+    struct s3_object_info info;
+    void *stored = NULL;
+    size_t len = 0;
+    assert_int_equal(fake_s3_get(f->s3, "new/", &stored, &len, &info), 0);
+    free(stored);
+    assert_int_equal(info.mode, S_IFDIR | 0750);
+    assert_int_equal(fs_rmdir(f->fs, ROOT, "new"), 0);
+    assert_int_equal(lookup(f, ROOT, "new", NULL), 0);
+    assert_string_equal(changes_since(f, mark), "PUT new/, DELETE new/");
+    assert_int_equal(fs_mkdir(f->fs, ROOT, "full", 0755, 1000, 1000, &entry),
+                     0); /* (over a prefix: a marker, as mkdir -p would) */
+
+    /* a directory that existed by its last key keeps a marker */
+    fuse_ino_t k = lookup(f, ROOT, "k", NULL);
+    assert_string_equal(listing_of(f, k), "only");
+    assert_int_equal(fs_rmdir(f->fs, k, "only"), ENOTDIR);
+    assert_int_equal(fs_unlink(f->fs, k, "only"), 0);
+    assert_true(fake_s3_holds(f->s3, "k/", "", 0));
+    assert_int_equal(lookup(f, ROOT, "k", NULL), k);
+    assert_string_equal(listing_of(f, k), "");
+
+    /* a symlink is an object holding its target */
+    mark = fake_s3_log_count(f->s3);
+    assert_int_equal(fs_symlink(f->fs, "../some/target", ROOT, "ln", 1000, 1000,
+                                &entry), 0);
+    assert_string_equal(changes_since(f, mark), "PUT ln");
+    assert_true(fake_s3_holds(f->s3, "ln", "../some/target", 14));
+    assert_int_equal(lookup(f, ROOT, "ln", &attr), entry.ino);
+    assert_true(S_ISLNK(attr.st_mode));
+    assert_int_equal(fs_readlink(f->fs, entry.ino, &target), 0);
+    assert_string_equal(target, "../some/target");
+    free(target);
+    assert_int_equal(fs_readlink(f->fs, k, &target), EINVAL);
+    assert_null(target);
+    assert_string_equal(bucket_of(f), "full/ full/x k/ ln");
+}
+
+/* Writeback: a directory whose only file waits for its upload is not
+ * empty. */
+static void test_rmdir_of_a_directory_with_a_pending_file(void **state)
+{
+    struct fixture *f = *state;
+    struct fs_entry dir;
+
+    assert_int_equal(fs_mkdir(f->fs, ROOT, "d", 0755, 1000, 1000, &dir), 0);
+    struct fs_file *file = create_file(f, dir.ino, "f", (const unsigned char *)"f",
+                                       1, NULL);
+    assert_int_equal(fs_flush(f->fs, file), 0);
+    size_t mark = fake_s3_log_count(f->s3);
+    assert_int_equal(fs_rmdir(f->fs, ROOT, "d"), ENOTEMPTY);
+    /* only the lookup's probe (max-keys 1): the emptiness check asked
+     * nothing, the pending file is known here */
+    assert_string_equal(requests_since(f, mark), "LIST d/");
+    struct fake_s3_request request;
+    assert_int_equal(fake_s3_log_get(f->s3, mark, &request), 0);
+    assert_int_equal(request.length, 1);
+    assert_string_equal(bucket_of(f), "d/");
+    fs_release(f->fs, file);
+    assert_int_equal(fs_drain(f->fs), 0);
+    assert_string_equal(bucket_of(f), "d/ d/f");
+}
+
+static void test_setattr_chmod_and_truncate(void **state)
+{
+    struct fixture *f = *state;
+    unsigned char *data = bytes_of(f, 100 * KIB, 17);
+    struct stat want = {.st_mode = 0600}, attr;
+    double timeout;
+
+    other_put(f, "f", data, 100 * KIB, NULL);
+    fuse_ino_t ino = lookup(f, ROOT, "f", NULL);
+
+    /* chmod: the object copied onto itself with the new headers */
+    size_t mark = fake_s3_log_count(f->s3);
+    assert_int_equal(fs_setattr(f->fs, ino, &want, FUSE_SET_ATTR_MODE, NULL,
+                                &attr, &timeout), 0);
+    assert_int_equal(attr.st_mode, S_IFREG | 0600);
+    assert_string_equal(changes_since(f, mark), "COPY f<-f");
+    struct s3_object_info info;
+    void *stored = NULL;
+    size_t len = 0;
+    assert_int_equal(fake_s3_get(f->s3, "f", &stored, &len, &info), 0);
+    free(stored);
+    assert_true(info.has_mode);
+    assert_int_equal(info.mode, S_IFREG | 0600);
+    assert_true(fake_s3_holds(f->s3, "f", data, 100 * KIB));
+
+    /* truncate(path): no close follows, so it goes up at once */
+    want.st_size = 10;
+    mark = fake_s3_log_count(f->s3);
+    assert_int_equal(fs_setattr(f->fs, ino, &want, FUSE_SET_ATTR_SIZE, NULL,
+                                &attr, &timeout), 0);
+    assert_int_equal(attr.st_size, 10);
+    assert_true(fake_s3_holds(f->s3, "f", data, 10));
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_PUT, "f")), 1);
+    assert_true(reads_as(f, ino, data, 10));
+    assert_int_equal(fs_getattr(f->fs, ino, &attr, &timeout), 0);
+    assert_int_equal(attr.st_mode, S_IFREG | 0600);
+}
+
+/* ====================================================== ordering fixes */
+
+/*
+ * Writeback: d/f is in the bucket (v1, sent by fsync), then written again
+ * and closed (v2, journaled) with the handle still open, so v2 stays
+ * pending. Its inode in *INO; the open handle is returned; V2 and its
+ * size in *V2 and *V2_SIZE.
+ */
+static struct fs_file *older_object_and_newer_promise(struct fixture *f,
+                                                      fuse_ino_t *dir,
+                                                      unsigned char **v2,
+                                                      size_t *v2_size)
+{
+    const size_t v1_size = 30 * KIB;
+    unsigned char *v1 = bytes_of(f, v1_size, 20);
+    struct fs_entry entry;
+    char expected[64];
+
+    *v2_size = 50 * KIB + 1;
+    *v2 = bytes_of(f, *v2_size, 21);
+    assert_int_equal(fs_mkdir(f->fs, ROOT, "d", 0755, 1000, 1000, &entry), 0);
+    *dir = entry.ino;
+    struct fs_file *file = create_file(f, entry.ino, "f", v1, v1_size, NULL);
+    assert_int_equal(fs_fsync(f->fs, file), 0);
+    assert_true(fake_s3_holds(f->s3, "d/f", v1, v1_size));
+    assert_int_equal(fs_write(f->fs, file, 0, (const char *)*v2, *v2_size), 0);
+    assert_int_equal(fs_flush(f->fs, file), 0);
+    snprintf(expected, sizeof(expected), "d/f:%zu", *v2_size);
+    assert_string_equal(journal_of(f), expected);
+    assert_true(fake_s3_holds(f->s3, "d/f", v1, v1_size));
+    return file;
+}
+
+/* Fix 1, rename: the older object d/f is deleted while the promise still
+ * names d/f; only then does the promise move to d/g. */
+static void test_rename_deletes_the_older_object_before_the_promise_moves(
+    void **state)
+{
+    struct fixture *f = *state;
+    unsigned char *v2 = NULL;
+    size_t v2_size = 0;
+    fuse_ino_t d = 0;
+    unsigned rule = 0;
+    char expected[64];
+
+    struct fs_file *file = older_object_and_newer_promise(f, &d, &v2, &v2_size);
+    size_t mark = fake_s3_log_count(f->s3);
+    assert_int_equal(fake_s3_hold(f->s3, ON(FAKE_S3_DELETE, "d/f"), &rule), 0);
+    rename_start(f, d, "f", d, "g");
+    assert_int_equal(fake_s3_wait_held(f->s3, rule, 1), 0);
+    /* the DELETE is on its way: the promise is still d/f's */
+    snprintf(expected, sizeof(expected), "d/f:%zu", v2_size);
+    assert_string_equal(journal_of(f), expected);
+    fake_s3_hold_clear(f->s3, rule);
+    assert_int_equal(op_join(f), 0);
+
+    snprintf(expected, sizeof(expected), "d/g:%zu", v2_size);
+    assert_string_equal(journal_of(f), expected);
+    /* the older version was deleted, not moved */
+    assert_string_equal(changes_since(f, mark), "DELETE d/f");
+    assert_string_equal(bucket_of(f), "d/");
+    fs_release(f->fs, file);
+    assert_int_equal(fs_drain(f->fs), 0);
+    assert_string_equal(changes_since(f, mark), "DELETE d/f, PUT d/g");
+    assert_string_equal(bucket_of(f), "d/ d/g");
+    assert_true(fake_s3_holds(f->s3, "d/g", v2, v2_size));
+    assert_string_equal(journal_of(f), "");
+}
+
+/* Fix 1, unlink: the promise goes only after the DELETE of the older
+ * object. */
+static void test_unlink_deletes_the_older_object_before_the_promise_goes(
+    void **state)
+{
+    struct fixture *f = *state;
+    unsigned char *v2 = NULL;
+    size_t v2_size = 0;
+    fuse_ino_t d = 0;
+    unsigned rule = 0;
+    char expected[64];
+
+    struct fs_file *file = older_object_and_newer_promise(f, &d, &v2, &v2_size);
+    size_t mark = fake_s3_log_count(f->s3);
+    assert_int_equal(fake_s3_hold(f->s3, ON(FAKE_S3_DELETE, "d/f"), &rule), 0);
+    unlink_start(f, d, "f");
+    assert_int_equal(fake_s3_wait_held(f->s3, rule, 1), 0);
+    snprintf(expected, sizeof(expected), "d/f:%zu", v2_size);
+    assert_string_equal(journal_of(f), expected);
+    fake_s3_hold_clear(f->s3, rule);
+    assert_int_equal(op_join(f), 0);
+    assert_string_equal(journal_of(f), "");
+    assert_int_equal(lookup(f, d, "f", NULL), 0);
+    /* the descriptor still open reads what it wrote; nothing goes up */
+    assert_true(handle_reads_as(f, file, v2, v2_size));
+    assert_int_equal(fs_flush(f->fs, file), 0);
+    fs_release(f->fs, file);
+    assert_int_equal(fs_drain(f->fs), 0);
+    assert_string_equal(changes_since(f, mark), "DELETE d/f");
+    assert_string_equal(bucket_of(f), "d/");
+    assert_string_equal(journal_of(f), "");
+}
+
+/* Fix 1, directory rename: the older object of d/f is deleted (not
+ * moved) while the promise still names d/f, then the promise moves to
+ * e/f, then the keys move. */
+static void test_directory_rename_deletes_the_older_object_first(void **state)
+{
+    struct fixture *f = *state;
+    unsigned char *v2 = NULL;
+    size_t v2_size = 0;
+    fuse_ino_t d = 0;
+    unsigned rule = 0;
+    char expected[64];
+
+    struct fs_file *file = older_object_and_newer_promise(f, &d, &v2, &v2_size);
+    size_t mark = fake_s3_log_count(f->s3);
+    assert_int_equal(fake_s3_hold(f->s3, ON(FAKE_S3_DELETE, "d/f"), &rule), 0);
+    rename_start(f, ROOT, "d", ROOT, "e");
+    assert_int_equal(fake_s3_wait_held(f->s3, rule, 1), 0);
+    snprintf(expected, sizeof(expected), "d/f:%zu", v2_size);
+    assert_string_equal(journal_of(f), expected);
+    assert_string_equal(changes_since(f, mark), "DELETE d/f");
+    fake_s3_hold_clear(f->s3, rule);
+    assert_int_equal(op_join(f), 0);
+
+    snprintf(expected, sizeof(expected), "e/f:%zu", v2_size);
+    assert_string_equal(journal_of(f), expected);
+    assert_string_equal(changes_since(f, mark), "DELETE d/f, COPY e/<-d/, DELETE d/");
+    assert_int_equal(lookup(f, ROOT, "e", NULL), d);
+    assert_string_equal(listing_of(f, d), "f");
+    fs_release(f->fs, file);
+    assert_int_equal(fs_drain(f->fs), 0);
+    assert_string_equal(bucket_of(f), "e/ e/f");
+    assert_true(fake_s3_holds(f->s3, "e/f", v2, v2_size));
+    assert_string_equal(journal_of(f), "");
+}
+
+/* Fix 2: x/f was journaled by a mount whose upload failed, and x has no
+ * key in the bucket (its marker went). The next mount recovers x/f; while
+ * its upload is held, x is in the root's listing and found by lookup. */
+static void test_directory_of_recovered_files_is_shown(void **state)
+{
+    struct fixture *f = *state;
+    const size_t size = 70 * KIB;
+    unsigned char *data = bytes_of(f, size, 22);
+    struct fs_entry dir;
+    unsigned rule = 0;
+    char expected[64];
+    struct stat attr;
+
+    assert_int_equal(fs_mkdir(f->fs, ROOT, "x", 0755, 1000, 1000, &dir), 0);
+    assert_int_equal(fake_s3_fail(f->s3, ON(FAKE_S3_PUT, "x/f"), FAKE_S3_ALWAYS,
+                                  EIO, false, NULL), 0);
+    struct fs_file *file = create_file(f, dir.ino, "f", data, size, NULL);
+    assert_int_equal(fs_flush(f->fs, file), 0);
+    fs_release(f->fs, file);
+    assert_int_equal(fs_drain(f->fs), 1); /* left for the next mount */
+    fs_destroy(&f->fs);
+    snprintf(expected, sizeof(expected), "x/f:%zu", size);
+    assert_string_equal(journal_of(f), expected);
+    fake_s3_fail_clear(f->s3, 0);
+    assert_true(fake_s3_delete(f->s3, "x/"));
+    assert_string_equal(bucket_of(f), "");
+
+    /* the next mount */
+    assert_int_equal(fake_s3_hold(f->s3, ON(FAKE_S3_PUT, "x/f"), &rule), 0);
+    fs_start(f);
+    assert_int_equal(fs_recover(f->fs), 0);
+    assert_int_equal(fake_s3_wait_held(f->s3, rule, 1), 0);
+    size_t mark = fake_s3_log_count(f->s3);
+    fuse_ino_t x = lookup(f, ROOT, "x", &attr);
+    assert_int_not_equal(x, 0);
+    assert_true(S_ISDIR(attr.st_mode));
+    assert_string_equal(requests_since(f, mark), "LIST x/, HEAD x(failed)");
+    assert_string_equal(listing_of(f, ROOT), "x/");
+    assert_string_equal(listing_of(f, x), "f");
+    fuse_ino_t x_f = lookup(f, x, "f", &attr);
+    assert_int_equal(attr.st_size, size);
+    assert_true(reads_as(f, x_f, data, size));
+    assert_string_equal(journal_of(f), expected);
+
+    fake_s3_hold_clear(f->s3, rule);
+    assert_int_equal(fs_drain(f->fs), 0);
+    assert_string_equal(bucket_of(f), "x/f");
+    assert_true(fake_s3_holds(f->s3, "x/f", data, size));
+    assert_string_equal(journal_of(f), "");
+}
+
+/*
+ * Fix 3, the set-up: b closed and its upload held at the fake; tmp
+ * closed (journaled) and kept open, renamed over b while b's upload is
+ * under way, which lands after the rename read b's state (the rename is
+ * in writer_file_unlink(), waiting for it). The open handle of tmp is
+ * returned.
+ */
+static struct fs_file *renamed_over_an_upload(struct fixture *f,
+                                              const unsigned char *b_data,
+                                              const unsigned char *tmp_data,
+                                              size_t size)
+{
+    fuse_ino_t b = 0, tmp = 0;
+    unsigned rule = 0;
+    char expected[64];
+
+    assert_int_equal(fake_s3_hold(f->s3, ON(FAKE_S3_PUT, "b"), &rule), 0);
+    struct fs_file *file = create_file(f, ROOT, "b", b_data, size, &b);
+    assert_int_equal(fs_flush(f->fs, file), 0);
+    fs_release(f->fs, file);
+    assert_int_equal(fake_s3_wait_held(f->s3, rule, 1), 0);
+
+    file = create_file(f, ROOT, "tmp", tmp_data, size, &tmp);
+    assert_int_equal(fs_flush(f->fs, file), 0);
+    unsigned calls = seam_calls_now(SEAM_UNLINK);
+    rename_start(f, ROOT, "tmp", ROOT, "b");
+    assert_int_equal(wait_seam_calls(SEAM_UNLINK, calls + 1), 0);
+    fake_s3_hold_clear(f->s3, rule);
+    assert_int_equal(op_join(f), 0);
+
+    /* b's upload landed; tmp's promise took b's place */
+    assert_true(fake_s3_holds(f->s3, "b", b_data, size));
+    snprintf(expected, sizeof(expected), "b:%zu", size);
+    assert_string_equal(journal_of(f), expected);
+    assert_int_equal(lookup(f, ROOT, "b", NULL), tmp);
+    assert_int_equal(lookup(f, ROOT, "tmp", NULL), 0);
+    return file;
+}
+
+/* Fix 3, renamed away: b's object goes before the promise moves to c. */
+static void test_rename_over_an_upload_then_away_leaves_no_object(void **state)
+{
+    struct fixture *f = *state;
+    const size_t size = 20 * KIB;
+    unsigned char *b_data = bytes_of(f, size, 23);
+    unsigned char *tmp_data = bytes_of(f, size, 24);
+    char expected[64];
+
+    struct fs_file *file = renamed_over_an_upload(f, b_data, tmp_data, size);
+    size_t mark = fake_s3_log_count(f->s3);
+    assert_int_equal(fs_rename(f->fs, ROOT, "b", ROOT, "c", 0), 0);
+    assert_string_equal(changes_since(f, mark), "DELETE b");
+    snprintf(expected, sizeof(expected), "c:%zu", size);
+    assert_string_equal(journal_of(f), expected);
+    fs_release(f->fs, file);
+    assert_int_equal(fs_drain(f->fs), 0);
+    assert_string_equal(bucket_of(f), "c");
+    assert_true(fake_s3_holds(f->s3, "c", tmp_data, size));
+    assert_string_equal(journal_of(f), "");
+}
+
+/* Fix 3, unlinked: b's object goes with the name. */
+static void test_rename_over_an_upload_then_unlink_leaves_no_object(void **state)
+{
+    struct fixture *f = *state;
+    const size_t size = 20 * KIB;
+    unsigned char *b_data = bytes_of(f, size, 25);
+    unsigned char *tmp_data = bytes_of(f, size, 26);
+
+    struct fs_file *file = renamed_over_an_upload(f, b_data, tmp_data, size);
+    size_t mark = fake_s3_log_count(f->s3);
+    assert_int_equal(fs_unlink(f->fs, ROOT, "b"), 0);
+    assert_string_equal(changes_since(f, mark), "DELETE b");
+    assert_string_equal(journal_of(f), "");
+    fs_release(f->fs, file);
+    assert_int_equal(fs_drain(f->fs), 0);
+    assert_string_equal(bucket_of(f), "");
+    assert_string_equal(changes_since(f, mark), "DELETE b");
+}
+
+/* ================================================ more renames and unlinks */
+
+/* Writeback: a journaled file renamed over another journaled one: the
+ * journal keeps one promise for the name, the renamed file's, and the
+ * replaced file never goes up. */
+static void test_rename_over_a_pending_file_keeps_one_promise(void **state)
+{
+    struct fixture *f = *state;
+    unsigned char *a = bytes_of(f, 12 * KIB, 30);
+    unsigned char *b = bytes_of(f, 34 * KIB, 31);
+    char expected[128];
+
+    struct fs_file *a_file = create_file(f, ROOT, "a", a, 12 * KIB, NULL);
+    struct fs_file *b_file = create_file(f, ROOT, "b", b, 34 * KIB, NULL);
+    assert_int_equal(fs_flush(f->fs, a_file), 0);
+    assert_int_equal(fs_flush(f->fs, b_file), 0);
+    snprintf(expected, sizeof(expected), "a:%u b:%u", 12 * KIB, 34 * KIB);
+    assert_string_equal(journal_of(f), expected);
+
+    assert_int_equal(fs_rename(f->fs, ROOT, "a", ROOT, "b", 0), 0);
+    snprintf(expected, sizeof(expected), "b:%u", 12 * KIB);
+    assert_string_equal(journal_of(f), expected);
+    assert_string_equal(listing_of(f, ROOT), "b");
+    /* the replaced file's descriptor reads on what it wrote */
+    assert_true(handle_reads_as(f, b_file, b, 34 * KIB));
+    assert_int_equal(fs_flush(f->fs, b_file), 0);
+    fs_release(f->fs, b_file);
+    fs_release(f->fs, a_file);
+    assert_int_equal(fs_drain(f->fs), 0);
+    assert_string_equal(changes_since(f, 0), "PUT b");
+    assert_true(fake_s3_holds(f->s3, "b", a, 12 * KIB));
+    assert_string_equal(journal_of(f), "");
+}
+
+/* Writeback: `mv app.log app.log.1` while the logger writes: the last
+ * saved version (the object) moves first, so a crash before the file's
+ * upload leaves it under the new name; the upload then replaces it. */
+static void test_rename_of_a_file_being_written_moves_its_saved_version(
+    void **state)
+{
+    struct fixture *f = *state;
+    const size_t saved = 10 * KIB, more = 3 * KIB;
+    unsigned char *data = bytes_of(f, saved + more, 32);
+    struct fs_file *file = NULL;
+    bool keep_cache;
+    char expected[64];
+
+    other_put(f, "app.log", data, saved, NULL);
+    fuse_ino_t ino = lookup(f, ROOT, "app.log", NULL);
+    assert_int_equal(fs_open(f->fs, ino, O_WRONLY | O_APPEND, &file,
+                             &keep_cache), 0);
+    assert_int_equal(fs_write(f->fs, file, saved, (const char *)data + saved,
+                              more), 0);
+    assert_string_equal(journal_of(f), ""); /* written, not closed */
+
+    size_t mark = fake_s3_log_count(f->s3);
+    assert_int_equal(fs_rename(f->fs, ROOT, "app.log", ROOT, "app.log.1", 0), 0);
+    assert_string_equal(changes_since(f, mark),
+                        "COPY app.log.1<-app.log, DELETE app.log");
+    assert_string_equal(bucket_of(f), "app.log.1");
+    assert_true(fake_s3_holds(f->s3, "app.log.1", data, saved));
+
+    assert_int_equal(fs_flush(f->fs, file), 0);
+    snprintf(expected, sizeof(expected), "app.log.1:%zu", saved + more);
+    assert_string_equal(journal_of(f), expected);
+    fs_release(f->fs, file);
+    assert_int_equal(fs_drain(f->fs), 0);
+    assert_string_equal(bucket_of(f), "app.log.1");
+    assert_true(fake_s3_holds(f->s3, "app.log.1", data, saved + more));
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_PUT, "app.log")), 0);
+}
+
+/* A file being written (never closed) in a directory that is renamed
+ * goes up under the new name at its close. */
+static void test_file_being_written_in_a_renamed_directory(void **state)
+{
+    struct fixture *f = *state;
+    unsigned char *data = bytes_of(f, 40 * KIB, 33);
+    struct fs_entry dir;
+
+    assert_int_equal(fs_mkdir(f->fs, ROOT, "d", 0755, 1000, 1000, &dir), 0);
+    struct fs_file *file = create_file(f, dir.ino, "f", data, 20 * KIB, NULL);
+    size_t mark = fake_s3_log_count(f->s3);
+    assert_int_equal(fs_rename(f->fs, ROOT, "d", ROOT, "e", 0), 0);
+    assert_string_equal(changes_since(f, mark), "COPY e/<-d/, DELETE d/");
+    assert_string_equal(listing_of(f, dir.ino), "f");
+    assert_int_equal(fs_write(f->fs, file, 20 * KIB, (const char *)data + 20 * KIB,
+                              20 * KIB), 0);
+    assert_int_equal(fs_flush(f->fs, file), 0);
+    fs_release(f->fs, file);
+    assert_string_equal(changes_since(f, mark),
+                        "COPY e/<-d/, DELETE d/, PUT e/f");
+    assert_string_equal(bucket_of(f), "e/ e/f");
+    assert_true(fake_s3_holds(f->s3, "e/f", data, 40 * KIB));
+}
+
+/* 150 keys: the move lists, copies and deletes 64 at a time, each batch's
+ * copies before its deletes, and lists from the start until none is left. */
+static void test_rename_of_a_directory_in_batches(void **state)
+{
+    struct fixture *f = *state;
+    const unsigned keys = 150;
+    char key[32], moved[32];
+
+    for (unsigned i = 0; i < keys; i++) {
+        snprintf(key, sizeof(key), "d/k%03u", i);
+        other_put(f, key, key, strlen(key), NULL);
+    }
+    assert_int_not_equal(lookup(f, ROOT, "d", NULL), 0);
+    size_t mark = fake_s3_log_count(f->s3);
+    assert_int_equal(fs_rename(f->fs, ROOT, "d", ROOT, "e", 0), 0);
+
+    for (unsigned i = 0; i < keys; i++) {
+        snprintf(key, sizeof(key), "d/k%03u", i);
+        snprintf(moved, sizeof(moved), "e/k%03u", i);
+        assert_true(fake_s3_holds(f->s3, moved, key, strlen(key)));
+    }
+    char **left = NULL;
+    size_t count = 0;
+    assert_int_equal(fake_s3_keys(f->s3, "d/", &left, &count), 0);
+    fake_s3_keys_free(left, count);
+    assert_int_equal(count, 0);
+    assert_true(fake_s3_holds(f->s3, "e/", "", 0)); /* d had no marker */
+
+    /* batch by batch: a LIST of 64, its copies, then its deletes */
+    unsigned batches = 0, copies[8] = {0}, deletes[8] = {0};
+    for (size_t i = mark; i < fake_s3_log_count(f->s3); i++) {
+        struct fake_s3_request request;
+        assert_int_equal(fake_s3_log_get(f->s3, i, &request), 0);
+        if (request.call == FAKE_S3_LIST && request.length == 64) {
+            assert_string_equal(request.key, "d/");
+            assert_true(batches < 8);
+            batches++;
+        } else if (request.call == FAKE_S3_COPY) {
+            assert_true(batches > 0);
+            assert_int_equal(deletes[batches - 1], 0);
+            copies[batches - 1]++;
+        } else if (request.call == FAKE_S3_DELETE) {
+            assert_true(batches > 0);
+            deletes[batches - 1]++;
+        }
+    }
+    assert_int_equal(batches, 4); /* the last one empty */
+    const unsigned sizes[4] = {64, 64, 22, 0};
+    for (unsigned b = 0; b < 4; b++) {
+        assert_int_equal(copies[b], sizes[b]);
+        assert_int_equal(deletes[b], sizes[b]);
+    }
+}
+
+/* A file unlinked before its upload never reaches the bucket: no
+ * request at all. */
+static void test_unlink_of_a_pending_file_sends_nothing(void **state)
+{
+    struct fixture *f = *state;
+    unsigned char *data = bytes_of(f, 5 * KIB, 34);
+
+    struct fs_file *file = create_file(f, ROOT, "p", data, 5 * KIB, NULL);
+    assert_int_equal(fs_flush(f->fs, file), 0);
+    assert_int_equal(fs_unlink(f->fs, ROOT, "p"), 0);
+    assert_string_equal(journal_of(f), "");
+    assert_true(handle_reads_as(f, file, data, 5 * KIB));
+    fs_release(f->fs, file);
+    assert_int_equal(fs_drain(f->fs), 0);
+    assert_string_equal(changes_since(f, 0), "");
+    assert_string_equal(listing_of(f, ROOT), "");
+}
+
+/* An object unlinked while a descriptor has it open for reading: the
+ * descriptor reads on (its bytes were fetched before the DELETE). */
+static void test_unlinked_open_file_reads_on(void **state)
+{
+    struct fixture *f = *state;
+    const size_t size = 300 * KIB;
+    unsigned char *data = bytes_of(f, size, 35);
+    struct fs_file *file = NULL;
+    bool keep_cache;
+
+    other_put(f, "f", data, size, NULL);
+    fuse_ino_t ino = lookup(f, ROOT, "f", NULL);
+    assert_int_equal(fs_open(f->fs, ino, O_RDONLY, &file, &keep_cache), 0);
+    size_t mark = fake_s3_log_count(f->s3);
+    assert_int_equal(fs_unlink(f->fs, ROOT, "f"), 0);
+    assert_string_equal(changes_since(f, mark), "DELETE f");
+    assert_int_equal(lookup(f, ROOT, "f", NULL), 0);
+    assert_true(handle_reads_as(f, file, data, size));
+    fs_release(f->fs, file);
+    assert_int_equal(fs_drain(f->fs), 0);
+    assert_string_equal(bucket_of(f), "");
+    assert_string_equal(changes_since(f, mark), "DELETE f");
+}
+
+/* A file renamed over one open for reading: that descriptor reads the
+ * replaced bytes, and the name the new ones. */
+static void test_rename_over_an_open_file(void **state)
+{
+    struct fixture *f = *state;
+    unsigned char *a = bytes_of(f, 70 * KIB, 36);
+    unsigned char *b = bytes_of(f, 90 * KIB, 37);
+    struct fs_file *file = NULL;
+    bool keep_cache;
+
+    other_put(f, "a", a, 70 * KIB, NULL);
+    other_put(f, "b", b, 90 * KIB, NULL);
+    fuse_ino_t a_ino = lookup(f, ROOT, "a", NULL);
+    fuse_ino_t b_ino = lookup(f, ROOT, "b", NULL);
+    assert_int_equal(fs_open(f->fs, b_ino, O_RDONLY, &file, &keep_cache), 0);
+    assert_int_equal(fs_rename(f->fs, ROOT, "a", ROOT, "b", 0), 0);
+    assert_true(handle_reads_as(f, file, b, 90 * KIB));
+    fs_release(f->fs, file);
+    assert_int_equal(lookup(f, ROOT, "b", NULL), a_ino);
+    assert_true(reads_as(f, a_ino, a, 70 * KIB));
+    assert_int_equal(fs_drain(f->fs), 0);
+    assert_string_equal(bucket_of(f), "b");
+    assert_true(fake_s3_holds(f->s3, "b", a, 70 * KIB));
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_PUT, NULL)), 0);
+}
+
+/* Writeback: a directory renamed while a file's upload under it is under
+ * way waits for it, then moves the object it made (no second upload). */
+static void test_directory_rename_waits_for_an_upload_under_way(void **state)
+{
+    struct fixture *f = *state;
+    unsigned char *data = bytes_of(f, 30 * KIB, 38);
+    struct fs_entry dir;
+    unsigned rule = 0;
+
+    assert_int_equal(fs_mkdir(f->fs, ROOT, "d", 0755, 1000, 1000, &dir), 0);
+    assert_int_equal(fake_s3_hold(f->s3, ON(FAKE_S3_PUT, "d/f"), &rule), 0);
+    struct fs_file *file = create_file(f, dir.ino, "f", data, 30 * KIB, NULL);
+    assert_int_equal(fs_flush(f->fs, file), 0);
+    fs_release(f->fs, file);
+    assert_int_equal(fake_s3_wait_held(f->s3, rule, 1), 0);
+
+    unsigned holds = seam_calls_now(SEAM_HOLD);
+    rename_start(f, ROOT, "d", ROOT, "e");
+    assert_int_equal(wait_seam_calls(SEAM_HOLD, holds + 1), 0);
+    fake_s3_hold_clear(f->s3, rule);
+    assert_int_equal(op_join(f), 0);
+
+    assert_string_equal(bucket_of(f), "e/ e/f");
+    assert_true(fake_s3_holds(f->s3, "e/f", data, 30 * KIB));
+    long put = first_of(f, 0, FAKE_S3_PUT, "d/f");
+    long copy = first_of(f, 0, FAKE_S3_COPY, "e/f");
+    struct fake_s3_request request;
+    assert_int_equal(fake_s3_log_get(f->s3, (size_t)put, &request), 0);
+    assert_int_equal(request.result, 0);
+    assert_true(copy > put);
+    assert_int_equal(fs_drain(f->fs), 0);
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_PUT, "e/f")), 0);
+    assert_string_equal(journal_of(f), "");
+    fuse_ino_t e_f = lookup(f, dir.ino, "f", NULL);
+    assert_true(reads_as(f, e_f, data, 30 * KIB));
+}
+
+/* Writeback: chmod of a file waiting for its upload costs no request;
+ * the mode goes up with the data. */
+static void test_chmod_of_a_pending_file_goes_with_its_upload(void **state)
+{
+    struct fixture *f = *state;
+    unsigned char *data = bytes_of(f, 8 * KIB, 39);
+    struct stat want = {.st_mode = 0600}, attr;
+    double timeout;
+    fuse_ino_t ino = 0;
+
+    struct fs_file *file = create_file(f, ROOT, "f", data, 8 * KIB, &ino);
+    assert_int_equal(fs_flush(f->fs, file), 0);
+    assert_int_equal(fs_setattr(f->fs, ino, &want, FUSE_SET_ATTR_MODE, NULL,
+                                &attr, &timeout), 0);
+    assert_int_equal(attr.st_mode, S_IFREG | 0600);
+    assert_string_equal(changes_since(f, 0), "");
+    fs_release(f->fs, file);
+    assert_int_equal(fs_drain(f->fs), 0);
+    assert_string_equal(changes_since(f, 0), "PUT f");
+    struct s3_object_info info;
+    void *stored = NULL;
+    size_t len = 0;
+    assert_int_equal(fake_s3_get(f->s3, "f", &stored, &len, &info), 0);
+    free(stored);
+    assert_int_equal(info.mode, S_IFREG | 0600);
+    assert_true(fake_s3_holds(f->s3, "f", data, 8 * KIB));
+}
+
+/* Writeback: an unlink while the file's upload is under way waits for
+ * it, then deletes the object it made. */
+static void test_unlink_during_an_upload_deletes_what_it_made(void **state)
+{
+    struct fixture *f = *state;
+    unsigned char *data = bytes_of(f, 15 * KIB, 40);
+    unsigned rule = 0;
+
+    assert_int_equal(fake_s3_hold(f->s3, ON(FAKE_S3_PUT, "u"), &rule), 0);
+    struct fs_file *file = create_file(f, ROOT, "u", data, 15 * KIB, NULL);
+    assert_int_equal(fs_flush(f->fs, file), 0);
+    fs_release(f->fs, file);
+    assert_int_equal(fake_s3_wait_held(f->s3, rule, 1), 0);
+
+    unsigned calls = seam_calls_now(SEAM_UNLINK);
+    unlink_start(f, ROOT, "u");
+    assert_int_equal(wait_seam_calls(SEAM_UNLINK, calls + 1), 0);
+    fake_s3_hold_clear(f->s3, rule);
+    assert_int_equal(op_join(f), 0);
+    assert_string_equal(changes_since(f, 0), "PUT u, DELETE u");
+    assert_string_equal(bucket_of(f), "");
+    assert_string_equal(journal_of(f), "");
+    assert_int_equal(lookup(f, ROOT, "u", NULL), 0);
+    assert_int_equal(fs_drain(f->fs), 0);
+    assert_string_equal(changes_since(f, 0), "PUT u, DELETE u");
+}
+
+/* A directory never listed is probed name by name (LIST NAME/, HEAD
+ * NAME); the 8th probe lists it instead, and the listing answers what
+ * follows. */
+static void test_a_directory_probed_eight_times_is_listed(void **state)
+{
+    struct fixture *f = *state;
+    char key[32], name[8], expected[64];
+
+    for (unsigned i = 0; i < 20; i++) {
+        snprintf(key, sizeof(key), "dir/g%02u", i);
+        other_put(f, key, key, strlen(key), NULL);
+    }
+    fuse_ino_t dir = lookup(f, ROOT, "dir", NULL);
+    for (unsigned i = 0; i < 7; i++) {
+        size_t mark = fake_s3_log_count(f->s3);
+        snprintf(name, sizeof(name), "g%02u", i);
+        assert_int_not_equal(lookup(f, dir, name, NULL), 0);
+        snprintf(expected, sizeof(expected), "LIST dir/%s/, HEAD dir/%s", name,
+                 name);
+        assert_string_equal(requests_since(f, mark), expected);
+    }
+    size_t mark = fake_s3_log_count(f->s3);
+    assert_int_not_equal(lookup(f, dir, "g07", NULL), 0);
+    assert_string_equal(requests_since(f, mark), "LIST dir/, HEAD dir/g07");
+    mark = fake_s3_log_count(f->s3);
+    assert_int_not_equal(lookup(f, dir, "g19", NULL), 0);
+    assert_int_equal(lookup(f, dir, "g20", NULL), 0);
+    assert_string_equal(requests_since(f, mark), "HEAD dir/g19");
+}
+
+/* Where the files lookups find are then opened for reading (8 of 8), a
+ * lookup GETs a small file whole instead of a HEAD, with the listed
+ * ETag, and the open and read that follow send nothing. */
+static void test_lookups_followed_by_reads_fetch_small_files_whole(void **state)
+{
+    struct fixture *f = *state;
+    unsigned char *data = bytes_of(f, 20 * KIB, 41);
+    char name[8], expected[64], etag[S3_ETAG_MAX];
+    struct fs_file *file = NULL;
+    bool keep_cache;
+
+    for (unsigned i = 0; i < 10; i++) {
+        snprintf(name, sizeof(name), "f%u", i);
+        other_put(f, name, data, 20 * KIB, NULL);
+    }
+    fake_s3_etag_of(data, 20 * KIB, etag);
+    assert_string_equal(listing_of(f, ROOT), "f0 f1 f2 f3 f4 f5 f6 f7 f8 f9");
+    for (unsigned i = 0; i < 8; i++) {
+        size_t mark = fake_s3_log_count(f->s3);
+        snprintf(name, sizeof(name), "f%u", i);
+        fuse_ino_t ino = lookup(f, ROOT, name, NULL);
+        snprintf(expected, sizeof(expected), "HEAD %s", name);
+        assert_string_equal(requests_since(f, mark), expected);
+        assert_int_equal(fs_open(f->fs, ino, O_RDONLY, &file, &keep_cache), 0);
+        fs_release(f->fs, file);
+    }
+    size_t mark = fake_s3_log_count(f->s3);
+    fuse_ino_t f8 = lookup(f, ROOT, "f8", NULL);
+    assert_string_equal(requests_since(f, mark), "GET f8");
+    struct fake_s3_request request;
+    assert_int_equal(fake_s3_log_get(f->s3, mark, &request), 0);
+    assert_string_equal(request.condition, etag);
+    assert_int_equal(request.length, 20 * KIB);
+    assert_true(reads_as(f, f8, data, 20 * KIB));
+    assert_string_equal(requests_since(f, mark), "GET f8");
+}
+
+/*
+ * Known defect, reported and not fixed here (skipped unless
+ * S3CACHEFS_TEST_KNOWN_DEFECTS is set): a directory that exists only as
+ * the prefix of its keys vanishes when its last file is renamed out of
+ * it. fs_unlink() keeps such a directory (keep_parent_dir(): a marker
+ * once its cached listing is empty and a LIST agrees); fs_rename() has
+ * no such step, so after `mv k/only moved` k is neither in the bucket
+ * nor found by a lookup, though nobody removed it. (The same for a
+ * directory moved out: `mv k/sub elsewhere` when k/sub/x was k's only
+ * key.)
+ */
+static void test_rename_of_the_last_file_keeps_its_directory(void **state)
+{
+    struct fixture *f = *state;
+
+    if (getenv("S3CACHEFS_TEST_KNOWN_DEFECTS") == NULL) {
+        print_message("known defect, skipped: set S3CACHEFS_TEST_KNOWN_DEFECTS"
+                      " to run\n");
+        skip();
+    }
+    other_put(f, "k/only", "o", 1, NULL);
+    fuse_ino_t k = lookup(f, ROOT, "k", NULL);
+    assert_string_equal(listing_of(f, k), "only");
+    assert_int_equal(fs_rename(f->fs, k, "only", ROOT, "moved", 0), 0);
+    assert_string_equal(listing_of(f, k), "");
+    /* as after fs_unlink (test_unlink_rmdir_mkdir_symlink): a marker */
+    assert_string_equal(bucket_of(f), "k/ moved");
+    assert_int_equal(lookup(f, ROOT, "k", NULL), k);
+}
+
+#define FS_TEST(name, params)                                              \
+    cmocka_unit_test_prestate_setup_teardown(name, setup, teardown,        \
+                                             (void *)&(params))
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        FS_TEST(test_listing_shows_files_dirs_and_hides_bad_keys, default_cached),
+        FS_TEST(test_lookup_without_listing_asks_for_the_directory_first,
+                default_cached),
+        FS_TEST(test_listing_of_two_pages, default_cached),
+        FS_TEST(test_listing_past_dir_ttl_shows_other_clients_changes,
+                default_fresh),
+        FS_TEST(test_listing_within_dir_ttl_is_trusted, default_cached),
+        FS_TEST(test_file_deleted_by_another_client_while_listed, default_fresh),
+        FS_TEST(test_object_replaced_between_lookup_and_open, default_reopen),
+        FS_TEST(test_object_replaced_while_open_is_never_mixed, default_cached),
+        FS_TEST(test_default_close_puts_the_object, default_cached),
+        FS_TEST(test_writeback_close_journals_and_uploads_later, writeback_cached),
+        FS_TEST(test_writeback_large_file_goes_up_in_parts, writeback_cached),
+        FS_TEST(test_rename_of_an_uploaded_file_copies_then_deletes,
+                default_cached),
+        FS_TEST(test_rename_of_a_pending_file_changes_only_its_key,
+                writeback_cached),
+        FS_TEST(test_rename_over_an_existing_file, default_cached),
+        FS_TEST(test_rename_of_a_pending_file_over_an_uploaded_one,
+                writeback_cached),
+        FS_TEST(test_rename_errors, default_cached),
+        FS_TEST(test_rename_of_a_directory_moves_every_key, default_cached),
+        FS_TEST(test_unlink_rmdir_mkdir_symlink, default_cached),
+        FS_TEST(test_rmdir_of_a_directory_with_a_pending_file, writeback_cached),
+        FS_TEST(test_setattr_chmod_and_truncate, default_cached),
+        FS_TEST(test_rename_deletes_the_older_object_before_the_promise_moves,
+                writeback_cached),
+        FS_TEST(test_unlink_deletes_the_older_object_before_the_promise_goes,
+                writeback_cached),
+        FS_TEST(test_directory_rename_deletes_the_older_object_first,
+                writeback_cached),
+        FS_TEST(test_directory_of_recovered_files_is_shown, writeback_cached),
+        FS_TEST(test_rename_over_an_upload_then_away_leaves_no_object,
+                writeback_cached),
+        FS_TEST(test_rename_over_an_upload_then_unlink_leaves_no_object,
+                writeback_cached),
+        FS_TEST(test_rename_over_a_pending_file_keeps_one_promise,
+                writeback_cached),
+        FS_TEST(test_rename_of_a_file_being_written_moves_its_saved_version,
+                writeback_cached),
+        FS_TEST(test_file_being_written_in_a_renamed_directory, default_cached),
+        FS_TEST(test_rename_of_a_directory_in_batches, default_cached),
+        FS_TEST(test_unlink_of_a_pending_file_sends_nothing, writeback_cached),
+        FS_TEST(test_unlinked_open_file_reads_on, default_cached),
+        FS_TEST(test_rename_over_an_open_file, default_cached),
+        FS_TEST(test_directory_rename_waits_for_an_upload_under_way,
+                writeback_cached),
+        FS_TEST(test_chmod_of_a_pending_file_goes_with_its_upload,
+                writeback_cached),
+        FS_TEST(test_unlink_during_an_upload_deletes_what_it_made,
+                writeback_cached),
+        FS_TEST(test_a_directory_probed_eight_times_is_listed, default_cached),
+        FS_TEST(test_lookups_followed_by_reads_fetch_small_files_whole,
+                default_cached),
+        FS_TEST(test_rename_of_the_last_file_keeps_its_directory,
+                default_cached),
+    };
+    log_set_level(LOG_LEVEL_ERROR);
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
