@@ -262,6 +262,12 @@ int fs_child_key(struct fs *fs, fuse_ino_t parent_ino, const char *name,
  * staged here). */
 int fs_check_empty(struct fs *fs, const char *dir_key);
 
+/* KEY was removed from its directory (unlink, rename). A directory that
+ * existed only as the prefix of its keys would vanish with its last one,
+ * though nobody removed it: when the cached listing says it is now empty
+ * and the bucket agrees (one LIST), give it a marker. */
+void fs_keep_parent_dir(struct fs *fs, const char *key);
+
 /* PUT a directory marker for DIR_KEY with META. */
 int fs_put_marker(struct fs *fs, const char *dir_key,
                   const struct writer_meta *meta);

@@ -530,6 +530,7 @@ int fs_rename(struct fs *fs, fuse_ino_t parent, const char *name,
     fs_patch_parent(fs, dst_file_key, &attrs);
     fs_entry_changed(fs, src_key);
     fs_entry_changed(fs, dst_file_key);
+    fs_keep_parent_dir(fs, src_key);
 out:
     if (held != NULL) { /* the inode has the file's key again: uploads may go */
         writer_file_release(held);

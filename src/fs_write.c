@@ -350,13 +350,7 @@ out:
 
 /* ------------------------------------------------------ unlink, symlink */
 
-/*
- * KEY was removed from its directory. A directory that existed only as the
- * prefix of its keys would vanish with its last one, though nobody removed
- * it: when the cached listing says it is now empty and the bucket agrees,
- * give it a marker.
- */
-static void keep_parent_dir(struct fs *fs, const char *key)
+void fs_keep_parent_dir(struct fs *fs, const char *key)
 {
     char *parent_key = names_parent_key(key);
     struct s3xml_listing page;
@@ -439,7 +433,7 @@ int fs_unlink(struct fs *fs, fuse_ino_t parent, const char *name)
     cache_forget_key(fs->conf.cache, key);
     fs_patch_parent(fs, key, NULL);
     fs_entry_changed(fs, key);
-    keep_parent_dir(fs, key);
+    fs_keep_parent_dir(fs, key);
 out:
     if (wfile != NULL)
         fs_staged_put(fs, inode, &wfile);

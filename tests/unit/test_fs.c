@@ -60,8 +60,7 @@
  *     3. a rename over a target whose upload is under way: that upload's
  *        object is deleted when the renamed file is later renamed away or
  *        unlinked;
- *   - a known defect, skipped unless S3CACHEFS_TEST_KNOWN_DEFECTS is set:
- *     a directory without a marker vanishes when its last file is renamed
+ *   - a directory without a marker stays when its last file is renamed
  *     out of it (test_rename_of_the_last_file_keeps_its_directory).
  */
 #ifdef HAVE_CONFIG_H
@@ -1965,25 +1964,16 @@ static void test_lookups_followed_by_reads_fetch_small_files_whole(void **state)
 }
 
 /*
- * Known defect, reported and not fixed here (skipped unless
- * S3CACHEFS_TEST_KNOWN_DEFECTS is set): a directory that exists only as
- * the prefix of its keys vanishes when its last file is renamed out of
- * it. fs_unlink() keeps such a directory (keep_parent_dir(): a marker
- * once its cached listing is empty and a LIST agrees); fs_rename() has
- * no such step, so after `mv k/only moved` k is neither in the bucket
- * nor found by a lookup, though nobody removed it. (The same for a
- * directory moved out: `mv k/sub elsewhere` when k/sub/x was k's only
- * key.)
+ * A directory that exists only as the prefix of its keys stays when its
+ * last file is renamed out of it, as after an unlink: it gets a marker.
+ * (Before: fs_rename() had no such step, and after `mv k/only moved` k
+ * was gone from the bucket and from lookups, though nobody removed it.
+ * The same for a directory moved out of its parent.)
  */
 static void test_rename_of_the_last_file_keeps_its_directory(void **state)
 {
     struct fixture *f = *state;
 
-    if (getenv("S3CACHEFS_TEST_KNOWN_DEFECTS") == NULL) {
-        print_message("known defect, skipped: set S3CACHEFS_TEST_KNOWN_DEFECTS"
-                      " to run\n");
-        skip();
-    }
     other_put(f, "k/only", "o", 1, NULL);
     fuse_ino_t k = lookup(f, ROOT, "k", NULL);
     assert_string_equal(listing_of(f, k), "only");
