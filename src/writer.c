@@ -419,6 +419,15 @@ int writer_file_truncate(struct writer_file *file, uint64_t size)
         for (uint64_t g = size / GRANULE; g < file->granules; g++)
             while (bit_get(file->loading, g))
                 writer_wait(writer, &writer->file_idle);
+        /* nothing is left to fetch in granules wholly past the cut (the
+         * staging file holds what they are: zeros): without this an edit
+         * cut short would never be complete, and a write over promised
+         * bytes would wait for their upload instead of copying them */
+        for (uint64_t g = (size + GRANULE - 1) / GRANULE; g < file->granules; g++)
+            if (!bit_get(file->present, g)) {
+                bit_set(file->present, g, true);
+                file->missing--;
+            }
     }
     int fd = file->data->fd;
     writer_unlock(writer);

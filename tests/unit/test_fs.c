@@ -1658,6 +1658,75 @@ static void test_rename_of_a_file_being_written_moves_its_saved_version(
     assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_PUT, "app.log")), 0);
 }
 
+struct write_call {
+    struct fixture *f;
+    struct fs_file *file;
+    uint64_t offset;
+    const void *data;
+    size_t len;
+    int result;
+};
+
+static void *write_main(void *arg)
+{
+    struct write_call *call = arg;
+
+    call->result = fs_write(call->f->fs, call->file, call->offset, call->data,
+                            call->len);
+    return NULL;
+}
+
+/*
+ * -o writeback: an object open for writing (an edit, its base not
+ * fetched), truncated to 0, rewritten and closed through a second
+ * descriptor (the new bytes promised), then written through the first:
+ * the write goes to a copy at once. (Before: the edit still counted its
+ * cut granules as missing, so its data could not be copied, and the
+ * write waited for the promise's upload, which waits for the last
+ * writer's close: a hang; found by the crash torture, seeds 3068928 and
+ * 3069178.)
+ */
+static void test_edit_truncated_and_promised_writes_on(void **state)
+{
+    struct fixture *f = *state;
+    const size_t base_size = 3 * MIB + 5, new_size = 100 * KIB;
+    unsigned char *base = bytes_of(f, base_size, 41);
+    unsigned char *fresh = malloc(new_size);
+    struct fs_file *editing = NULL, *rewriting = NULL;
+    bool keep_cache;
+
+    assert_non_null(fresh);
+    memcpy(fresh, base + 1000, new_size);
+    fresh[1000] ^= 0xff;
+    other_put(f, "e", base, base_size, NULL);
+    fuse_ino_t ino = lookup(f, ROOT, "e", NULL);
+    assert_int_equal(fs_open(f->fs, ino, O_RDWR, &editing, &keep_cache), 0);
+    assert_int_equal(fs_open(f->fs, ino, O_WRONLY | O_TRUNC, &rewriting,
+                             &keep_cache), 0);
+    assert_int_equal(fs_write(f->fs, rewriting, 0, (const char *)fresh,
+                              new_size), 0);
+    assert_int_equal(fs_flush(f->fs, rewriting), 0);
+    fs_release(f->fs, rewriting);
+    assert_string_equal(journal_of(f), "e:102400");
+
+    struct write_call call = {f, editing, 1000, fresh + 1000, 1, -1};
+    pthread_t thread;
+    struct timespec until;
+    assert_int_equal(pthread_create(&thread, NULL, write_main, &call), 0);
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 20;
+    if (pthread_timedjoin_np(thread, NULL, &until) != 0) {
+        fprintf(stderr, "the write through the first descriptor hangs\n");
+        abort(); /* (its thread cannot be joined: no teardown) */
+    }
+    assert_int_equal(call.result, 0);
+    assert_int_equal(fs_flush(f->fs, editing), 0);
+    fs_release(f->fs, editing);
+    assert_int_equal(fs_drain(f->fs), 0);
+    assert_true(fake_s3_holds(f->s3, "e", fresh, new_size));
+    free(fresh);
+}
+
 /* A file being written (never closed) in a directory that is renamed
  * goes up under the new name at its close. */
 static void test_file_being_written_in_a_renamed_directory(void **state)
@@ -2004,6 +2073,7 @@ int main(void)
         FS_TEST(test_default_close_puts_the_object, default_cached),
         FS_TEST(test_writeback_close_journals_and_uploads_later, writeback_cached),
         FS_TEST(test_writeback_large_file_goes_up_in_parts, writeback_cached),
+        FS_TEST(test_edit_truncated_and_promised_writes_on, writeback_cached),
         FS_TEST(test_rename_of_an_uploaded_file_copies_then_deletes,
                 default_cached),
         FS_TEST(test_rename_of_a_pending_file_changes_only_its_key,
