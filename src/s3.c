@@ -1,21 +1,15 @@
 /*
- * s3.c - S3 client over libcurl (see s3.h).
- *
- * Structure: public calls build a struct s3_request (method, key, query,
- * extra headers, body source, response sink) and hand it to s3_perform(),
- * which borrows a curl easy handle from the pool, signs, sends, classifies
- * the outcome with errmap, and retries when that is safe.
- *
- * Concurrency: the handle pool is the only shared mutable state besides the
- * atomic counters. pool.lock guards pool.idle/pool.idle_count/pool.created;
- * handle_free is signalled when a handle returns to the pool. No lock is
- * held during a transfer. Each easy handle keeps its own keep-alive
- * connection; a curl share object (with its own lock) shares DNS answers
- * and TLS sessions between handles.
+ * s3.c - the S3 calls of s3.h: each builds a struct s3_request (method,
+ * key, query, extra headers, body source, response sink, the check of a
+ * 2xx answer) and hands it to s3_client_perform() (s3_client.c), which
+ * borrows a connection, signs, sends, classifies the outcome with errmap
+ * and retries when that is safe. Here too: Content-MD5 of bodies, the
+ * s3fs metadata headers, and the check of a complete whose answer was
+ * lost.
  */
 #include "config.h"
 
-#include "s3.h"
+#include "s3_internal.h"
 
 #include <curl/curl.h>
 #include <errno.h>
@@ -37,165 +31,11 @@
 #include "secret.h"
 #include "sigv4.h"
 
-#define ERROR_BODY_MAX (64u << 10)      /* error documents */
 #define LIST_BODY_MAX (32u << 20)       /* one ListObjectsV2 page */
 #define SMALL_BODY_MAX (1u << 20)       /* multipart/copy results */
-#define BACKOFF_BASE_MS 100
-#define BACKOFF_CAP_MS 10000
-#define CONNECT_TIMEOUT_S 10
-#define LOW_SPEED_LIMIT 1024            /* bytes/s: slower than this ... */
-#define LOW_SPEED_TIME_S 30             /* ... this long aborts a transfer */
 #define PART_ETAGS_XML_MAX (10000u * 200u)
 #define META_LINES 8                    /* add_meta_headers(): Content-Type
                                            and the seven x-amz-meta-* */
-#define RECEIVE_BUFFER (256L << 10)     /* per connection: GET bodies reach
-                                           the cache in writes this large */
-
-/*
- * Deadlines. A request ends within its deadline, every attempt, retry and
- * pause between them included (the waits for a free connection are not:
- * the requests holding them have deadlines of their own); past it, it
- * fails with ETIMEDOUT, or the error of its last attempt. Curl's
- * low-speed check alone let a server that trickles its answer just above
- * LOW_SPEED_LIMIT hold a FUSE thread (and the drain at unmount) for as
- * long as it liked. The deadline is
- *
- *     request_timeout                     (S3_REQUEST_TIMEOUT_DEFAULT, 30 s)
- *   + bytes on the wire / DEADLINE_WIRE_RATE         (GET ranges, PUT and
- *                                          part bodies; a LIST page counts
- *                                          as DEADLINE_LIST_BYTES)
- *   + bytes the server copies or joins / DEADLINE_SERVER_RATE  (CopyObject,
- *                                          UploadPartCopy, complete)
- *
- * So with the defaults: a HEAD, DELETE or small PUT 30 s, a 1 MiB block
- * 46 s, an 8 MiB read-ahead GET or part 158 s, a 16 MiB PUT 286 s, a 512
- * MiB part copy 62 s, a CopyObject (its size unknown here: counted as the
- * 5 GiB it can be) 350 s, completing a 1 GiB upload 94 s. The rates are
- * floors, far below what a working link or server does, so that only a
- * stuck or trickling transfer meets them: 64 KiB/s is 16 connections
- * sharing 8 Mbit/s.
- */
-#define DEADLINE_WIRE_RATE (64u << 10)          /* bytes/s */
-#define DEADLINE_SERVER_RATE (16u << 20)        /* bytes/s */
-#define DEADLINE_LIST_BYTES (256u << 10)
-#define DEADLINE_COPY_UNKNOWN (5ull << 30)
-
-struct s3_client {
-    char *bucket;
-    char *region;
-    char *access_key;
-    char *secret_key;
-    char *session_token;
-    char *ca_bundle;
-    struct endpoint endpoint; /* base URL, Host header, path prefix */
-    unsigned max_retries;
-    uint64_t deadline_base_ms;
-
-    CURLSH *share;
-    pthread_mutex_t share_lock;
-
-    struct {
-        pthread_mutex_t lock;
-        pthread_cond_t handle_free;
-        CURL **idle;
-        unsigned idle_count;
-        unsigned created;
-        unsigned max;
-    } pool;
-
-    _Atomic uint64_t requests[S3_OP_COUNT];
-    _Atomic uint64_t bytes_received;
-    _Atomic uint64_t bytes_sent;
-    _Atomic uint64_t retries;
-    _Atomic uint64_t failures;
-};
-
-/* A growable buffer with a hard cap (anything bigger fails the transfer). */
-struct capped_buf {
-    char *data;
-    size_t len;
-    size_t cap;
-};
-
-struct s3_request {
-    enum s3_op op;
-    const char *method;
-    const char *key;              /* NULL: the bucket itself */
-    const char *query;            /* encoded and sorted, or NULL */
-    const char *extra_headers[12];/* "name: value", signed when x-amz-* or
-                                     content-*; NULL-terminated */
-    bool has_range;               /* send Range: bytes=range_offset-... */
-    uint64_t range_offset;
-    uint64_t range_length;
-    char range[64];               /* formatted for the current attempt */
-    bool idempotent;
-    bool quiet;                   /* the caller reports failures itself */
-    uint64_t wire_bytes;          /* for the deadline: bytes to transfer */
-    uint64_t server_bytes;        /* ... and bytes the server copies */
-    bool may_have_run;            /* an attempt the server may have carried
-                                     out failed (its answer lost) */
-    /* checks a 2xx answer and parses its XML (req->xml) into parse_out: 0,
-     * EPROTO (cut short, garbled, no ETag: retried), EIO with
-     * req->s3_code (an <Error> in the body), or another errno; leaves
-     * nothing to free on failure */
-    int (*parse)(struct s3_request *req);
-    void *parse_out;
-
-    /* request body: at most one of these */
-    const struct s3_body *body;   /* streamed upload */
-    const char *post_data;        /* small POST body (XML) */
-    size_t post_len;
-
-    /* response sinks */
-    const struct s3_sink *sink;   /* streamed object data of a GET */
-    const char *if_match;         /* the ETag the answer must carry */
-    uint64_t delivered;           /* bytes the sink accepted, all attempts */
-    int sink_err;                 /* why the sink refused data */
-    bool answer_checked;          /* this attempt's headers were checked */
-    bool range_seen;              /* this attempt's Content-Range ... */
-    uint64_t range_first, range_last, range_total;
-    char answer_etag[S3_ETAG_MAX];/* ... and ETag */
-    void *recv_buf;               /* object data of a GET */
-    size_t recv_cap;
-    size_t recv_len;
-    struct capped_buf *xml;       /* XML answer (list, multipart, copy) */
-    struct capped_buf error_body; /* error document, always capped */
-    struct s3_object_info *info;  /* headers, may be NULL */
-    uint64_t body_pos;            /* upload progress */
-
-    long status;                  /* final HTTP status */
-    char s3_code[64];             /* <Code> of the error body */
-};
-
-/* ------------------------------------------------------------- helpers */
-
-static void capped_buf_free(struct capped_buf *buf)
-{
-    free(buf->data);
-    buf->data = NULL;
-    buf->len = 0;
-}
-
-/* Append; false when the cap would be exceeded or memory ran out. */
-static bool capped_buf_append(struct capped_buf *buf, const char *data,
-                              size_t len)
-{
-    if (len > buf->cap - buf->len)
-        return false;
-    char *grown = realloc(buf->data, buf->len + len + 1);
-    if (grown == NULL)
-        return false;
-    memcpy(grown + buf->len, data, len);
-    buf->data = grown;
-    buf->len += len;
-    buf->data[buf->len] = '\0';
-    return true;
-}
-
-static char *strdup_or_null(const char *text)
-{
-    return text != NULL ? strdup(text) : NULL;
-}
 
 static void base64(const unsigned char *in, size_t len, char *out, size_t cap)
 {
@@ -204,871 +44,6 @@ static void base64(const unsigned char *in, size_t len, char *out, size_t cap)
         return;
     }
     EVP_EncodeBlock((unsigned char *)out, in, (int)len);
-}
-
-/* ------------------------------------------------------ curl callbacks */
-
-/*
- * Before a GET's first byte is taken: the answer must be the bytes asked
- * for (a 206 whose Content-Range starts where the data so far stopped and
- * ends where the request does; a plain 200 only when the whole object was
- * asked for from byte 0) and of the version asked for: a server that
- * ignores If-Match still sends its ETag, and an answer without one (a 200
- * carrying an error document, say) is not an object's.
- */
-static int check_get_answer(const struct s3_request *req)
-{
-    uint64_t first = req->range_offset + req->delivered;
-    uint64_t last = req->range_offset + req->range_length - 1;
-
-    if (req->status == 206) {
-        /* (an object that ends first ends the range there) */
-        bool ends_early = req->range_seen && req->range_last < last &&
-                          req->range_last + 1 == req->range_total;
-        if (!req->range_seen || req->range_first != first ||
-            (req->range_last != last && !ends_early)) {
-            log_warn("GET %s: the server sent another range than asked for",
-                     req->key);
-            return EIO;
-        }
-    } else if (!(req->status == 200 && first == 0)) {
-        log_warn("GET %s: the server ignored the range asked for", req->key);
-        return EIO;
-    }
-    if (req->if_match != NULL && req->answer_etag[0] == '\0') {
-        log_warn("GET %s: the answer carries no ETag", req->key);
-        return EIO;
-    }
-    if (req->if_match != NULL && strcmp(req->answer_etag, req->if_match) != 0)
-        return ESTALE;
-    return 0;
-}
-
-static size_t on_body(char *data, size_t size, size_t count, void *userp)
-{
-    struct s3_request *req = userp;
-    size_t len = size * count;
-
-    if (req->status == 0 || req->status >= 300) {
-        /* error document: keep what fits, ignore the rest */
-        size_t room = req->error_body.cap - req->error_body.len;
-        capped_buf_append(&req->error_body, data, len < room ? len : room);
-        return len;
-    }
-    if ((req->sink != NULL || req->recv_buf != NULL) && !req->answer_checked) {
-        req->sink_err = check_get_answer(req);
-        req->answer_checked = true;
-        if (req->sink_err != 0)
-            return 0;
-    }
-    if (req->sink != NULL) {
-        if (len > req->range_length - req->delivered) {
-            req->sink_err = EIO; /* more than asked for */
-            return 0;
-        }
-        int err = req->sink->write(req->sink->arg, data, len);
-        if (err != 0) {
-            req->sink_err = err;
-            return 0;
-        }
-        req->delivered += len;
-        return len;
-    }
-    if (req->recv_buf != NULL) {
-        if (len > req->recv_cap - req->recv_len) {
-            req->sink_err = EIO; /* more than asked for */
-            return 0;
-        }
-        memcpy((char *)req->recv_buf + req->recv_len, data, len);
-        req->recv_len += len;
-        return len;
-    }
-    if (req->xml != NULL)
-        return capped_buf_append(req->xml, data, len) ? len : 0;
-    return len; /* body not wanted */
-}
-
-/* Case-insensitive "Name:" match; returns the trimmed value or NULL. */
-static const char *header_value(const char *line, size_t len, const char *name,
-                                size_t *value_len)
-{
-    size_t name_len = strlen(name);
-
-    if (len <= name_len || line[name_len] != ':' ||
-        strncasecmp(line, name, name_len) != 0)
-        return NULL;
-    const char *value = line + name_len + 1;
-    const char *end = line + len;
-    while (value < end && (*value == ' ' || *value == '\t'))
-        value++;
-    while (end > value && (end[-1] == '\r' || end[-1] == '\n' ||
-                           end[-1] == ' ' || end[-1] == '\t'))
-        end--;
-    *value_len = (size_t)(end - value);
-    return value;
-}
-
-static bool parse_u64(const char *text, size_t len, uint64_t *out)
-{
-    uint64_t value = 0;
-
-    if (len == 0 || len > 20)
-        return false;
-    for (size_t i = 0; i < len; i++) {
-        if (text[i] < '0' || text[i] > '9')
-            return false;
-        uint64_t digit = (uint64_t)(text[i] - '0');
-        if (value > (UINT64_MAX - digit) / 10)
-            return false;
-        value = value * 10 + digit;
-    }
-    *out = value;
-    return true;
-}
-
-/* s3fs writes mtime as whole seconds; accept a fraction too. */
-static bool parse_epoch(const char *text, size_t len, struct timespec *out)
-{
-    const char *dot = memchr(text, '.', len);
-    size_t int_len = dot != NULL ? (size_t)(dot - text) : len;
-    uint64_t seconds;
-
-    if (!parse_u64(text, int_len, &seconds) || seconds > INT64_MAX / 2)
-        return false;
-    out->tv_sec = (time_t)seconds;
-    out->tv_nsec = 0;
-    if (dot != NULL) {
-        long scale = 100000000;
-        for (size_t i = int_len + 1; i < len; i++) {
-            if (text[i] < '0' || text[i] > '9')
-                return false;
-            out->tv_nsec += (text[i] - '0') * scale;
-            scale /= 10;
-        }
-    }
-    return true;
-}
-
-static void copy_header(char *dst, size_t cap, const char *value, size_t len)
-{
-    if (len >= cap)
-        len = cap - 1;
-    memcpy(dst, value, len);
-    dst[len] = '\0';
-}
-
-static void parse_info_header(struct s3_object_info *info, const char *line,
-                              size_t len)
-{
-    const char *value;
-    size_t vlen;
-    uint64_t number;
-    char text[64];
-
-    if ((value = header_value(line, len, "ETag", &vlen)) != NULL) {
-        copy_header(info->etag, sizeof(info->etag), value, vlen);
-    } else if ((value = header_value(line, len, "Content-Range", &vlen))) {
-        /* "bytes 0-9/1234": the total is the object size */
-        const char *slash = memchr(value, '/', vlen);
-        if (slash != NULL &&
-            parse_u64(slash + 1, vlen - (size_t)(slash + 1 - value), &number))
-            info->size = number;
-    } else if ((value = header_value(line, len, "Content-Length", &vlen))) {
-        if (info->size == 0 && parse_u64(value, vlen, &number))
-            info->size = number;
-    } else if ((value = header_value(line, len, "Last-Modified", &vlen))) {
-        copy_header(text, sizeof(text), value, vlen);
-        time_t when = curl_getdate(text, NULL);
-        if (when != -1)
-            info->last_modified = (struct timespec){.tv_sec = when};
-    } else if ((value = header_value(line, len, "Content-Type", &vlen))) {
-        copy_header(info->content_type, sizeof(info->content_type), value,
-                    vlen);
-    } else if ((value = header_value(line, len, "x-amz-meta-mode", &vlen))) {
-        info->has_mode = parse_u64(value, vlen, &number) && number <= 0xffffffffu;
-        info->mode = (uint32_t)number;
-    } else if ((value = header_value(line, len, "x-amz-meta-uid", &vlen))) {
-        info->has_uid = parse_u64(value, vlen, &number) && number < 0xffffffffu;
-        info->uid = (uint32_t)number;
-    } else if ((value = header_value(line, len, "x-amz-meta-gid", &vlen))) {
-        info->has_gid = parse_u64(value, vlen, &number) && number < 0xffffffffu;
-        info->gid = (uint32_t)number;
-    } else if ((value = header_value(line, len, "x-amz-meta-mtime", &vlen))) {
-        info->has_mtime = parse_epoch(value, vlen, &info->mtime);
-    } else if ((value = header_value(line, len, "x-amz-meta-atime", &vlen))) {
-        info->has_atime = parse_epoch(value, vlen, &info->atime);
-    } else if ((value = header_value(line, len, "x-amz-meta-ctime", &vlen))) {
-        info->has_ctime = parse_epoch(value, vlen, &info->ctime);
-    } else if ((value = header_value(line, len, "x-amz-meta-rdev", &vlen))) {
-        info->has_rdev = parse_u64(value, vlen, &number) && number <= 0xffffffffu;
-        info->rdev = (uint32_t)number;
-    }
-}
-
-/* "bytes FIRST-LAST/TOTAL" -> FIRST, LAST, TOTAL. */
-static bool parse_content_range(const char *value, size_t len, uint64_t *first,
-                                uint64_t *last, uint64_t *total)
-{
-    const char *dash, *slash;
-
-    if (len < 6 || strncasecmp(value, "bytes ", 6) != 0)
-        return false;
-    value += 6;
-    len -= 6;
-    dash = memchr(value, '-', len);
-    slash = memchr(value, '/', len);
-    return dash != NULL && slash != NULL && dash < slash &&
-           parse_u64(value, (size_t)(dash - value), first) &&
-           parse_u64(dash + 1, (size_t)(slash - dash - 1), last) &&
-           parse_u64(slash + 1, len - (size_t)(slash + 1 - value), total) &&
-           *first <= *last && *last < *total;
-}
-
-static size_t on_header(char *data, size_t size, size_t count, void *userp)
-{
-    struct s3_request *req = userp;
-    size_t len = size * count;
-
-    if (len >= 5 && memcmp(data, "HTTP/", 5) == 0) {
-        /* a new response (after 100 Continue or a redirect): start over */
-        const char *space = memchr(data, ' ', len);
-        req->status = space != NULL ? strtol(space + 1, NULL, 10) : 0;
-        req->range_seen = false;
-        req->answer_etag[0] = '\0';
-        if (req->info != NULL)
-            memset(req->info, 0, sizeof(*req->info));
-        return len;
-    }
-    if (req->status >= 200 && req->status < 300) {
-        const char *value;
-        size_t vlen;
-        if (req->info != NULL)
-            parse_info_header(req->info, data, len);
-        if ((value = header_value(data, len, "ETag", &vlen)) != NULL)
-            copy_header(req->answer_etag, sizeof(req->answer_etag), value, vlen);
-        else if ((value = header_value(data, len, "Content-Range", &vlen)) != NULL)
-            req->range_seen = parse_content_range(value, vlen, &req->range_first,
-                                                  &req->range_last,
-                                                  &req->range_total);
-    }
-    return len;
-}
-
-static size_t on_upload_read(char *buffer, size_t size, size_t count,
-                             void *userp)
-{
-    struct s3_request *req = userp;
-    const struct s3_body *body = req->body;
-    uint64_t left = body->length - req->body_pos;
-    size_t want = size * count;
-
-    if (want > left)
-        want = (size_t)left;
-    if (want == 0)
-        return 0;
-    if (body->data != NULL) {
-        memcpy(buffer, (const char *)body->data + req->body_pos, want);
-    } else {
-        ssize_t got = pread(body->fd, buffer, want,
-                            (off_t)(body->offset + req->body_pos));
-        if (got <= 0)
-            return CURL_READFUNC_ABORT;
-        want = (size_t)got;
-    }
-    req->body_pos += want;
-    return want;
-}
-
-/* curl rewinds the body when it sends the request again by itself: on a
- * fresh connection after the kept-alive one turned out closed by the
- * server. Without this it gave up (CURLE_SEND_FAIL_REWIND), and the
- * upload failed. */
-static int on_upload_seek(void *userp, curl_off_t offset, int origin)
-{
-    struct s3_request *req = userp;
-
-    if (origin != SEEK_SET || req->body == NULL || offset < 0 ||
-        (uint64_t)offset > req->body->length)
-        return CURL_SEEKFUNC_FAIL;
-    req->body_pos = (uint64_t)offset;
-    return CURL_SEEKFUNC_OK;
-}
-
-/* ------------------------------------------------------------ the pool */
-
-static void share_lock_cb(CURL *handle, curl_lock_data data,
-                          curl_lock_access access, void *userp)
-{
-    struct s3_client *client = userp;
-    pthread_mutex_lock(&client->share_lock);
-    (void)handle; (void)data; (void)access;
-}
-
-static void share_unlock_cb(CURL *handle, curl_lock_data data, void *userp)
-{
-    struct s3_client *client = userp;
-    pthread_mutex_unlock(&client->share_lock);
-    (void)handle; (void)data;
-}
-
-static CURL *pool_new_handle(struct s3_client *client)
-{
-    CURL *curl = curl_easy_init();
-
-    if (curl == NULL)
-        return NULL;
-    curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(curl, CURLOPT_SHARE, client->share);
-    curl_easy_setopt(curl, CURLOPT_TCP_KEEPALIVE, 1L);
-    curl_easy_setopt(curl, CURLOPT_TCP_NODELAY, 1L);
-    curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT, (long)CONNECT_TIMEOUT_S);
-    curl_easy_setopt(curl, CURLOPT_LOW_SPEED_LIMIT, (long)LOW_SPEED_LIMIT);
-    curl_easy_setopt(curl, CURLOPT_LOW_SPEED_TIME, (long)LOW_SPEED_TIME_S);
-    curl_easy_setopt(curl, CURLOPT_PROTOCOLS_STR, "http,https");
-    /* the path goes out as it was signed: curl would remove dot segments
-     * ("/b/d/../x" became "/b/x"), so another key than the one listed was
-     * read, copied or deleted, or the signature did not match */
-    curl_easy_setopt(curl, CURLOPT_PATH_AS_IS, 1L);
-    curl_easy_setopt(curl, CURLOPT_SSL_VERIFYPEER, 1L);
-    curl_easy_setopt(curl, CURLOPT_SSL_VERIFYHOST, 2L);
-    if (client->ca_bundle != NULL)
-        curl_easy_setopt(curl, CURLOPT_CAINFO, client->ca_bundle);
-    curl_easy_setopt(curl, CURLOPT_USERAGENT, PACKAGE_NAME "/" PACKAGE_VERSION);
-    /* libcurl's default (16 KiB) made a pwrite per 16 KiB of every GET,
-     * a third of the daemon's CPU time in a cold read */
-    curl_easy_setopt(curl, CURLOPT_BUFFERSIZE, RECEIVE_BUFFER);
-    return curl;
-}
-
-static CURL *pool_get(struct s3_client *client)
-{
-    CURL *curl = NULL;
-
-    pthread_mutex_lock(&client->pool.lock);
-    while (client->pool.idle_count == 0 &&
-           client->pool.created >= client->pool.max)
-        pthread_cond_wait(&client->pool.handle_free, &client->pool.lock);
-    if (client->pool.idle_count > 0)
-        curl = client->pool.idle[--client->pool.idle_count];
-    else
-        client->pool.created++;
-    pthread_mutex_unlock(&client->pool.lock);
-
-    if (curl == NULL) {
-        curl = pool_new_handle(client);
-        if (curl == NULL) {
-            pthread_mutex_lock(&client->pool.lock);
-            client->pool.created--;
-            pthread_cond_signal(&client->pool.handle_free);
-            pthread_mutex_unlock(&client->pool.lock);
-        }
-    }
-    return curl;
-}
-
-static void pool_put(struct s3_client *client, CURL *curl)
-{
-    pthread_mutex_lock(&client->pool.lock);
-    client->pool.idle[client->pool.idle_count++] = curl;
-    pthread_cond_signal(&client->pool.handle_free);
-    pthread_mutex_unlock(&client->pool.lock);
-}
-
-/* ------------------------------------------------------ request engine */
-
-/* The pause before retry ATTEMPT + 1, in ms: "full jitter", anywhere
- * between 0 and a ceiling that doubles from BACKOFF_BASE_MS. */
-static unsigned backoff_ms(unsigned attempt)
-{
-    unsigned ceiling = BACKOFF_BASE_MS;
-    for (unsigned i = 0; i < attempt && ceiling < BACKOFF_CAP_MS; i++)
-        ceiling *= 2;
-    if (ceiling > BACKOFF_CAP_MS)
-        ceiling = BACKOFF_CAP_MS;
-    return arc4random_uniform(ceiling + 1);
-}
-
-static void sleep_ms(uint64_t ms)
-{
-    struct timespec pause = {.tv_sec = (time_t)(ms / 1000),
-                             .tv_nsec = (long)(ms % 1000) * 1000000L};
-    while (nanosleep(&pause, &pause) != 0 && errno == EINTR)
-        ;
-}
-
-/* REQ's deadline in ms from its start (see "Deadlines" at the top). */
-static uint64_t request_deadline_ms(const struct s3_client *client,
-                                    const struct s3_request *req)
-{
-    return client->deadline_base_ms +
-           req->wire_bytes / (DEADLINE_WIRE_RATE / 1000u) +
-           req->server_bytes / (DEADLINE_SERVER_RATE / 1000u);
-}
-
-/* Build URL path (encoded) for the request. Returns malloc'd or NULL. */
-static char *request_path(const struct s3_client *client, const char *key)
-{
-    char *encoded = sigv4_uri_encode(key ? key : "", key ? strlen(key) : 0, true);
-    char *path = NULL;
-
-    if (encoded == NULL)
-        return NULL;
-    size_t len = strlen(client->endpoint.path_base) + strlen(encoded) + 3;
-    path = malloc(len);
-    if (path != NULL)
-        snprintf(path, len, "%s/%s", client->endpoint.path_base, encoded);
-    free(encoded);
-    return path;
-}
-
-static bool is_signed_header(const char *line)
-{
-    return strncasecmp(line, "x-amz-", 6) == 0 ||
-           strncasecmp(line, "content-md5:", 12) == 0 ||
-           strncasecmp(line, "content-type:", 13) == 0;
-}
-
-/*
- * Add the SigV4 headers to HEADERS for one attempt (the date changes
- * between retries). Returns 0 or an errno.
- */
-static int sign_request(const struct s3_client *client,
-                        const struct s3_request *req, const char *path,
-                        const char *payload_hash, struct curl_slist **headers)
-{
-    char amz_date[17];
-    char line[512];
-    struct sigv4_header signed_headers[16];
-    char names[16][64];
-    size_t count = 0;
-    char *authorization = NULL;
-    int err = 0;
-    time_t now = time(NULL);
-    struct tm tm;
-
-    gmtime_r(&now, &tm);
-    strftime(amz_date, sizeof(amz_date), "%Y%m%dT%H%M%SZ", &tm);
-
-    snprintf(line, sizeof(line), "x-amz-date: %s", amz_date);
-    *headers = curl_slist_append(*headers, line);
-    snprintf(line, sizeof(line), "x-amz-content-sha256: %s", payload_hash);
-    *headers = curl_slist_append(*headers, line);
-    if (*headers == NULL)
-        return ENOMEM;
-    if (client->access_key == NULL)
-        return 0; /* no_sign */
-
-    signed_headers[count++] = (struct sigv4_header){"host", client->endpoint.host_header};
-    signed_headers[count++] = (struct sigv4_header){"x-amz-date", amz_date};
-    signed_headers[count++] = (struct sigv4_header){"x-amz-content-sha256", payload_hash};
-    if (client->session_token != NULL) {
-        signed_headers[count++] = (struct sigv4_header){"x-amz-security-token",
-                                                        client->session_token};
-    }
-    for (size_t i = 0; req->extra_headers[i] != NULL && count < 16; i++) {
-        const char *colon = strchr(req->extra_headers[i], ':');
-        if (colon == NULL || !is_signed_header(req->extra_headers[i]))
-            continue;
-        size_t name_len = (size_t)(colon - req->extra_headers[i]);
-        if (name_len >= sizeof(names[0]))
-            continue;
-        memcpy(names[count], req->extra_headers[i], name_len);
-        names[count][name_len] = '\0';
-        const char *value = colon + 1;
-        while (*value == ' ')
-            value++;
-        signed_headers[count] = (struct sigv4_header){names[count], value};
-        count++;
-    }
-    struct sigv4_request sig_req = {
-        .method = req->method,
-        .path = path,
-        .query = req->query,
-        .headers = signed_headers,
-        .header_count = count,
-        .payload_hash = payload_hash,
-    };
-    struct sigv4_scope scope = {amz_date, client->region, "s3"};
-    err = sigv4_authorization(&sig_req, &scope, client->access_key,
-                              client->secret_key, &authorization);
-    if (err != 0)
-        return err;
-    size_t len = strlen(authorization) + 32;
-    char *auth_line = malloc(len);
-    if (auth_line == NULL) {
-        err = ENOMEM;
-        goto out;
-    }
-    snprintf(auth_line, len, "Authorization: %s", authorization);
-    *headers = curl_slist_append(*headers, auth_line);
-    explicit_bzero(auth_line, len);
-    free(auth_line);
-    if (*headers == NULL)
-        err = ENOMEM;
-out:
-    free(authorization);
-    return err;
-}
-
-/* Set up CURL for one attempt of REQ. */
-static int prepare_attempt(struct s3_client *client, CURL *curl,
-                           struct s3_request *req, const char *url,
-                           const char *path, struct curl_slist **headers)
-{
-    char payload_hash[SIGV4_HEX_LEN + 1];
-
-    curl_easy_setopt(curl, CURLOPT_URL, url);
-    curl_easy_setopt(curl, CURLOPT_CUSTOMREQUEST, NULL);
-    curl_easy_setopt(curl, CURLOPT_NOBODY, 0L);
-    curl_easy_setopt(curl, CURLOPT_HTTPGET, 1L);
-    if (strcmp(req->method, "HEAD") == 0) {
-        curl_easy_setopt(curl, CURLOPT_NOBODY, 1L);
-    } else if (strcmp(req->method, "PUT") == 0) {
-        curl_easy_setopt(curl, CURLOPT_UPLOAD, 1L);
-        curl_easy_setopt(curl, CURLOPT_INFILESIZE_LARGE,
-                         (curl_off_t)(req->body ? req->body->length : 0));
-    } else if (strcmp(req->method, "POST") == 0) {
-        curl_easy_setopt(curl, CURLOPT_POST, 1L);
-        curl_easy_setopt(curl, CURLOPT_POSTFIELDS, req->post_data ? req->post_data : "");
-        curl_easy_setopt(curl, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)req->post_len);
-    } else if (strcmp(req->method, "GET") != 0) {
-        curl_easy_setopt(curl, CURLOPT_CUSTOMREQUEST, req->method);
-    }
-    if (req->has_range) {
-        /* a streamed GET resumes after what the sink already has */
-        uint64_t first = req->range_offset + (req->sink ? req->delivered : 0);
-        snprintf(req->range, sizeof(req->range), "%llu-%llu",
-                 (unsigned long long)first,
-                 (unsigned long long)(req->range_offset + req->range_length - 1));
-    }
-    curl_easy_setopt(curl, CURLOPT_RANGE, req->has_range ? req->range : NULL);
-    curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, on_body);
-    curl_easy_setopt(curl, CURLOPT_WRITEDATA, req);
-    curl_easy_setopt(curl, CURLOPT_HEADERFUNCTION, on_header);
-    curl_easy_setopt(curl, CURLOPT_HEADERDATA, req);
-    curl_easy_setopt(curl, CURLOPT_READFUNCTION, on_upload_read);
-    curl_easy_setopt(curl, CURLOPT_READDATA, req);
-    curl_easy_setopt(curl, CURLOPT_SEEKFUNCTION, on_upload_seek);
-    curl_easy_setopt(curl, CURLOPT_SEEKDATA, req);
-    /* a copy or a complete sends nothing (or blanks) while the server
-     * works: only the deadline bounds those */
-    curl_easy_setopt(curl, CURLOPT_LOW_SPEED_TIME,
-                     req->server_bytes > 0 ? 0L : (long)LOW_SPEED_TIME_S);
-
-    /* No "Expect: 100-continue" round trip; the body follows at once. */
-    *headers = curl_slist_append(NULL, "Expect:");
-    if (req->post_data != NULL && req->post_len > 0)
-        sigv4_sha256_hex(req->post_data, req->post_len, payload_hash);
-    else if (req->body != NULL && req->body->length > 0)
-        snprintf(payload_hash, sizeof(payload_hash), "%s", SIGV4_UNSIGNED_PAYLOAD);
-    else
-        snprintf(payload_hash, sizeof(payload_hash), "%s", SIGV4_EMPTY_SHA256);
-    for (size_t i = 0; req->extra_headers[i] != NULL; i++)
-        *headers = curl_slist_append(*headers, req->extra_headers[i]);
-    if (client->session_token != NULL) {
-        size_t len = strlen(client->session_token) + 32;
-        char *token_line = malloc(len);
-        if (token_line == NULL)
-            return ENOMEM;
-        snprintf(token_line, len, "x-amz-security-token: %s", client->session_token);
-        *headers = curl_slist_append(*headers, token_line);
-        explicit_bzero(token_line, len);
-        free(token_line);
-    }
-    if (*headers == NULL)
-        return ENOMEM;
-    int err = sign_request(client, req, path, payload_hash, headers);
-    if (err != 0)
-        return err;
-    curl_easy_setopt(curl, CURLOPT_HTTPHEADER, *headers);
-        return 0;
-}
-
-static void reset_attempt(struct s3_request *req)
-{
-    req->status = 0;
-    req->sink_err = 0;
-    req->answer_checked = false;
-    req->range_seen = false;
-    req->answer_etag[0] = '\0';
-    req->recv_len = 0;
-    req->body_pos = 0;
-    req->s3_code[0] = '\0';
-    req->error_body.len = 0;
-    if (req->error_body.data != NULL)
-        req->error_body.data[0] = '\0';
-    if (req->xml != NULL) {
-        req->xml->len = 0;
-        if (req->xml->data != NULL)
-            req->xml->data[0] = '\0';
-    }
-    if (req->info != NULL)
-        memset(req->info, 0, sizeof(*req->info));
-}
-
-/*
- * Run REQ to completion within its deadline: returns 0 when the server
- * answered 2xx (and REQ's parse accepted the body), else the errno;
- * FAILURE (may be NULL) receives the description of the last error.
- */
-static int s3_perform(struct s3_client *client, struct s3_request *req,
-                      struct s3_failure *failure)
-{
-    char *path = NULL;
-    char *url = NULL;
-    CURL *curl = NULL;
-    int err = 0;
-    char description[256] = "";
-    uint64_t deadline_ms = request_deadline_ms(client, req);
-    uint64_t deadline = 0;
-
-    req->error_body.cap = ERROR_BODY_MAX;
-    path = request_path(client, req->key);
-    if (path == NULL) {
-        err = ENOMEM;
-        goto out;
-    }
-    size_t url_len = strlen(client->endpoint.url_base) + strlen(path) +
-                     (req->query ? strlen(req->query) : 0) + 2;
-    url = malloc(url_len);
-    if (url == NULL) {
-        err = ENOMEM;
-        goto out;
-    }
-    snprintf(url, url_len, "%s%s%s%s", client->endpoint.url_base, path,
-             req->query && req->query[0] ? "?" : "",
-             req->query ? req->query : "");
-    curl = pool_get(client);
-    if (curl == NULL) {
-        err = ENOMEM;
-        goto out;
-    }
-    /* (the wait for a connection is not the request's: others bound it) */
-    deadline = clock_monotonic_ms() + deadline_ms;
-
-    for (unsigned attempt = 0;; attempt++) {
-        struct curl_slist *headers = NULL;
-        uint64_t now = clock_monotonic_ms();
-        reset_attempt(req);
-        err = prepare_attempt(client, curl, req, url, path, &headers);
-        curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS,
-                         (long)(deadline > now ? deadline - now : 1));
-        CURLcode rc = CURLE_OK;
-        if (err == 0) {
-            atomic_fetch_add(&client->requests[req->op], 1);
-            rc = curl_easy_perform(curl);
-        }
-        /* nothing of this request may leak into the next one on this handle */
-        curl_easy_setopt(curl, CURLOPT_HTTPHEADER, NULL);
-        curl_easy_setopt(curl, CURLOPT_POSTFIELDS, NULL);
-        curl_easy_setopt(curl, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)-1);
-        curl_easy_setopt(curl, CURLOPT_INFILESIZE_LARGE, (curl_off_t)-1);
-        curl_easy_setopt(curl, CURLOPT_UPLOAD, 0L);
-        curl_slist_free_all(headers);
-        if (err != 0)
-            goto out;
-        if (rc == CURLE_OK) {
-            long status = 0;
-            curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &status);
-            req->status = status;
-        }
-        if (req->status >= 300 && req->error_body.len > 0) {
-            struct s3xml_error parsed;
-            if (s3xml_parse_error(req->error_body.data, req->error_body.len,
-                                  &parsed) == 0)
-                snprintf(req->s3_code, sizeof(req->s3_code), "%s", parsed.code);
-        }
-        if (req->sink_err != 0) {
-            err = req->sink_err;
-            snprintf(description, sizeof(description), "%s", strerror(err));
-            break;
-        }
-        struct errmap_result result = {
-            .curl_code = (int)rc,
-            .http_status = rc == CURLE_OK ? req->status : 0,
-            .s3_code = req->s3_code,
-        };
-        bool may_have_run = false;
-        bool retry = false;
-        bool parse_failed = false;
-        err = errmap_errno(&result);
-        if (err == 0 && req->parse != NULL) {
-            err = req->parse(req);
-            parse_failed = err != 0;
-        }
-        if (err == 0)
-            break;
-        if (parse_failed && (err == EPROTO || err == EOVERFLOW)) {
-            /* a 2xx whose XML was cut short or garbled, or a PUT's without
-             * its ETag: the server may have done the work, the answer did
-             * not come whole */
-            err = EIO;
-            retry = may_have_run = true;
-            snprintf(description, sizeof(description),
-                     "the answer (HTTP %ld) is not what was asked for: XML "
-                     "cut short or not valid, or no ETag", req->status);
-        } else if (parse_failed && err == EIO) {
-            result.error_in_body = true;
-            err = errmap_errno(&result);
-            retry = errmap_retryable(&result, &may_have_run);
-            errmap_describe(&result, description, sizeof(description));
-        } else if (parse_failed) {
-            snprintf(description, sizeof(description), "%s", strerror(err));
-            break;
-        } else {
-            retry = errmap_retryable(&result, &may_have_run);
-            errmap_describe(&result, description, sizeof(description));
-        }
-        /* what the complete of a multipart upload checks afterwards */
-        req->may_have_run = req->may_have_run || (retry && may_have_run);
-        if (!retry || attempt >= client->max_retries ||
-            (!req->idempotent && may_have_run))
-            break;
-        uint64_t pause = backoff_ms(attempt);
-        now = clock_monotonic_ms();
-        if (now + pause >= deadline) {
-            snprintf(description + strlen(description),
-                     sizeof(description) - strlen(description),
-                     "; its deadline (%llu.%01llu s) %s",
-                     (unsigned long long)(deadline_ms / 1000),
-                     (unsigned long long)(deadline_ms % 1000 / 100),
-                     now >= deadline ? "has passed"
-                                     : "leaves no time for another attempt");
-            break;
-        }
-        atomic_fetch_add(&client->retries, 1);
-        log_debug("%s %s: %s; retry %u", req->method, req->key ? req->key : "/",
-                  description, attempt + 1);
-        /* let others use the connection while this request waits */
-        pool_put(client, curl);
-        curl = NULL;
-        sleep_ms(pause);
-        uint64_t waited_from = clock_monotonic_ms();
-        curl = pool_get(client);
-        if (curl == NULL) {
-            err = ENOMEM;
-            goto out;
-        }
-        deadline += clock_monotonic_ms() - waited_from;
-    }
-    if (req->sink != NULL)
-        atomic_fetch_add(&client->bytes_received, req->delivered);
-    if (err == 0) {
-        if (req->recv_buf != NULL)
-            atomic_fetch_add(&client->bytes_received, req->recv_len);
-        if (req->body != NULL)
-            atomic_fetch_add(&client->bytes_sent, req->body->length);
-    } else if (err != ENOENT) {
-        /* (a missing key is an ordinary answer: no failure, no log line) */
-        atomic_fetch_add(&client->failures, 1);
-        if (!req->quiet)
-            log_warn("%s %s: %s", req->method, req->key ? req->key : "/",
-                     description);
-    }
-out:
-    if (curl != NULL)
-        pool_put(client, curl);
-    if (failure != NULL) {
-        failure->err = err;
-        failure->server_answered = req->status != 0;
-        snprintf(failure->description, sizeof(failure->description), "%s",
-                 description[0] ? description : strerror(err));
-    }
-    capped_buf_free(&req->error_body);
-    free(url);
-    free(path);
-    return err;
-}
-
-/* --------------------------------------------------------- client life */
-
-int s3_client_create(const struct s3_conf *conf, struct s3_client **out,
-                     char *errbuf, size_t errlen)
-{
-    struct s3_client *client = calloc(1, sizeof(*client));
-    int err = 0;
-
-    *out = NULL;
-    if (client == NULL)
-        return ENOMEM;
-    pthread_mutex_init(&client->share_lock, NULL);
-    pthread_mutex_init(&client->pool.lock, NULL);
-    pthread_cond_init(&client->pool.handle_free, NULL);
-    client->pool.max = conf->max_connections > 0 ? conf->max_connections : 1;
-    client->max_retries = conf->max_retries;
-    client->deadline_base_ms = (uint64_t)((conf->request_timeout > 0
-                                               ? conf->request_timeout
-                                               : S3_REQUEST_TIMEOUT_DEFAULT) *
-                                          1000.0);
-    client->bucket = strdup(conf->bucket);
-    client->region = strdup(conf->region ? conf->region : "us-east-1");
-    client->access_key = strdup_or_null(conf->access_key);
-    /* kept out of core dumps */
-    client->secret_key = secret_strdup(conf->secret_key);
-    client->session_token = secret_strdup(conf->session_token);
-    client->ca_bundle = strdup_or_null(conf->ca_bundle);
-    client->pool.idle = calloc(client->pool.max, sizeof(CURL *));
-    client->share = curl_share_init();
-    if (!client->bucket || !client->region || !client->pool.idle ||
-        !client->share || (conf->access_key && !client->access_key) ||
-        (conf->secret_key && !client->secret_key) ||
-        (conf->session_token && !client->session_token) ||
-        (conf->ca_bundle && !client->ca_bundle)) {
-        err = ENOMEM;
-        goto out;
-    }
-    if (conf->access_key != NULL && conf->secret_key == NULL) {
-        snprintf(errbuf, errlen, "an access key was given without a secret key");
-        err = EINVAL;
-        goto out;
-    }
-    curl_share_setopt(client->share, CURLSHOPT_LOCKFUNC, share_lock_cb);
-    curl_share_setopt(client->share, CURLSHOPT_UNLOCKFUNC, share_unlock_cb);
-    curl_share_setopt(client->share, CURLSHOPT_USERDATA, client);
-    curl_share_setopt(client->share, CURLSHOPT_SHARE, CURL_LOCK_DATA_DNS);
-    curl_share_setopt(client->share, CURLSHOPT_SHARE, CURL_LOCK_DATA_SSL_SESSION);
-    err = endpoint_resolve(conf->endpoint, client->region, conf->bucket,
-                           conf->path_style, &client->endpoint, errbuf, errlen);
-out:
-    if (err != 0)
-        s3_client_destroy(&client);
-    *out = client;
-    return err;
-}
-
-void s3_client_destroy(struct s3_client **clientp)
-{
-    struct s3_client *client = *clientp;
-
-    if (client == NULL)
-        return;
-    for (unsigned i = 0; i < client->pool.idle_count; i++)
-        curl_easy_cleanup(client->pool.idle[i]);
-    free(client->pool.idle);
-    if (client->share != NULL)
-        curl_share_cleanup(client->share);
-    pthread_mutex_destroy(&client->share_lock);
-    pthread_mutex_destroy(&client->pool.lock);
-    pthread_cond_destroy(&client->pool.handle_free);
-    secret_free(&client->secret_key);
-    secret_free(&client->session_token);
-    free(client->access_key);
-    free(client->bucket);
-    free(client->region);
-    free(client->ca_bundle);
-    endpoint_clear(&client->endpoint);
-    free(client);
-    *clientp = NULL;
-}
-
-void s3_client_stats(struct s3_client *client, struct s3_stats *out)
-{
-    for (int i = 0; i < S3_OP_COUNT; i++)
-        out->requests[i] = atomic_load(&client->requests[i]);
-    out->bytes_received = atomic_load(&client->bytes_received);
-    out->bytes_sent = atomic_load(&client->bytes_sent);
-    out->retries = atomic_load(&client->retries);
-    out->failures = atomic_load(&client->failures);
 }
 
 /* ------------------------------------------------------------ requests */
@@ -1159,7 +134,7 @@ int s3_check_bucket(struct s3_client *client, const char *prefix,
                     struct s3_failure *why)
 {
     char query[4096] = "";
-    struct capped_buf xml = {.cap = LIST_BODY_MAX};
+    struct s3_buf xml = {.cap = LIST_BODY_MAX};
     struct s3_request req = {
         .op = S3_OP_LIST, .method = "GET", .query = query, .xml = &xml,
         .idempotent = true, .quiet = true, .wire_bytes = DEADLINE_LIST_BYTES,
@@ -1173,7 +148,7 @@ int s3_check_bucket(struct s3_client *client, const char *prefix,
         snprintf(why->description, sizeof(why->description), "prefix too long");
         return ENAMETOOLONG;
     }
-    err = s3_perform(client, &req, why);
+    err = s3_client_perform(client, &req, why);
     if (err == 0) {
         struct s3xml_listing listing;
         err = s3xml_parse_listing(xml.data ? xml.data : "", xml.len, &listing);
@@ -1184,7 +159,7 @@ int s3_check_bucket(struct s3_client *client, const char *prefix,
                      "the endpoint's answer is not an S3 bucket listing");
         }
     }
-    capped_buf_free(&xml);
+    s3_buf_free(&xml);
     return err;
 }
 
@@ -1195,7 +170,7 @@ int s3_head_object(struct s3_client *client, const char *key,
         .op = S3_OP_HEAD, .method = "HEAD", .key = key, .info = info,
         .idempotent = true,
     };
-    return s3_perform(client, &req, NULL);
+    return s3_client_perform(client, &req, NULL);
 }
 
 int s3_get_object_range(struct s3_client *client, const char *key,
@@ -1221,7 +196,7 @@ int s3_get_object_range(struct s3_client *client, const char *key,
         snprintf(match_header, sizeof(match_header), "If-Match: %s", if_match);
         req.extra_headers[0] = match_header;
     }
-    err = s3_perform(client, &req, NULL);
+    err = s3_client_perform(client, &req, NULL);
     if (err == 0)
         *received = req.recv_len;
     return err;
@@ -1247,7 +222,7 @@ int s3_get_object_stream(struct s3_client *client, const char *key,
         snprintf(match_header, sizeof(match_header), "If-Match: %s", if_match);
         req.extra_headers[0] = match_header;
     }
-    err = s3_perform(client, &req, NULL);
+    err = s3_client_perform(client, &req, NULL);
     if (err == 0 && req.delivered != length)
         err = EIO; /* the object ended early: it is not the size we know */
     if (delivered != NULL)
@@ -1264,7 +239,7 @@ int s3_list_objects(struct s3_client *client, const char *prefix,
     size_t room = query_room(values, sizeof(values) / sizeof(values[0]));
     char *query = calloc(1, room);
     char max_keys_text[16];
-    struct capped_buf xml = {.cap = LIST_BODY_MAX};
+    struct s3_buf xml = {.cap = LIST_BODY_MAX};
     struct s3_request req = {
         .op = S3_OP_LIST, .method = "GET", .query = query, .xml = &xml,
         .idempotent = true, .wire_bytes = DEADLINE_LIST_BYTES,
@@ -1296,7 +271,7 @@ int s3_list_objects(struct s3_client *client, const char *prefix,
         err = ENOMEM;
         goto out;
     }
-    err = s3_perform(client, &req, NULL);
+    err = s3_client_perform(client, &req, NULL);
     if (err == 0 && continuation_token != NULL && out->truncated &&
         strcmp(out->next_token, continuation_token) == 0) {
         log_warn("LIST %s: the server answered with the continuation token "
@@ -1306,7 +281,7 @@ int s3_list_objects(struct s3_client *client, const char *prefix,
         err = EIO;
     }
 out:
-    capped_buf_free(&xml);
+    s3_buf_free(&xml);
     free(query);
     return err;
 }
@@ -1440,7 +415,7 @@ int s3_put_object(struct s3_client *client, const char *key,
     snprintf(md5_header, sizeof(md5_header), "Content-MD5: %s", md5);
     req.extra_headers[slot++] = md5_header;
     add_meta_headers(&req, &slot, meta ? meta : &default_meta, meta_storage);
-    err = s3_perform(client, &req, NULL);
+    err = s3_client_perform(client, &req, NULL);
     if (err == 0)
         copy_etag(&info, etag_out);
     return err;
@@ -1451,7 +426,7 @@ int s3_delete_object(struct s3_client *client, const char *key)
     struct s3_request req = {
         .op = S3_OP_DELETE, .method = "DELETE", .key = key, .idempotent = true,
     };
-    int err = s3_perform(client, &req, NULL);
+    int err = s3_client_perform(client, &req, NULL);
     return err == ENOENT ? 0 : err;
 }
 
@@ -1486,7 +461,7 @@ int s3_copy_object(struct s3_client *client, const char *src_key,
 {
     char meta_storage[META_LINES][160];
     char if_match_header[S3_ETAG_MAX + 40];
-    struct capped_buf xml = {.cap = SMALL_BODY_MAX};
+    struct s3_buf xml = {.cap = SMALL_BODY_MAX};
     char *etag = NULL;
     struct s3_failure failure;
     /* quiet: a failed condition is the caller's to report */
@@ -1512,7 +487,7 @@ int s3_copy_object(struct s3_client *client, const char *src_key,
         req.extra_headers[slot++] = "x-amz-metadata-directive: REPLACE";
         add_meta_headers(&req, &slot, meta, meta_storage);
     }
-    err = s3_perform(client, &req, &failure);
+    err = s3_client_perform(client, &req, &failure);
     if (err == 0 && etag_out != NULL)
         snprintf(etag_out, S3_ETAG_MAX, "%s", etag);
     else if (err != 0 && err != ESTALE && err != ENOENT)
@@ -1520,7 +495,7 @@ int s3_copy_object(struct s3_client *client, const char *src_key,
 out:
     free(etag);
     free(source_header);
-    capped_buf_free(&xml);
+    s3_buf_free(&xml);
     return err;
 }
 
@@ -1529,7 +504,7 @@ int s3_multipart_create(struct s3_client *client, const char *key,
 {
     char meta_storage[META_LINES][160];
     struct s3_put_meta default_meta = {0};
-    struct capped_buf xml = {.cap = SMALL_BODY_MAX};
+    struct s3_buf xml = {.cap = SMALL_BODY_MAX};
     struct s3_request req = {
         .op = S3_OP_MULTIPART, .method = "POST", .key = key, .query = "uploads=",
         .xml = &xml, .idempotent = false,
@@ -1540,8 +515,8 @@ int s3_multipart_create(struct s3_client *client, const char *key,
 
     *upload_id = NULL;
     add_meta_headers(&req, &slot, meta ? meta : &default_meta, meta_storage);
-    err = s3_perform(client, &req, NULL);
-    capped_buf_free(&xml);
+    err = s3_client_perform(client, &req, NULL);
+    s3_buf_free(&xml);
     return err;
 }
 
@@ -1572,7 +547,7 @@ int s3_multipart_upload_part(struct s3_client *client, const char *key,
     req.query = query;
     snprintf(md5_header, sizeof(md5_header), "Content-MD5: %s", md5);
     req.extra_headers[0] = md5_header;
-    err = s3_perform(client, &req, NULL);
+    err = s3_client_perform(client, &req, NULL);
     if (err == 0)
         copy_etag(&info, etag_out);
 out:
@@ -1590,7 +565,7 @@ int s3_multipart_copy_part(struct s3_client *client, const char *key,
     char *if_match_header = NULL;
     char *source_header = NULL;
     char *etag = NULL;
-    struct capped_buf xml = {.cap = SMALL_BODY_MAX};
+    struct s3_buf xml = {.cap = SMALL_BODY_MAX};
     struct s3_failure failure;
     /* quiet: no UploadPartCopy, or a changed source, is the caller's to
      * report */
@@ -1630,7 +605,7 @@ int s3_multipart_copy_part(struct s3_client *client, const char *key,
                  src_etag);
         req.extra_headers[slot++] = if_match_header;
     }
-    err = s3_perform(client, &req, &failure);
+    err = s3_client_perform(client, &req, &failure);
     if (err == 0)
         snprintf(etag_out, S3_ETAG_MAX, "%s", etag);
     else if (err != ENOSYS && err != ESTALE)
@@ -1641,7 +616,7 @@ out:
     free(if_match_header);
     free(source_header);
     free(query);
-    capped_buf_free(&xml);
+    s3_buf_free(&xml);
     return err;
 }
 
@@ -1780,8 +755,8 @@ int s3_multipart_complete_object(struct s3_client *client, const char *key,
                                  const struct s3_body *whole, char *etag_out)
 {
     char *query = NULL;
-    struct capped_buf body = {.cap = PART_ETAGS_XML_MAX};
-    struct capped_buf xml = {.cap = SMALL_BODY_MAX};
+    struct s3_buf body = {.cap = PART_ETAGS_XML_MAX};
+    struct s3_buf xml = {.cap = SMALL_BODY_MAX};
     char *etag = NULL;
     /* without the size, count 8 MiB (write-behind's part) per part */
     struct s3_request req = {
@@ -1792,7 +767,7 @@ int s3_multipart_complete_object(struct s3_client *client, const char *key,
         .parse = parse_etag, .parse_out = &etag,
     };
     char part[S3_ETAG_MAX + 96];
-    bool ok = capped_buf_append(&body, "<CompleteMultipartUpload>", 25);
+    bool ok = s3_buf_append(&body, "<CompleteMultipartUpload>", 25);
     int err = 0;
 
     for (unsigned i = 0; ok && i < part_count; i++) {
@@ -1800,9 +775,9 @@ int s3_multipart_complete_object(struct s3_client *client, const char *key,
                          "<Part><PartNumber>%u</PartNumber><ETag>%s</ETag></Part>",
                          i + 1, part_etags[i]);
         ok = n > 0 && (size_t)n < sizeof(part) &&
-             capped_buf_append(&body, part, (size_t)n);
+             s3_buf_append(&body, part, (size_t)n);
     }
-    ok = ok && capped_buf_append(&body, "</CompleteMultipartUpload>", 26) &&
+    ok = ok && s3_buf_append(&body, "</CompleteMultipartUpload>", 26) &&
          (query = upload_query(upload_id, 0)) != NULL;
     if (!ok) {
         err = ENOMEM;
@@ -1811,7 +786,7 @@ int s3_multipart_complete_object(struct s3_client *client, const char *key,
     req.query = query;
     req.post_data = body.data;
     req.post_len = body.len;
-    err = s3_perform(client, &req, NULL);
+    err = s3_client_perform(client, &req, NULL);
     if (err == 0 && etag_out != NULL)
         snprintf(etag_out, S3_ETAG_MAX, "%s", etag);
     /* (curl itself sends a request again, unseen here, when the answer
@@ -1831,8 +806,8 @@ int s3_multipart_complete_object(struct s3_client *client, const char *key,
 out:
     free(etag);
     free(query);
-    capped_buf_free(&body);
-    capped_buf_free(&xml);
+    s3_buf_free(&body);
+    s3_buf_free(&xml);
     return err;
 }
 
@@ -1850,7 +825,7 @@ int s3_multipart_abort(struct s3_client *client, const char *key,
 
     if (query == NULL)
         return ENOMEM;
-    err = s3_perform(client, &req, &failure);
+    err = s3_client_perform(client, &req, &failure);
     if (err != 0 && err != ENOENT && err != ENOSYS)
         log_warn("DELETE %s (abort multipart upload): %s", key,
                  failure.description);

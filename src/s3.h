@@ -15,7 +15,7 @@
  *
  * Every request has a deadline, its retries and the pauses between them
  * included: request_timeout plus the time its bytes take at a floor rate
- * (the numbers are in one block at the top of s3.c). Past it the request
+ * (the numbers are in one block in s3_internal.h). Past it the request
  * fails with ETIMEDOUT, so a server that trickles its answer cannot hold
  * a thread for longer.
  *

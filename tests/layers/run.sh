@@ -1,7 +1,8 @@
 #!/bin/sh
-# make check: the modules of the core library call each other without
-# cycles (tests/layers/check-layers.py over libs3cachefs.a). Needs nm
-# (binutils) and Debian's python3.
+# make check: the modules of the program call each other without cycles
+# (tests/layers/check-layers.py over libs3cachefs.a and the objects the
+# daemon adds to it: the S3 client, main, unmount). Needs nm (binutils)
+# and Debian's python3.
 set -eu
 srcdir=${S3CACHEFS_SRCDIR:-$(cd "$(dirname "$0")/../.." && pwd)}
 builddir=${S3CACHEFS_BUILDDIR:-$(pwd)}
@@ -9,4 +10,10 @@ if [ ! -f "$builddir/libs3cachefs.a" ]; then
     echo "no $builddir/libs3cachefs.a: build first" >&2
     exit 99
 fi
-exec /usr/bin/python3 "$srcdir/tests/layers/check-layers.py" "$builddir/libs3cachefs.a"
+objects=
+for name in s3 s3_client main unmount; do
+    [ -f "$builddir/src/$name.o" ] && objects="$objects $builddir/src/$name.o"
+done
+# shellcheck disable=SC2086 # (the object paths have no spaces)
+exec /usr/bin/python3 "$srcdir/tests/layers/check-layers.py" \
+    "$builddir/libs3cachefs.a" $objects
