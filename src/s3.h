@@ -1,5 +1,5 @@
 /*
- * s3.h - the S3 client: the only module that speaks HTTP.
+ * s3.h - the S3 client (s3.c, s3_client.c): the only code that speaks HTTP.
  *
  * Every call is synchronous and thread-safe: many FUSE and worker threads
  * call in at once, each request borrowing one pooled keep-alive connection
