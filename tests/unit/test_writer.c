@@ -22,7 +22,7 @@
  *   - writeback mode: close journals and returns while an older version's
  *     upload is held; a read right after close returns the closed bytes;
  *     the versions land in order and the bucket ends with the last one,
- *     with the held uploads released late or at once (issue 10, defect 1);
+ *     with the held uploads released late or at once;
  *   - rename: what writer_file_hold() says (UPLOADED, JOURNALED, UNSAVED),
  *     the journal entry following the new key, and no upload of a held
  *     file before writer_file_release();
