@@ -18,6 +18,7 @@ build_packages=(
 test_packages=(
     python3 python3-pytest python3-boto3 rclone curl attr s3fs awscli
     fio python3-filelock tar perl
+    systemd   # systemd-analyze, for tests/systemd (no running systemd needed)
 )
 # clang's libFuzzer and sanitizers: only for tests/fuzz/run.sh
 fuzz_packages=(clang libclang-rt-14-dev)
