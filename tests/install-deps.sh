@@ -2,7 +2,8 @@
 # Installs everything s3cachefs needs to build and to run its tests on
 # Debian 12, as root: build tools and libraries, the test clients, OpenStack
 # Swift (run by tests/harness/servers.py, never as Debian's own services),
-# Node.js if absent, clang's libFuzzer for the fuzz run, and the pinned
+# Node.js if absent, clang's libFuzzer for the fuzz run, debhelper and
+# lintian for the package build, and the pinned
 # s3rver from tests/package-lock.json.
 # Idempotent: a rerun on an installed machine touches neither apt nor npm.
 set -euo pipefail
@@ -17,15 +18,20 @@ build_packages=(
 test_packages=(
     python3 python3-pytest python3-boto3 rclone curl attr s3fs awscli
     fio python3-filelock tar perl
+    systemd   # systemd-analyze, for tests/systemd (no running systemd needed)
 )
 # clang's libFuzzer and sanitizers: only for tests/fuzz/run.sh
 fuzz_packages=(clang libclang-rt-14-dev)
+# the Debian package's build and check (tests/package/build-deb.sh);
+# debhelper brings dpkg-dev and dh-autoreconf, debian/control's
+# Build-Depends are among build_packages
+package_packages=(debhelper lintian)
 swift_packages=(
     python3-swift swift swift-proxy swift-account swift-container
     swift-object memcached
 )
 packages=("${build_packages[@]}" "${test_packages[@]}" "${fuzz_packages[@]}"
-          "${swift_packages[@]}")
+          "${package_packages[@]}" "${swift_packages[@]}")
 if ! command -v npm >/dev/null 2>&1; then
     packages+=(nodejs npm)
 fi

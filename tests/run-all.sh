@@ -11,22 +11,29 @@
 #   4. meanwhile, niced, fuzzes the parsers for a short while
 #      (tests/fuzz/run.sh: a clang build of its own, each libFuzzer target
 #      $S3CACHEFS_FUZZ_SECONDS, default 15, on a copy of its corpus);
-#      skipped, not failed, on a machine without clang's libFuzzer.
+#      skipped, not failed, on a machine without clang's libFuzzer;
+#   5. meanwhile too, niced, builds the Debian package from a copy of the
+#      tree and runs lintian on it (tests/package/build-deb.sh, in
+#      build-deb/; its log lists the .deb's files): a build failure or a
+#      lintian error fails the run.
 # Prints the logs of failed tests and a closing "N passed, N failed" line.
-# Options: --quick (plain build only, no fuzzing), --no-install (skip
-# step 1), --no-fuzz (skip step 4).
+# Options: --quick (plain build only, no fuzzing, no package),
+# --no-install (skip step 1), --no-fuzz (skip step 4), --no-package (skip
+# step 5).
 set -euo pipefail
 
 srcdir=$(cd "$(dirname "$0")/.." && pwd)
 builds=(plain sanitizers)
 install=yes
 fuzz=yes
+package=yes
 for arg in "$@"; do
     case $arg in
-    --quick) builds=(plain); fuzz=no ;;
+    --quick) builds=(plain); fuzz=no; package=no ;;
     --no-install) install=no ;;
     --no-fuzz) fuzz=no ;;
-    *) echo "usage: $0 [--quick] [--no-install] [--no-fuzz]" >&2; exit 2 ;;
+    --no-package) package=no ;;
+    *) echo "usage: $0 [--quick] [--no-install] [--no-fuzz] [--no-package]" >&2; exit 2 ;;
     esac
 done
 
@@ -90,6 +97,15 @@ if [ "$fuzz" = yes ]; then
         >"$fuzz_log" 2>&1 &
     fuzz_pid=$!
 fi
+# The package build compiles the tree once more and runs the unit tests:
+# niced like the fuzz run, in a copy of its own.
+package_log="$srcdir/build-deb/run.log"
+if [ "$package" = yes ]; then
+    mkdir -p "$srcdir/build-deb"
+    nice -n 10 "$srcdir/tests/package/build-deb.sh" "$srcdir/build-deb" \
+        >"$package_log" 2>&1 &
+    package_pid=$!
+fi
 for index in "${!builds[@]}"; do
     build=${builds[$index]}
     dir="$srcdir/build-$build"
@@ -98,7 +114,8 @@ for index in "${!builds[@]}"; do
     echo "=== make check, $build build"
     cat "$dir/check.log"
     # what the automake driver counted
-    for trs in "$dir"/tests/unit/*.trs "$dir"/tests/integration/*.trs; do
+    for trs in "$dir"/tests/unit/*.trs "$dir"/tests/systemd/*.trs \
+               "$dir"/tests/integration/*.trs; do
         [ -f "$trs" ] || continue
         result=$(sed -n 's/^:test-result: //p' "$trs")
         case $result in
@@ -114,6 +131,16 @@ if [ "$fuzz" = yes ]; then
     wait "$fuzz_pid" || status=$?
     echo "=== fuzzing (tests/fuzz/run.sh)"
     cat "$fuzz_log"
+    case $status in
+    0|77) passed=$((passed + 1)) ;;
+    *) failed=$((failed + 1)) ;;
+    esac
+fi
+if [ "$package" = yes ]; then
+    status=0
+    wait "$package_pid" || status=$?
+    echo "=== Debian package (tests/package/build-deb.sh)"
+    cat "$package_log"
     case $status in
     0|77) passed=$((passed + 1)) ;;
     *) failed=$((failed + 1)) ;;
