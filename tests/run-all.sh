@@ -114,8 +114,8 @@ for index in "${!builds[@]}"; do
     echo "=== make check, $build build"
     cat "$dir/check.log"
     # what the automake driver counted
-    for trs in "$dir"/tests/unit/*.trs "$dir"/tests/systemd/*.trs \
-               "$dir"/tests/integration/*.trs; do
+    for trs in "$dir"/tests/unit/*.trs "$dir"/tests/layers/*.trs \
+               "$dir"/tests/systemd/*.trs "$dir"/tests/integration/*.trs; do
         [ -f "$trs" ] || continue
         result=$(sed -n 's/^:test-result: //p' "$trs")
         case $result in
