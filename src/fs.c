@@ -260,6 +260,11 @@ void fs_get_stats(struct fs *fs, struct fs_stats *out)
     }
 }
 
+const char *fs_cache_dir(const struct fs *fs)
+{
+    return cache_dir_path(fs->conf.cache);
+}
+
 int fs_stats_text(struct fs *fs, char **text)
 {
     struct fs_stats st;

@@ -77,6 +77,9 @@ struct fs_stats {
 #define FS_STATS_XATTR "user.s3cachefs.stats"
 /* the daemon's pid, on the mount root (for the unmount helper, unmount.h) */
 #define FS_PID_XATTR "user.s3cachefs.pid"
+/* the cache directory, on the mount root (where the daemon leaves its
+ * exit report for the unmount helper, unmount.h) */
+#define FS_CACHE_XATTR "user.s3cachefs.cache"
 
 struct fs;
 struct fs_dir;      /* an open directory: a snapshot of its listing */
@@ -191,6 +194,9 @@ int fs_recover(struct fs *fs);
 /* At unmount: upload everything pending and wait; the number of files
  * that could not be uploaded (they stay journaled) is returned. */
 uint64_t fs_drain(struct fs *fs);
+
+/* The cache directory's absolute path (owned by the cache). */
+const char *fs_cache_dir(const struct fs *fs);
 
 /*
  * The counters as text, one "name value" pair per line (the format is

@@ -460,8 +460,9 @@ static void reply_xattr_value(fuse_req_t req, const char *value, size_t len,
         fuse_reply_buf(req, value, len);
 }
 
-/* The mount root carries the counters (fs.h: FS_STATS_XATTR) and the
- * daemon's pid (FS_PID_XATTR); nothing else has extended attributes. */
+/* The mount root carries the counters (fs.h: FS_STATS_XATTR), the
+ * daemon's pid (FS_PID_XATTR) and its cache directory (FS_CACHE_XATTR);
+ * nothing else has extended attributes. */
 static void op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name,
                         size_t size)
 {
@@ -471,6 +472,11 @@ static void op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name,
         char pid[24];
         int len = snprintf(pid, sizeof(pid), "%ld", (long)getpid());
         reply_xattr_value(req, pid, (size_t)len, size);
+        return;
+    }
+    if (ino == FUSE_ROOT_ID && strcmp(name, FS_CACHE_XATTR) == 0) {
+        const char *dir = fs_cache_dir(request_fs(req));
+        reply_xattr_value(req, dir, strlen(dir), size);
         return;
     }
     if (ino != FUSE_ROOT_ID || strcmp(name, FS_STATS_XATTR) != 0) {
@@ -487,7 +493,8 @@ static void op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name,
 
 static void op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
 {
-    static const char names[] = FS_STATS_XATTR "\0" FS_PID_XATTR;
+    static const char names[] = FS_STATS_XATTR "\0" FS_PID_XATTR "\0"
+                                FS_CACHE_XATTR;
     if (ino == FUSE_ROOT_ID)
         reply_xattr_value(req, names, sizeof(names), size);
     else

@@ -366,6 +366,7 @@ int main(int argc, char **argv)
     }
     free(opts.cache_dir);
     opts.cache_dir = cache_dir;
+    unmount_report_clear(cache_dir); /* an earlier run's (the lock is ours) */
 
 
     if (fuse_set_signal_handlers(session) != 0)
@@ -477,8 +478,11 @@ out:
                      (unsigned long long)stats.uploads_pending,
                      stats.uploads_pending == 1 ? "" : "s");
         }
-        if (fs_drain(context.fs) > 0)
+        uint64_t left = fs_drain(context.fs);
+        if (left > 0)
             status = 1; /* kept in the journal for the next mount (logged) */
+        /* what --unmount, which is not our parent, tells its caller */
+        unmount_report_write(opts.cache_dir, left);
     }
     fs_destroy(&context.fs);
     journal_close(&journal);

@@ -12,6 +12,8 @@
 #include "unmount.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
@@ -27,6 +29,7 @@
 
 #include "clock.h"
 #include "fs.h"
+#include "log.h"
 
 #define TELL_AFTER_MS 2000      /* say what it waits for after this long */
 #define POLL_MS 100             /* without pidfd_open: kill(pid, 0) steps */
@@ -36,6 +39,63 @@ extern char **environ;
 bool unmount_requested(int argc, char **argv)
 {
     return argc > 1 && strcmp(argv[1], "--unmount") == 0;
+}
+
+void unmount_report_clear(const char *cache_dir)
+{
+    char path[PATH_MAX];
+
+    if (snprintf(path, sizeof(path), "%s/%s", cache_dir, UNMOUNT_REPORT) <
+        (int)sizeof(path))
+        unlink(path);
+}
+
+int unmount_report_write(const char *cache_dir, uint64_t left)
+{
+    char path[PATH_MAX], tmp[PATH_MAX], text[64];
+    int err = 0;
+
+    if (snprintf(path, sizeof(path), "%s/%s", cache_dir, UNMOUNT_REPORT) >=
+            (int)sizeof(path) ||
+        snprintf(tmp, sizeof(tmp), "%s.tmp", path) >= (int)sizeof(tmp))
+        return ENAMETOOLONG;
+    int len = snprintf(text, sizeof(text), "uploads_left %llu\n",
+                       (unsigned long long)left);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0 || write(fd, text, (size_t)len) != len || fsync(fd) != 0)
+        err = errno ? errno : EIO;
+    if (fd >= 0 && close(fd) != 0 && err == 0)
+        err = errno;
+    if (err == 0 && rename(tmp, path) != 0)
+        err = errno;
+    if (err != 0) {
+        unlink(tmp);
+        log_warn("cannot write %s (%s): s3cachefs --unmount will report that "
+                 "the daemon ended without saying", path, strerror(err));
+    }
+    return err;
+}
+
+/* What the daemon that used CACHE_DIR said as it exited: 0 and *LEFT, or
+ * ENOENT (it said nothing: killed, or an older version) or another errno. */
+static int read_report(const char *cache_dir, uint64_t *left)
+{
+    char path[PATH_MAX], text[64];
+    unsigned long long count;
+
+    if (snprintf(path, sizeof(path), "%s/%s", cache_dir, UNMOUNT_REPORT) >=
+        (int)sizeof(path))
+        return ENAMETOOLONG;
+    FILE *file = fopen(path, "re");
+    if (file == NULL)
+        return errno;
+    bool ok = fgets(text, sizeof(text), file) != NULL &&
+              sscanf(text, "uploads_left %llu", &count) == 1;
+    fclose(file);
+    if (!ok)
+        return EINVAL;
+    *left = count;
+    return 0;
 }
 
 /* The pid of the daemon serving MOUNTPOINT, or 0 if it does not say (not
@@ -141,6 +201,13 @@ int unmount_main(int argc, char **argv)
                 mountpoint);
         return 1;
     }
+    /* where it will leave its report (a daemon older than the report
+     * does not say: then only its exit is waited for) */
+    char cache_dir[PATH_MAX];
+    ssize_t cache_len = getxattr(mountpoint, FS_CACHE_XATTR, cache_dir,
+                                 sizeof(cache_dir) - 1);
+    if (cache_len > 0)
+        cache_dir[cache_len] = '\0';
     int pidfd = -1;
 #ifdef SYS_pidfd_open
     pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
@@ -154,5 +221,23 @@ int unmount_main(int argc, char **argv)
     wait_daemon(pid, pidfd, mountpoint);
     if (pidfd >= 0)
         close(pidfd);
+    if (cache_len <= 0)
+        return 0;
+    uint64_t left = 0;
+    err = read_report(cache_dir, &left);
+    if (err != 0) {
+        fprintf(stderr, "s3cachefs: the daemon of %s (pid %ld) ended without "
+                "saying what it uploaded (was it killed?); what its journal "
+                "holds is uploaded by the next mount on %s\n", mountpoint,
+                (long)pid, cache_dir);
+        return 1;
+    }
+    if (left > 0) {
+        fprintf(stderr, "s3cachefs: %llu file%s of %s could not be uploaded "
+                "(the daemon's log says which and why); they stay in %s, and "
+                "the next mount on it uploads them\n", (unsigned long long)left,
+                left == 1 ? "" : "s", mountpoint, cache_dir);
+        return 1;
+    }
     return 0;
 }

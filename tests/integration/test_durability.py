@@ -238,6 +238,58 @@ def test_unmount_command_waits_for_the_uploads(server, s3, bucket, proxy,
     assert_objects(s3, bucket, files)
 
 
+def test_unmount_command_says_what_was_left(server, s3, bucket, proxy, mount):
+    """`s3cachefs --unmount MNT` exits 1 with a sentence when the daemon
+    could not upload everything (every PUT refused until it gave up), as
+    the daemon's own exit status does, which only its parent can read.
+    (Before: it exited 0, and `s3cachefs --unmount /data && poweroff`
+    powered off with files left.) A daemon killed while it drains leaves
+    no report: that is status 1 too."""
+    mnt = mount(bucket, options=['writeback', 'request_timeout=2'],
+                endpoint=proxy.endpoint)
+    proxy.inject('denied', HOLD_ALL, 'PUT')
+    write_file(mnt.path / 'refused', payload('refused', 10 * KiB))
+    done = subprocess.run([BINARY, '--unmount', str(mnt.path)],
+                          capture_output=True, text=True, timeout=HANG_TIMEOUT)
+    assert done.returncode == 1, done.stderr
+    assert '1 file of' in done.stderr and 'could not be uploaded' in \
+        done.stderr, done.stderr
+    assert mnt.process.wait(timeout=HANG_TIMEOUT) == 1
+    mnt.process = None
+    proxy.clear_faults()
+
+    again = mount(bucket, options=['writeback'], endpoint=proxy.endpoint,
+                  cache=mnt.cache_dir, name='again')
+    wait_for(lambda: head(s3, bucket, 'refused') is not None, HANG_TIMEOUT,
+             'the upload by the next mount')
+    proxy.inject('hold', HOLD_ALL, 'PUT')
+    write_file(again.path / 'held', payload('held', 10 * KiB))
+    wait_for(lambda: proxy.holding >= 1, 10, 'the upload at the proxy')
+    unmounting = subprocess.Popen([BINARY, '--unmount', str(again.path)],
+                                  stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: not is_fuse_mount(again.path), 10, 'the unmount')
+        again.process.kill()
+        _, stderr = unmounting.communicate(timeout=HANG_TIMEOUT)
+    finally:
+        proxy.stop()
+        if unmounting.poll() is None:
+            unmounting.kill()
+    again.process.wait(timeout=HANG_TIMEOUT)
+    again.process = None
+    assert unmounting.returncode == 1
+    assert 'ended without saying' in stderr, stderr
+
+    clean = mount(bucket, cache=mnt.cache_dir, name='clean')
+    wait_for(lambda: head(s3, bucket, 'held') is not None, HANG_TIMEOUT,
+             'the upload by the third mount')
+    done = subprocess.run([BINARY, '--unmount', str(clean.path)],
+                          capture_output=True, text=True, timeout=HANG_TIMEOUT)
+    assert done.returncode == 0, done.stderr
+    clean.process.wait(timeout=HANG_TIMEOUT)
+    clean.process = None
+
+
 def test_unmount_command_refuses_other_mounts(tmp_path):
     """--unmount only unmounts s3cachefs mounts: anything else is left
     alone, with a sentence and status 1."""
