@@ -229,13 +229,15 @@ too_large:
     return ERANGE;
 }
 
-/* "519", or "4.295 GB" for bytes priced per GB. */
+/* "519"; "4.295 GB" for bytes priced per GB, in binary units below a
+ * thousandth of the unit ("113.7 KiB") or when free. */
 static void format_quantity(const struct price *price, uint64_t quantity,
                             bool bytes, char *buf, size_t len)
 {
     if (!bytes) {
         stats_report_format_count(quantity, buf, len);
-    } else if (price->unit[0] != '\0') {
+    } else if (price->unit[0] != '\0' &&
+               (quantity == 0 || (double)quantity / (double)price->per >= 0.001)) {
         snprintf(buf, len, "%.3f %s", (double)quantity / (double)price->per,
                  price->unit);
     } else {
