@@ -64,8 +64,8 @@ static const struct preset presets[] = {
      * the first 100 GB a month free, account-wide). DELETE is free: AWS's
      * own calculator legend (s3.amazonaws.com/calculator/calc5.html, old)
      * says "Delete Requests are not charged". Multipart requests are
-     * priced as PUT/POST (AbortMultipartUpload is free at AWS: priced
-     * here, a small over-estimate). Egress is to the internet: reads from
+     * priced as PUT/POST, AbortMultipartUpload (a DELETE) with them.
+     * Egress is to the internet: reads from
      * EC2 in the same region pay no egress (use a file with `egress free`).
      */
     {"aws", "2026-12-02",
