@@ -460,7 +460,8 @@ int main(int argc, char **argv)
              loop_result == SIGINT || loop_result == SIGHUP ? 0 : 1;
     log_info("unmounting %s", opts.mountpoint);
 out:
-    if (status != 0 && !mounted && argc > 2 && strcmp(argv[1], "stats") == 0)
+    if (status != 0 && !mounted && argc > 2 && strcmp(argv[1], "stats") == 0 &&
+        argv[2][0] != '-')
         fprintf(stderr, "s3cachefs: (this was the mount of a bucket named "
                 "'stats': %s is not an s3cachefs mount for 's3cachefs stats' "
                 "to report on)\n", argv[2]);

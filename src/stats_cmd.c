@@ -104,12 +104,14 @@ static int canonical_path(const char *arg, char **out)
         err = *out == NULL ? errno : 0;
         goto out;
     }
-    if (slash == copy)
+    if (slash == copy) {
         parent = realpath("/", NULL);
-    else if (slash != NULL)
-        *slash = '\0', parent = realpath(copy, NULL);
-    else
+    } else if (slash != NULL) {
+        *slash = '\0';
+        parent = realpath(copy, NULL);
+    } else {
         parent = realpath(".", NULL);
+    }
     if (parent == NULL) {
         err = errno;
         goto out;
@@ -432,7 +434,8 @@ static int read_counters(const struct target *target, struct stats_text *stats)
  * it, if it names this mount point); else the default.
  */
 static uint32_t block_size_of(const struct stats_text *stats,
-                              const struct target *target, const char **origin)
+                              const struct target *target,
+                              enum stats_block_size_from *from)
 {
     char path[64], *args[CMDLINE_ARGS_MAX], err[256];
     char *cmdline = NULL;
@@ -444,10 +447,10 @@ static uint32_t block_size_of(const struct stats_text *stats,
 
     if (stats_text_get(stats, "cache_block_size_bytes", &from_counters) == 0 &&
         from_counters >= MIN_BLOCK_SIZE && from_counters <= MAX_BLOCK_SIZE) {
-        *origin = "the counters";
+        *from = STATS_BLOCK_SIZE_COUNTERS;
         return (uint32_t)from_counters;
     }
-    *origin = "the default: the daemon does not say";
+    *from = STATS_BLOCK_SIZE_DEFAULT;
     block_size = DEFAULT_BLOCK_SIZE;
     if (target->pid <= 0)
         goto out;
@@ -477,7 +480,7 @@ static uint32_t block_size_of(const struct stats_text *stats,
     free(mounted);
     if (same) {
         block_size = opts.block_size;
-        *origin = "the daemon's command line";
+        *from = STATS_BLOCK_SIZE_COMMAND_LINE;
     }
     options_free(&opts);
 out:
@@ -808,7 +811,7 @@ int stats_cmd_main(int argc, char **argv)
         .stats = &stats,
         .prices = args.prices != NULL ? &prices : NULL,
     };
-    report.block_size = block_size_of(&stats, &target, &report.block_size_origin);
+    report.block_size = block_size_of(&stats, &target, &report.block_size_from);
     if (args.watch)
         status = watch(&args, &target, &report, &stats);
     else

@@ -305,13 +305,17 @@ static void table_cost(FILE *out, const struct stats_report *report,
              false);
     total_row(out, prices, "total", cost->saved_total);
 
+    static const char *const from[] = {
+        [STATS_BLOCK_SIZE_DEFAULT] = "the default: the daemon does not say",
+        [STATS_BLOCK_SIZE_COUNTERS] = "given in the daemon's counters",
+        [STATS_BLOCK_SIZE_COMMAND_LINE] = "read from the daemon's command line",
+    };
     fprintf(out,
         "\n  Estimates from list prices, without free allowances or volume\n"
         "  tiers. Requests are counted as sent, retries included; egress is\n"
         "  object data only (not headers or listings). Savings: each byte read\n"
         "  from the cache fetched once instead, in one GET per block of\n"
-        "  %s (block_size, from %s).\n", block,
-        report->block_size_origin ? report->block_size_origin : "the default");
+        "  %s (block_size, %s).\n", block, from[report->block_size_from]);
 }
 
 int stats_report_table(FILE *out, const struct stats_report *report,
@@ -515,8 +519,12 @@ static void json_cost(struct json *json, const struct stats_report *report,
     json_money(json, "total", cost->total);
     json_open(json, "saved");
     json_integer(json, "block_size", report->block_size);
-    json_text(json, "block_size_from", report->block_size_origin ?
-              report->block_size_origin : "the default");
+    static const char *const from[] = {
+        [STATS_BLOCK_SIZE_DEFAULT] = "default",
+        [STATS_BLOCK_SIZE_COUNTERS] = "counters",
+        [STATS_BLOCK_SIZE_COMMAND_LINE] = "command_line",
+    };
+    json_text(json, "block_size_from", from[report->block_size_from]);
     json_cost_line(json, "egress", &prices->items[PRICE_EGRESS],
                    &cost->saved_egress, true);
     json_cost_line(json, "get", &prices->items[PRICE_GET], &cost->saved_gets,

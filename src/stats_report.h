@@ -38,6 +38,13 @@ struct stats_cost {
     uint64_t saved_total;           /* nanos */
 };
 
+/* Where the block size of the savings came from. */
+enum stats_block_size_from {
+    STATS_BLOCK_SIZE_DEFAULT,       /* nowhere: the default, 1 MiB, assumed */
+    STATS_BLOCK_SIZE_COUNTERS,      /* a cache_block_size_bytes counter */
+    STATS_BLOCK_SIZE_COMMAND_LINE,  /* the daemon's command line */
+};
+
 /* What a report is made of; nothing is owned. */
 struct stats_report {
     const char *mountpoint;
@@ -46,7 +53,7 @@ struct stats_report {
     const struct stats_text *stats;
     const struct price_table *prices;   /* NULL: no cost */
     uint32_t block_size;            /* of the cache: for the savings */
-    const char *block_size_origin;  /* where it came from, for people */
+    enum stats_block_size_from block_size_from;
 };
 
 /*
@@ -70,7 +77,8 @@ int stats_report_table(FILE *out, const struct stats_report *report,
 /*
  * One JSON object: "mountpoint", "source", "pid", every counter under its
  * own name with its value as a number, and with prices a "cost" object
- * (amounts as decimal numbers with 9 places). ONE_LINE: no newlines but
+ * (amounts as decimal numbers with 9 places; "block_size_from" is
+ * "default", "counters" or "command_line"). ONE_LINE: no newlines but
  * the last (for --watch --json); TIME >= 0 adds "time" (Unix seconds).
  * 0, or the errno of stats_report_cost() with ERR set.
  */

@@ -89,7 +89,7 @@ def check_cost(report, block_size):
         assert cost['total'] == total
         saved = cost['saved']
         assert saved['block_size'] == block_size
-        assert saved['block_size_from'] == "the daemon's command line"
+        assert saved['block_size_from'] == 'command_line'
         from_cache = report['bytes_from_cache']
         assert saved['egress']['quantity'] == from_cache
         assert saved['egress']['amount'] == half_up(
@@ -221,7 +221,8 @@ def test_cost_at_presets_and_from_a_file(s3, bucket, mount, tmp_path):
         six, rounding=decimal.ROUND_HALF_UP)
     assert abs(spent - report['cost']['total']) < Decimal('0.01')
     assert 'prices test.prices: Test provider, eu\n' in done.stdout
-    assert 'one GET per block of\n  256 KiB (block_size, from the daemon' in done.stdout
+    assert ('one GET per block of\n  256 KiB (block_size, read from the '
+            "daemon's command line)") in done.stdout
 
 
 class LineReader:

@@ -338,7 +338,7 @@ static const char expected_table[] =
     "  tiers. Requests are counted as sent, retries included; egress is\n"
     "  object data only (not headers or listings). Savings: each byte read\n"
     "  from the cache fetched once instead, in one GET per block of\n"
-    "  1 MiB (block_size, from the daemon's command line).\n"
+    "  1 MiB (block_size, read from the daemon's command line).\n"
     ;
 
 static void test_table(void **state)
@@ -352,7 +352,7 @@ static void test_table(void **state)
     struct stats_report report = {
         .mountpoint = "/data", .source = "my-bucket:datasets", .pid = 4242,
         .stats = &stats, .prices = &aws, .block_size = 1 << 20,
-        .block_size_origin = "the daemon's command line",
+        .block_size_from = STATS_BLOCK_SIZE_COMMAND_LINE,
     };
     CAPTURE(text, assert_int_equal(stats_report_table(out, &report, err,
                                                       sizeof(err)), 0));
@@ -400,7 +400,7 @@ static void test_json(void **state)
     struct stats_report report = {
         .mountpoint = "/data", .source = "my-bucket:datasets", .pid = 4242,
         .stats = &stats, .prices = &r2, .block_size = 262144,
-        .block_size_origin = "the counters",
+        .block_size_from = STATS_BLOCK_SIZE_COUNTERS,
     };
     CAPTURE(text, assert_int_equal(stats_report_json(out, &report, false, -1,
                                                      err, sizeof(err)), 0));
@@ -418,7 +418,7 @@ static void test_json(void **state)
     assert_non_null(strstr(text, "\"prices_read_on\": \"2026-12-02\""));
     /* 16384 blocks of 256 KiB */
     assert_non_null(strstr(text, "\"block_size\": 262144,\n"
-                           "      \"block_size_from\": \"the counters\",\n"));
+                           "      \"block_size_from\": \"counters\",\n"));
     assert_non_null(strstr(text, "\"quantity\": 16384,"));
     assert_int_equal(text[strlen(text) - 1], '\n');
     assert_int_equal(text[strlen(text) - 2], '}');
