@@ -192,25 +192,25 @@ int stats_report_cost(const struct stats_text *stats,
                       const struct price_table *prices, uint32_t block_size,
                       struct stats_cost *out, char *err, size_t errlen)
 {
+    const char *missing = NULL;
     uint64_t from_cache;
+    int result = ERANGE;
 
     memset(out, 0, sizeof(*out));
     for (int item = 0; item < PRICE_ITEM_COUNT; item++) {
         struct stats_cost_line *line = &out->items[item];
         if (stats_text_get(stats, item_counters[item], &line->quantity) != 0) {
-            snprintf(err, errlen, "the daemon does not count '%s': no cost "
-                     "without it", item_counters[item]);
-            return ENOENT;
+            missing = item_counters[item];
+            goto out;
         }
         if (prices_cost(&prices->items[item], line->quantity, &line->nanos) != 0 ||
             out->total + line->nanos < out->total)
-            goto too_large;
+            goto out;
         out->total += line->nanos;
     }
     if (stats_text_get(stats, "bytes_from_cache", &from_cache) != 0) {
-        snprintf(err, errlen, "%s", "the daemon does not count "
-                 "'bytes_from_cache': no savings without it");
-        return ENOENT;
+        missing = "bytes_from_cache";
+        goto out;
     }
     out->saved_egress.quantity = from_cache;
     out->saved_gets.quantity = from_cache / block_size +
@@ -220,13 +220,19 @@ int stats_report_cost(const struct stats_text *stats,
         prices_cost(&prices->items[PRICE_GET], out->saved_gets.quantity,
                     &out->saved_gets.nanos) != 0 ||
         out->saved_egress.nanos + out->saved_gets.nanos < out->saved_egress.nanos)
-        goto too_large;
+        goto out;
     out->saved_total = out->saved_egress.nanos + out->saved_gets.nanos;
-    return 0;
-too_large:
-    snprintf(err, errlen, "%s", "the cost is past what 64 bits of 10^-9 hold: "
-             "check the prices");
-    return ERANGE;
+    result = 0;
+out:
+    if (missing != NULL) {
+        snprintf(err, errlen, "the daemon does not count '%s': no cost "
+                 "without it", missing);
+        result = ENOENT;
+    } else if (result == ERANGE) {
+        snprintf(err, errlen, "%s", "the cost is past what 64 bits of 10^-9 "
+                 "hold: check the prices");
+    }
+    return result;
 }
 
 /* "519"; "4.295 GB" for bytes priced per GB, in binary units below a
