@@ -29,6 +29,7 @@
 #include "log.h"
 #include "options.h"
 #include "s3.h"
+#include "stats_cmd.h"
 #include "unmount.h"
 
 #define MULTIPART_THRESHOLD (16ull << 20)  /* larger files go multipart */
@@ -271,6 +272,10 @@ int main(int argc, char **argv)
     /* s3cachefs --unmount MOUNTPOINT (unmount.h) */
     if (unmount_requested(argc, argv))
         return unmount_main(argc, argv);
+    /* s3cachefs stats MOUNTPOINT (stats_cmd.h); a bucket named "stats" is
+     * mounted as any other when MOUNTPOINT is not an s3cachefs mount */
+    if (stats_cmd_requested(argc, argv))
+        return stats_cmd_main(argc, argv);
 
     /* the process is about to hold credentials: no core dump of it (and
      * the secrets themselves are in MADV_DONTDUMP pages, secret.h) */
@@ -456,6 +461,11 @@ int main(int argc, char **argv)
              loop_result == SIGINT || loop_result == SIGHUP ? 0 : 1;
     log_info("unmounting %s", opts.mountpoint);
 out:
+    if (status != 0 && !mounted && argc > 2 && strcmp(argv[1], "stats") == 0 &&
+        argv[2][0] != '-')
+        fprintf(stderr, "s3cachefs: (this was the mount of a bucket named "
+                "'stats': %s is not an s3cachefs mount for 's3cachefs stats' "
+                "to report on)\n", argv[2]);
     if (mounted)
         fuse_session_unmount(session);
     if (handlers)

@@ -1,0 +1,823 @@
+/*
+ * stats_cmd.c - `s3cachefs stats MOUNTPOINT` (see stats_cmd.h): find the
+ * mount, ask its daemon, print.
+ *
+ * The order of the checks gives each failure its own sentence: the path
+ * (exists?), /proc/self/mountinfo (a mount point? of what type?), then
+ * the daemon (user.s3cachefs.pid: an s3cachefs? alive? answering?). Every
+ * getxattr() on the mount runs in a child process (ask_daemon()), so that
+ * a stuck daemon costs 5 seconds and an error, not a hung command: the
+ * child is killed, which ends its FUSE request, where a thread would stay
+ * blocked in this process.
+ *
+ * --watch blocks SIGINT and SIGTERM and takes them only inside ppoll(),
+ * so one that comes between two waits is not lost: the loop stops at the
+ * next wait at the latest, and the command exits 0.
+ */
+#include "config.h"
+
+#include "stats_cmd.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <sys/xattr.h>
+#include <unistd.h>
+
+#include "clock.h"
+#include "fs.h"
+#include "options.h"
+#include "prices.h"
+#include "stats_report.h"
+#include "stats_text.h"
+
+#define EXIT_OK 0
+#define EXIT_FAILED 1
+#define EXIT_USAGE 2
+
+#define ASK_TIMEOUT_MS 5000         /* how long the daemon gets to answer */
+#define XATTR_VALUE_MAX 65536       /* the kernel's limit for one value */
+#define PRICE_FILE_MAX 65536
+#define CMDLINE_MAX 65536
+#define CMDLINE_ARGS_MAX 1024
+#define WATCH_DEFAULT 1.0
+#define WATCH_MIN 0.05
+#define WATCH_MAX 86400.0
+#define DEFAULT_BLOCK_SIZE (1u << 20)  /* options.c's, when -o block_size is not given */
+#define MIN_BLOCK_SIZE (64u << 10)
+#define MAX_BLOCK_SIZE (64u << 20)
+
+/* The signal that ends --watch (0: none yet), and the mask that lets it
+ * in: the one ppoll() waits with. */
+static volatile sig_atomic_t stop_signal;
+static sigset_t wait_mask;
+
+struct stats_args {
+    const char *mountpoint;
+    bool json;
+    bool watch;
+    double interval;        /* seconds */
+    const char *prices;     /* a preset name or a file; NULL: no cost */
+};
+
+struct mount_entry {
+    char type[64];          /* "fuse.s3cachefs", "tmpfs", ... */
+    char source[512];       /* for s3cachefs: bucket[:prefix] */
+};
+
+/* The mount being reported on. */
+struct target {
+    char *path;             /* absolute, as /proc/self/mountinfo has it */
+    struct mount_entry mount;
+    long pid;               /* the daemon's */
+};
+
+/* ------------------------------------------------------------ the mount */
+
+/* ARG made absolute without stat()ing ARG itself (a mount point whose
+ * daemon is stuck would hang): its parent resolved, its last component
+ * kept. "." and ".." are resolved whole. 0 or an errno; *OUT is malloc'd. */
+static int canonical_path(const char *arg, char **out)
+{
+    char *copy = strdup(arg), *parent = NULL;
+    int err = 0;
+
+    *out = NULL;
+    if (copy == NULL)
+        return ENOMEM;
+    size_t len = strlen(copy);
+    while (len > 1 && copy[len - 1] == '/')
+        copy[--len] = '\0';
+    char *slash = strrchr(copy, '/');
+    const char *base = slash ? slash + 1 : copy;
+    if (strcmp(copy, "/") == 0 || strcmp(base, ".") == 0 ||
+        strcmp(base, "..") == 0 || base[0] == '\0') {
+        *out = realpath(copy, NULL);
+        err = *out == NULL ? errno : 0;
+        goto out;
+    }
+    if (slash == copy) {
+        parent = realpath("/", NULL);
+    } else if (slash != NULL) {
+        *slash = '\0';
+        parent = realpath(copy, NULL);
+    } else {
+        parent = realpath(".", NULL);
+    }
+    if (parent == NULL) {
+        err = errno;
+        goto out;
+    }
+    if (asprintf(out, "%s%s%s", parent, strcmp(parent, "/") == 0 ? "" : "/",
+                 base) < 0) {
+        *out = NULL;
+        err = ENOMEM;
+    }
+out:
+    free(parent);
+    free(copy);
+    return err;
+}
+
+/* Undo mountinfo's octal escapes (\040 for a space...) in place. */
+static void unescape_mountinfo(char *text)
+{
+    char *out = text;
+
+    for (const char *in = text; *in != '\0'; in++) {
+        if (in[0] == '\\' && in[1] >= '0' && in[1] <= '3' &&
+            in[2] >= '0' && in[2] <= '7' && in[3] >= '0' && in[3] <= '7') {
+            *out++ = (char)((in[1] - '0') * 64 + (in[2] - '0') * 8 + (in[3] - '0'));
+            in += 3;
+        } else {
+            *out++ = *in;
+        }
+    }
+    *out = '\0';
+}
+
+/* The mount on PATH (the last one, which hides those below) into *OUT.
+ * False if PATH is not a mount point. */
+static bool find_mount(const char *path, struct mount_entry *out)
+{
+    FILE *mounts = fopen("/proc/self/mountinfo", "re");
+    char *line = NULL;
+    size_t cap = 0;
+    bool found = false;
+
+    if (mounts == NULL)
+        return false;
+    while (getline(&line, &cap, mounts) > 0) {
+        /* ID PARENT MAJ:MIN ROOT MOUNT_POINT OPTIONS [FIELDS...] - TYPE SOURCE ... */
+        char point[4096], type[sizeof(out->type)], source[sizeof(out->source)];
+        const char *dash = strstr(line, " - ");
+        if (dash == NULL ||
+            sscanf(line, "%*s %*s %*s %*s %4095s", point) != 1 ||
+            sscanf(dash, " - %63s %511s", type, source) != 2)
+            continue;
+        unescape_mountinfo(point);
+        if (strcmp(point, path) != 0)
+            continue;
+        unescape_mountinfo(source);
+        snprintf(out->type, sizeof(out->type), "%s", type);
+        snprintf(out->source, sizeof(out->source), "%s", source);
+        found = true;
+    }
+    free(line);
+    fclose(mounts);
+    return found;
+}
+
+/* -------------------------------------------------------- the daemon */
+
+/* The child of ask_daemon(): one getxattr(), its errno and its value
+ * written to FD. It never returns. */
+static void ask_child(const char *path, const char *name, int fd)
+{
+    static char value[XATTR_VALUE_MAX];
+    ssize_t length = getxattr(path, name, value, sizeof(value));
+    int err = length < 0 ? errno : 0;
+    const char *from = (const char *)&err;
+    size_t left = sizeof(err);
+
+    for (int part = 0; part < 2; part++) {
+        while (left > 0) {
+            ssize_t wrote = write(fd, from, left);
+            if (wrote < 0 && errno == EINTR)
+                continue;
+            if (wrote <= 0)
+                _exit(1);
+            from += wrote;
+            left -= (size_t)wrote;
+        }
+        from = value;
+        left = length > 0 ? (size_t)length : 0;
+    }
+    _exit(0);
+}
+
+/*
+ * The extended attribute NAME of PATH, read within ASK_TIMEOUT_MS, into
+ * *VALUE (malloc'd, NUL-terminated) and *LENGTH. 0; the errno of
+ * getxattr(); ETIMEDOUT; EINTR if a signal let in by wait_mask came
+ * first; ENOMEM, EAGAIN, EIO.
+ *
+ * The getxattr() runs in a child process: one that the daemon never
+ * answers is killed (SIGKILL ends a FUSE request's wait) instead of being
+ * left behind, blocked, in this process.
+ */
+static int ask_daemon(const char *path, const char *name, char **value,
+                      size_t *length)
+{
+    size_t cap = sizeof(int) + XATTR_VALUE_MAX, got = 0;
+    char *buffer = malloc(cap + 1);
+    int fds[2] = {-1, -1}, err = 0;
+    pid_t child = -1;
+
+    *value = NULL;
+    *length = 0;
+    if (buffer == NULL)
+        return ENOMEM;
+    if (pipe2(fds, O_CLOEXEC) != 0) {
+        err = errno;
+        goto out;
+    }
+    child = fork();
+    if (child < 0) {
+        err = errno;
+        goto out;
+    }
+    if (child == 0)
+        ask_child(path, name, fds[1]);
+    close(fds[1]);
+    fds[1] = -1;
+
+    uint64_t deadline = clock_monotonic_ms() + ASK_TIMEOUT_MS;
+    for (;;) {
+        uint64_t now = clock_monotonic_ms();
+        if (now >= deadline) {
+            err = ETIMEDOUT;
+            break;
+        }
+        struct pollfd ready = {.fd = fds[0], .events = POLLIN};
+        struct timespec wait = {.tv_sec = (time_t)((deadline - now) / 1000),
+                                .tv_nsec = (long)((deadline - now) % 1000) * 1000000};
+        int count = ppoll(&ready, 1, &wait, &wait_mask);
+        if (count < 0 && errno == EINTR && stop_signal != 0) {
+            err = EINTR;
+            break;
+        }
+        if (count <= 0)
+            continue;
+        ssize_t n = read(fds[0], buffer + got, cap - got);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0 || got + (size_t)n == cap) {
+            got += n > 0 ? (size_t)n : 0;
+            break;  /* the child is done (or has said all it can) */
+        }
+        got += (size_t)n;
+    }
+    if (err == 0 && got < sizeof(int))
+        err = EIO;  /* the child died without a word */
+    if (err == 0)
+        memcpy(&err, buffer, sizeof(int));
+    if (err == 0) {
+        *length = got - sizeof(int);
+        memmove(buffer, buffer + sizeof(int), *length);
+        buffer[*length] = '\0';
+        *value = buffer;
+        buffer = NULL;
+    }
+out:
+    if (child > 0) {
+        if (err == ETIMEDOUT || err == EINTR)
+            kill(child, SIGKILL);
+        while (waitpid(child, NULL, 0) < 0 && errno == EINTR)
+            ;
+    }
+    if (fds[0] >= 0)
+        close(fds[0]);
+    if (fds[1] >= 0)
+        close(fds[1]);
+    free(buffer);
+    return err;
+}
+
+/* Say why asking the daemon of TARGET failed with ERR. */
+static void report_ask_failure(const struct target *target, int err)
+{
+    const char *path = target->path;
+
+    switch (err) {
+    case ETIMEDOUT:
+        fprintf(stderr, "s3cachefs: %s: its daemon does not answer (waited %d "
+                "seconds): it is stopped or stuck; its log may say why\n",
+                path, ASK_TIMEOUT_MS / 1000);
+        break;
+    case ENOTCONN:
+        fprintf(stderr, "s3cachefs: %s: its daemon is gone, the mount is left "
+                "over (fusermount3 -u %s removes it)\n", path, path);
+        break;
+    case ENODATA:
+    case ENOTSUP:
+        if (strcmp(target->mount.type, "fuse.s3cachefs") == 0)
+            fprintf(stderr, "s3cachefs: %s: its daemon gives no counters (an "
+                    "s3cachefs from before %s?)\n", path, FS_STATS_XATTR);
+        else
+            fprintf(stderr, "s3cachefs: %s is not an s3cachefs mount (it is a "
+                    "%s mount of %s)\n", path, target->mount.type,
+                    target->mount.source);
+        break;
+    default:
+        fprintf(stderr, "s3cachefs: %s: cannot ask its daemon: %s\n", path,
+                strerror(err));
+        break;
+    }
+}
+
+/* Whether PATH is a mount point, and of an s3cachefs. (For the dispatch:
+ * no message.) */
+static bool is_s3cachefs_mount(const char *path)
+{
+    struct mount_entry mount;
+    char *canonical = NULL, *value = NULL;
+    size_t length;
+    bool yes = false;
+
+    if (canonical_path(path, &canonical) != 0 || !find_mount(canonical, &mount))
+        goto out;
+    if (strcmp(mount.type, "fuse.s3cachefs") == 0) {
+        yes = true;
+    } else if (strncmp(mount.type, "fuse", 4) == 0) {
+        /* -o subtype= may have renamed it: the daemon says */
+        sigprocmask(SIG_SETMASK, NULL, &wait_mask);
+        yes = ask_daemon(canonical, FS_PID_XATTR, &value, &length) == 0;
+    }
+out:
+    free(value);
+    free(canonical);
+    return yes;
+}
+
+/*
+ * Find the mount at ARG and its daemon into *TARGET: 0, or an exit status
+ * after one sentence on stderr.
+ */
+static int find_target(const char *arg, struct target *target)
+{
+    struct stat st;
+    char *pid_text = NULL;
+    size_t length;
+    int err;
+
+    err = canonical_path(arg, &target->path);
+    if (err != 0) {
+        fprintf(stderr, "s3cachefs: %s: %s\n", arg, strerror(err));
+        return EXIT_FAILED;
+    }
+    if (!find_mount(target->path, &target->mount)) {
+        /* not a mount point: stat()ing it is safe now, unless it is a
+         * symbolic link to one */
+        if (lstat(arg, &st) != 0) {
+            fprintf(stderr, "s3cachefs: %s: %s\n", arg, strerror(errno));
+            return EXIT_FAILED;
+        }
+        char *resolved = S_ISLNK(st.st_mode) ? realpath(arg, NULL) : NULL;
+        if (resolved == NULL || !find_mount(resolved, &target->mount)) {
+            free(resolved);
+            fprintf(stderr, "s3cachefs: %s is not a mount point\n", arg);
+            return EXIT_FAILED;
+        }
+        free(target->path);
+        target->path = resolved;
+    }
+    if (strncmp(target->mount.type, "fuse", 4) != 0) {
+        fprintf(stderr, "s3cachefs: %s is not an s3cachefs mount (it is a %s "
+                "mount of %s)\n", target->path, target->mount.type,
+                target->mount.source);
+        return EXIT_FAILED;
+    }
+    err = ask_daemon(target->path, FS_PID_XATTR, &pid_text, &length);
+    if (err == EINTR)
+        return EXIT_OK;
+    if (err != 0) {
+        report_ask_failure(target, err);
+        return EXIT_FAILED;
+    }
+    char *end = NULL;
+    target->pid = strtol(pid_text, &end, 10);
+    if (end == pid_text || *end != '\0' || target->pid <= 0)
+        target->pid = 0;
+    free(pid_text);
+    return EXIT_OK;
+}
+
+/* The counters of TARGET into *STATS: 0, EINTR (the watch is over), or an
+ * exit status after one sentence on stderr. */
+static int read_counters(const struct target *target, struct stats_text *stats)
+{
+    char *text = NULL, err_text[200];
+    size_t length;
+    int err = ask_daemon(target->path, FS_STATS_XATTR, &text, &length);
+
+    if (err == EINTR)
+        return EINTR;
+    if (err != 0) {
+        report_ask_failure(target, err);
+        return EXIT_FAILED;
+    }
+    err = stats_text_parse(text, length, stats, err_text, sizeof(err_text));
+    free(text);
+    if (err != 0) {
+        fprintf(stderr, "s3cachefs: %s: %s\n", target->path,
+                err == ENOMEM ? strerror(err) : err_text);
+        return EXIT_FAILED;
+    }
+    return 0;
+}
+
+/* --------------------------------------------------------- block size */
+
+/*
+ * The cache's block size, for the savings, and where it came from: the
+ * counters, if the daemon gives it (cache_block_size_bytes); else the
+ * daemon's command line (/proc/PID/cmdline, parsed as the daemon parsed
+ * it, if it names this mount point); else the default.
+ */
+static uint32_t block_size_of(const struct stats_text *stats,
+                              const struct target *target,
+                              enum stats_block_size_from *from)
+{
+    char path[64], *args[CMDLINE_ARGS_MAX], err[256];
+    char *cmdline = NULL;
+    uint64_t from_counters;
+    uint32_t block_size = 0;
+    struct options opts;
+    int argc = 0, fd = -1;
+    ssize_t length = 0, got;
+
+    if (stats_text_get(stats, "cache_block_size_bytes", &from_counters) == 0 &&
+        from_counters >= MIN_BLOCK_SIZE && from_counters <= MAX_BLOCK_SIZE) {
+        *from = STATS_BLOCK_SIZE_COUNTERS;
+        return (uint32_t)from_counters;
+    }
+    *from = STATS_BLOCK_SIZE_DEFAULT;
+    block_size = DEFAULT_BLOCK_SIZE;
+    if (target->pid <= 0)
+        goto out;
+    snprintf(path, sizeof(path), "/proc/%ld/cmdline", target->pid);
+    cmdline = malloc(CMDLINE_MAX + 1);
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (cmdline == NULL || fd < 0)
+        goto out;
+    while (length < CMDLINE_MAX &&
+           (got = read(fd, cmdline + length, (size_t)(CMDLINE_MAX - length))) > 0)
+        length += got;
+    cmdline[length] = '\0';
+    for (ssize_t at = 0; at < length && argc < CMDLINE_ARGS_MAX;
+         at += (ssize_t)strlen(cmdline + at) + 1)
+        args[argc++] = cmdline + at;
+    if (argc < 3 || options_parse(argc, args, &opts, err, sizeof(err)) != 0) {
+        if (argc >= 3)
+            options_free(&opts);
+        goto out;
+    }
+    /* the pid may be another process's here (a daemon in another pid
+     * namespace): believe its command line only if it mounted this path */
+    char *mounted = NULL;
+    bool same = opts.mountpoint != NULL && opts.mountpoint[0] == '/' &&
+                canonical_path(opts.mountpoint, &mounted) == 0 &&
+                strcmp(mounted, target->path) == 0;
+    free(mounted);
+    if (same) {
+        block_size = opts.block_size;
+        *from = STATS_BLOCK_SIZE_COMMAND_LINE;
+    }
+    options_free(&opts);
+out:
+    if (fd >= 0)
+        close(fd);
+    free(cmdline);
+    return block_size;
+}
+
+/* ------------------------------------------------------------- prices */
+
+/* The price table SPEC names into *OUT: 0, or an exit status after one
+ * sentence on stderr. A name without '/' is a preset if there is one;
+ * anything else is a file. */
+static int load_prices(const char *spec, struct price_table *out)
+{
+    char err[512], *text = NULL;
+    struct stat st;
+    ssize_t length = 0, got;
+    int fd = -1, status = EXIT_FAILED;
+
+    if (strchr(spec, '/') == NULL && prices_preset(spec, out) == 0)
+        return EXIT_OK;
+    fd = open(spec, O_RDONLY | O_CLOEXEC);
+    if (fd < 0 && errno == ENOENT && strchr(spec, '/') == NULL) {
+        fprintf(stderr, "s3cachefs stats: --prices=%s: not a preset (%s) nor a "
+                "file\n", spec, prices_preset_names());
+        return EXIT_USAGE;
+    }
+    if (fd < 0 || fstat(fd, &st) != 0) {
+        fprintf(stderr, "s3cachefs: price file %s: %s\n", spec, strerror(errno));
+        goto out;
+    }
+    if (!S_ISREG(st.st_mode) || st.st_size > PRICE_FILE_MAX) {
+        fprintf(stderr, "s3cachefs: price file %s: %s\n", spec,
+                S_ISREG(st.st_mode) ? "larger than 64 KiB" : "not a regular file");
+        goto out;
+    }
+    text = malloc((size_t)st.st_size + 1);
+    if (text == NULL) {
+        fprintf(stderr, "s3cachefs: price file %s: %s\n", spec, strerror(ENOMEM));
+        goto out;
+    }
+    while (length < st.st_size &&
+           (got = read(fd, text + length, (size_t)(st.st_size - length))) != 0) {
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got < 0) {
+            fprintf(stderr, "s3cachefs: price file %s: %s\n", spec, strerror(errno));
+            goto out;
+        }
+        length += got;
+    }
+    if (prices_parse(text, (size_t)length, spec, out, err, sizeof(err)) != 0) {
+        fprintf(stderr, "s3cachefs: price file %s\n", err);
+        goto out;
+    }
+    status = EXIT_OK;
+out:
+    if (fd >= 0)
+        close(fd);
+    free(text);
+    return status;
+}
+
+/* ---------------------------------------------------------- arguments */
+
+static void print_usage(FILE *out)
+{
+    fprintf(out,
+"usage: s3cachefs stats MOUNTPOINT [--json] [--watch[=SECONDS]] [--prices=NAME|FILE]\n"
+"\n"
+"What the s3cachefs mount at MOUNTPOINT has done since it was mounted: reads\n"
+"(from the cache, from the bucket), the cache, requests to the bucket by\n"
+"kind, writes and uploads, errors.\n"
+"\n"
+"  --json               one JSON object, every counter under its own name\n"
+"  --watch[=SECONDS]    a line of rates every SECONDS (default 1) until\n"
+"                       interrupted; with --json, one object a line\n"
+"  --prices=NAME|FILE   what the requests and bytes since the mount cost\n"
+"                       and what the cache saved (an estimate), at the list\n"
+"                       prices of a preset (%s) or of a file\n"
+"                       (man s3cachefs, STATS)\n"
+"  -h, --help           this help\n"
+"\n"
+"Exit status: 0 done; 1 not an s3cachefs mount, its daemon not answering,\n"
+"a bad price file; 2 bad usage.\n", prices_preset_names());
+}
+
+__attribute__((format(printf, 1, 2)))
+static int usage_error(const char *format, ...)
+{
+    va_list args;
+
+    fprintf(stderr, "s3cachefs stats: ");
+    va_start(args, format);
+    vfprintf(stderr, format, args);
+    va_end(args);
+    fprintf(stderr, "\nusage: s3cachefs stats MOUNTPOINT [--json] "
+            "[--watch[=SECONDS]] [--prices=NAME|FILE] (see --help)\n");
+    return EXIT_USAGE;
+}
+
+static bool is_help(const char *arg)
+{
+    return strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0;
+}
+
+/* Whether ARG is one of this command's options (for the dispatch). */
+static bool is_stats_option(const char *arg)
+{
+    return is_help(arg) || strcmp(arg, "--json") == 0 ||
+           strcmp(arg, "--watch") == 0 || strncmp(arg, "--watch=", 8) == 0 ||
+           strcmp(arg, "--prices") == 0 || strncmp(arg, "--prices=", 9) == 0;
+}
+
+/* argv after "stats" into *OUT: 0, -1 for --help (printed), or EXIT_USAGE
+ * after the message. */
+static int parse_args(int argc, char **argv, struct stats_args *out)
+{
+    *out = (struct stats_args){.interval = WATCH_DEFAULT};
+    for (int i = 2; i < argc; i++) {
+        const char *arg = argv[i];
+        if (is_help(arg)) {
+            print_usage(stdout);
+            return -1;
+        } else if (strcmp(arg, "--json") == 0) {
+            out->json = true;
+        } else if (strcmp(arg, "--watch") == 0) {
+            out->watch = true;
+        } else if (strncmp(arg, "--watch=", 8) == 0) {
+            char *end = NULL;
+            out->watch = true;
+            out->interval = strtod(arg + 8, &end);
+            if (end == arg + 8 || *end != '\0' || !(out->interval >= WATCH_MIN) ||
+                out->interval > WATCH_MAX)
+                return usage_error("--watch=%s: expected seconds from %.2f to "
+                                   "%.0f, such as 1 or 0.5", arg + 8, WATCH_MIN,
+                                   WATCH_MAX);
+        } else if (strcmp(arg, "--prices") == 0 || strncmp(arg, "--prices=", 9) == 0) {
+            if (arg[8] == '=')
+                out->prices = arg + 9;
+            else if (i + 1 < argc)
+                out->prices = argv[++i];
+            if (out->prices == NULL || out->prices[0] == '\0')
+                return usage_error("--prices needs a preset (%s) or a file",
+                                   prices_preset_names());
+        } else if (arg[0] == '-' && arg[1] != '\0') {
+            return usage_error("unknown option '%s'", arg);
+        } else if (out->mountpoint != NULL) {
+            return usage_error("one mount point only ('%s', then '%s')",
+                               out->mountpoint, arg);
+        } else {
+            out->mountpoint = arg;
+        }
+    }
+    if (out->mountpoint == NULL)
+        return usage_error("%s", "no mount point");
+    return 0;
+}
+
+/* ------------------------------------------------------------ output */
+
+static void stop_on_signal(int signum)
+{
+    stop_signal = signum;
+}
+
+/* Sleep until the monotonic DEADLINE (seconds) or a stop signal. */
+static void wait_until(double deadline)
+{
+    while (stop_signal == 0) {
+        double left = deadline - clock_monotonic_seconds();
+        if (left <= 0)
+            return;
+        struct timespec wait = {.tv_sec = (time_t)left,
+                                .tv_nsec = (long)((left - (double)(time_t)left) * 1e9)};
+        ppoll(NULL, 0, &wait, &wait_mask);
+    }
+}
+
+/* stdout after a write: 0, or the exit status (and a message unless the
+ * reader has gone, which ends a watch quietly). */
+static int check_output(bool watching)
+{
+    if (fflush(stdout) == 0 && !ferror(stdout))
+        return EXIT_OK;
+    if (watching && errno == EPIPE)
+        return EXIT_OK;
+    fprintf(stderr, "s3cachefs: cannot write the counters: %s\n", strerror(errno));
+    return EXIT_FAILED;
+}
+
+static int report_once(const struct stats_args *args,
+                       const struct stats_report *report)
+{
+    char err[256];
+    int result = args->json
+        ? stats_report_json(stdout, report, false, -1, err, sizeof(err))
+        : stats_report_table(stdout, report, err, sizeof(err));
+
+    if (result != 0) {
+        fflush(stdout);
+        fprintf(stderr, "s3cachefs: %s: %s\n", report->mountpoint, err);
+        return EXIT_FAILED;
+    }
+    return check_output(false);
+}
+
+/*
+ * --watch: a line every interval until a stop signal; FIRST is the sample
+ * taken before (the watch frees it). The JSON form prints the counters as
+ * they are, one object a line, the first one at once.
+ */
+static int watch(const struct stats_args *args, const struct target *target,
+                 struct stats_report *report, struct stats_text *first)
+{
+    struct stats_text before = *first, now = {0};
+    double then = clock_monotonic_seconds(), next = then;
+    char err[256];
+    int status = EXIT_OK;
+
+    *first = (struct stats_text){0};
+    report->stats = &before;
+    if (!args->json) {
+        stats_report_watch_header(stdout, report->prices);
+    } else if (stats_report_json(stdout, report, true, clock_wall_seconds(),
+                                 err, sizeof(err)) != 0) {
+        fprintf(stderr, "s3cachefs: %s: %s\n", target->path, err);
+        status = EXIT_FAILED;
+        goto out;
+    }
+    status = check_output(true);
+    while (status == EXIT_OK && stop_signal == 0 && !ferror(stdout)) {
+        next += args->interval;
+        if (next < clock_monotonic_seconds())
+            next = clock_monotonic_seconds() + args->interval; /* fell behind */
+        wait_until(next);
+        if (stop_signal != 0)
+            break;
+        int result = read_counters(target, &now);
+        if (result == EINTR)
+            break;
+        if (result != 0) {
+            status = result;
+            break;
+        }
+        double at = clock_monotonic_seconds();
+        if (args->json) {
+            report->stats = &now;
+            if (stats_report_json(stdout, report, true, clock_wall_seconds(),
+                                  err, sizeof(err)) != 0) {
+                fprintf(stderr, "s3cachefs: %s: %s\n", target->path, err);
+                status = EXIT_FAILED;
+                break;
+            }
+        } else {
+            stats_report_watch_line(stdout, &before, &now,
+                                    at > then ? at - then : 1e-9, report->prices);
+        }
+        status = check_output(true);
+        stats_text_free(&before);
+        before = now;
+        now = (struct stats_text){0};
+        then = at;
+    }
+out:
+    stats_text_free(&before);
+    stats_text_free(&now);
+    return status;
+}
+
+bool stats_cmd_requested(int argc, char **argv)
+{
+    if (argc < 2 || strcmp(argv[1], "stats") != 0)
+        return false;
+    if (argc == 2)
+        return true;    /* no bucket is mounted without a mount point */
+    for (int i = 2; i < argc; i++)
+        if (is_stats_option(argv[i]))
+            return true;
+    return is_s3cachefs_mount(argv[2]);
+}
+
+int stats_cmd_main(int argc, char **argv)
+{
+    struct stats_args args;
+    struct target target = {0};
+    struct price_table prices;
+    struct stats_text stats = {0};
+    int status = parse_args(argc, argv, &args);
+
+    if (status != 0)
+        return status < 0 ? EXIT_OK : status;
+    if (args.prices != NULL && (status = load_prices(args.prices, &prices)) != 0)
+        return status;
+    if (args.watch) {
+        /* SIGINT and SIGTERM end the watch; they are let in only while it
+         * waits (wait_mask), so that none is lost between two waits */
+        struct sigaction action = {.sa_handler = stop_on_signal};
+        sigset_t stops;
+        sigemptyset(&action.sa_mask);
+        sigaction(SIGINT, &action, NULL);
+        sigaction(SIGTERM, &action, NULL);
+        signal(SIGPIPE, SIG_IGN);   /* a reader gone is EPIPE: the end */
+        sigemptyset(&stops);
+        sigaddset(&stops, SIGINT);
+        sigaddset(&stops, SIGTERM);
+        sigprocmask(SIG_BLOCK, &stops, &wait_mask);
+        sigdelset(&wait_mask, SIGINT);
+        sigdelset(&wait_mask, SIGTERM);
+    } else {
+        sigprocmask(SIG_SETMASK, NULL, &wait_mask);
+    }
+
+    status = find_target(args.mountpoint, &target);
+    if (status != EXIT_OK || stop_signal != 0)
+        goto out;
+    int result = read_counters(&target, &stats);
+    if (result != 0) {
+        status = result == EINTR ? EXIT_OK : result;
+        goto out;
+    }
+    struct stats_report report = {
+        .mountpoint = target.path,
+        .source = target.mount.source,
+        .pid = target.pid,
+        .stats = &stats,
+        .prices = args.prices != NULL ? &prices : NULL,
+    };
+    report.block_size = block_size_of(&stats, &target, &report.block_size_from);
+    if (args.watch)
+        status = watch(&args, &target, &report, &stats);
+    else
+        status = report_once(&args, &report);
+out:
+    stats_text_free(&stats);
+    free(target.path);
+    return status;
+}

@@ -1,0 +1,503 @@
+/*
+ * test_stats_report.c - unit tests for stats_text.c and stats_report.c:
+ * parsing the text of user.s3cachefs.stats (good and bad lines), sizes and
+ * counts for people, the cost and the savings (exact, from the example of
+ * man s3cachefs, COUNTERS), the whole table, the JSON object (escaping,
+ * one line for --watch) and the --watch lines.
+ */
+#ifdef HAVE_CONFIG_H
+#include "config.h"
+#endif
+
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "prices.h"
+#include "stats_report.h"
+#include "stats_text.h"
+
+#define ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+
+/* The man page's example (a 4 GiB dataset read twice), and one counter a
+ * newer daemon might add. */
+static const char sample[] =
+    "bytes_read 8589934592\n"
+    "bytes_from_cache 4294967296\n"
+    "bytes_from_bucket 4294967296\n"
+    "bytes_to_bucket 0\n"
+    "bytes_read_around_cache 0\n"
+    "cache_hit_ratio 0.5000\n"
+    "cache_used_bytes 4294967296\n"
+    "cache_index_bytes 1114112\n"
+    "cache_protected_bytes 4294967296\n"
+    "cache_size_bytes 536870912000\n"
+    "cache_blocks 4096\n"
+    "cache_evicted_blocks 0\n"
+    "cache_corrupt_blocks 0\n"
+    "requests_get 519\n"
+    "requests_head 2\n"
+    "requests_list 3\n"
+    "requests_put 0\n"
+    "requests_delete 0\n"
+    "requests_copy 0\n"
+    "requests_multipart 0\n"
+    "retries 0\n"
+    "failures 0\n"
+    "inodes 4\n"
+    "bytes_written 0\n"
+    "uploads_pending 0\n"
+    "uploads_completed 0\n"
+    "upload_failures 0\n"
+    "upload_retries 0\n"
+    "copies_on_write 0\n"
+    "new_counter 12345\n";
+
+static void parse(const char *text, struct stats_text *stats)
+{
+    char err[200] = "";
+    if (stats_text_parse(text, strlen(text), stats, err, sizeof(err)) != 0)
+        fail_msg("parse: %s", err);
+}
+
+/* What FN wrote to a memory stream, NUL-terminated; free() it. */
+#define CAPTURE(buffer, statement) do {                                 \
+        size_t capture_len_ = 0;                                        \
+        FILE *out = open_memstream(&(buffer), &capture_len_);           \
+        assert_non_null(out);                                           \
+        statement;                                                      \
+        assert_int_equal(fclose(out), 0);                               \
+    } while (0)
+
+/* ------------------------------------------------------------ stats_text */
+
+static void test_text_parse(void **state)
+{
+    struct stats_text stats = {0};
+    uint64_t value = 99;
+    (void)state;
+    parse(sample, &stats);
+    assert_int_equal(stats.count, 30);
+    assert_string_equal(stats.counters[0].name, "bytes_read");
+    assert_string_equal(stats.counters[29].name, "new_counter");
+    assert_int_equal(stats_text_get(&stats, "requests_get", &value), 0);
+    assert_int_equal(value, 519);
+    assert_int_equal(stats_text_get(&stats, "cache_size_bytes", &value), 0);
+    assert_int_equal(value, 536870912000ull);
+    const struct stats_counter *ratio = stats_text_find(&stats, "cache_hit_ratio");
+    assert_non_null(ratio);
+    assert_false(ratio->integer);
+    assert_string_equal(ratio->text, "0.5000");
+    assert_true(ratio->real == 0.5);
+    assert_int_equal(stats_text_get(&stats, "cache_hit_ratio", &value), EINVAL);
+    assert_int_equal(value, 0);
+    assert_int_equal(stats_text_get(&stats, "requests_nothing", &value), ENOENT);
+    assert_null(stats_text_find(&stats, "bytes"));
+
+    /* parsing again replaces; no newline at the end; blank lines; LEN */
+    parse("a 1\n\nb 18446744073709551615", &stats);
+    assert_int_equal(stats.count, 2);
+    assert_int_equal(stats_text_get(&stats, "b", &value), 0);
+    assert_int_equal(value, UINT64_MAX);
+    char err[100];
+    assert_int_equal(stats_text_parse("a 1\nb x", 4, &stats, err, sizeof(err)), 0);
+    assert_int_equal(stats.count, 1);
+    stats_text_free(&stats);
+    stats_text_free(&stats);
+    assert_null(stats.counters);
+}
+
+static const struct {
+    const char *text;
+    const char *message;
+} bad_texts[] = {
+    {"", "no counters at all"},
+    {"\n\n", "no counters at all"},
+    {"a 1\nb\n", "line 2 of the counters is not \"name value\": 'b'"},
+    {"a 1\nb \n", "line 2 of the counters is not \"name value\": 'b '"},
+    {" 1\n", "line 1 of the counters is not \"name value\": ' 1'"},
+    {"Bytes 1\n", "line 1 of the counters is not \"name value\": 'Bytes 1'"},
+    {"a-b 1\n", "line 1 of the counters is not \"name value\": 'a-b 1'"},
+    {"a  1\n", "line 1 of the counters is not \"name value\": 'a  1'"},
+    {"a 1 2\n", "line 1 of the counters is not \"name value\": 'a 1 2'"},
+    {"a abc\n", "line 1 of the counters is not \"name value\": 'a abc'"},
+    {"a -1\n", "line 1 of the counters is not \"name value\": 'a -1'"},
+    {"a 01\n", "line 1 of the counters is not \"name value\": 'a 01'"},
+    {"a 1.\n", "line 1 of the counters is not \"name value\": 'a 1.'"},
+    {"a .5\n", "line 1 of the counters is not \"name value\": 'a .5'"},
+    {"a 1e5\n", "line 1 of the counters is not \"name value\": 'a 1e5'"},
+    {"a 18446744073709551616\n",
+     "line 1 of the counters is not \"name value\": 'a 18446744073709551616'"},
+    {"a 1\r\n", "line 1 of the counters is not \"name value\": 'a 1\r'"},
+    {"a 1\na 2\n", "line 2 of the counters repeats 'a'"},
+};
+
+static void test_text_errors(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < ARRAY_LEN(bad_texts); i++) {
+        struct stats_text stats = {0};
+        char err[200] = "";
+        int result = stats_text_parse(bad_texts[i].text, strlen(bad_texts[i].text),
+                                      &stats, err, sizeof(err));
+        if (result != EPROTO || strcmp(err, bad_texts[i].message) != 0)
+            fail_msg("row %zu: %d '%s', expected '%s'", i, result, err,
+                     bad_texts[i].message);
+        stats_text_free(&stats);
+    }
+    /* a NUL inside a value; a name too long; too many counters */
+    struct stats_text stats = {0};
+    char err[200], text[64 * 300];
+    assert_int_equal(stats_text_parse("a 1\0", 4, &stats, err, sizeof(err)), EPROTO);
+    memset(text, 'n', 64);
+    memcpy(text + 64, " 1\n", 4);
+    assert_int_equal(stats_text_parse(text, strlen(text), &stats, err,
+                                      sizeof(err)), EPROTO);
+    size_t used = 0;
+    for (int i = 0; i <= STATS_TEXT_MAX_COUNTERS; i++)
+        used += (size_t)snprintf(text + used, sizeof(text) - used, "c%d 1\n", i);
+    assert_int_equal(stats_text_parse(text, used, &stats, err, sizeof(err)), EPROTO);
+    assert_string_equal(err, "more than 256 counters");
+    stats_text_free(&stats);
+}
+
+/* ------------------------------------------------------ sizes and counts */
+
+static const struct {
+    uint64_t bytes;
+    const char *text;
+} byte_rows[] = {
+    {0, "0 B"},
+    {1023, "1023 B"},
+    {1024, "1.0 KiB"},
+    {1536, "1.5 KiB"},
+    {1048524, "1023.9 KiB"},
+    {1048525, "1.0 MiB"},          /* 1023.95 KiB would print 1024.0 */
+    {1114112, "1.1 MiB"},
+    {4294967296ull, "4.0 GiB"},
+    {536870912000ull, "500.0 GiB"},
+    {1ull << 40, "1.0 TiB"},
+    {UINT64_MAX, "16.0 EiB"},
+};
+
+static const struct {
+    uint64_t count;
+    const char *text;
+} count_rows[] = {
+    {0, "0"}, {999, "999"}, {1000, "1,000"}, {4096, "4,096"},
+    {1234567, "1,234,567"}, {UINT64_MAX, "18,446,744,073,709,551,615"},
+};
+
+static void test_sizes_and_counts(void **state)
+{
+    char text[40];
+    (void)state;
+    for (size_t i = 0; i < ARRAY_LEN(byte_rows); i++) {
+        stats_report_format_bytes(byte_rows[i].bytes, text, sizeof(text));
+        if (strcmp(text, byte_rows[i].text) != 0)
+            fail_msg("%llu bytes: '%s', expected '%s'",
+                     (unsigned long long)byte_rows[i].bytes, text, byte_rows[i].text);
+    }
+    for (size_t i = 0; i < ARRAY_LEN(count_rows); i++) {
+        stats_report_format_count(count_rows[i].count, text, sizeof(text));
+        assert_string_equal(text, count_rows[i].text);
+    }
+}
+
+/* ------------------------------------------------------------------ cost */
+
+static void test_cost_of_the_example(void **state)
+{
+    struct stats_text stats = {0};
+    struct price_table aws;
+    struct stats_cost cost;
+    char err[200];
+    (void)state;
+    parse(sample, &stats);
+    assert_int_equal(prices_preset("aws", &aws), 0);
+    assert_int_equal(stats_report_cost(&stats, &aws, 1 << 20, &cost, err,
+                                       sizeof(err)), 0);
+    /* 519 x 0.0004 / 1000 USD = 207,600 nanos; 2 HEAD 800; 3 LIST 15,000 */
+    assert_int_equal(cost.items[PRICE_GET].quantity, 519);
+    assert_int_equal(cost.items[PRICE_GET].nanos, 207600);
+    assert_int_equal(cost.items[PRICE_HEAD].nanos, 800);
+    assert_int_equal(cost.items[PRICE_LIST].nanos, 15000);
+    assert_int_equal(cost.items[PRICE_PUT].nanos, 0);
+    /* 2^32 bytes x 0.09 / 10^9 = 0.38654705664 USD */
+    assert_int_equal(cost.items[PRICE_EGRESS].quantity, 4294967296ull);
+    assert_int_equal(cost.items[PRICE_EGRESS].nanos, 386547057);
+    assert_int_equal(cost.total, 207600 + 800 + 15000 + 386547057);
+    /* saved: the same egress, and 4096 GETs of 1 MiB */
+    assert_int_equal(cost.saved_egress.nanos, 386547057);
+    assert_int_equal(cost.saved_gets.quantity, 4096);
+    assert_int_equal(cost.saved_gets.nanos, 1638400);
+    assert_int_equal(cost.saved_total, 386547057 + 1638400);
+
+    /* GETs saved round up to whole blocks */
+    parse("requests_get 0\nrequests_head 0\nrequests_list 0\nrequests_put 0\n"
+          "requests_delete 0\nrequests_copy 0\nrequests_multipart 0\n"
+          "bytes_from_bucket 0\nbytes_to_bucket 0\nbytes_from_cache 262145\n",
+          &stats);
+    assert_int_equal(stats_report_cost(&stats, &aws, 262144, &cost, err,
+                                       sizeof(err)), 0);
+    assert_int_equal(cost.saved_gets.quantity, 2);
+    assert_int_equal(cost.total, 0);
+
+    /* a counter missing */
+    parse("requests_get 1\n", &stats);
+    assert_int_equal(stats_report_cost(&stats, &aws, 1 << 20, &cost, err,
+                                       sizeof(err)), ENOENT);
+    assert_string_equal(err, "the daemon does not count 'requests_head': no "
+                        "cost without it");
+    /* past 2^64 nanos */
+    struct price_table dear;
+    assert_int_equal(prices_parse("get 1000000 per 1\n", 18, "dear", &dear, err,
+                                  sizeof(err)), 0);
+    parse("requests_get 18447\nrequests_head 0\nrequests_list 0\nrequests_put 0\n"
+          "requests_delete 0\nrequests_copy 0\nrequests_multipart 0\n"
+          "bytes_from_bucket 0\nbytes_to_bucket 0\nbytes_from_cache 0\n", &stats);
+    assert_int_equal(stats_report_cost(&stats, &dear, 1 << 20, &cost, err,
+                                       sizeof(err)), ERANGE);
+    stats_text_free(&stats);
+}
+
+/* ----------------------------------------------------------------- table */
+
+static const char expected_table[] =
+    "s3cachefs /data: my-bucket:datasets, daemon pid 4242\n"
+    "\n"
+    "reads\n"
+    "  read by programs                         8.0 GiB\n"
+    "  from the cache                           4.0 GiB\n"
+    "  from the bucket                          4.0 GiB\n"
+    "  read around the cache                        0 B\n"
+    "  cache hit ratio                           50.0 %\n"
+    "\n"
+    "cache\n"
+    "  used / size                  4.0 GiB / 500.0 GiB\n"
+    "  protected (read again)                   4.0 GiB\n"
+    "  index                                    1.1 MiB\n"
+    "  blocks                                     4,096\n"
+    "  evicted blocks                                 0\n"
+    "  corrupt blocks                                 0\n"
+    "\n"
+    "requests\n"
+    "  GET                                          519\n"
+    "  HEAD                                           2\n"
+    "  LIST                                           3\n"
+    "  PUT                                            0\n"
+    "  DELETE                                         0\n"
+    "  COPY                                           0\n"
+    "  multipart                                      0\n"
+    "\n"
+    "writes\n"
+    "  written by programs                          0 B\n"
+    "  sent to the bucket                           0 B\n"
+    "  uploads pending                                0\n"
+    "  uploads completed                              0\n"
+    "  uploads failed                                 0\n"
+    "  uploads retried                                0\n"
+    "  copies on write                                0\n"
+    "\n"
+    "errors\n"
+    "  requests retried                               0\n"
+    "  requests failed                                0\n"
+    "\n"
+    "other\n"
+    "  inodes in use                                  4\n"
+    "  new_counter                               12,345\n"
+    "\n"
+    "cost since mount\n"
+    "  prices aws: AWS S3 Standard, us-east-1, internet egress (read 2026-12-02)\n"
+    "  GET                           519 x 0.0004 USD per 1,000       0.000208 USD\n"
+    "  HEAD                            2 x 0.0004 USD per 1,000       0.000001 USD\n"
+    "  LIST                            3 x 0.005 USD per 1,000        0.000015 USD\n"
+    "  PUT                             0 x 0.005 USD per 1,000        0.000000 USD\n"
+    "  DELETE                          0   free                       0.000000 USD\n"
+    "  COPY                            0 x 0.005 USD per 1,000        0.000000 USD\n"
+    "  multipart                       0 x 0.005 USD per 1,000        0.000000 USD\n"
+    "  egress                   4.295 GB x 0.09 USD per GB            0.386547 USD\n"
+    "  ingress                       0 B   free                       0.000000 USD\n"
+    "  total                                                          0.386770 USD\n"
+    "\n"
+    "saved by the cache\n"
+    "  4.0 GiB read from the cache\n"
+    "  egress not paid          4.295 GB x 0.09 USD per GB            0.386547 USD\n"
+    "  GET, one per 1 MiB          4,096 x 0.0004 USD per 1,000       0.001638 USD\n"
+    "  total                                                          0.388185 USD\n"
+    "\n"
+    "  Estimates from list prices, without free allowances or volume\n"
+    "  tiers. Requests are counted as sent, retries included; egress is\n"
+    "  object data only (not headers or listings). Savings: each byte read\n"
+    "  from the cache fetched once instead, in one GET per block of\n"
+    "  1 MiB (block_size, read from the daemon's command line).\n"
+    ;
+
+static void test_table(void **state)
+{
+    struct stats_text stats = {0};
+    struct price_table aws;
+    char *text = NULL, err[200];
+    (void)state;
+    parse(sample, &stats);
+    assert_int_equal(prices_preset("aws", &aws), 0);
+    struct stats_report report = {
+        .mountpoint = "/data", .source = "my-bucket:datasets", .pid = 4242,
+        .stats = &stats, .prices = &aws, .block_size = 1 << 20,
+        .block_size_from = STATS_BLOCK_SIZE_COMMAND_LINE,
+    };
+    CAPTURE(text, assert_int_equal(stats_report_table(out, &report, err,
+                                                      sizeof(err)), 0));
+    if (strcmp(text, expected_table) != 0)
+        fail_msg("table:\n%s", text);
+    free(text);
+
+    /* without prices: no cost; a counter missing: its row is left out */
+    parse("bytes_read 1\ncache_used_bytes 2048\nretries 3\n", &stats);
+    report.prices = NULL;
+    report.source = NULL;
+    report.pid = 0;
+    CAPTURE(text, assert_int_equal(stats_report_table(out, &report, err,
+                                                      sizeof(err)), 0));
+    assert_string_equal(text,
+        "s3cachefs /data\n"
+        "\n"
+        "reads\n"
+        "  read by programs                             1 B\n"
+        "\n"
+        "cache\n"
+        "  used / size                              2.0 KiB\n"
+        "\n"
+        "errors\n"
+        "  requests retried                               3\n");
+    free(text);
+    /* prices, but a counter the cost needs is missing */
+    report.prices = &aws;
+    CAPTURE(text, assert_int_equal(stats_report_table(out, &report, err,
+                                                      sizeof(err)), ENOENT));
+    free(text);
+    stats_text_free(&stats);
+}
+
+/* ------------------------------------------------------------------ JSON */
+
+static void test_json(void **state)
+{
+    struct stats_text stats = {0};
+    struct price_table r2;
+    char *text = NULL, err[200];
+    (void)state;
+    parse(sample, &stats);
+    assert_int_equal(prices_preset("r2", &r2), 0);
+    struct stats_report report = {
+        .mountpoint = "/data", .source = "my-bucket:datasets", .pid = 4242,
+        .stats = &stats, .prices = &r2, .block_size = 262144,
+        .block_size_from = STATS_BLOCK_SIZE_COUNTERS,
+    };
+    CAPTURE(text, assert_int_equal(stats_report_json(out, &report, false, -1,
+                                                     err, sizeof(err)), 0));
+    assert_true(strncmp(text, "{\n  \"mountpoint\": \"/data\",\n", 27) == 0);
+    assert_non_null(strstr(text, "\n  \"requests_get\": 519,\n"));
+    assert_non_null(strstr(text, "\n  \"cache_hit_ratio\": 0.5000,\n"));
+    assert_non_null(strstr(text, "\n  \"new_counter\": 12345,\n"));
+    assert_null(strstr(text, "\"time\""));
+    /* 519 x 0.36 / 10^6 USD */
+    assert_non_null(strstr(text, "\"get\": {\n        \"quantity\": 519,\n"
+                           "        \"unit\": \"requests\",\n"
+                           "        \"price\": 0.36,\n"
+                           "        \"per\": 1000000,\n"
+                           "        \"amount\": 0.000186840\n"));
+    assert_non_null(strstr(text, "\"prices_read_on\": \"2026-12-02\""));
+    /* 16384 blocks of 256 KiB */
+    assert_non_null(strstr(text, "\"block_size\": 262144,\n"
+                           "      \"block_size_from\": \"counters\",\n"));
+    assert_non_null(strstr(text, "\"quantity\": 16384,"));
+    assert_int_equal(text[strlen(text) - 1], '\n');
+    assert_int_equal(text[strlen(text) - 2], '}');
+    free(text);
+
+    /* one line, a time, strings escaped, bytes that are not UTF-8 */
+    report.prices = NULL;
+    report.mountpoint = "/mnt/a\"b\\c\td\x01" "\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80"
+                        "\xff\xc3(\xed\xa0\x80";
+    report.source = NULL;
+    report.pid = 0;
+    parse("a 1\nb 0.25\n", &stats);
+    CAPTURE(text, assert_int_equal(stats_report_json(out, &report, true,
+                                                     1764643200.25, err,
+                                                     sizeof(err)), 0));
+    assert_string_equal(text,
+        "{ \"time\": 1764643200.250, \"mountpoint\": "
+        "\"/mnt/a\\\"b\\\\c\\u0009d\\u0001\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80"
+        "\\ufffd\\ufffd(\\ufffd\\ufffd\\ufffd\", \"a\": 1, \"b\": 0.25 }\n");
+    free(text);
+    stats_text_free(&stats);
+}
+
+/* ----------------------------------------------------------------- watch */
+
+static void test_watch(void **state)
+{
+    struct stats_text before = {0}, now = {0};
+    struct price_table aws;
+    char *text = NULL;
+    (void)state;
+    assert_int_equal(prices_preset("aws", &aws), 0);
+    parse("bytes_from_cache 0\nbytes_from_bucket 1048576\nrequests_get 10\n"
+          "requests_head 0\nrequests_list 0\nrequests_put 0\nrequests_delete 0\n"
+          "requests_copy 0\nrequests_multipart 0\nbytes_to_bucket 0\n"
+          "uploads_pending 0\n", &before);
+    /* two seconds later: 8 MiB from the cache, 4 MiB more from the bucket,
+     * 4 GETs, 3 PUTs and 2 MiB sent, 1 upload pending */
+    parse("bytes_from_cache 8388608\nbytes_from_bucket 5242880\nrequests_get 14\n"
+          "requests_head 0\nrequests_list 0\nrequests_put 3\nrequests_delete 0\n"
+          "requests_copy 0\nrequests_multipart 0\nbytes_to_bucket 2097152\n"
+          "uploads_pending 1\n", &now);
+    CAPTURE(text, stats_report_watch_header(out, &aws);
+                  stats_report_watch_line(out, &before, &now, 2.0, &aws));
+    /* cost, in nanos: 4 GET 1,600 + 3 PUT 15,000 + 4,194,304 bytes of
+     * egress x 0.09 = 377,487.36 -> 377,487; 394,087 in 2 s is
+     * 0.7093566 USD an hour */
+    assert_string_equal(text,
+        " ---- MiB/s ---- --------------------- requests/s ---------------------- "
+        "--- upload ---- - cost --\n"
+        "   cache  bucket     GET    HEAD    LIST     PUT  DELETE    COPY     MPU"
+        "   MiB/s pending     USD/h\n"
+        "     4.0     2.0     2.0     0.0     0.0     1.5     0.0     0.0     0.0"
+        "     1.0       1    0.7094\n");
+    free(text);
+
+    /* counters that went down (another daemon) count from 0; a counter
+     * missing shows "-"; no cost column without prices */
+    parse("bytes_from_cache 1048576\nrequests_get 2\n", &before);
+    parse("bytes_from_cache 0\nrequests_get 1\n", &now);
+    CAPTURE(text, stats_report_watch_line(out, &before, &now, 1.0, NULL));
+    assert_string_equal(text,
+        "     0.0       -     1.0       -       -       -       -       -       -"
+        "       -       -\n");
+    free(text);
+    stats_text_free(&before);
+    stats_text_free(&now);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_text_parse),
+        cmocka_unit_test(test_text_errors),
+        cmocka_unit_test(test_sizes_and_counts),
+        cmocka_unit_test(test_cost_of_the_example),
+        cmocka_unit_test(test_table),
+        cmocka_unit_test(test_json),
+        cmocka_unit_test(test_watch),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
