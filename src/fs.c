@@ -296,6 +296,7 @@ int fs_stats_text(struct fs *fs, char **text)
         "cache_index_bytes %llu\n"
         "cache_protected_bytes %llu\n"
         "cache_size_bytes %llu\n"
+        "cache_block_size_bytes %llu\n"
         "cache_blocks %llu\n"
         "cache_evicted_blocks %llu\n"
         "cache_corrupt_blocks %llu\n"
@@ -316,6 +317,7 @@ int fs_stats_text(struct fs *fs, char **text)
         (unsigned long long)st.cache.index_bytes,
         (unsigned long long)st.cache.protected_bytes,
         (unsigned long long)st.cache.size_limit,
+        (unsigned long long)cache_block_size(fs->conf.cache),
         (unsigned long long)st.cache.blocks,
         (unsigned long long)st.cache.evicted_blocks,
         (unsigned long long)st.cache.corrupt_blocks, requests,

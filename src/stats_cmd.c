@@ -34,7 +34,6 @@
 
 #include "clock.h"
 #include "fs.h"
-#include "options.h"
 #include "prices.h"
 #include "stats_report.h"
 #include "stats_text.h"
@@ -46,8 +45,6 @@
 #define ASK_TIMEOUT_MS 5000         /* how long the daemon gets to answer */
 #define XATTR_VALUE_MAX 65536       /* the kernel's limit for one value */
 #define PRICE_FILE_MAX 65536
-#define CMDLINE_MAX 65536
-#define CMDLINE_ARGS_MAX 1024
 #define WATCH_DEFAULT 1.0
 #define WATCH_MIN 0.05
 #define WATCH_MAX 86400.0
@@ -427,23 +424,12 @@ static int read_counters(const struct target *target, struct stats_text *stats)
 
 /* --------------------------------------------------------- block size */
 
-/*
- * The cache's block size, for the savings, and where it came from: the
- * counters, if the daemon gives it (cache_block_size_bytes); else the
- * daemon's command line (/proc/PID/cmdline, parsed as the daemon parsed
- * it, if it names this mount point); else the default.
- */
+/* The cache's block size, for the savings, and where it came from: the
+ * counters (cache_block_size_bytes), or else the default, assumed. */
 static uint32_t block_size_of(const struct stats_text *stats,
-                              const struct target *target,
                               enum stats_block_size_from *from)
 {
-    char path[64], *args[CMDLINE_ARGS_MAX], err[256];
-    char *cmdline = NULL;
     uint64_t from_counters;
-    uint32_t block_size = 0;
-    struct options opts;
-    int argc = 0, fd = -1;
-    ssize_t length = 0, got;
 
     if (stats_text_get(stats, "cache_block_size_bytes", &from_counters) == 0 &&
         from_counters >= MIN_BLOCK_SIZE && from_counters <= MAX_BLOCK_SIZE) {
@@ -451,43 +437,7 @@ static uint32_t block_size_of(const struct stats_text *stats,
         return (uint32_t)from_counters;
     }
     *from = STATS_BLOCK_SIZE_DEFAULT;
-    block_size = DEFAULT_BLOCK_SIZE;
-    if (target->pid <= 0)
-        goto out;
-    snprintf(path, sizeof(path), "/proc/%ld/cmdline", target->pid);
-    cmdline = malloc(CMDLINE_MAX + 1);
-    fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (cmdline == NULL || fd < 0)
-        goto out;
-    while (length < CMDLINE_MAX &&
-           (got = read(fd, cmdline + length, (size_t)(CMDLINE_MAX - length))) > 0)
-        length += got;
-    cmdline[length] = '\0';
-    for (ssize_t at = 0; at < length && argc < CMDLINE_ARGS_MAX;
-         at += (ssize_t)strlen(cmdline + at) + 1)
-        args[argc++] = cmdline + at;
-    if (argc < 3 || options_parse(argc, args, &opts, err, sizeof(err)) != 0) {
-        if (argc >= 3)
-            options_free(&opts);
-        goto out;
-    }
-    /* the pid may be another process's here (a daemon in another pid
-     * namespace): believe its command line only if it mounted this path */
-    char *mounted = NULL;
-    bool same = opts.mountpoint != NULL && opts.mountpoint[0] == '/' &&
-                canonical_path(opts.mountpoint, &mounted) == 0 &&
-                strcmp(mounted, target->path) == 0;
-    free(mounted);
-    if (same) {
-        block_size = opts.block_size;
-        *from = STATS_BLOCK_SIZE_COMMAND_LINE;
-    }
-    options_free(&opts);
-out:
-    if (fd >= 0)
-        close(fd);
-    free(cmdline);
-    return block_size;
+    return DEFAULT_BLOCK_SIZE;
 }
 
 /* ------------------------------------------------------------- prices */
@@ -811,7 +761,7 @@ int stats_cmd_main(int argc, char **argv)
         .stats = &stats,
         .prices = args.prices != NULL ? &prices : NULL,
     };
-    report.block_size = block_size_of(&stats, &target, &report.block_size_from);
+    report.block_size = block_size_of(&stats, &report.block_size_from);
     if (args.watch)
         status = watch(&args, &target, &report, &stats);
     else

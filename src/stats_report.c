@@ -314,7 +314,6 @@ static void table_cost(FILE *out, const struct stats_report *report,
     static const char *const from[] = {
         [STATS_BLOCK_SIZE_DEFAULT] = "the default: the daemon does not say",
         [STATS_BLOCK_SIZE_COUNTERS] = "given in the daemon's counters",
-        [STATS_BLOCK_SIZE_COMMAND_LINE] = "read from the daemon's command line",
     };
     fprintf(out,
         "\n  Estimates from list prices, without free allowances or volume\n"
@@ -528,7 +527,6 @@ static void json_cost(struct json *json, const struct stats_report *report,
     static const char *const from[] = {
         [STATS_BLOCK_SIZE_DEFAULT] = "default",
         [STATS_BLOCK_SIZE_COUNTERS] = "counters",
-        [STATS_BLOCK_SIZE_COMMAND_LINE] = "command_line",
     };
     json_text(json, "block_size_from", from[report->block_size_from]);
     json_cost_line(json, "egress", &prices->items[PRICE_EGRESS],

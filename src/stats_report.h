@@ -41,8 +41,7 @@ struct stats_cost {
 /* Where the block size of the savings came from. */
 enum stats_block_size_from {
     STATS_BLOCK_SIZE_DEFAULT,       /* nowhere: the default, 1 MiB, assumed */
-    STATS_BLOCK_SIZE_COUNTERS,      /* a cache_block_size_bytes counter */
-    STATS_BLOCK_SIZE_COMMAND_LINE,  /* the daemon's command line */
+    STATS_BLOCK_SIZE_COUNTERS,      /* the cache_block_size_bytes counter */
 };
 
 /* What a report is made of; nothing is owned. */
@@ -78,7 +77,7 @@ int stats_report_table(FILE *out, const struct stats_report *report,
  * One JSON object: "mountpoint", "source", "pid", every counter under its
  * own name with its value as a number, and with prices a "cost" object
  * (amounts as decimal numbers with 9 places; "block_size_from" is
- * "default", "counters" or "command_line"). ONE_LINE: no newlines but
+ * "default" or "counters"). ONE_LINE: no newlines but
  * the last (for --watch --json); TIME >= 0 adds "time" (Unix seconds).
  * 0, or the errno of stats_report_cost() with ERR set.
  */

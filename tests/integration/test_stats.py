@@ -6,8 +6,8 @@ of a known object is that many bytes from the bucket, the same read after
 a remount that many from the cache; the requests by kind equal what a
 proxy between the mount and the server counted; costs are computed again
 here with Decimal, exactly, for the presets and for a price file; the
-savings use the -o block_size the mount was given (read from the daemon's
-command line). --watch runs under a pipe (not a terminal) and ends with
+savings use the -o block_size the mount was given (the daemon's
+cache_block_size_bytes counter). --watch runs under a pipe (not a terminal) and ends with
 status 0 on SIGINT and on SIGTERM.
 
 A bucket may be called "stats": `s3cachefs stats MNT -o ...` still mounts
@@ -89,7 +89,7 @@ def check_cost(report, block_size):
         assert cost['total'] == total
         saved = cost['saved']
         assert saved['block_size'] == block_size
-        assert saved['block_size_from'] == 'command_line'
+        assert saved['block_size_from'] == 'counters'
         from_cache = report['bytes_from_cache']
         assert saved['egress']['quantity'] == from_cache
         assert saved['egress']['amount'] == half_up(
@@ -221,8 +221,8 @@ def test_cost_at_presets_and_from_a_file(s3, bucket, mount, tmp_path):
         six, rounding=decimal.ROUND_HALF_UP)
     assert abs(spent - report['cost']['total']) < Decimal('0.01')
     assert 'prices test.prices: Test provider, eu\n' in done.stdout
-    assert ('one GET per block of\n  256 KiB (block_size, read from the '
-            "daemon's command line)") in done.stdout
+    assert ('one GET per block of\n  256 KiB (block_size, given in the '
+            "daemon's counters)") in done.stdout
 
 
 class LineReader:

@@ -338,7 +338,7 @@ static const char expected_table[] =
     "  tiers. Requests are counted as sent, retries included; egress is\n"
     "  object data only (not headers or listings). Savings: each byte read\n"
     "  from the cache fetched once instead, in one GET per block of\n"
-    "  1 MiB (block_size, read from the daemon's command line).\n"
+    "  1 MiB (block_size, given in the daemon's counters).\n"
     ;
 
 static void test_table(void **state)
@@ -352,7 +352,7 @@ static void test_table(void **state)
     struct stats_report report = {
         .mountpoint = "/data", .source = "my-bucket:datasets", .pid = 4242,
         .stats = &stats, .prices = &aws, .block_size = 1 << 20,
-        .block_size_from = STATS_BLOCK_SIZE_COMMAND_LINE,
+        .block_size_from = STATS_BLOCK_SIZE_COUNTERS,
     };
     CAPTURE(text, assert_int_equal(stats_report_table(out, &report, err,
                                                       sizeof(err)), 0));
