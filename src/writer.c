@@ -476,10 +476,13 @@ int writer_file_flush(struct writer_file *file)
 {
     struct writer *writer = file->writer;
 
-    if (!writer->conf.writeback)
-        return writer_upload_version(writer, file, false);
-
     pthread_mutex_lock(&writer->lock);
+    if (is_pending(file))
+        file->closed_at = clock_wall_now(); /* its age in `s3cachefs pending` */
+    if (!writer->conf.writeback) {
+        writer_unlock(writer);
+        return writer_upload_version(writer, file, false);
+    }
     while (file->held)
         writer_wait(writer, &writer->file_idle);
     bool pending = is_pending(file);
@@ -675,6 +678,7 @@ bool writer_file_unlink(struct writer_file *file, bool forget)
     while (file->held || file->sending != NULL)
         writer_wait(writer, &writer->file_idle);
     file->unlinked = true;
+    pthread_cond_broadcast(&writer->file_idle); /* (a sync waiting for it) */
     bool uploaded = file->uploaded;
     /* its staged data goes as soon as nobody reads it: not at the queue's
      * pace */

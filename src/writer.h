@@ -35,6 +35,7 @@
 #ifndef S3CFS_WRITER_H
 #define S3CFS_WRITER_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -127,6 +128,115 @@ int writer_recover(struct writer *writer, writer_adopt_fn adopt, void *arg);
  * staged and journaled for the next mount).
  */
 uint64_t writer_drain(struct writer *writer);
+
+/* ----------------------------------- `s3cachefs sync` and `pending`
+ * (writer_sync.c; see HACKING.md, "Sync and pending") */
+
+/* What writer_sync() found for one file. */
+enum writer_sync_outcome {
+    WRITER_SYNC_UPLOADED,     /* the version waited for (or a later one) is
+                                 in the bucket */
+    WRITER_SYNC_FAILED,       /* an upload of it begun by the sync, or
+                                 after it began, failed (err): it stays
+                                 pending, journaled, retried in the
+                                 background */
+    WRITER_SYNC_REMOVED,      /* unlinked or dropped meanwhile */
+    WRITER_SYNC_NOT_CLOSED,   /* open for writing with nothing closed to
+                                 wait for (no promise): not waited for */
+    WRITER_SYNC_WAITING,      /* still under way when the sync was
+                                 interrupted */
+};
+
+struct writer_synced {
+    char *key;                /* the file's key at the end (malloc'd) */
+    void *owner;              /* as writer_file_create() was told */
+    uint64_t size;            /* bytes of the version waited for */
+    enum writer_sync_outcome outcome;
+    int err;                  /* FAILED: the upload's errno */
+    unsigned retries;         /* failed uploads since its last success */
+};
+
+/* Owned by the caller: writer_sync_report_free(). */
+struct writer_sync_report {
+    struct writer_synced *files;
+    size_t count;
+    bool interrupted;         /* *interrupted ended the wait */
+};
+
+/*
+ * Upload every file pending now and wait (`s3cachefs sync`): without
+ * stopping anything, each file pending when the call begins is made due
+ * now (a settle delay or a retry's backoff is cut short) and waited for:
+ * its current version if nobody has it open for writing, else its last
+ * closed version, the one its journal entry promises (bytes not closed
+ * yet are not "written so far"; such a file with no promise is reported
+ * NOT_CLOSED and not waited for). One upload begun after the call began
+ * decides a file: success, or FAILED with its errno (the S3 client has
+ * spent its retries). Files that become pending meanwhile are not waited
+ * for. Returns when every file is decided, or when *INTERRUPTED is true
+ * (set it, then call writer_sync_wake()): what is undecided is WAITING.
+ * The calling thread only waits: uploads run on the uploader threads.
+ * Fills *OUT (files in the writer's order); 0 or ENOMEM.
+ */
+int writer_sync(struct writer *writer, const atomic_bool *interrupted,
+                struct writer_sync_report *out);
+void writer_sync_report_free(struct writer_sync_report *report);
+
+/* Make every writer_sync() under way look at its INTERRUPTED flag. Takes
+ * the writer lock: never call it with the lock held. */
+void writer_sync_wake(struct writer *writer);
+
+/* A pending file as `s3cachefs pending` shows it. */
+enum writer_pending_state {
+    WRITER_PENDING_OPEN,      /* written through a descriptor still open,
+                                 nothing of it promised: not closed */
+    WRITER_PENDING_WAITING,   /* closed (promised) and waiting for its
+                                 upload: queued, settling, or a retry's
+                                 backoff */
+    WRITER_PENDING_UPLOADING, /* an upload of it is under way */
+    WRITER_PENDING_FAILED,    /* its last upload failed (last_error); a
+                                 retry is queued */
+};
+
+struct writer_pending {
+    char *key;                /* malloc'd */
+    void *owner;
+    enum writer_pending_state state;
+    uint64_t size;            /* its data now */
+    bool promised;            /* the journal holds a promise of it ... */
+    uint64_t promised_size;   /* ... of this many bytes */
+    bool open;                /* open for writing */
+    uint64_t staging_id;      /* the staging file of its promise, else of
+                                 its data (CACHE/staging/ID, in hex) */
+    struct timespec closed_at; /* wall clock; 0: never closed */
+    unsigned retries;         /* failed uploads since its last success */
+    int last_error;           /* of the last failed upload; 0: none */
+};
+
+/*
+ * The files pending now (dirty and not unlinked), in the writer's order:
+ * *LIST (malloc'd, COUNT entries; writer_pending_free()), and the number
+ * of entries the journal holds (promises, multipart uploads to abort,
+ * records this version cannot read) in *JOURNAL_ENTRIES. 0 or ENOMEM.
+ */
+int writer_pending_list(struct writer *writer, struct writer_pending **list,
+                        size_t *count, uint64_t *journal_entries);
+void writer_pending_free(struct writer_pending *list, size_t count);
+
+/*
+ * Give FILE's pending data up (`s3cachefs pending --drop`): it is never
+ * uploaded; its journal entry goes now and its staging data with the last
+ * reference, as for an unlink, but nothing is deleted in the bucket (an
+ * older object under its key stays). *SIZE and *STAGING_ID say what went
+ * (the size promised, or written; its promise's staging file, or its
+ * data's). Waits while a rename holds it. Returns 0; EBUSY when it is open
+ * for writing or being written or uploaded now (try again once the
+ * upload has failed); EALREADY when nothing of it is pending (uploaded
+ * meanwhile); the journal's errno when its entry could not be removed
+ * (then nothing changed: it is still to be uploaded).
+ */
+int writer_file_drop(struct writer_file *file, uint64_t *size,
+                     uint64_t *staging_id);
 
 /*
  * A new staged file for KEY, empty (size 0). DIRTY says whether it must be

@@ -13,6 +13,9 @@
  *   writer_upload.c   uploading a version, write-behind, the uploaders
  *   writer.c          the API of writer.h: files, writes, close, sync,
  *                     rename and unlink, the drain
+ *   writer_sync.c     `s3cachefs sync` and `pending`: every pending file
+ *                     uploaded now and waited for, the list of pending
+ *                     files, a pending file given up (drop)
  *   writer_recover.c  recovery after a crash
  *
  * The states, locks and invariants are described at the top of writer.c.
@@ -71,6 +74,18 @@ struct writer_file {
     double due;                   /* upload not before (monotonic) */
     unsigned retries;             /* failed uploads since the last one */
     int last_error;
+    /* for writer_sync() (writer_sync.c) */
+    unsigned attempts;            /* (W) calls of writer_upload_version()
+                                     past their wait that ended (one at a
+                                     time: they wait for `sending`) */
+    int attempt_err;              /* (W) the last one's errno; 0: it sent its
+                                     version, or had nothing to send */
+    unsigned sync_wanted;         /* (W) syncs waiting for it: the uploaders
+                                     send its promise even while it is open
+                                     for writing in writeback mode */
+    struct timespec closed_at;    /* (W) wall clock: its last close while
+                                     pending (recovered: its entry's mtime);
+                                     0: never closed */
     char etag[S3_ETAG_MAX];
     /* an edit of an object in the bucket (the base): its bytes are fetched
      * a granule at a time when needed, and never-written ranges are copied

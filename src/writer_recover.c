@@ -142,6 +142,7 @@ static bool recover_promise(struct recovery *recovery, const struct journal_entr
     file->entry_gen = file->entry_data_gen = 1;
     file->entry_size = entry->size;
     file->entry_meta = meta;
+    file->closed_at = meta.mtime; /* (its close was at least as late) */
     writer_file_publish(writer, file);
     if (entry->upload_id != NULL) {
         /* the aborted upload is gone: the entry without it */

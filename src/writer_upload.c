@@ -155,6 +155,10 @@ int writer_upload_version(struct writer *writer, struct writer_file *file,
     if (!is_pending(file) || (promised_only && !has_promise(file))) {
         err = file->unlinked || !file->failed || !is_pending(file)
                   ? 0 : file->last_error;
+        /* an attempt that had nothing to send (a sync counts them) */
+        file->attempts++;
+        file->attempt_err = 0;
+        pthread_cond_broadcast(&writer->file_idle);
         writer_unlock(writer);
         return err;
     }
@@ -261,6 +265,8 @@ int writer_upload_version(struct writer *writer, struct writer_file *file,
     pthread_mutex_lock(&writer->lock);
     file->sending = NULL;
     v.staging->upload_seal = 0;
+    file->attempts++;
+    file->attempt_err = err;
     if (err != 0)
         writer_schedule_retry_locked(writer, file);
     pthread_cond_broadcast(&writer->file_idle);
@@ -308,10 +314,11 @@ void *writer_uploader_main(void *arg)
             writer->queue_tail = previous;
         file->queued = false;
         /* open for writing: in writeback mode its last close queues it
-         * again; in the default mode only what was promised goes (a
-         * retry), not what is being written */
+         * again (unless a sync waits for it: then its promise goes now);
+         * in the default mode only what was promised goes (a retry), not
+         * what is being written */
         bool writing = file->open_writers > 0 && !writer->draining;
-        bool skip = writing && writer->conf.writeback;
+        bool skip = writing && writer->conf.writeback && file->sync_wanted == 0;
         writer->running++;
         writer_unlock(writer);
 

@@ -39,7 +39,16 @@
  *     up); a file never closed is not uploaded; stray staging files are
  *     swept;
  *   - a multipart upload whose abort failed is kept in the journal and
- *     aborted by the drain (test_failed_abort_is_not_forgotten).
+ *     aborted by the drain (test_failed_abort_is_not_forgotten);
+ *   - sync (writer_sync()): it returns only once every pending file is in
+ *     the bucket (uploads held, a multipart one among them); a retry's
+ *     backoff is cut short and a refused upload reported with its errno,
+ *     its data kept; a file open for writing is synced as far as its
+ *     last close, one never closed is named, not waited for; an
+ *     interrupted sync returns at once;
+ *   - the pending list (each state, errno and retries) and drop: refused
+ *     for a file open or uploading, its journal entry and staging file
+ *     gone otherwise, and not recovered after a crash.
  */
 #ifdef HAVE_CONFIG_H
 #include "config.h"
@@ -59,6 +68,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -1261,6 +1271,383 @@ static void test_recovery_uploads_what_was_closed(void **state)
     free(g2);
 }
 
+/* ------------------------------------------------- sync and pending */
+
+/* writer_sync() on a thread of its own (it waits for held uploads). */
+struct sync_thread {
+    pthread_t thread;
+    struct writer *writer;
+    atomic_bool interrupted;
+    atomic_bool done;
+    struct writer_sync_report report;
+    int result;
+};
+
+static void *sync_main(void *arg)
+{
+    struct sync_thread *sync = arg;
+
+    sync->result = writer_sync(sync->writer, &sync->interrupted, &sync->report);
+    atomic_store(&sync->done, true);
+    return NULL;
+}
+
+static void sync_start(struct sync_thread *sync, struct writer *writer)
+{
+    memset(sync, 0, sizeof(*sync));
+    sync->writer = writer;
+    sync->result = -1;
+    atomic_init(&sync->interrupted, false);
+    atomic_init(&sync->done, false);
+    assert_int_equal(pthread_create(&sync->thread, NULL, sync_main, sync), 0);
+}
+
+static void sync_join(struct sync_thread *sync)
+{
+    assert_int_equal(pthread_join(sync->thread, NULL), 0);
+    assert_int_equal(sync->result, 0);
+}
+
+/* KEY's entry in REPORT (the test fails without one). */
+static const struct writer_synced *synced_of(const struct writer_sync_report *report,
+                                             const char *key)
+{
+    for (size_t i = 0; i < report->count; i++)
+        if (strcmp(report->files[i].key, key) == 0)
+            return &report->files[i];
+    fail_msg("no %s in the sync's report", key);
+    return NULL;
+}
+
+/* KEY's entry among the pending files LIST (COUNT), or NULL. */
+static const struct writer_pending *pending_of(const struct writer_pending *list,
+                                               size_t count, const char *key)
+{
+    for (size_t i = 0; i < count; i++)
+        if (strcmp(list[i].key, key) == 0)
+            return &list[i];
+    return NULL;
+}
+
+/* A new file KEY with LEN bytes of pattern SEED, closed (flush, release):
+ * the file (a reference) and its bytes in *BYTES. FLUSHED: what flush
+ * returned. */
+static struct writer_file *closed_file(struct fixture *f, const char *key,
+                                       size_t len, unsigned seed,
+                                       unsigned char **bytes, int flushed)
+{
+    struct writer_file *file = file_open(f, key);
+
+    *bytes = pattern(len, seed);
+    file_write(file, 0, *bytes, len, 256 * KIB);
+    assert_int_equal(writer_file_flush(file), flushed);
+    writer_file_close_writer(file);
+    return file;
+}
+
+/*
+ * Writeback: three files closed, every upload held at the fake (a large
+ * one in parts). writer_sync() does not return while they are held; once
+ * they are released it returns with each file uploaded, its size told,
+ * and the bucket holds every byte. A file that was already in the bucket
+ * is not in the report.
+ */
+static void test_sync_uploads_every_pending_file(void **state)
+{
+    struct fixture *f = *state;
+    struct writer_file *files[4];
+    unsigned char *bytes[4];
+    static const char *const keys[] = {"a", "big", "c", "old"};
+    const size_t sizes[] = {100 * KIB + 1, 7 * MIB + 3, 10 * KIB, 5 * KIB};
+    struct sync_thread sync;
+    unsigned rule = 0;
+
+    /* "old" is in the bucket before: nothing to wait for */
+    files[3] = closed_file(f, keys[3], sizes[3], 30, &bytes[3], 0);
+    assert_int_equal(wait_uploads(f, 1), 0);
+    assert_int_equal(fake_s3_hold(f->s3, FAKE_S3_ON(FAKE_S3_UPLOADS, NULL),
+                                  &rule), 0);
+    for (unsigned i = 0; i < 3; i++)
+        files[i] = closed_file(f, keys[i], sizes[i], 31 + i, &bytes[i], 0);
+
+    sync_start(&sync, f->writer);
+    /* both uploaders are held: the sync cannot be done */
+    assert_int_equal(fake_s3_wait_held(f->s3, rule, 2), 0);
+    assert_false(atomic_load(&sync.done));
+    assert_int_equal(stats_of(f).uploads_pending, 3);
+    fake_s3_hold_clear(f->s3, rule);
+    sync_join(&sync);
+
+    assert_false(sync.report.interrupted);
+    assert_int_equal(sync.report.count, 3);
+    for (unsigned i = 0; i < 3; i++) {
+        const struct writer_synced *synced = synced_of(&sync.report, keys[i]);
+        assert_int_equal(synced->outcome, WRITER_SYNC_UPLOADED);
+        assert_int_equal(synced->size, sizes[i]);
+        assert_int_equal(synced->err, 0);
+        /* in the bucket when the sync returns */
+        assert_true(fake_s3_holds(f->s3, keys[i], bytes[i], sizes[i]));
+        assert_false(writer_file_pending(files[i]));
+    }
+    assert_true(fake_s3_count(f->s3, ON(FAKE_S3_MP_PART, "big")) >= 2);
+    assert_int_equal(stats_of(f).uploads_pending, 0);
+    writer_sync_report_free(&sync.report);
+    for (unsigned i = 0; i < 4; i++) {
+        writer_file_put(&files[i]);
+        free(bytes[i]);
+    }
+}
+
+/*
+ * Default mode: "good" failed once at close and waits for its retry's
+ * backoff (about a second), "bad" is refused for good. writer_sync()
+ * sends both now: "good" is uploaded without waiting for the backoff,
+ * "bad" is reported FAILED with the upload's errno, and stays pending
+ * and journaled; once the bucket takes it, the next sync uploads it.
+ */
+static void test_sync_reports_a_failed_upload(void **state)
+{
+    struct fixture *f = *state;
+    struct writer_sync_report report;
+    struct entry_copy entries[MAX_ENTRIES];
+    unsigned char *good_bytes, *bad_bytes;
+    atomic_bool never;
+    unsigned bad_rule = 0;
+
+    atomic_init(&never, false);
+    assert_int_equal(fake_s3_fail(f->s3, ON(FAKE_S3_PUT, "good"), 1, EIO,
+                                  false, NULL), 0);
+    assert_int_equal(fake_s3_fail(f->s3, ON(FAKE_S3_PUT, "bad"), FAKE_S3_ALWAYS,
+                                  EACCES, false, &bad_rule), 0);
+    struct writer_file *good = closed_file(f, "good", 64 * KIB, 40,
+                                           &good_bytes, EIO);
+    struct writer_file *bad = closed_file(f, "bad", 32 * KIB, 41, &bad_bytes,
+                                          EACCES);
+
+    struct timespec started, ended;
+    clock_gettime(CLOCK_MONOTONIC, &started);
+    assert_int_equal(writer_sync(f->writer, &never, &report), 0);
+    clock_gettime(CLOCK_MONOTONIC, &ended);
+    double seconds = (double)(ended.tv_sec - started.tv_sec) +
+                     (double)(ended.tv_nsec - started.tv_nsec) / 1e9;
+    assert_int_equal(report.count, 2);
+    assert_int_equal(synced_of(&report, "good")->outcome, WRITER_SYNC_UPLOADED);
+    const struct writer_synced *failed = synced_of(&report, "bad");
+    assert_int_equal(failed->outcome, WRITER_SYNC_FAILED);
+    assert_int_equal(failed->err, EACCES);
+    assert_int_equal(failed->size, 32 * KIB);
+    assert_true(failed->retries >= 1);
+    writer_sync_report_free(&report);
+    /* the retries' backoff (at least 0.75 s) did not decide the timing */
+    assert_true(seconds < 0.7);
+    assert_true(fake_s3_holds(f->s3, "good", good_bytes, 64 * KIB));
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_PUT, "good")), 2);
+    /* the failed one is kept: pending, journaled, its data staged */
+    assert_true(writer_file_pending(bad));
+    assert_int_equal(journal_entries(f, entries), 1);
+    assert_string_equal(entries[0].key, "bad");
+    assert_true(file_reads(bad, bad_bytes, 32 * KIB));
+
+    fake_s3_fail_clear(f->s3, bad_rule);
+    assert_int_equal(writer_sync(f->writer, &never, &report), 0);
+    assert_int_equal(report.count, 1);
+    assert_int_equal(synced_of(&report, "bad")->outcome, WRITER_SYNC_UPLOADED);
+    writer_sync_report_free(&report);
+    assert_true(fake_s3_holds(f->s3, "bad", bad_bytes, 32 * KIB));
+    assert_int_equal(journal_entries(f, entries), 0);
+    writer_file_put(&good);
+    writer_file_put(&bad);
+    free(good_bytes);
+    free(bad_bytes);
+}
+
+/*
+ * Writeback: "w" closed once (promised), then written again through a
+ * descriptor still open; "n" created and written, never closed. A sync
+ * uploads what "w"'s close promised, not the bytes written since (the
+ * uploaders send its promise although it is open), and reports "n" as
+ * not closed without waiting for it. Closing "w" then promises and
+ * uploads its new bytes.
+ */
+static void test_sync_of_files_open_for_writing(void **state)
+{
+    struct fixture *f = *state;
+    struct writer_sync_report report;
+    atomic_bool never;
+    size_t v1_size = 80 * KIB, v2_size = 120 * KIB;
+    unsigned char *v1 = pattern(v1_size, 50), *v2 = pattern(v2_size, 51);
+    unsigned char *n_bytes = pattern(20 * KIB, 52);
+
+    atomic_init(&never, false);
+    struct writer_file *w = file_open(f, "w");
+    file_write(w, 0, v1, v1_size, 0);
+    assert_int_equal(writer_file_flush(w), 0); /* promised; still open */
+    file_write(w, 0, v2, v2_size, 0);          /* not closed */
+    struct writer_file *n = file_open(f, "n");
+    file_write(n, 0, n_bytes, 20 * KIB, 0);
+
+    assert_int_equal(writer_sync(f->writer, &never, &report), 0);
+    assert_int_equal(report.count, 2);
+    const struct writer_synced *synced = synced_of(&report, "w");
+    assert_int_equal(synced->outcome, WRITER_SYNC_UPLOADED);
+    assert_int_equal(synced->size, v1_size);
+    synced = synced_of(&report, "n");
+    assert_int_equal(synced->outcome, WRITER_SYNC_NOT_CLOSED);
+    assert_int_equal(synced->size, 20 * KIB);
+    writer_sync_report_free(&report);
+    /* the bucket has what was closed, and nothing of "n" */
+    assert_true(fake_s3_holds(f->s3, "w", v1, v1_size));
+    assert_int_equal(fake_s3_count(f->s3, FAKE_S3_ON(0, "n")), 0);
+    assert_true(writer_file_pending(w)); /* the bytes not closed */
+    assert_true(file_reads(w, v2, v2_size));
+
+    assert_int_equal(writer_file_flush(w), 0);
+    writer_file_close_writer(w);
+    assert_int_equal(writer_sync(f->writer, &never, &report), 0);
+    assert_int_equal(synced_of(&report, "w")->outcome, WRITER_SYNC_UPLOADED);
+    assert_int_equal(synced_of(&report, "w")->size, v2_size);
+    assert_int_equal(synced_of(&report, "n")->outcome, WRITER_SYNC_NOT_CLOSED);
+    writer_sync_report_free(&report);
+    assert_true(fake_s3_holds(f->s3, "w", v2, v2_size));
+    writer_file_close_writer(n);
+    writer_file_put(&w);
+    writer_file_put(&n);
+    free(v1);
+    free(v2);
+    free(n_bytes);
+}
+
+/* Writeback, the upload held: an interrupted sync returns at once, the
+ * file WAITING; the upload goes on and lands once released. */
+static void test_sync_interrupted(void **state)
+{
+    struct fixture *f = *state;
+    struct sync_thread sync;
+    unsigned char *bytes;
+    unsigned rule = 0;
+
+    assert_int_equal(fake_s3_hold(f->s3, ON(FAKE_S3_PUT, "slow"), &rule), 0);
+    struct writer_file *file = closed_file(f, "slow", 30 * KIB, 60, &bytes, 0);
+    sync_start(&sync, f->writer);
+    assert_int_equal(fake_s3_wait_held(f->s3, rule, 1), 0);
+    assert_false(atomic_load(&sync.done));
+    atomic_store(&sync.interrupted, true);
+    writer_sync_wake(f->writer);
+    sync_join(&sync);
+    assert_true(sync.report.interrupted);
+    assert_int_equal(sync.report.count, 1);
+    assert_int_equal(sync.report.files[0].outcome, WRITER_SYNC_WAITING);
+    writer_sync_report_free(&sync.report);
+
+    fake_s3_hold_clear(f->s3, rule);
+    assert_int_equal(wait_uploads(f, 1), 0);
+    assert_true(fake_s3_holds(f->s3, "slow", bytes, 30 * KIB));
+    writer_file_put(&file);
+    free(bytes);
+}
+
+/*
+ * Writeback: the pending list names each state: "refused" failed (its
+ * errno, its retries), "held" uploading (its PUT held), "open" written
+ * and never closed, "reopened" closed (promised) and open again: waiting.
+ * Dropping what is open or uploading is refused (EBUSY); dropping
+ * "refused" removes its journal entry and, with its last reference, its
+ * staging file; a drop of it again finds nothing pending. After a crash
+ * the next writer recovers everything but the dropped file.
+ */
+static void test_pending_list_and_drop(void **state)
+{
+    struct fixture *f = *state;
+    struct writer_pending *list = NULL;
+    struct entry_copy entries[MAX_ENTRIES];
+    size_t count = 0;
+    uint64_t journal_count = 0, size = 0, staging_id = 0;
+    unsigned char *refused_bytes, *held_bytes, *open_bytes, *reopened_bytes;
+    unsigned held_rule = 0;
+
+    assert_int_equal(fake_s3_fail(f->s3, ON(FAKE_S3_PUT, "refused"),
+                                  FAKE_S3_ALWAYS, EACCES, false, NULL), 0);
+    assert_int_equal(fake_s3_hold(f->s3, ON(FAKE_S3_PUT, "held"), &held_rule), 0);
+    struct writer_file *refused = closed_file(f, "refused", 12 * KIB, 70,
+                                              &refused_bytes, 0);
+    struct writer_file *held = closed_file(f, "held", 13 * KIB, 71, &held_bytes, 0);
+    struct writer_file *open = file_open(f, "open");
+    open_bytes = pattern(14 * KIB, 72);
+    file_write(open, 0, open_bytes, 14 * KIB, 0);
+    struct writer_file *reopened = file_open(f, "reopened");
+    reopened_bytes = pattern(15 * KIB, 73);
+    file_write(reopened, 0, reopened_bytes, 15 * KIB, 0);
+    assert_int_equal(writer_file_flush(reopened), 0);
+    file_write(reopened, 15 * KIB, reopened_bytes, 1 * KIB, 0);
+    /* "held" is being uploaded; "refused" failed (an fsync returns once
+     * its failure is recorded; its next retry is at least 0.75 s away) */
+    assert_int_equal(fake_s3_wait_held(f->s3, held_rule, 1), 0);
+    assert_int_equal(writer_file_sync(refused), EACCES);
+
+    assert_int_equal(writer_pending_list(f->writer, &list, &count,
+                                         &journal_count), 0);
+    assert_int_equal(count, 4);
+    assert_int_equal(journal_count, 3); /* refused, held, reopened */
+    const struct writer_pending *item = pending_of(list, count, "refused");
+    assert_non_null(item);
+    assert_int_equal(item->state, WRITER_PENDING_FAILED);
+    assert_int_equal(item->last_error, EACCES);
+    assert_true(item->retries >= 1);
+    assert_true(item->promised);
+    assert_int_equal(item->promised_size, 12 * KIB);
+    assert_false(item->open);
+    assert_true(item->closed_at.tv_sec > 0);
+    uint64_t refused_id = item->staging_id;
+    item = pending_of(list, count, "held");
+    assert_int_equal(item->state, WRITER_PENDING_UPLOADING);
+    assert_int_equal(item->last_error, 0);
+    item = pending_of(list, count, "open");
+    assert_int_equal(item->state, WRITER_PENDING_OPEN);
+    assert_false(item->promised);
+    assert_true(item->open);
+    assert_int_equal(item->size, 14 * KIB);
+    assert_int_equal(item->closed_at.tv_sec, 0);
+    item = pending_of(list, count, "reopened");
+    assert_int_equal(item->state, WRITER_PENDING_WAITING);
+    assert_true(item->open);
+    assert_int_equal(item->promised_size, 15 * KIB);
+    assert_int_equal(item->size, 16 * KIB);
+    writer_pending_free(list, count);
+
+    assert_int_equal(writer_file_drop(open, &size, &staging_id), EBUSY);
+    assert_int_equal(writer_file_drop(held, &size, &staging_id), EBUSY);
+    assert_int_equal(writer_file_drop(refused, &size, &staging_id), 0);
+    assert_int_equal(size, 12 * KIB);
+    assert_int_equal(staging_id, refused_id);
+    assert_false(writer_file_pending(refused));
+    assert_null(entry_for(entries, journal_entries(f, entries), "refused"));
+    assert_int_equal(writer_file_drop(refused, &size, &staging_id), EALREADY);
+    unsigned staged = staging_files(f);
+    writer_file_put(&refused); /* the last reference: its data goes */
+    assert_int_equal(staging_files(f), staged - 1);
+
+    /* a crash: the next writer recovers the others, not the dropped one */
+    fake_s3_hold_clear(f->s3, held_rule);
+    fake_s3_fail_clear(f->s3, 0);
+    assert_int_equal(fake_s3_wait_idle(f->s3), 0);
+    struct writer_file *files[] = {held, open, reopened};
+    crash(f, files, 3);
+    fake_s3_log_clear(f->s3);
+    journal_start(f);
+    writer_start(f);
+    assert_int_equal(writer_recover(f->writer, on_adopt, f), 0);
+    assert_int_equal(writer_drain(f->writer), 0);
+    for (unsigned i = 0; i < f->adopted_count; i++)
+        assert_string_not_equal(f->adopted_keys[i], "refused");
+    assert_int_equal(fake_s3_count(f->s3, FAKE_S3_ON(0, "refused")), 0);
+    assert_false(fake_s3_holds(f->s3, "refused", refused_bytes, 12 * KIB));
+    assert_true(fake_s3_holds(f->s3, "reopened", reopened_bytes, 15 * KIB));
+    free(refused_bytes);
+    free(held_bytes);
+    free(open_bytes);
+    free(reopened_bytes);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1302,6 +1689,20 @@ int main(void)
         cmocka_unit_test_prestate_setup_teardown(
             test_recovery_uploads_what_was_closed, setup, teardown,
             (void *)&default_mode),
+        cmocka_unit_test_prestate_setup_teardown(
+            test_sync_uploads_every_pending_file, setup, teardown,
+            (void *)&writeback_mode),
+        cmocka_unit_test_prestate_setup_teardown(
+            test_sync_reports_a_failed_upload, setup, teardown,
+            (void *)&default_mode),
+        cmocka_unit_test_prestate_setup_teardown(
+            test_sync_of_files_open_for_writing, setup, teardown,
+            (void *)&writeback_mode),
+        cmocka_unit_test_prestate_setup_teardown(
+            test_sync_interrupted, setup, teardown, (void *)&writeback_mode),
+        cmocka_unit_test_prestate_setup_teardown(
+            test_pending_list_and_drop, setup, teardown,
+            (void *)&writeback_mode),
     };
     log_set_level(LOG_LEVEL_ERROR);
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,0 +1,343 @@
+/*
+ * writer_sync.c - what `s3cachefs sync` and `s3cachefs pending` ask of the
+ * writer (see writer.h and HACKING.md, "Sync and pending"): every pending
+ * file uploaded now and waited for, the list of pending files, and a
+ * pending file given up.
+ *
+ * A sync takes, under the writer lock, the files pending when it begins
+ * (a reference each) and the version it waits for in each:
+ *   - nobody has it open for writing: its current version (gen);
+ *   - open for writing: its last closed version, the one its journal
+ *     entry promises (entry_gen); with no promise it is NOT_CLOSED and not
+ *     waited for. Bytes not closed are not "written so far": nobody was
+ *     told they were saved, their close will upload or journal them, and
+ *     a sync could only guess when the writer is done with them.
+ * Each file waited for gets sync_wanted (the uploaders then send the
+ * promise of a file open for writing in writeback mode, which they skip
+ * otherwise) and is made due now: a queued file's settle delay or retry
+ * backoff is cut to now, one not queued is queued. Then the sync waits on
+ * file_idle (every attempt of writer_upload_version() broadcasts it as it
+ * ends, so does an unlink or a drop) and decides each file, lock held:
+ *   UPLOADED  uploaded_gen reached the version (a later one counts), and
+ *             the attempt that got it there has concluded (its journal
+ *             entry is gone and the fs layer was told: a `pending` right
+ *             after the sync does not list it);
+ *   REMOVED   unlinked or dropped meanwhile;
+ *   FAILED    an attempt that began after the sync began (attempts past
+ *             attempts_before: the one under way at the start does not
+ *             count) ended with an errno; one attempt decides, since the
+ *             S3 client spent its retries within request_timeout, and the
+ *             background retries go on afterwards;
+ *   NOT_CLOSED (later) it was opened for writing again and its promise
+ *             does not hold the version: nothing can send that version;
+ *   WAITING   what is left when the caller interrupts the sync.
+ * A file undecided with no upload under way nor queued is queued again
+ * (an attempt that sent an older version, or nothing): each such attempt
+ * either reaches the version or fails, so the loop ends.
+ *
+ * The sync holds no lock across I/O (it only waits), and takes no lock
+ * but the writer's. Its cost per wake is a pass over the files still
+ * undecided.
+ */
+#include "config.h"
+
+#include "writer_internal.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "clock.h"
+#include "journal.h"
+#include "log.h"
+
+/* One file a sync waits for. */
+struct target {
+    struct writer_file *file;     /* a reference */
+    uint64_t gen;                 /* the version waited for */
+    uint64_t size;                /* its bytes */
+    unsigned attempts_before;     /* attempts begun before the sync */
+    bool concluding;              /* in the bucket, its upload concluding: */
+    unsigned concluded_after;     /* decided once attempts pass this */
+    bool wanted;                  /* counted in file->sync_wanted */
+    enum writer_sync_outcome outcome; /* WAITING until decided */
+    int err;
+};
+
+/* FILE is to go up now (lock held): a settle delay or a retry's backoff
+ * ends now; a file not queued (its upload under way ended with an older
+ * version) is queued. Whether the uploaders must be woken. */
+static bool hurry_locked(struct writer *writer, struct writer_file *file)
+{
+    double now = clock_monotonic_seconds();
+
+    if (file->sending != NULL)
+        return false; /* (decided, or queued again, once it ends) */
+    if (file->queued) {
+        if (file->due <= now)
+            return false;
+        file->due = now;
+        return true;
+    }
+    writer_enqueue_locked(writer, file, 0);
+    return true;
+}
+
+/* Decide T if its file allows it now (lock held); an undecided file is
+ * hurried. Whether the uploaders must be woken. */
+static bool decide_locked(struct writer *writer, struct target *t)
+{
+    struct writer_file *file = t->file;
+
+    if (file->uploaded_gen >= t->gen) {
+        /* the upload that got it there concludes first (its journal
+         * entry dropped, the fs layer told): the attempt under way now,
+         * if any, is that one or a later one */
+        if (file->sending == NULL ||
+            (t->concluding && file->attempts > t->concluded_after))
+            t->outcome = WRITER_SYNC_UPLOADED;
+        else if (!t->concluding) {
+            t->concluding = true;
+            t->concluded_after = file->attempts;
+        }
+        return false;
+    }
+    if (file->unlinked) {
+        t->outcome = WRITER_SYNC_REMOVED;
+        return false;
+    }
+    if (file->attempts > t->attempts_before && file->attempt_err != 0) {
+        t->outcome = WRITER_SYNC_FAILED;
+        t->err = file->attempt_err;
+        return false;
+    }
+    if (file->sending != NULL)
+        return false;
+    /* reopened for writing since: only its promise can go up now */
+    if (file->open_writers > 0 &&
+        !(has_promise(file) && file->entry_gen >= t->gen)) {
+        t->outcome = WRITER_SYNC_NOT_CLOSED;
+        return false;
+    }
+    return hurry_locked(writer, file);
+}
+
+int writer_sync(struct writer *writer, const atomic_bool *interrupted,
+                struct writer_sync_report *out)
+{
+    struct target *targets = NULL;
+    size_t count = 0, cap = 0;
+    int err = 0;
+
+    *out = (struct writer_sync_report){0};
+    pthread_mutex_lock(&writer->lock);
+    for (struct writer_file *file = writer->all; file != NULL;
+         file = file->all_next)
+        if (is_pending(file))
+            cap++;
+    /* (no I/O: an allocation under the lock, sized while it is held) */
+    if (cap > 0 && (targets = calloc(cap, sizeof(*targets))) == NULL) {
+        writer_unlock(writer);
+        return ENOMEM;
+    }
+    bool wake = false;
+    for (struct writer_file *file = writer->all; file != NULL;
+         file = file->all_next) {
+        if (!is_pending(file))
+            continue;
+        struct target *t = &targets[count++];
+        t->file = file;
+        file->refs++;
+        t->outcome = WRITER_SYNC_WAITING;
+        if (file->open_writers > 0 && !has_promise(file)) {
+            t->outcome = WRITER_SYNC_NOT_CLOSED;
+            t->size = file->size;
+            continue;
+        }
+        if (file->open_writers > 0) {
+            t->gen = file->entry_gen;
+            t->size = file->entry_size;
+        } else {
+            t->gen = file->gen;
+            t->size = file->size;
+        }
+        t->attempts_before = file->attempts + (file->sending != NULL ? 1 : 0);
+        t->wanted = true;
+        file->sync_wanted++;
+        wake |= hurry_locked(writer, file);
+    }
+    log_debug("sync: %zu pending files", count);
+    for (;;) {
+        size_t undecided = 0;
+        for (size_t i = 0; i < count; i++) {
+            if (targets[i].outcome != WRITER_SYNC_WAITING)
+                continue;
+            wake |= decide_locked(writer, &targets[i]);
+            if (targets[i].outcome == WRITER_SYNC_WAITING)
+                undecided++;
+        }
+        if (wake)
+            pthread_cond_broadcast(&writer->work_queued);
+        wake = false;
+        if (undecided == 0 || atomic_load(interrupted)) {
+            out->interrupted = undecided > 0;
+            break;
+        }
+        writer_wait(writer, &writer->file_idle);
+    }
+    out->files = count > 0 ? calloc(count, sizeof(*out->files)) : NULL;
+    if (count > 0 && out->files == NULL)
+        err = ENOMEM;
+    for (size_t i = 0; i < count; i++) {
+        struct target *t = &targets[i];
+        if (t->wanted)
+            t->file->sync_wanted--;
+        if (err != 0)
+            continue;
+        struct writer_synced *synced = &out->files[i];
+        *synced = (struct writer_synced){
+            .key = strdup(t->file->key),
+            .owner = t->file->owner,
+            .size = t->size,
+            .outcome = t->outcome,
+            .err = t->err,
+            .retries = t->file->retries,
+        };
+        if (synced->key == NULL)
+            err = ENOMEM;
+        out->count = i + 1;
+    }
+    writer_unlock(writer);
+    for (size_t i = 0; i < count; i++)
+        writer_file_put(&targets[i].file);
+    free(targets);
+    if (err != 0)
+        writer_sync_report_free(out);
+    return err;
+}
+
+void writer_sync_report_free(struct writer_sync_report *report)
+{
+    for (size_t i = 0; i < report->count; i++)
+        free(report->files[i].key);
+    free(report->files);
+    *report = (struct writer_sync_report){0};
+}
+
+void writer_sync_wake(struct writer *writer)
+{
+    pthread_mutex_lock(&writer->lock);
+    pthread_cond_broadcast(&writer->file_idle);
+    writer_unlock(writer);
+}
+
+/* ------------------------------------------------------------- pending */
+
+int writer_pending_list(struct writer *writer, struct writer_pending **list,
+                        size_t *count, uint64_t *journal_entries)
+{
+    struct writer_pending *items = NULL;
+    size_t used = 0, cap = 0;
+    int err = 0;
+
+    *list = NULL;
+    *count = 0;
+    pthread_mutex_lock(&writer->lock);
+    for (struct writer_file *file = writer->all; file != NULL;
+         file = file->all_next)
+        if (is_pending(file))
+            cap++;
+    if (cap > 0 && (items = calloc(cap, sizeof(*items))) == NULL)
+        err = ENOMEM;
+    for (struct writer_file *file = writer->all; err == 0 && file != NULL;
+         file = file->all_next) {
+        if (!is_pending(file))
+            continue;
+        bool promised = has_promise(file);
+        bool open = file->open_writers > 0;
+        struct writer_pending *item = &items[used++];
+        *item = (struct writer_pending){
+            .key = strdup(file->key),
+            .owner = file->owner,
+            .state = file->sending != NULL ? WRITER_PENDING_UPLOADING
+                     : file->failed        ? WRITER_PENDING_FAILED
+                     : open && !promised   ? WRITER_PENDING_OPEN
+                                           : WRITER_PENDING_WAITING,
+            .size = file->size,
+            .promised = promised,
+            .promised_size = promised ? file->entry_size : 0,
+            .open = open,
+            .staging_id = promised ? file->entry->id : file->data->id,
+            .closed_at = file->closed_at,
+            .retries = file->retries,
+            .last_error = file->failed ? file->last_error : 0,
+        };
+        if (item->key == NULL)
+            err = ENOMEM;
+    }
+    writer_unlock(writer);
+    if (err != 0) {
+        writer_pending_free(items, used);
+        return err;
+    }
+    /* (the journal's count reads its environment: not under the lock) */
+    *journal_entries = journal_count(writer->conf.journal);
+    *list = items;
+    *count = used;
+    return 0;
+}
+
+void writer_pending_free(struct writer_pending *list, size_t count)
+{
+    for (size_t i = 0; i < count; i++)
+        free(list[i].key);
+    free(list);
+}
+
+/* ---------------------------------------------------------------- drop */
+
+int writer_file_drop(struct writer_file *file, uint64_t *size,
+                     uint64_t *staging_id)
+{
+    struct writer *writer = file->writer;
+
+    pthread_mutex_lock(&writer->lock);
+    while (file->held)
+        writer_wait(writer, &writer->file_idle);
+    if (!is_pending(file)) {
+        writer_unlock(writer);
+        return EALREADY;
+    }
+    if (file->open_writers > 0 || file->sending != NULL ||
+        file->active_writes > 0 || file->copying || file->wb_starting) {
+        writer_unlock(writer);
+        return EBUSY;
+    }
+    bool promised = has_promise(file);
+    *size = promised ? file->entry_size : file->size;
+    *staging_id = promised ? file->entry->id : file->data->id;
+    /* as an unlink: never uploaded from now on */
+    file->unlinked = true;
+    if (writer_dequeue_locked(writer, file))
+        file->refs--; /* the caller holds one more: never the last */
+    struct writebehind *wb = file->wb;
+    file->wb = NULL;
+    pthread_cond_broadcast(&writer->file_idle); /* (a sync waiting for it) */
+    writer_unlock(writer);
+    writebehind_abandon(&wb);
+
+    writer_forget_entry(writer, file, 0);
+    pthread_mutex_lock(&writer->lock);
+    bool kept = file->entry != NULL;
+    if (kept) {
+        /* the journal refused to let it go (logged): it still promises
+         * the file, which is to be uploaded as before */
+        file->unlinked = false;
+        writer_enqueue_locked(writer, file, 0);
+    }
+    writer_unlock(writer);
+    return kept ? EIO : 0;
+}
