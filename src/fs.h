@@ -19,7 +19,9 @@
 #ifndef S3CFS_FS_H
 #define S3CFS_FS_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -80,6 +82,15 @@ struct fs_stats {
 /* the cache directory, on the mount root (where the daemon leaves its
  * exit report for the unmount helper, unmount.h) */
 #define FS_CACHE_XATTR "user.s3cachefs.cache"
+/* Requests of `s3cachefs sync` and `s3cachefs pending` (sync_cmd.h) on
+ * the mount root, not listed by listxattr (a copy of the root's
+ * attributes must not run them): reading SYNC uploads every pending file
+ * and answers when done (fs_sync_text), reading PENDING lists them
+ * (fs_pending_text), setting DROP to a path gives its pending data up
+ * (fs_drop). The answers are the text of syncfmt.h. */
+#define FS_SYNC_XATTR "user.s3cachefs.sync"
+#define FS_PENDING_XATTR "user.s3cachefs.pending"
+#define FS_DROP_XATTR "user.s3cachefs.drop"
 
 struct fs;
 struct fs_dir;      /* an open directory: a snapshot of its listing */
@@ -194,6 +205,42 @@ int fs_recover(struct fs *fs);
 /* At unmount: upload everything pending and wait; the number of files
  * that could not be uploaded (they stay journaled) is returned. */
 uint64_t fs_drain(struct fs *fs);
+
+/* ------------------------------ sync, pending, drop (fs_sync.c) */
+
+/*
+ * `s3cachefs sync`: upload every file pending now and wait (writer_sync():
+ * a file open for writing is waited for as far as its last close), then
+ * the report as the text of syncfmt.h, at most CAP bytes (the summary
+ * always, files while they fit, failures first): malloc'd into *TEXT
+ * (NUL-terminated, *LEN bytes without it). Ends early, reporting what is
+ * left as waiting, once *INTERRUPTED is true and fs_sync_wake() was
+ * called. The calling thread only waits. 0, ENOMEM, ERANGE (CAP too small
+ * for the summary).
+ */
+int fs_sync_text(struct fs *fs, const atomic_bool *interrupted, size_t cap,
+                 char **text, size_t *len);
+
+/* Make the syncs under way look at their INTERRUPTED flag (not with a
+ * lock of the fs layer or the writer held). */
+void fs_sync_wake(struct fs *fs);
+
+/* `s3cachefs pending`: the pending files as the text of syncfmt.h, as
+ * fs_sync_text() gives it (failures first). */
+int fs_pending_text(struct fs *fs, size_t cap, char **text, size_t *len);
+
+/*
+ * `s3cachefs pending --drop PATH`: give up the pending data of the file
+ * at PATH (PATH_LEN bytes, under the mount root, as fs_pending_text()
+ * names it, not NUL-terminated): its journal entry and staged data go,
+ * logged, and the file leaves the mount as after an unlink that never
+ * reached the bucket (nothing is deleted there: an older object under its
+ * key shows again with the next listing). ENOENT: nothing staged there;
+ * EBUSY: open for writing, or an upload of it under way; EALREADY:
+ * uploaded meanwhile; EINVAL: not a file's path; EROFS; the journal's
+ * errno (nothing changed then).
+ */
+int fs_drop(struct fs *fs, const char *path, size_t path_len);
 
 /* The cache directory's absolute path (owned by the cache). */
 const char *fs_cache_dir(const struct fs *fs);

@@ -10,6 +10,7 @@
 
 #include <errno.h>
 #include <linux/fuse.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -17,6 +18,8 @@
 #include <string.h>
 #include <sys/uio.h>
 #include <unistd.h>
+
+#include "syncfmt.h"
 
 static struct fs *request_fs(fuse_req_t req)
 {
@@ -460,13 +463,72 @@ static void reply_xattr_value(fuse_req_t req, const char *value, size_t len,
         fuse_reply_buf(req, value, len);
 }
 
+/* A sync under way (reply_sync): what an interrupt of its request sets. */
+struct sync_wait {
+    struct fs *fs;
+    atomic_bool interrupted;
+};
+
+/* libfuse's interrupt callback (another worker thread, the request's
+ * lock held): the caller of `s3cachefs sync` got a signal (^C, its
+ * --timeout, a shutdown's SIGTERM). The sync answers with what it has. */
+static void sync_interrupted(fuse_req_t req, void *data)
+{
+    struct sync_wait *wait = data;
+
+    (void)req;
+    atomic_store(&wait->interrupted, true);
+    fs_sync_wake(wait->fs);
+}
+
+/*
+ * FS_SYNC_XATTR / FS_PENDING_XATTR: the text of syncfmt.h, within what
+ * the caller's buffer takes (a size probe gets the length of what a 64
+ * KiB buffer would get; a sync then runs for the probe too). A sync
+ * keeps this worker thread until it is done (libfuse starts others
+ * meanwhile, up to its maximum), like an fsync(); the kernel puts no
+ * time limit on it, so an interrupt of the request (any signal to the
+ * caller) ends the wait.
+ */
+static void reply_report(fuse_req_t req, bool sync, size_t size)
+{
+    size_t cap = size == 0 || size > SYNCFMT_VALUE_MAX ? SYNCFMT_VALUE_MAX : size;
+    char *text = NULL;
+    size_t len = 0;
+    int err;
+
+    if (sync) {
+        struct sync_wait wait = {.fs = request_fs(req)};
+        atomic_init(&wait.interrupted, false);
+        fuse_req_interrupt_func(req, sync_interrupted, &wait);
+        err = fs_sync_text(wait.fs, &wait.interrupted, cap, &text, &len);
+        /* (waits for a callback running now: WAIT goes with this frame) */
+        fuse_req_interrupt_func(req, NULL, NULL);
+    } else {
+        err = fs_pending_text(request_fs(req), cap, &text, &len);
+    }
+    if (err != 0)
+        reply_error(req, err);
+    else
+        reply_xattr_value(req, text, len, size);
+    free(text);
+}
+
 /* The mount root carries the counters (fs.h: FS_STATS_XATTR), the
- * daemon's pid (FS_PID_XATTR) and its cache directory (FS_CACHE_XATTR);
- * nothing else has extended attributes. */
+ * daemon's pid (FS_PID_XATTR) and its cache directory (FS_CACHE_XATTR),
+ * and answers the requests of `s3cachefs sync` and `pending`
+ * (FS_SYNC_XATTR, FS_PENDING_XATTR); nothing else has extended
+ * attributes. */
 static void op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name,
                         size_t size)
 {
     char *text = NULL;
+
+    if (ino == FUSE_ROOT_ID && (strcmp(name, FS_SYNC_XATTR) == 0 ||
+                                strcmp(name, FS_PENDING_XATTR) == 0)) {
+        reply_report(req, strcmp(name, FS_SYNC_XATTR) == 0, size);
+        return;
+    }
 
     if (ino == FUSE_ROOT_ID && strcmp(name, FS_PID_XATTR) == 0) {
         char pid[24];
@@ -489,6 +551,22 @@ static void op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name,
     else
         reply_xattr_value(req, text, strlen(text), size);
     free(text);
+}
+
+/* `s3cachefs pending --drop PATH`: FS_DROP_XATTR set to PATH on the mount
+ * root (the kernel holds the root's inode lock meanwhile: lookups in the
+ * root directory wait for the drop). Any other attribute: ENOTSUP, as
+ * before there was a setxattr (the kernel now asks each time instead of
+ * remembering the ENOSYS). */
+static void op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name,
+                        const char *value, size_t size, int flags)
+{
+    (void)flags;
+    if (ino != FUSE_ROOT_ID || strcmp(name, FS_DROP_XATTR) != 0) {
+        fuse_reply_err(req, ENOTSUP);
+        return;
+    }
+    reply_error(req, fs_drop(request_fs(req), value, size));
 }
 
 static void op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
@@ -529,6 +607,7 @@ static const struct fuse_lowlevel_ops ops = {
     .rename = op_rename,
     .setattr = op_setattr,
     .statfs = op_statfs,
+    .setxattr = op_setxattr,
     .getxattr = op_getxattr,
     .listxattr = op_listxattr,
 };

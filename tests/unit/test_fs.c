@@ -61,7 +61,11 @@
  *        object is deleted when the renamed file is later renamed away or
  *        unlinked;
  *   - a directory without a marker stays when its last file is renamed
- *     out of it (test_rename_of_the_last_file_keeps_its_directory).
+ *     out of it (test_rename_of_the_last_file_keeps_its_directory);
+ *   - sync, pending and drop as `s3cachefs sync` and `pending` ask them
+ *     (test_sync_pending_and_drop): paths, states and sizes in the text
+ *     of syncfmt.h, failures first, an answer cut to its size; a drop
+ *     removes the file like an unlink with no request.
  */
 #ifdef HAVE_CONFIG_H
 #include "config.h"
@@ -82,6 +86,7 @@
 #include <fcntl.h>
 #include <linux/fs.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -93,6 +98,7 @@
 #include "log.h"
 #include "names.h"
 #include "s3.h"
+#include "syncfmt.h"
 #include "unit_cache.h"
 #include "writer.h"
 
@@ -2053,6 +2059,159 @@ static void test_rename_of_the_last_file_keeps_its_directory(void **state)
     assert_int_equal(lookup(f, ROOT, "k", NULL), k);
 }
 
+/* ------------------------------------------------- sync, pending, drop */
+
+/* The file line of PATH in TEXT (an answer of syncfmt.h), split into
+ * FIELDS (its copy in BUF, CAP bytes); how many fields (0: no line). */
+static size_t report_line(const char *text, const char *path, char *buf,
+                          size_t cap, char **fields)
+{
+    for (const char *line = text; *line != '\0';) {
+        const char *end = strchr(line, '\n');
+        size_t len = end != NULL ? (size_t)(end - line) : strlen(line);
+        if (len < cap && strncmp(line, "file\t", 5) == 0) {
+            memcpy(buf, line + 5, len - 5);
+            buf[len - 5] = '\0';
+            size_t count = syncfmt_split(buf, fields, SYNCFMT_FIELDS_MAX);
+            if (strcmp(fields[count - 1], path) == 0)
+                return count;
+        }
+        line += len + (end != NULL);
+    }
+    return 0;
+}
+
+/* Summary value NAME of TEXT (the test fails without one). */
+static double summary_of(const char *text, const char *name)
+{
+    const char *summary = strstr(text, "\nsummary ");
+    double value = -1;
+
+    assert_non_null(summary);
+    assert_true(syncfmt_summary_get(summary + 1, name, &value));
+    return value;
+}
+
+/*
+ * Writeback: d/bad, refused for good (an fsync saw it fail), d/good,
+ * closed once (promised) and open again, and "open", written and never
+ * closed. The pending list names them by path with their states; the
+ * sync uploads what d/good's close promised (only a sync sends it while
+ * it is open), reports d/bad failed with EACCES (listed first) and
+ * "open" as not closed. An answer cut to its size keeps the summary and
+ * the first lines. A drop of a file open for writing is refused (EBUSY);
+ * a drop of d/bad removes its promise and the file is gone from lookups
+ * and the listing as after an unlink, with no request to the bucket; a
+ * second drop finds nothing.
+ */
+static void test_sync_pending_and_drop(void **state)
+{
+    struct fixture *f = *state;
+    struct fs_entry entry;
+    char *text = NULL, buf[512], *fields[SYNCFMT_FIELDS_MAX];
+    size_t len = 0;
+    atomic_bool never;
+
+    atomic_init(&never, false);
+    /* nothing pending: the summary alone */
+    assert_int_equal(fs_sync_text(f->fs, &never, SYNCFMT_VALUE_MAX, &text,
+                                  &len), 0);
+    assert_true(summary_of(text, "files") == 0);
+    assert_null(strstr(text, "\nfile\t"));
+    free(text);
+    assert_int_equal(fs_pending_text(f->fs, SYNCFMT_VALUE_MAX, &text, &len), 0);
+    assert_true(summary_of(text, "files") == 0);
+    free(text);
+    assert_int_equal(fs_mkdir(f->fs, ROOT, "d", 0755, 1000, 1000, &entry), 0);
+    fuse_ino_t d = entry.ino;
+    assert_int_equal(fake_s3_fail(f->s3, ON(FAKE_S3_PUT, "d/bad"),
+                                  FAKE_S3_ALWAYS, EACCES, false, NULL), 0);
+    struct fs_file *file = create_file(f, d, "bad", bytes_of(f, 10 * KIB, 1),
+                                       10 * KIB, NULL);
+    assert_int_equal(fs_flush(f->fs, file), 0);
+    assert_int_equal(fs_fsync(f->fs, file), EACCES);
+    fs_release(f->fs, file);
+    unsigned char *good = bytes_of(f, 20 * KIB, 2);
+    struct fs_file *reopened = create_file(f, d, "good", good, 20 * KIB, NULL);
+    assert_int_equal(fs_flush(f->fs, reopened), 0);
+    struct fs_file *open = create_file(f, ROOT, "open", bytes_of(f, 5 * KIB, 3),
+                                       5 * KIB, NULL);
+
+    assert_int_equal(fs_pending_text(f->fs, SYNCFMT_VALUE_MAX, &text, &len), 0);
+    assert_int_equal(strlen(text), len);
+    assert_int_equal(strncmp(text, SYNCFMT_PENDING_HEADER "\n",
+                             strlen(SYNCFMT_PENDING_HEADER) + 1), 0);
+    assert_true(summary_of(text, "files") == 3);
+    assert_true(summary_of(text, "open") == 1);
+    assert_true(summary_of(text, "failed") == 1);
+    assert_int_equal(report_line(text, "d/bad", buf, sizeof(buf), fields), 9);
+    assert_string_equal(fields[0], "failed");
+    assert_string_equal(fields[1], "10240");
+    assert_string_equal(fields[2], "10240"); /* promised */
+    assert_string_equal(fields[3], "0");
+    assert_string_equal(fields[6], "13");
+    assert_int_equal(report_line(text, "d/good", buf, sizeof(buf), fields), 9);
+    assert_string_equal(fields[0], "waiting");
+    assert_string_equal(fields[3], "1");
+    assert_int_equal(report_line(text, "open", buf, sizeof(buf), fields), 9);
+    assert_string_equal(fields[0], "open");
+    assert_string_equal(fields[2], "-");
+    assert_string_equal(fields[4], "-"); /* never closed: no age */
+    /* failures first; an answer of a smaller size ends after that line */
+    const char *second = strstr(strstr(text, "\nfile\t") + 1, "\nfile\t");
+    assert_non_null(strstr(text, "\nfile\tfailed\t"));
+    assert_true(strstr(text, "\nfile\tfailed\t") < second);
+    size_t cut = (size_t)(second - text) + 1;
+    free(text);
+    assert_int_equal(fs_pending_text(f->fs, cut, &text, &len), 0);
+    assert_int_equal(len, cut);
+    assert_true(summary_of(text, "files") == 3);
+    assert_int_equal(report_line(text, "d/bad", buf, sizeof(buf), fields), 9);
+    assert_int_equal(report_line(text, "open", buf, sizeof(buf), fields), 0);
+    free(text);
+    assert_int_equal(fs_pending_text(f->fs, 20, &text, &len), ERANGE);
+
+    assert_int_equal(fs_sync_text(f->fs, &never, SYNCFMT_VALUE_MAX, &text,
+                                  &len), 0);
+    assert_true(fake_s3_holds(f->s3, "d/good", good, 20 * KIB));
+    assert_int_equal(strncmp(text, SYNCFMT_SYNC_HEADER "\n",
+                             strlen(SYNCFMT_SYNC_HEADER) + 1), 0);
+    assert_true(summary_of(text, "files") == 2);
+    assert_true(summary_of(text, "bytes") == 30 * KIB);
+    assert_true(summary_of(text, "uploaded") == 1);
+    assert_true(summary_of(text, "failed") == 1);
+    assert_true(summary_of(text, "not_closed") == 1);
+    assert_true(summary_of(text, "interrupted") == 0);
+    assert_non_null(strstr(text, "\nfile\tfailed\t10240\t13\t"));
+    assert_true(strstr(text, "\nfile\tfailed") < strstr(text, "\nfile\tuploaded"));
+    assert_int_equal(report_line(text, "d/good", buf, sizeof(buf), fields), 5);
+    assert_string_equal(fields[0], "uploaded");
+    assert_string_equal(fields[1], "20480");
+    assert_int_equal(report_line(text, "open", buf, sizeof(buf), fields), 5);
+    assert_string_equal(fields[0], "not-closed");
+    free(text);
+
+    size_t logged = fake_s3_log_count(f->s3);
+    assert_int_equal(fs_drop(f->fs, "open", 4), EBUSY);
+    assert_int_equal(fs_drop(f->fs, "d/good", 6), EBUSY);
+    assert_int_equal(fs_drop(f->fs, "/d/bad", 6), 0);
+    assert_int_equal(fs_drop(f->fs, "d/bad", 5), ENOENT);
+    assert_int_equal(fs_drop(f->fs, "d/", 2), EINVAL);
+    assert_string_equal(requests_since(f, logged), "");
+    assert_int_equal(lookup(f, d, "bad", NULL), 0);
+    assert_string_equal(listing_of(f, d), "good");
+    assert_null(strstr(journal_of(f), "d/bad"));
+    /* left: "open" (d/good's closed bytes are in the bucket) */
+    assert_int_equal(fs_pending_text(f->fs, SYNCFMT_VALUE_MAX, &text, &len), 0);
+    assert_true(summary_of(text, "files") == 1);
+    assert_int_equal(report_line(text, "open", buf, sizeof(buf), fields), 9);
+    free(text);
+    assert_int_equal(fs_flush(f->fs, reopened), 0);
+    fs_release(f->fs, reopened);
+    assert_int_equal(fs_flush(f->fs, open), 0);
+    fs_release(f->fs, open);
+}
+
 #define FS_TEST(name, params)                                              \
     cmocka_unit_test_prestate_setup_teardown(name, setup, teardown,        \
                                              (void *)&(params))
@@ -2117,6 +2276,7 @@ int main(void)
                 default_cached),
         FS_TEST(test_rename_of_the_last_file_keeps_its_directory,
                 default_cached),
+        FS_TEST(test_sync_pending_and_drop, writeback_cached),
     };
     log_set_level(LOG_LEVEL_ERROR);
     return cmocka_run_group_tests(tests, NULL, NULL);
