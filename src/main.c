@@ -30,6 +30,7 @@
 #include "options.h"
 #include "s3.h"
 #include "stats_cmd.h"
+#include "sync_cmd.h"
 #include "unmount.h"
 
 #define MULTIPART_THRESHOLD (16ull << 20)  /* larger files go multipart */
@@ -276,6 +277,9 @@ int main(int argc, char **argv)
      * mounted as any other when MOUNTPOINT is not an s3cachefs mount */
     if (stats_cmd_requested(argc, argv))
         return stats_cmd_main(argc, argv);
+    /* s3cachefs sync|pending MOUNTPOINT (sync_cmd.h): the same rule */
+    if (sync_cmd_requested(argc, argv))
+        return sync_cmd_main(argc, argv);
 
     /* the process is about to hold credentials: no core dump of it (and
      * the secrets themselves are in MADV_DONTDUMP pages, secret.h) */
@@ -466,6 +470,11 @@ out:
         fprintf(stderr, "s3cachefs: (this was the mount of a bucket named "
                 "'stats': %s is not an s3cachefs mount for 's3cachefs stats' "
                 "to report on)\n", argv[2]);
+    if (status != 0 && !mounted && argc > 2 && argv[2][0] != '-' &&
+        (strcmp(argv[1], "sync") == 0 || strcmp(argv[1], "pending") == 0))
+        fprintf(stderr, "s3cachefs: (this was the mount of a bucket named "
+                "'%s': %s is not an s3cachefs mount for 's3cachefs %s' to "
+                "ask)\n", argv[1], argv[2], argv[1]);
     if (mounted)
         fuse_session_unmount(session);
     if (handlers)
