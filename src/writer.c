@@ -678,6 +678,7 @@ bool writer_file_unlink(struct writer_file *file, bool forget)
     while (file->held || file->sending != NULL)
         writer_wait(writer, &writer->file_idle);
     file->unlinked = true;
+    writer_sync_touch_locked(writer, file);
     pthread_cond_broadcast(&writer->file_idle); /* (a sync waiting for it) */
     bool uploaded = file->uploaded;
     /* its staged data goes as soon as nobody reads it: not at the queue's

@@ -176,7 +176,7 @@ struct writer_sync_report {
  * for. Returns when every file is decided, or when *INTERRUPTED is true
  * (set it, then call writer_sync_wake()): what is undecided is WAITING.
  * The calling thread only waits: uploads run on the uploader threads.
- * Fills *OUT (files in the writer's order); 0 or ENOMEM.
+ * Fills *OUT (files in no particular order); 0 or ENOMEM.
  */
 int writer_sync(struct writer *writer, const atomic_bool *interrupted,
                 struct writer_sync_report *out);

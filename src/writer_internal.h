@@ -126,7 +126,19 @@ struct writer {
     bool stopping;
     bool draining;                /* upload everything now */
     struct orphan_upload *orphans; /* multipart uploads whose abort failed */
+    struct sync_waiter *sync_waiters; /* writer_sync() calls waiting */
     struct writer_stats stats;
+};
+
+/* A writer_sync() waiting (writer_sync.c): the files it may wait for
+ * whose state changed since it last looked (an upload attempt ended, an
+ * unlink, a drop), so that a wake costs what changed, not a pass over
+ * every file. (W) */
+struct sync_waiter {
+    struct sync_waiter *next;
+    struct writer_file **touched; /* no references: looked up, not used */
+    size_t touched_count, touched_cap;
+    bool overflow;                /* TOUCHED could not grow: look at all */
 };
 
 /* A multipart upload left on the server because its abort failed: an
@@ -288,6 +300,11 @@ bool writer_dequeue_locked(struct writer *writer, struct writer_file *file);
 /* A failed upload of FILE: try again in the background, later each time
  * (lock held). Not during the drain, which tries each file once more. */
 void writer_schedule_retry_locked(struct writer *writer, struct writer_file *file);
+
+/* FILE's upload attempt ended, or it was unlinked (lock held): tell the
+ * syncs waiting for it (sync_wanted), which look at it when woken
+ * (file_idle, which the caller broadcasts). */
+void writer_sync_touch_locked(struct writer *writer, struct writer_file *file);
 
 /* A new file of KEY whose data is DATA (its reference goes with it),
  * with one reference for the caller. Not on the writer's list, where

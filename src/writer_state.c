@@ -146,6 +146,29 @@ void writer_schedule_retry_locked(struct writer *writer, struct writer_file *fil
     writer_enqueue_locked(writer, file, delay);
 }
 
+void writer_sync_touch_locked(struct writer *writer, struct writer_file *file)
+{
+    if (file->sync_wanted == 0)
+        return;
+    for (struct sync_waiter *waiter = writer->sync_waiters; waiter != NULL;
+         waiter = waiter->next) {
+        if (waiter->overflow)
+            continue;
+        if (waiter->touched_count == waiter->touched_cap) {
+            size_t cap = waiter->touched_cap ? waiter->touched_cap * 2 : 64;
+            struct writer_file **grown =
+                realloc(waiter->touched, cap * sizeof(*grown));
+            if (grown == NULL) {
+                waiter->overflow = true; /* (it looks at every file) */
+                continue;
+            }
+            waiter->touched = grown;
+            waiter->touched_cap = cap;
+        }
+        waiter->touched[waiter->touched_count++] = file;
+    }
+}
+
 /* ------------------------------------------------------------- files */
 
 int writer_file_new(struct writer *writer, struct staging_file *data,

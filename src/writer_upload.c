@@ -158,6 +158,7 @@ int writer_upload_version(struct writer *writer, struct writer_file *file,
         /* an attempt that had nothing to send (a sync counts them) */
         file->attempts++;
         file->attempt_err = 0;
+        writer_sync_touch_locked(writer, file);
         pthread_cond_broadcast(&writer->file_idle);
         writer_unlock(writer);
         return err;
@@ -267,6 +268,7 @@ int writer_upload_version(struct writer *writer, struct writer_file *file,
     v.staging->upload_seal = 0;
     file->attempts++;
     file->attempt_err = err;
+    writer_sync_touch_locked(writer, file);
     if (err != 0)
         writer_schedule_retry_locked(writer, file);
     pthread_cond_broadcast(&writer->file_idle);

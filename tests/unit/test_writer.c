@@ -45,7 +45,7 @@
  *     backoff is cut short and a refused upload reported with its errno,
  *     its data kept; a file open for writing is synced as far as its
  *     last close, one never closed is named, not waited for; an
- *     interrupted sync returns at once;
+ *     interrupted sync returns at once; two syncs of 100 files at once;
  *   - the pending list (each state, errno and retries) and drop: refused
  *     for a file open or uploading, its journal entry and staging file
  *     gone otherwise, and not recovered after a crash.
@@ -1517,6 +1517,50 @@ static void test_sync_of_files_open_for_writing(void **state)
     free(n_bytes);
 }
 
+/*
+ * Writeback: 100 small files closed while every upload is held, two syncs
+ * at once: both return once released, each with every file uploaded (the
+ * files whose attempts end are told to both waiting syncs).
+ */
+static void test_two_syncs_of_many_files(void **state)
+{
+    struct fixture *f = *state;
+    enum { FILES = 100 };
+    struct writer_file **files = calloc(FILES, sizeof(*files));
+    struct sync_thread syncs[2];
+    unsigned char byte = 'x';
+    char key[32];
+    unsigned rule = 0;
+
+    assert_non_null(files);
+    assert_int_equal(fake_s3_hold(f->s3, ON(FAKE_S3_PUT, NULL), &rule), 0);
+    for (unsigned i = 0; i < FILES; i++) {
+        snprintf(key, sizeof(key), "many/%03u", i);
+        files[i] = file_open(f, key);
+        file_write(files[i], 0, &byte, 1, 0);
+        assert_int_equal(writer_file_flush(files[i]), 0);
+        writer_file_close_writer(files[i]);
+    }
+    sync_start(&syncs[0], f->writer);
+    sync_start(&syncs[1], f->writer);
+    assert_int_equal(fake_s3_wait_held(f->s3, rule, 2), 0);
+    assert_false(atomic_load(&syncs[0].done) || atomic_load(&syncs[1].done));
+    fake_s3_hold_clear(f->s3, rule);
+    for (unsigned s = 0; s < 2; s++) {
+        sync_join(&syncs[s]);
+        assert_int_equal(syncs[s].report.count, FILES);
+        for (size_t i = 0; i < syncs[s].report.count; i++)
+            assert_int_equal(syncs[s].report.files[i].outcome,
+                             WRITER_SYNC_UPLOADED);
+        writer_sync_report_free(&syncs[s].report);
+    }
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_PUT, NULL)), FILES);
+    assert_int_equal(stats_of(f).uploads_pending, 0);
+    for (unsigned i = 0; i < FILES; i++)
+        writer_file_put(&files[i]);
+    free(files);
+}
+
 /* Writeback, the upload held: an interrupted sync returns at once, the
  * file WAITING; the upload goes on and lands once released. */
 static void test_sync_interrupted(void **state)
@@ -1700,6 +1744,9 @@ int main(void)
             (void *)&writeback_mode),
         cmocka_unit_test_prestate_setup_teardown(
             test_sync_interrupted, setup, teardown, (void *)&writeback_mode),
+        cmocka_unit_test_prestate_setup_teardown(
+            test_two_syncs_of_many_files, setup, teardown,
+            (void *)&writeback_mode),
         cmocka_unit_test_prestate_setup_teardown(
             test_pending_list_and_drop, setup, teardown,
             (void *)&writeback_mode),
