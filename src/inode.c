@@ -317,6 +317,11 @@ void inode_update_attrs_locked(struct inode *inode,
 {
     bool same_version = strcmp(inode->attrs.etag, attrs->etag) == 0;
 
+    /* the object under the key is known now: it is what this file is (a
+     * staged file's attributes are the writer's, never set here) */
+    if (attrs->etag[0] != '\0' && inode->wfile == NULL)
+        inode->object_unknown = false;
+
     if (!same_version) {
         free(inode->symlink_target);
         inode->symlink_target = NULL;

@@ -166,7 +166,9 @@ struct inode *inode_find_locked(struct inode_table *table, const char *key);
 /*
  * Store fresh ATTRS in INODE. Attributes from a listing (headers_known
  * false) keep the mode/uid/gid learnt from a HEAD of the same ETag; a new
- * ETag drops the cached symlink target. Call with the table lock held.
+ * ETag drops the cached symlink target; an ETag from the bucket ends
+ * object_unknown (of an inode without a staged file). Call with the
+ * table lock held.
  */
 void inode_update_attrs_locked(struct inode *inode,
                                const struct inode_attrs *attrs);
