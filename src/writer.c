@@ -800,6 +800,9 @@ void writer_get_stats(struct writer *writer, struct writer_stats *out)
     for (struct writer_file *file = writer->all; file != NULL; file = file->all_next)
         if (is_pending(file))
             out->uploads_pending++;
+    out->syncs_waiting = 0;
+    for (struct sync_waiter *w = writer->sync_waiters; w != NULL; w = w->next)
+        out->syncs_waiting++;
     writer_unlock(writer);
 }
 

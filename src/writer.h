@@ -96,6 +96,7 @@ struct writer_stats {
     uint64_t upload_failures;     /* uploads that failed (each attempt) */
     uint64_t upload_retries;      /* of which tried again in the background */
     uint64_t copies_on_write;     /* staged data copied before a change */
+    uint64_t syncs_waiting;       /* writer_sync() calls under way now */
 };
 
 struct writer;

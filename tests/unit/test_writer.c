@@ -74,6 +74,7 @@
 #include <unistd.h>
 
 #include "cache.h"
+#include "clock.h"
 #include "fake_s3.h"
 #include "journal.h"
 #include "log.h"
@@ -1292,14 +1293,30 @@ static void *sync_main(void *arg)
     return NULL;
 }
 
+/* Start a sync in a thread of its own; returns once it has taken its list
+ * of pending files (it is among the writer's waiting syncs) or is done,
+ * so that what the test does next happens after the sync began. */
 static void sync_start(struct sync_thread *sync, struct writer *writer)
 {
+    struct writer_stats stats;
+    uint64_t before;
+    double until = clock_monotonic_seconds() + WAIT_SECONDS;
+
     memset(sync, 0, sizeof(*sync));
     sync->writer = writer;
     sync->result = -1;
     atomic_init(&sync->interrupted, false);
     atomic_init(&sync->done, false);
+    writer_get_stats(writer, &stats);
+    before = stats.syncs_waiting;
     assert_int_equal(pthread_create(&sync->thread, NULL, sync_main, sync), 0);
+    for (;;) {
+        writer_get_stats(writer, &stats);
+        if (stats.syncs_waiting > before || atomic_load(&sync->done))
+            break;
+        assert_true(clock_monotonic_seconds() < until);
+        nanosleep(&(struct timespec){.tv_nsec = 1000000}, NULL);
+    }
 }
 
 static void sync_join(struct sync_thread *sync)
