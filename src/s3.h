@@ -67,9 +67,34 @@ enum s3_op {
     S3_OP_COUNT,
 };
 
+/*
+ * How long requests took, one histogram per kind: each attempt (retries
+ * are attempts of their own) from its sending to its answer or failure,
+ * the wait for a connection and the pauses between retries left out.
+ * Bucket I holds the attempts that took at most s3_latency_bound(I)
+ * seconds and more than the bound before it; the last bucket
+ * (S3_LATENCY_BUCKETS) holds the rest. Not cumulative.
+ */
+#define S3_LATENCY_BUCKETS 14
+
+static inline double s3_latency_bound(unsigned i)
+{
+    static const double bounds[S3_LATENCY_BUCKETS] = {
+        0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+        0.25, 0.5, 1, 2.5, 5, 10, 30,
+    };
+    return bounds[i];
+}
+
+struct s3_latency {
+    uint64_t counts[S3_LATENCY_BUCKETS + 1];
+    uint64_t sum_us;                /* of every attempt, microseconds */
+};
+
 /* Counters since the client was created; read with s3_client_stats(). */
 struct s3_stats {
     uint64_t requests[S3_OP_COUNT]; /* attempts sent, retries included */
+    struct s3_latency latency[S3_OP_COUNT];
     uint64_t bytes_received;        /* object data received (GET bodies) */
     uint64_t bytes_sent;            /* object data sent (PUT bodies) */
     uint64_t retries;

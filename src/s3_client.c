@@ -443,6 +443,21 @@ static void pool_put(struct s3_client *client, CURL *curl)
 
 /* The pause before retry ATTEMPT + 1, in ms: "full jitter", anywhere
  * between 0 and a ceiling that doubles from BACKOFF_BASE_MS. */
+/* One attempt of kind OP took SECONDS: into its latency histogram. */
+static void count_latency(struct s3_client *client, enum s3_op op,
+                          double seconds)
+{
+    unsigned bucket = 0;
+
+    if (seconds < 0)
+        seconds = 0;
+    while (bucket < S3_LATENCY_BUCKETS && seconds > s3_latency_bound(bucket))
+        bucket++;
+    atomic_fetch_add(&client->latency[op].counts[bucket], 1);
+    atomic_fetch_add(&client->latency[op].sum_us,
+                     (uint64_t)(seconds * 1e6 + 0.5));
+}
+
 static unsigned backoff_ms(unsigned attempt)
 {
     unsigned ceiling = BACKOFF_BASE_MS;
@@ -716,7 +731,9 @@ int s3_client_perform(struct s3_client *client, struct s3_request *req,
         CURLcode rc = CURLE_OK;
         if (err == 0) {
             atomic_fetch_add(&client->requests[req->op], 1);
+            double sent = clock_monotonic_seconds();
             rc = curl_easy_perform(curl);
+            count_latency(client, req->op, clock_monotonic_seconds() - sent);
         }
         /* nothing of this request may leak into the next one on this handle */
         curl_easy_setopt(curl, CURLOPT_HTTPHEADER, NULL);
@@ -923,8 +940,13 @@ void s3_client_destroy(struct s3_client **clientp)
 
 void s3_client_stats(struct s3_client *client, struct s3_stats *out)
 {
-    for (int i = 0; i < S3_OP_COUNT; i++)
+    for (int i = 0; i < S3_OP_COUNT; i++) {
         out->requests[i] = atomic_load(&client->requests[i]);
+        for (unsigned b = 0; b <= S3_LATENCY_BUCKETS; b++)
+            out->latency[i].counts[b] =
+                atomic_load(&client->latency[i].counts[b]);
+        out->latency[i].sum_us = atomic_load(&client->latency[i].sum_us);
+    }
     out->bytes_received = atomic_load(&client->bytes_received);
     out->bytes_sent = atomic_load(&client->bytes_sent);
     out->retries = atomic_load(&client->retries);

@@ -71,6 +71,10 @@ struct s3_client {
     } pool;
 
     _Atomic uint64_t requests[S3_OP_COUNT];
+    struct {
+        _Atomic uint64_t counts[S3_LATENCY_BUCKETS + 1];
+        _Atomic uint64_t sum_us;
+    } latency[S3_OP_COUNT];
     _Atomic uint64_t bytes_received;
     _Atomic uint64_t bytes_sent;
     _Atomic uint64_t retries;
