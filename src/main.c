@@ -17,6 +17,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <fuse_lowlevel.h>
@@ -27,6 +28,8 @@
 #include "fuse_ops.h"
 #include "journal.h"
 #include "log.h"
+#include "metrics_http.h"
+#include "metrics_text.h"
 #include "options.h"
 #include "s3.h"
 #include "stats_cmd.h"
@@ -254,6 +257,28 @@ static int resolve_ca_bundle(char **out)
     return 0;
 }
 
+/* What the endpoint of -o metrics renders from. */
+struct metrics_source {
+    struct fs *fs;
+    struct cache *cache;
+    double start_time;
+};
+
+static int render_metrics(void *arg, char **text, size_t *len)
+{
+    struct metrics_source *source = arg;
+    struct fs_stats stats;
+
+    fs_get_stats(source->fs, &stats);
+    struct metrics_snapshot snapshot = {
+        .stats = &stats,
+        .block_size = cache_block_size(source->cache),
+        .start_time = source->start_time,
+        .version = PACKAGE_VERSION,
+    };
+    return metrics_text_render(&snapshot, text, len);
+}
+
 int main(int argc, char **argv)
 {
     struct options opts;
@@ -267,6 +292,9 @@ int main(int argc, char **argv)
     char *ca_bundle = NULL;
     struct cache *cache = NULL;
     struct journal *journal = NULL;
+    struct metrics_http *metrics = NULL;
+    struct metrics_source metrics_source = {0};
+    struct timespec started;
     int cache_lock_fd = -1;
     int status = 1;
 
@@ -281,6 +309,7 @@ int main(int argc, char **argv)
     if (sync_cmd_requested(argc, argv))
         return sync_cmd_main(argc, argv);
 
+    clock_gettime(CLOCK_REALTIME, &started);
     /* the process is about to hold credentials: no core dump of it (and
      * the secrets themselves are in MADV_DONTDUMP pages, secret.h) */
     prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
@@ -376,6 +405,13 @@ int main(int argc, char **argv)
     free(opts.cache_dir);
     opts.cache_dir = cache_dir;
     unmount_report_clear(cache_dir); /* an earlier run's (the lock is ours) */
+    /* bound now, so that a port in use fails the mount; served once the
+     * daemon has forked */
+    if (opts.metrics != NULL &&
+        metrics_http_listen(opts.metrics, &metrics, errbuf, sizeof(errbuf)) != 0) {
+        fprintf(stderr, "s3cachefs: %s\n", errbuf);
+        goto out;
+    }
 
 
     if (fuse_set_signal_handlers(session) != 0)
@@ -450,6 +486,19 @@ int main(int argc, char **argv)
         log_error("cannot start: %s", strerror(err));
         goto out;
     }
+    if (metrics != NULL) {
+        metrics_source = (struct metrics_source){
+            .fs = context.fs,
+            .cache = cache,
+            .start_time = (double)started.tv_sec + started.tv_nsec / 1e9,
+        };
+        /* (the mount goes on without its endpoint: logged) */
+        if (metrics_http_start(metrics, render_metrics, &metrics_source,
+                               errbuf, sizeof(errbuf)) != 0) {
+            log_error("%s", errbuf);
+            metrics_http_stop(&metrics);
+        }
+    }
     log_info("mounted bucket '%s'%s%s at %s", opts.bucket,
              opts.prefix[0] ? " prefix " : "", opts.prefix, opts.mountpoint);
 
@@ -503,6 +552,8 @@ out:
         /* what --unmount, which is not our parent, tells its caller */
         unmount_report_write(opts.cache_dir, left);
     }
+    /* (served until the uploads above are done: they are counted) */
+    metrics_http_stop(&metrics);
     fs_destroy(&context.fs);
     journal_close(&journal);
     cache_close(&cache);

@@ -41,7 +41,7 @@ struct raw_options {
     char *endpoint, *region, *profile, *credentials_file, *cache_dir;
     char *uid, *gid, *file_mode, *dir_mode;
     char *attr_ttl, *dir_ttl, *read_ahead, *connections, *retries;
-    char *request_timeout;
+    char *request_timeout, *metrics;
     char *cache_size, *cache_min_free, *block_size;
     int no_sign, path_style, allow_other, read_only, writeback;
 };
@@ -81,6 +81,7 @@ static const struct fuse_opt option_spec[] = {
     RAW("connections=%s", connections),
     RAW("retries=%s", retries),
     RAW("request_timeout=%s", request_timeout),
+    RAW("metrics=%s", metrics),
     RAW("cache_size=%s", cache_size),
     RAW("cache_min_free=%s", cache_min_free),
     RAW("block_size=%s", block_size),
@@ -462,7 +463,7 @@ static void free_raw(struct raw_options *raw)
                        &raw->uid, &raw->gid, &raw->file_mode, &raw->dir_mode,
                        &raw->attr_ttl, &raw->dir_ttl, &raw->read_ahead,
                        &raw->connections, &raw->retries,
-                       &raw->request_timeout};
+                       &raw->request_timeout, &raw->metrics};
     for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++) {
         free(*fields[i]);
         *fields[i] = NULL;
@@ -492,8 +493,9 @@ int options_parse(int argc, char **argv, struct options *out, char *errbuf,
     out->profile = raw->profile;
     out->credentials_file = raw->credentials_file;
     out->cache_dir = raw->cache_dir;
+    out->metrics = raw->metrics;
     raw->endpoint = raw->region = raw->profile = raw->credentials_file = NULL;
-    raw->cache_dir = NULL;
+    raw->cache_dir = raw->metrics = NULL;
     convert_raw(raw, out, &state);
     if (state.error != NULL) {
         err = EINVAL;
@@ -539,7 +541,8 @@ void options_free(struct options *opts)
 {
     char **fields[] = {&opts->bucket, &opts->prefix, &opts->mountpoint,
                        &opts->endpoint, &opts->region, &opts->profile,
-                       &opts->credentials_file, &opts->cache_dir};
+                       &opts->credentials_file, &opts->cache_dir,
+                       &opts->metrics};
     for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++) {
         free(*fields[i]);
         *fields[i] = NULL;
@@ -599,6 +602,14 @@ void options_print_help(FILE *fp, const char *progname)
 "  -o attr_ttl=SECONDS    trust file attributes this long (default %g)\n"
 "  -o dir_ttl=SECONDS     trust directory listings this long (default %g)\n"
 "  -o read_ahead=SIZE     largest read-ahead window per file (default 64M)\n"
+"\n"
+"Operating it:\n"
+"  -o metrics=[ADDR:]PORT  serve the counters for Prometheus at\n"
+"                         http://ADDR:PORT/metrics (ADDR: 127.0.0.1\n"
+"                         unless named; off by default)\n"
+"\n"
+"Commands: s3cachefs stats|sync|pending MOUNTPOINT, s3cachefs --unmount\n"
+"MOUNTPOINT (each with --help).\n"
 "\n"
 "See s3cachefs(1) for details.\n",
             progname, DEFAULT_CONNECTIONS, DEFAULT_RETRIES,

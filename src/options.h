@@ -63,6 +63,9 @@ struct options {
     unsigned retries;         /* retries of a failed idempotent request */
     double request_timeout;   /* seconds: the base deadline of a request */
 
+    /* operating it */
+    char *metrics;            /* -o metrics=[ADDR:]PORT; NULL: no endpoint */
+
     struct fuse_args fuse_args; /* what goes on to libfuse (argv[0] first) */
 };
 

@@ -14,11 +14,13 @@ build_packages=(
     autoconf automake pkg-config make gcc
     libfuse3-dev fuse3 libcurl4-openssl-dev libssl-dev
     liblmdb-dev lmdb-utils libexpat1-dev libcmocka-dev libxxhash-dev
+    libmicrohttpd-dev
 )
 test_packages=(
     python3 python3-pytest python3-boto3 rclone curl attr s3fs awscli
     fio python3-filelock tar perl
     systemd   # systemd-analyze, for tests/systemd (no running systemd needed)
+    prometheus   # promtool and a real scrape of -o metrics (test_metrics.py)
 )
 # clang's libFuzzer and sanitizers: only for tests/fuzz/run.sh
 fuzz_packages=(clang libclang-rt-14-dev)

@@ -1,0 +1,233 @@
+/*
+ * metrics_text.c - the Prometheus text of a mount's counters (see
+ * metrics_text.h). One table names every plain family: its name, type,
+ * help and where its value is in struct fs_stats; the requests and their
+ * latency histograms, labelled by kind, and the info and start-time
+ * gauges are written after it.
+ */
+#include "config.h"
+
+#include "metrics_text.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#define PREFIX "s3cachefs_"
+
+enum family_type { COUNTER, GAUGE };
+
+struct family {
+    const char *name;       /* after PREFIX */
+    enum family_type type;
+    const char *help;
+    uint64_t (*value)(const struct metrics_snapshot *snapshot);
+};
+
+#define STAT(field)                                                        \
+    static uint64_t value_##field(const struct metrics_snapshot *s)        \
+    {                                                                      \
+        return s->stats->field;                                            \
+    }
+#define S3_STAT(field)                                                     \
+    static uint64_t value_s3_##field(const struct metrics_snapshot *s)     \
+    {                                                                      \
+        return s->stats->s3.field;                                         \
+    }
+#define CACHE_STAT(field)                                                  \
+    static uint64_t value_cache_##field(const struct metrics_snapshot *s)  \
+    {                                                                      \
+        return s->stats->cache.field;                                      \
+    }
+
+STAT(bytes_read)
+STAT(hit_bytes)
+STAT(direct_bytes)
+STAT(inodes)
+STAT(bytes_written)
+STAT(uploads_pending)
+STAT(uploads_completed)
+STAT(upload_failures)
+STAT(upload_retries)
+STAT(copies_on_write)
+S3_STAT(bytes_received)
+S3_STAT(bytes_sent)
+S3_STAT(retries)
+S3_STAT(failures)
+CACHE_STAT(used_bytes)
+CACHE_STAT(index_bytes)
+CACHE_STAT(protected_bytes)
+CACHE_STAT(size_limit)
+CACHE_STAT(blocks)
+CACHE_STAT(evicted_blocks)
+CACHE_STAT(corrupt_blocks)
+
+static uint64_t value_block_size(const struct metrics_snapshot *s)
+{
+    return s->block_size;
+}
+
+static const struct family families[] = {
+    {"read_bytes_total", COUNTER,
+     "Bytes returned to readers.", value_bytes_read},
+    {"cache_hit_bytes_total", COUNTER,
+     "Bytes returned to readers from blocks already in the cache.",
+     value_hit_bytes},
+    {"read_around_cache_bytes_total", COUNTER,
+     "Bytes read from the bucket without caching them (the cache was full).",
+     value_direct_bytes},
+    {"bucket_received_bytes_total", COUNTER,
+     "Object data received from the bucket (bodies of GET requests).",
+     value_s3_bytes_received},
+    {"bucket_sent_bytes_total", COUNTER,
+     "Object data sent to the bucket (bodies of PUT and part uploads).",
+     value_s3_bytes_sent},
+    {"request_retries_total", COUNTER,
+     "Requests to the bucket sent again after a failed attempt.",
+     value_s3_retries},
+    {"request_failures_total", COUNTER,
+     "Requests to the bucket that failed after their retries (a missing key "
+     "is an answer, not a failure).",
+     value_s3_failures},
+    {"cache_used_bytes", GAUGE,
+     "Bytes of cached blocks, rounded up to 4 KiB each.",
+     value_cache_used_bytes},
+    {"cache_index_bytes", GAUGE,
+     "Bytes of the cache's index file in use.", value_cache_index_bytes},
+    {"cache_protected_bytes", GAUGE,
+     "Bytes of cached blocks read more than once (evicted last).",
+     value_cache_protected_bytes},
+    {"cache_limit_bytes", GAUGE,
+     "The cache's size limit (-o cache_size).", value_cache_size_limit},
+    {"cache_block_size_bytes", GAUGE,
+     "The cache's block size.", value_block_size},
+    {"cache_blocks", GAUGE,
+     "Blocks in the cache.", value_cache_blocks},
+    {"cache_evicted_blocks_total", COUNTER,
+     "Blocks evicted to keep the cache within its limit.",
+     value_cache_evicted_blocks},
+    {"cache_corrupt_blocks_total", COUNTER,
+     "Cached blocks that failed their checksum (fetched again).",
+     value_cache_corrupt_blocks},
+    {"inodes", GAUGE,
+     "Inodes the kernel holds.", value_inodes},
+    {"written_bytes_total", COUNTER,
+     "Bytes written by applications.", value_bytes_written},
+    {"uploads_pending", GAUGE,
+     "Files written and not yet in the bucket.", value_uploads_pending},
+    {"uploads_completed_total", COUNTER,
+     "Uploads of written files that completed.", value_uploads_completed},
+    {"upload_failures_total", COUNTER,
+     "Upload attempts of written files that failed.", value_upload_failures},
+    {"upload_retries_total", COUNTER,
+     "Uploads of written files tried again in the background.",
+     value_upload_retries},
+    {"copies_on_write_total", COUNTER,
+     "Staged files copied before a change because their upload was under "
+     "way or promised.",
+     value_copies_on_write},
+};
+
+static const char *const kind_names[S3_OP_COUNT] = {
+    [S3_OP_GET] = "get",       [S3_OP_HEAD] = "head",
+    [S3_OP_LIST] = "list",     [S3_OP_PUT] = "put",
+    [S3_OP_DELETE] = "delete", [S3_OP_COPY] = "copy",
+    [S3_OP_MULTIPART] = "multipart",
+};
+
+static void header(FILE *out, const char *name, const char *type,
+                   const char *help)
+{
+    fprintf(out, "# HELP " PREFIX "%s %s\n# TYPE " PREFIX "%s %s\n", name,
+            help, name, type);
+}
+
+/* VALUE as a label value: backslash, quote and newline escaped. */
+static void label_value(FILE *out, const char *value)
+{
+    for (const char *c = value; *c != '\0'; c++) {
+        if (*c == '\\' || *c == '"')
+            fprintf(out, "\\%c", *c);
+        else if (*c == '\n')
+            fputs("\\n", out);
+        else
+            fputc(*c, out);
+    }
+}
+
+static void requests(FILE *out, const struct s3_stats *s3)
+{
+    header(out, "requests_total", "counter",
+           "Requests sent to the bucket by kind, retries included "
+           "(multipart: create, part, complete and abort).");
+    for (int op = 0; op < S3_OP_COUNT; op++)
+        fprintf(out, PREFIX "requests_total{kind=\"%s\"} %" PRIu64 "\n",
+                kind_names[op], s3->requests[op]);
+
+    header(out, "request_duration_seconds", "histogram",
+           "Time from sending a request to its answer, each attempt on its "
+           "own, by kind.");
+    for (int op = 0; op < S3_OP_COUNT; op++) {
+        const struct s3_latency *latency = &s3->latency[op];
+        uint64_t cumulative = 0;
+        for (unsigned b = 0; b < S3_LATENCY_BUCKETS; b++) {
+            cumulative += latency->counts[b];
+            fprintf(out,
+                    PREFIX "request_duration_seconds_bucket{kind=\"%s\","
+                           "le=\"%g\"} %" PRIu64 "\n",
+                    kind_names[op], s3_latency_bound(b), cumulative);
+        }
+        cumulative += latency->counts[S3_LATENCY_BUCKETS];
+        fprintf(out,
+                PREFIX "request_duration_seconds_bucket{kind=\"%s\","
+                       "le=\"+Inf\"} %" PRIu64 "\n"
+                PREFIX "request_duration_seconds_sum{kind=\"%s\"} "
+                       "%" PRIu64 ".%06" PRIu64 "\n"
+                PREFIX "request_duration_seconds_count{kind=\"%s\"} "
+                       "%" PRIu64 "\n",
+                kind_names[op], cumulative, kind_names[op],
+                latency->sum_us / 1000000, latency->sum_us % 1000000,
+                kind_names[op], cumulative);
+    }
+}
+
+int metrics_text_render(const struct metrics_snapshot *snapshot, char **text,
+                        size_t *len)
+{
+    char *buf = NULL;
+    size_t size = 0;
+    FILE *out = open_memstream(&buf, &size);
+
+    *text = NULL;
+    *len = 0;
+    if (out == NULL)
+        return ENOMEM;
+    for (size_t i = 0; i < sizeof(families) / sizeof(families[0]); i++) {
+        const struct family *f = &families[i];
+        header(out, f->name, f->type == COUNTER ? "counter" : "gauge",
+               f->help);
+        fprintf(out, PREFIX "%s %" PRIu64 "\n", f->name, f->value(snapshot));
+    }
+    requests(out, &snapshot->stats->s3);
+    header(out, "build_info", "gauge",
+           "Always 1; the version of the daemon in its label.");
+    fputs(PREFIX "build_info{version=\"", out);
+    label_value(out, snapshot->version != NULL ? snapshot->version : "");
+    fputs("\"} 1\n", out);
+    header(out, "start_time_seconds", "gauge",
+           "When the daemon started, in seconds since the epoch.");
+    fprintf(out, PREFIX "start_time_seconds %.3f\n", snapshot->start_time);
+    if (ferror(out)) {
+        fclose(out);
+        free(buf);
+        return ENOMEM;
+    }
+    if (fclose(out) != 0) {
+        free(buf);
+        return ENOMEM;
+    }
+    *text = buf;
+    *len = size;
+    return 0;
+}
