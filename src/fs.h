@@ -32,6 +32,8 @@
 #include "cache.h"
 #include "s3.h"
 
+struct access_log;
+
 struct fs_conf {
     const char *root_key;     /* "" or "prefix/" */
     uid_t uid;                /* owner when the object has no header */
@@ -49,6 +51,7 @@ struct fs_conf {
     bool writeback;           /* close() does not wait for the upload */
     uint64_t multipart_threshold; /* larger files go multipart */
     uint64_t part_size;       /* smallest multipart part */
+    struct access_log *access_log; /* -o access_log; NULL: none */
 };
 
 /* What lookup hands to the kernel: a referenced inode and its attributes. */

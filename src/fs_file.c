@@ -1,6 +1,7 @@
 /*
  * fs_file.c - open files: open (a version to read, or the staged data of a
- * file being written), read, release, and readlink.
+ * file being written; a version opened is told to the access log), read,
+ * release, and readlink.
  */
 #include "config.h"
 
@@ -14,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "access_log.h"
 #include "clock.h"
 #include "fs_internal.h"
 #include "inode.h"
@@ -112,6 +114,8 @@ int fs_open(struct fs *fs, fuse_ino_t ino, int flags, struct fs_file **out,
     err = key == NULL ? ENOMEM
                       : reader_open(fs->reader, key, attrs.etag, attrs.size,
                                     &file->reader_file);
+    if (err == 0)
+        access_log_opened(fs->conf.access_log, key, attrs.etag);
 out:
     if (err != 0 && file != NULL) {
         fs_staged_put(fs, inode, &file->wfile);

@@ -22,6 +22,7 @@
 
 #include <fuse_lowlevel.h>
 
+#include "access_log.h"
 #include "awsconfig.h"
 #include "cache.h"
 #include "fs.h"
@@ -293,6 +294,7 @@ int main(int argc, char **argv)
     struct cache *cache = NULL;
     struct journal *journal = NULL;
     struct metrics_http *metrics = NULL;
+    struct access_log *access_log = NULL;
     struct metrics_source metrics_source = {0};
     struct timespec started;
     int cache_lock_fd = -1;
@@ -412,6 +414,13 @@ int main(int argc, char **argv)
         fprintf(stderr, "s3cachefs: %s\n", errbuf);
         goto out;
     }
+    /* (opened here: the daemon runs in /, the name may be relative) */
+    if (opts.access_log != NULL &&
+        access_log_open(opts.access_log, opts.mountpoint, opts.prefix,
+                        &access_log, errbuf, sizeof(errbuf)) != 0) {
+        fprintf(stderr, "s3cachefs: %s\n", errbuf);
+        goto out;
+    }
 
 
     if (fuse_set_signal_handlers(session) != 0)
@@ -478,6 +487,7 @@ int main(int argc, char **argv)
         .writeback = opts.writeback,
         .multipart_threshold = MULTIPART_THRESHOLD,
         .part_size = PART_SIZE,
+        .access_log = access_log,
     };
     int err = fs_create(&fs_conf, s3, &context.fs);
     if (err == 0)
@@ -555,6 +565,7 @@ out:
     /* (served until the uploads above are done: they are counted) */
     metrics_http_stop(&metrics);
     fs_destroy(&context.fs);
+    access_log_close(&access_log);
     journal_close(&journal);
     cache_close(&cache);
     if (cache_lock_fd >= 0)

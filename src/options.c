@@ -41,7 +41,7 @@ struct raw_options {
     char *endpoint, *region, *profile, *credentials_file, *cache_dir;
     char *uid, *gid, *file_mode, *dir_mode;
     char *attr_ttl, *dir_ttl, *read_ahead, *connections, *retries;
-    char *request_timeout, *metrics;
+    char *request_timeout, *metrics, *access_log;
     char *cache_size, *cache_min_free, *block_size;
     int no_sign, path_style, allow_other, read_only, writeback;
 };
@@ -82,6 +82,7 @@ static const struct fuse_opt option_spec[] = {
     RAW("retries=%s", retries),
     RAW("request_timeout=%s", request_timeout),
     RAW("metrics=%s", metrics),
+    RAW("access_log=%s", access_log),
     RAW("cache_size=%s", cache_size),
     RAW("cache_min_free=%s", cache_min_free),
     RAW("block_size=%s", block_size),
@@ -463,7 +464,8 @@ static void free_raw(struct raw_options *raw)
                        &raw->uid, &raw->gid, &raw->file_mode, &raw->dir_mode,
                        &raw->attr_ttl, &raw->dir_ttl, &raw->read_ahead,
                        &raw->connections, &raw->retries,
-                       &raw->request_timeout, &raw->metrics};
+                       &raw->request_timeout, &raw->metrics,
+                       &raw->access_log};
     for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++) {
         free(*fields[i]);
         *fields[i] = NULL;
@@ -494,8 +496,9 @@ int options_parse(int argc, char **argv, struct options *out, char *errbuf,
     out->credentials_file = raw->credentials_file;
     out->cache_dir = raw->cache_dir;
     out->metrics = raw->metrics;
+    out->access_log = raw->access_log;
     raw->endpoint = raw->region = raw->profile = raw->credentials_file = NULL;
-    raw->cache_dir = raw->metrics = NULL;
+    raw->cache_dir = raw->metrics = raw->access_log = NULL;
     convert_raw(raw, out, &state);
     if (state.error != NULL) {
         err = EINVAL;
@@ -542,7 +545,7 @@ void options_free(struct options *opts)
     char **fields[] = {&opts->bucket, &opts->prefix, &opts->mountpoint,
                        &opts->endpoint, &opts->region, &opts->profile,
                        &opts->credentials_file, &opts->cache_dir,
-                       &opts->metrics};
+                       &opts->metrics, &opts->access_log};
     for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++) {
         free(*fields[i]);
         *fields[i] = NULL;
@@ -607,6 +610,8 @@ void options_print_help(FILE *fp, const char *progname)
 "  -o metrics=[ADDR:]PORT  serve the counters for Prometheus at\n"
 "                         http://ADDR:PORT/metrics (ADDR: 127.0.0.1\n"
 "                         unless named; off by default)\n"
+"  -o access_log=FILE     append the path of each file opened for reading\n"
+"                         (once per version), for s3cachefs warm --from\n"
 "\n"
 "Commands: s3cachefs stats|sync|pending MOUNTPOINT, s3cachefs --unmount\n"
 "MOUNTPOINT (each with --help).\n"

@@ -65,6 +65,7 @@ struct options {
 
     /* operating it */
     char *metrics;            /* -o metrics=[ADDR:]PORT; NULL: no endpoint */
+    char *access_log;         /* -o access_log=FILE; NULL: none */
 
     struct fuse_args fuse_args; /* what goes on to libfuse (argv[0] first) */
 };

@@ -91,6 +91,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "access_log.h"
 #include "cache.h"
 #include "fake_s3.h"
 #include "fs.h"
@@ -159,6 +160,7 @@ struct fixture {
     struct journal *journal;
     struct s3_client *s3;
     struct fs *fs;
+    struct access_log *access_log;       /* NULL unless a test opens one */
     struct op_thread op;
     unsigned char *allocs[MAX_ALLOCS];   /* test bytes, freed in teardown */
     unsigned alloc_count;
@@ -254,6 +256,7 @@ static void fs_start(struct fixture *f)
         .writeback = f->params.writeback,
         .multipart_threshold = THRESHOLD,
         .part_size = PART_SIZE,
+        .access_log = f->access_log,
     };
     assert_int_equal(fs_create(&conf, f->s3, &f->fs), 0);
 }
@@ -295,6 +298,7 @@ static int teardown(void **state)
     if (f->op.started)
         pthread_join(f->op.thread, NULL);
     fs_destroy(&f->fs); /* releases open handles, drains */
+    access_log_close(&f->access_log);
     journal_close(&f->journal);
     cache_close(&f->cache);
     s3_client_destroy(&f->s3);
@@ -889,6 +893,51 @@ static void test_object_replaced_while_open_is_never_mixed(void **state)
     assert_int_equal(got, sizeof(buf));
     assert_memory_equal(buf, v1 + 4 * KIB, sizeof(buf));
     fs_release(f->fs, file);
+}
+
+/* The access log lists each version opened for reading once, through
+ * the mount point: opened twice, one line; replaced by another client and
+ * opened again, a second line; a file opened for writing, and one
+ * created here and read while its data is staged, none. */
+static void test_access_log_lists_versions_read(void **state)
+{
+    struct fixture *f = *state;
+    unsigned char *v1 = bytes_of(f, 5000, 11), *v2 = bytes_of(f, 6000, 12);
+    char path[128], err[256] = "", expected[256];
+    struct fs_file *file = NULL;
+    bool keep_cache;
+
+    fs_destroy(&f->fs);
+    snprintf(path, sizeof(path), "%s/opened.list", f->dir);
+    assert_int_equal(access_log_open(path, "/data", "", &f->access_log, err,
+                                     sizeof(err)), 0);
+    fs_start(f);
+
+    other_put(f, "d/w.bin", v1, 5000, NULL);
+    fuse_ino_t d = lookup(f, ROOT, "d", NULL);
+    fuse_ino_t w = lookup(f, d, "w.bin", NULL);
+    assert_true(reads_as(f, w, v1, 5000));
+    assert_true(reads_as(f, w, v1, 5000));
+    other_put(f, "d/w.bin", v2, 6000, NULL);
+    assert_true(reads_as(f, w, v2, 6000)); /* (attributes revalidated) */
+
+    fuse_ino_t made = 0;
+    file = create_file(f, ROOT, "made.bin", v1, 100, &made);
+    fs_release(f->fs, file);
+    assert_true(reads_as(f, made, v1, 100));
+    assert_int_equal(fs_open(f->fs, w, O_RDWR, &file, &keep_cache), 0);
+    fs_release(f->fs, file);
+
+    fs_destroy(&f->fs);
+    access_log_close(&f->access_log);
+    FILE *in = fopen(path, "r");
+    assert_non_null(in);
+    size_t len = fread(err, 1, sizeof(err) - 1, in);
+    err[len] = '\0';
+    fclose(in);
+    snprintf(expected, sizeof(expected), "/data/d/w.bin\n/data/d/w.bin\n");
+    assert_string_equal(err, expected);
+    fs_start(f);
 }
 
 /* ========================================================== write path */
@@ -2316,6 +2365,7 @@ int main(void)
         FS_TEST(test_file_deleted_by_another_client_while_listed, default_fresh),
         FS_TEST(test_object_replaced_between_lookup_and_open, default_reopen),
         FS_TEST(test_object_replaced_while_open_is_never_mixed, default_cached),
+        FS_TEST(test_access_log_lists_versions_read, default_reopen),
         FS_TEST(test_default_close_puts_the_object, default_cached),
         FS_TEST(test_writeback_close_journals_and_uploads_later, writeback_cached),
         FS_TEST(test_writeback_large_file_goes_up_in_parts, writeback_cached),
