@@ -167,6 +167,16 @@ int cache_name_hash(const struct cache *cache, const char *name,
  * calls this every second; tests call it directly). */
 int cache_flush(struct cache *cache);
 
+/*
+ * Notes the layers above keep with the cache, so that they last as long
+ * as it does (the counters since the cache was created, lifetime.h):
+ * NAME's text into *TEXT (malloc'd, NUL-terminated), or ENOENT if none;
+ * and NAME's text set. Names are the caller's, prefixed "note:" in the
+ * index. 0 or an errno.
+ */
+int cache_note_get(struct cache *cache, const char *name, char **text);
+int cache_note_put(struct cache *cache, const char *name, const char *text);
+
 /* ------------------------------------------------ the write path's needs */
 
 /* Whether the last mount on this cache directory ended without closing it

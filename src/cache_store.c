@@ -76,6 +76,58 @@ int cache_meta_put_u64(struct db_txn *txn, const char *name, uint64_t value)
     return db_put(txn, DB_META, name, strlen(name), &value, sizeof(value));
 }
 
+/* "note:NAME" into KEY (KEY_LEN bytes): its length, or 0 if too long. */
+static size_t note_key(const char *name, char *key, size_t key_len)
+{
+    int n = snprintf(key, key_len, "note:%s", name);
+
+    return n > 0 && (size_t)n < key_len ? (size_t)n : 0;
+}
+
+int cache_note_get(struct cache *cache, const char *name, char **text)
+{
+    struct db_txn *txn = NULL;
+    const void *value;
+    size_t len;
+    char key[128];
+    size_t key_len = note_key(name, key, sizeof(key));
+
+    *text = NULL;
+    if (key_len == 0)
+        return EINVAL;
+    int err = db_txn_begin(cache->db, false, &txn);
+    if (err == 0)
+        err = db_get(txn, DB_META, key, key_len, &value, &len);
+    if (err == 0) {
+        *text = malloc(len + 1);
+        if (*text == NULL) {
+            err = ENOMEM;
+        } else {
+            memcpy(*text, value, len);
+            (*text)[len] = '\0';
+        }
+    }
+    db_txn_abort(&txn);
+    return err;
+}
+
+int cache_note_put(struct cache *cache, const char *name, const char *text)
+{
+    struct db_txn *txn = NULL;
+    char key[128];
+    size_t key_len = note_key(name, key, sizeof(key));
+
+    if (key_len == 0)
+        return EINVAL;
+    int err = db_txn_begin(cache->db, true, &txn);
+    if (err == 0)
+        err = db_put(txn, DB_META, key, key_len, text, strlen(text));
+    if (err == 0)
+        err = db_txn_commit(&txn);
+    db_txn_abort(&txn);
+    return err;
+}
+
 int cache_usage_get(struct db_txn *txn, struct usage_record *out)
 {
     const void *value;

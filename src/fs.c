@@ -31,6 +31,7 @@
 #include "clock.h"
 #include "fs_internal.h"
 #include "inode.h"
+#include "lifetime.h"
 #include "log.h"
 #include "metacache.h"
 #include "names.h"
@@ -97,6 +98,8 @@ int fs_statfs(struct fs *fs, struct statvfs *out)
 }
 
 /* ------------------------------------------------------------- lifecycle */
+
+static int counters_now(void *arg, char **text);
 
 int fs_create(const struct fs_conf *conf, struct s3_client *s3, struct fs **out)
 {
@@ -178,6 +181,8 @@ int fs_create(const struct fs_conf *conf, struct s3_client *s3, struct fs **out)
         };
         err = writer_create(&writer_conf, &fs->writer);
     }
+    if (err == 0 && conf->cache != NULL)
+        err = lifetime_start(conf->cache, counters_now, fs, &fs->lifetime);
 out:
     if (err != 0)
         fs_destroy(&fs);
@@ -217,6 +222,7 @@ void fs_destroy(struct fs **fsp)
         handle->release(fs, handle);
     if (fs->writer != NULL)
         fs_drain(fs);
+    lifetime_stop(&fs->lifetime); /* (the drain's uploads counted) */
     writer_destroy(&fs->writer);
     workers_destroy(&fs->upload_workers);
     if (fs->reader != NULL)
@@ -265,8 +271,11 @@ const char *fs_cache_dir(const struct fs *fs)
     return cache_dir_path(fs->conf.cache);
 }
 
-int fs_stats_text(struct fs *fs, char **text)
+/* The counters of this mount, "name value" lines (also what the
+ * lifetime totals add up). */
+static int counters_now(void *arg, char **text)
 {
+    struct fs *fs = arg;
     struct fs_stats st;
     static const char *const op_names[S3_OP_COUNT] = {
         [S3_OP_GET] = "get", [S3_OP_HEAD] = "head", [S3_OP_LIST] = "list",
@@ -333,4 +342,18 @@ int fs_stats_text(struct fs *fs, char **text)
         return ENOMEM;
     }
     return 0;
+}
+
+int fs_stats_text(struct fs *fs, char **text)
+{
+    char *now = NULL;
+    int err = counters_now(fs, &now);
+
+    if (err != 0 || fs->lifetime == NULL) {
+        *text = now;
+        return err;
+    }
+    err = lifetime_append(fs->lifetime, now, text);
+    free(now);
+    return err;
 }

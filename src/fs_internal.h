@@ -41,6 +41,7 @@ struct fs_dir_move {
 
 struct fs {
     struct fs_conf conf;
+    struct lifetime *lifetime;    /* counters since the cache was created */
     char *root_key;
     struct s3_client *s3;
     struct inode_table *inodes;

@@ -13,10 +13,13 @@
 #include "stats_report.h"
 
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define LABEL_WIDTH 26
 #define VALUE_WIDTH 22
+#define LIFETIME_WIDTH 20       /* the column since the cache was created */
 #define WATCH_WIDTH 7           /* of a --watch column, plus one blank */
 #define MONEY_PLACES_TABLE 6
 #define MONEY_PLACES_JSON 9
@@ -95,6 +98,8 @@ static const struct group groups[] = {
 };
 #define GROUP_COUNT (sizeof(groups) / sizeof(groups[0]))
 
+#define LIFETIME_PREFIX "lifetime_"
+
 /* Shown with cache_used_bytes, not on a row of its own. */
 static const char *const also_known[] = {"cache_size_bytes"};
 
@@ -136,6 +141,11 @@ void stats_report_format_count(uint64_t count, char *buf, size_t len)
 
 static bool known_counter(const char *name)
 {
+    /* lifetime_NAME: shown in the second column of NAME's row */
+    if (strncmp(name, LIFETIME_PREFIX, strlen(LIFETIME_PREFIX)) == 0 &&
+        (strcmp(name + strlen(LIFETIME_PREFIX), "since") == 0 ||
+         known_counter(name + strlen(LIFETIME_PREFIX))))
+        return true;
     for (size_t g = 0; g < GROUP_COUNT; g++)
         for (size_t r = 0; groups[g].rows[r].counter != NULL; r++)
             if (strcmp(groups[g].rows[r].counter, name) == 0)
@@ -184,6 +194,71 @@ static void format_counter(const struct stats_text *stats,
 static void table_row(FILE *out, const char *label, const char *value)
 {
     fprintf(out, "  %-*s%*s\n", LABEL_WIDTH, label, VALUE_WIDTH, value);
+}
+
+/* A row of the table with the second column, since the cache was created
+ * (LIFETIME; "" where the row describes this moment only). */
+static void table_row2(FILE *out, const char *label, const char *value,
+                       const char *lifetime)
+{
+    if (lifetime[0] == '\0') {
+        table_row(out, label, value);
+        return;
+    }
+    fprintf(out, "  %-*s%*s%*s\n", LABEL_WIDTH, label, VALUE_WIDTH, value,
+            LIFETIME_WIDTH, lifetime);
+}
+
+int stats_report_lifetime(const struct stats_text *stats,
+                          struct stats_text *out, uint64_t *since)
+{
+    char *text = NULL;
+    size_t size = 0;
+    char err[128];
+
+    *out = (struct stats_text){0};
+    if (stats_text_get(stats, LIFETIME_PREFIX "since", since) != 0)
+        return ENOENT;
+    FILE *stream = open_memstream(&text, &size);
+    if (stream == NULL)
+        return ENOMEM;
+    for (size_t i = 0; i < stats->count; i++) {
+        const struct stats_counter *c = &stats->counters[i];
+        size_t n = strlen(LIFETIME_PREFIX);
+        if (strncmp(c->name, LIFETIME_PREFIX, n) == 0 &&
+            strcmp(c->name + n, "since") != 0)
+            fprintf(stream, "%s %s\n", c->name + n, c->text);
+    }
+    /* (what the savings need, and the ratio of the totals) */
+    const struct stats_counter *block = stats_text_find(stats,
+                                                        "cache_block_size_bytes");
+    if (block != NULL)
+        fprintf(stream, "cache_block_size_bytes %s\n", block->text);
+    uint64_t served = 0, fetched = 0;
+    stats_text_get(stats, LIFETIME_PREFIX "bytes_from_cache", &served);
+    stats_text_get(stats, LIFETIME_PREFIX "bytes_from_bucket", &fetched);
+    fprintf(stream, "cache_hit_ratio %.4f\n",
+            served + fetched > 0 ? (double)served / (double)(served + fetched)
+                                 : 0.0);
+    if (fclose(stream) != 0) {
+        free(text);
+        return ENOMEM;
+    }
+    int result = stats_text_parse(text, size, out, err, sizeof(err));
+    free(text);
+    if (result != 0)
+        stats_text_free(out);
+    return result;
+}
+
+/* "2026-12-02": the UTC date of SINCE (Unix seconds). */
+static void format_date(uint64_t since, char *buf, size_t len)
+{
+    time_t t = (time_t)since;
+    struct tm tm;
+
+    if (gmtime_r(&t, &tm) == NULL || strftime(buf, len, "%Y-%m-%d", &tm) == 0)
+        snprintf(buf, len, "?");
 }
 
 /* ------------------------------------------------------------------- cost */
@@ -285,13 +360,16 @@ static void format_block_size(uint32_t bytes, char *buf, size_t len)
         snprintf(buf, len, "%u B", bytes);
 }
 
+/* The cost and the savings SINCE ("mount", or a date); the paragraph
+ * about estimates after them with NOTE. */
 static void table_cost(FILE *out, const struct stats_report *report,
-                       const struct stats_cost *cost)
+                       const struct stats_cost *cost, const char *since,
+                       bool note)
 {
     const struct price_table *prices = report->prices;
     char block[32], served[32], label[64];
 
-    fprintf(out, "\ncost since mount\n  prices %s: %s", prices->name,
+    fprintf(out, "\ncost since %s\n  prices %s: %s", since, prices->name,
             prices->title);
     if (prices->read_on[0] != '\0')
         fprintf(out, " (read %s)", prices->read_on);
@@ -303,7 +381,8 @@ static void table_cost(FILE *out, const struct stats_report *report,
 
     format_block_size(report->block_size, block, sizeof(block));
     stats_report_format_bytes(cost->saved_egress.quantity, served, sizeof(served));
-    fprintf(out, "\nsaved by the cache\n  %s read from the cache\n", served);
+    fprintf(out, "\nsaved by the cache since %s\n  %s read from the cache\n",
+            since, served);
     cost_row(out, prices, "egress not paid", &prices->items[PRICE_EGRESS],
              &cost->saved_egress, true);
     snprintf(label, sizeof(label), "GET, one per %s", block);
@@ -315,6 +394,8 @@ static void table_cost(FILE *out, const struct stats_report *report,
         [STATS_BLOCK_SIZE_DEFAULT] = "the default: the daemon does not say",
         [STATS_BLOCK_SIZE_COUNTERS] = "given in the daemon's counters",
     };
+    if (!note)
+        return;
     fprintf(out,
         "\n  Estimates from list prices, without free allowances or volume\n"
         "  tiers. Requests are counted as sent, retries included; egress is\n"
@@ -327,14 +408,23 @@ int stats_report_table(FILE *out, const struct stats_report *report,
                        char *err, size_t errlen)
 {
     const struct stats_text *stats = report->stats;
-    struct stats_cost cost;
-    char value[64];
+    struct stats_text lifetime = {0};
+    struct stats_cost cost, lifetime_cost;
+    uint64_t since = 0;
+    char value[64], total[64], date[32];
+    int result = 0;
 
+    bool lifetime_shown = stats_report_lifetime(stats, &lifetime, &since) == 0;
+    format_date(since, date, sizeof(date));
     if (report->prices != NULL) {
-        int result = stats_report_cost(stats, report->prices, report->block_size,
-                                       &cost, err, errlen);
+        result = stats_report_cost(stats, report->prices, report->block_size,
+                                   &cost, err, errlen);
+        if (result == 0 && lifetime_shown)
+            result = stats_report_cost(&lifetime, report->prices,
+                                       report->block_size, &lifetime_cost,
+                                       err, errlen);
         if (result != 0)
-            return result;
+            goto out;
     }
     fprintf(out, "s3cachefs %s", report->mountpoint);
     if (report->source != NULL)
@@ -342,6 +432,12 @@ int stats_report_table(FILE *out, const struct stats_report *report,
     if (report->pid > 0)
         fprintf(out, ", daemon pid %ld", report->pid);
     fprintf(out, "\n");
+    if (lifetime_shown) {
+        char head[48];
+        snprintf(head, sizeof(head), "since %s", date);
+        fprintf(out, "\n  %-*s%*s%*s\n", LABEL_WIDTH, "", VALUE_WIDTH,
+                "this mount", LIFETIME_WIDTH, head);
+    }
 
     for (size_t g = 0; g < GROUP_COUNT; g++) {
         bool titled = false;
@@ -354,7 +450,12 @@ int stats_report_table(FILE *out, const struct stats_report *report,
                 fprintf(out, "\n%s\n", groups[g].title);
             titled = true;
             format_counter(stats, counter, row->show, value, sizeof(value));
-            table_row(out, row->label, value);
+            const struct stats_counter *sum =
+                lifetime_shown ? stats_text_find(&lifetime, row->counter) : NULL;
+            total[0] = '\0';
+            if (sum != NULL)
+                format_counter(&lifetime, sum, row->show, total, sizeof(total));
+            table_row2(out, row->label, value, total);
         }
         if (strcmp(groups[g].title, "other") != 0)
             continue;
@@ -370,9 +471,14 @@ int stats_report_table(FILE *out, const struct stats_report *report,
             table_row(out, counter->name, value);
         }
     }
-    if (report->prices != NULL)
-        table_cost(out, report, &cost);
-    return 0;
+    if (report->prices != NULL) {
+        table_cost(out, report, &cost, "mount", !lifetime_shown);
+        if (lifetime_shown)
+            table_cost(out, report, &lifetime_cost, date, true);
+    }
+out:
+    stats_text_free(&lifetime);
+    return result;
 }
 
 /* ------------------------------------------------------------------- JSON */
@@ -501,11 +607,11 @@ static void json_cost_line(struct json *json, const char *key,
 }
 
 static void json_cost(struct json *json, const struct stats_report *report,
-                      const struct stats_cost *cost)
+                      const struct stats_cost *cost, const char *key)
 {
     const struct price_table *prices = report->prices;
 
-    json_open(json, "cost");
+    json_open(json, key);
     json_text(json, "currency", prices->currency);
     json_text(json, "prices", prices->name);
     json_text(json, "prices_title", prices->title);
@@ -542,13 +648,23 @@ int stats_report_json(FILE *out, const struct stats_report *report,
                       bool one_line, double time, char *err, size_t errlen)
 {
     struct json json = {.out = out, .one_line = one_line};
-    struct stats_cost cost;
+    struct stats_text lifetime = {0};
+    struct stats_cost cost, lifetime_cost;
+    uint64_t since;
 
+    bool lifetime_shown =
+        stats_report_lifetime(report->stats, &lifetime, &since) == 0;
     if (report->prices != NULL) {
         int result = stats_report_cost(report->stats, report->prices,
                                        report->block_size, &cost, err, errlen);
-        if (result != 0)
+        if (result == 0 && lifetime_shown)
+            result = stats_report_cost(&lifetime, report->prices,
+                                       report->block_size, &lifetime_cost,
+                                       err, errlen);
+        if (result != 0) {
+            stats_text_free(&lifetime);
             return result;
+        }
     }
     json_open(&json, NULL);
     if (time >= 0) {
@@ -565,9 +681,12 @@ int stats_report_json(FILE *out, const struct stats_report *report,
         json_number(&json, report->stats->counters[i].name,
                     report->stats->counters[i].text);
     if (report->prices != NULL)
-        json_cost(&json, report, &cost);
+        json_cost(&json, report, &cost, "cost");
+    if (report->prices != NULL && lifetime_shown)
+        json_cost(&json, report, &lifetime_cost, "lifetime_cost");
     json_close(&json);
     fputc('\n', out);
+    stats_text_free(&lifetime);
     return 0;
 }
 

@@ -93,6 +93,16 @@ void stats_report_watch_line(FILE *out, const struct stats_text *before,
                              const struct stats_text *now, double seconds,
                              const struct price_table *prices);
 
+/*
+ * The counters since the cache was created, when the daemon gives them
+ * ("lifetime_NAME" for NAME, and "lifetime_since"): into *OUT under their
+ * plain names (with cache_block_size_bytes, and cache_hit_ratio of the
+ * totals), *SINCE the Unix time counting began. 0; ENOENT when the
+ * daemon does not give them; ENOMEM. Free *OUT with stats_text_free().
+ */
+int stats_report_lifetime(const struct stats_text *stats,
+                          struct stats_text *out, uint64_t *since);
+
 /* BYTES for people: "0 B", "1023 B", "1.0 KiB", "4.0 GiB" (binary units,
  * one decimal). Always NUL-terminated. */
 void stats_report_format_bytes(uint64_t bytes, char *buf, size_t len);

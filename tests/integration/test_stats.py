@@ -152,6 +152,7 @@ def test_counters_match_what_was_done(s3, bucket, mount, proxy, tmp_path):
     counters = read_stats(mnt.path)
     assert {k: v for k, v in report.items() if k in counters} == counters
     assert set(report) == set(counters) | {'mountpoint', 'source', 'pid'}
+    assert report['lifetime_bytes_from_bucket'] == len(body)
 
     done = run_stats(mnt.path)
     assert done.returncode == 0, done.stderr
@@ -160,10 +161,13 @@ def test_counters_match_what_was_done(s3, bucket, mount, proxy, tmp_path):
                             f'{mnt.process.pid}\n')
     for group in ('reads', 'cache', 'requests', 'writes', 'errors'):
         assert f'\n{group}\n' in table
-    assert re.search(r'^  from the bucket +3\.0 MiB$', table, re.M), table
-    assert re.search(r'^  written by programs +1\.0 MiB$', table, re.M), table
-    assert re.search(rf'^  GET +{report["requests_get"]:,}$', table, re.M), table
-    assert re.search(r'^  uploads completed +1$', table, re.M), table
+    # a new cache: since it was created is since mount, in the second column
+    assert re.search(r'^  from the bucket +3\.0 MiB +3\.0 MiB$', table, re.M), table
+    assert re.search(r'^  written by programs +1\.0 MiB +1\.0 MiB$', table, re.M), table
+    gets = f'{report["requests_get"]:,}'
+    assert re.search(rf'^  GET +{gets} +{gets}$', table, re.M), table
+    assert re.search(r'^  uploads completed +1 +1$', table, re.M), table
+    assert re.search(r'^  uploads pending +0$', table, re.M), table
     assert 'cost since mount' not in table
 
 
@@ -211,7 +215,7 @@ def test_cost_at_presets_and_from_a_file(s3, bucket, mount, tmp_path):
     done = run_stats(again.path, f'--prices={prices}')
     assert done.returncode == 0, done.stderr
     spent, currency = table_money(done.stdout, '\ncost since mount\n')
-    saved, _ = table_money(done.stdout, '\nsaved by the cache\n')
+    saved, _ = table_money(done.stdout, '\nsaved by the cache since mount\n')
     assert currency == 'EUR'
     # (counters may have moved between the two runs: compare with a run
     # whose counters are its own)
@@ -405,3 +409,47 @@ def test_errors(tmp_path):
     done = run_stats('--help')
     assert done.returncode == 0 and done.stderr == ''
     assert done.stdout.startswith('usage: s3cachefs stats MOUNTPOINT')
+
+
+def test_counters_since_the_cache_was_created(s3, bucket, mount, tmp_path):
+    """lifetime_* sum the mounts of one cache directory; a new cache
+    directory starts from zero; the table shows them in a second column."""
+    first, second = os.urandom(2 * MiB + 1), os.urandom(MiB + 2)
+    s3.put_object(Bucket=bucket, Key='first.bin', Body=first)
+    s3.put_object(Bucket=bucket, Key='second.bin', Body=second)
+    cache = tmp_path / 'cache'
+    started = int(time.time())
+    mnt = mount(bucket, cache=cache)
+    assert (mnt.path / 'first.bin').read_bytes() == first
+    (mnt.path / 'out.bin').write_bytes(b'o' * 1000)
+    report = stats_json(mnt.path)
+    assert report['lifetime_bytes_from_bucket'] == report['bytes_from_bucket'] == len(first)
+    since = report['lifetime_since']
+    assert started - 1 <= since <= time.time()
+    mnt.unmount()
+
+    again = mount(bucket, cache=cache, name='again')
+    assert (again.path / 'second.bin').read_bytes() == second
+    assert (again.path / 'first.bin').read_bytes() == first   # from the cache
+    report = stats_json(again.path)
+    assert report['bytes_from_bucket'] == len(second)
+    assert report['lifetime_bytes_from_bucket'] == len(first) + len(second)
+    assert report['lifetime_bytes_from_cache'] == report['bytes_from_cache'] == len(first)
+    assert report['lifetime_bytes_written'] == 1000
+    assert report['lifetime_uploads_completed'] == 1
+    assert report['lifetime_requests_put'] == 1 and report['requests_put'] == 0
+    assert report['lifetime_since'] == since
+    assert 'lifetime_cache_used_bytes' not in report
+    done = run_stats(again.path, '--prices=aws')
+    assert done.returncode == 0, done.stderr
+    day = time.strftime('%Y-%m-%d', time.gmtime(since))
+    assert re.search(rf'^ +this mount +since {day}$', done.stdout, re.M), done.stdout
+    assert re.search(r'^  from the bucket +1\.0 MiB +3\.0 MiB$', done.stdout, re.M), done.stdout
+    assert f'\ncost since {day}\n' in done.stdout
+    assert 'lifetime_' not in done.stdout
+    again.unmount()
+
+    other = mount(bucket, cache=tmp_path / 'other-cache', name='other')
+    assert (other.path / 'second.bin').read_bytes() == second
+    report = stats_json(other.path)
+    assert report['lifetime_bytes_from_bucket'] == len(second)

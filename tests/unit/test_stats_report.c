@@ -328,7 +328,7 @@ static const char expected_table[] =
     "  ingress                       0 B   free                       0.000000 USD\n"
     "  total                                                          0.386770 USD\n"
     "\n"
-    "saved by the cache\n"
+    "saved by the cache since mount\n"
     "  4.0 GiB read from the cache\n"
     "  egress not paid          4.295 GB x 0.09 USD per GB            0.386547 USD\n"
     "  GET, one per 1 MiB          4,096 x 0.0004 USD per 1,000       0.001638 USD\n"
@@ -383,6 +383,121 @@ static void test_table(void **state)
     report.prices = &aws;
     CAPTURE(text, assert_int_equal(stats_report_table(out, &report, err,
                                                       sizeof(err)), ENOENT));
+    free(text);
+    stats_text_free(&stats);
+}
+
+/* A daemon that counts since the cache was created: the second column,
+ * rows describing this moment without it, the ratio of the totals, and
+ * the cost since that day after the cost since mount. */
+static const char lifetime_lines[] =
+    "lifetime_bytes_read 1099511627776\n"
+    "lifetime_bytes_from_cache 824633720832\n"
+    "lifetime_bytes_from_bucket 274877906944\n"
+    "lifetime_bytes_to_bucket 1073741824\n"
+    "lifetime_bytes_read_around_cache 0\n"
+    "lifetime_cache_evicted_blocks 100\n"
+    "lifetime_cache_corrupt_blocks 1\n"
+    "lifetime_requests_get 262144\n"
+    "lifetime_requests_head 1000\n"
+    "lifetime_requests_list 200\n"
+    "lifetime_requests_put 1024\n"
+    "lifetime_requests_delete 3\n"
+    "lifetime_requests_copy 2\n"
+    "lifetime_requests_multipart 10\n"
+    "lifetime_retries 7\n"
+    "lifetime_failures 0\n"
+    "lifetime_bytes_written 1073741824\n"
+    "lifetime_uploads_completed 1024\n"
+    "lifetime_upload_failures 0\n"
+    "lifetime_upload_retries 0\n"
+    "lifetime_copies_on_write 0\n"
+    "lifetime_since 1764633600\n";   /* 2025-12-02 00:00 UTC */
+
+static void test_table_lifetime(void **state)
+{
+    struct stats_text stats = {0}, totals = {0};
+    struct price_table aws;
+    char *text = NULL, err[200], *input = NULL;
+    uint64_t since = 0, value = 0;
+    (void)state;
+
+    assert_true(asprintf(&input, "%s%s", sample, lifetime_lines) > 0);
+    parse(input, &stats);
+    free(input);
+    /* the view under plain names */
+    assert_int_equal(stats_report_lifetime(&stats, &totals, &since), 0);
+    assert_int_equal(since, 1764633600);
+    assert_int_equal(stats_text_get(&totals, "requests_get", &value), 0);
+    assert_int_equal(value, 262144);
+    assert_null(stats_text_find(&totals, "since"));
+    assert_null(stats_text_find(&totals, "cache_used_bytes"));
+    assert_string_equal(stats_text_find(&totals, "cache_hit_ratio")->text,
+                        "0.7500");
+    stats_text_free(&totals);
+
+    assert_int_equal(prices_preset("aws", &aws), 0);
+    struct stats_report report = {
+        .mountpoint = "/data", .source = "b", .pid = 1,
+        .stats = &stats, .prices = &aws, .block_size = 1 << 20,
+        .block_size_from = STATS_BLOCK_SIZE_COUNTERS,
+    };
+    CAPTURE(text, assert_int_equal(stats_report_table(out, &report, err,
+                                                      sizeof(err)), 0));
+    static const char *const expected_lines[] = {
+        "s3cachefs /data: b, daemon pid 1\n"
+        "\n"
+        "                                        this mount    since 2025-12-02\n"
+        "\n"
+        "reads\n"
+        "  read by programs                         8.0 GiB             1.0 TiB\n"
+        "  from the cache                           4.0 GiB           768.0 GiB\n"
+        "  from the bucket                          4.0 GiB           256.0 GiB\n"
+        "  read around the cache                        0 B                 0 B\n"
+        "  cache hit ratio                           50.0 %              75.0 %\n"
+        "\n"
+        "cache\n"
+        "  used / size                  4.0 GiB / 500.0 GiB\n"
+        "  protected (read again)                   4.0 GiB\n",
+        "  evicted blocks                                 0                 100\n",
+        "  GET                                          519             262,144\n",
+        "  uploads pending                                0\n",
+        "  inodes in use                                  4\n"
+        "  new_counter                               12,345\n"
+        "\n"
+        "cost since mount\n",
+        "  total                                                          0.386770 USD\n"
+        "\n"
+        "saved by the cache since mount\n",
+        "  total                                                          0.388185 USD\n"
+        "\n"
+        "cost since 2025-12-02\n",
+        "  GET                       262,144 x 0.0004 USD per 1,000       0.104858 USD\n",
+        "saved by the cache since 2025-12-02\n"
+        "  768.0 GiB read from the cache\n",
+        "  Estimates from list prices",
+    };
+    const char *at = text;
+    for (size_t i = 0; i < sizeof(expected_lines) / sizeof(expected_lines[0]); i++) {
+        const char *found = strstr(at, expected_lines[i]);
+        if (found == NULL)
+            fail_msg("table, no\n%s\nafter\n%s", expected_lines[i], at);
+        at = found + strlen(expected_lines[i]);
+    }
+    /* the paragraph about estimates, once, at the end; lifetime_* are not
+     * listed as counters of their own */
+    assert_null(strstr(at, "Estimates"));
+    assert_null(strstr(text, "lifetime_"));
+    free(text);
+
+    CAPTURE(text, assert_int_equal(stats_report_json(out, &report, false, -1,
+                                                     err, sizeof(err)), 0));
+    assert_non_null(strstr(text, "\n  \"lifetime_requests_get\": 262144,\n"));
+    assert_non_null(strstr(text, "\n  \"lifetime_since\": 1764633600,\n"));
+    const char *lifetime_cost = strstr(text, "\"lifetime_cost\": {");
+    assert_non_null(lifetime_cost);
+    assert_true(lifetime_cost > strstr(text, "\"cost\": {"));
+    assert_non_null(strstr(lifetime_cost, "\"quantity\": 262144,"));
     free(text);
     stats_text_free(&stats);
 }
@@ -496,6 +611,7 @@ int main(void)
         cmocka_unit_test(test_sizes_and_counts),
         cmocka_unit_test(test_cost_of_the_example),
         cmocka_unit_test(test_table),
+        cmocka_unit_test(test_table_lifetime),
         cmocka_unit_test(test_json),
         cmocka_unit_test(test_watch),
     };
