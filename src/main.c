@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include <fuse_lowlevel.h>
+#include <systemd/sd-daemon.h>
 
 #include "access_log.h"
 #include "awsconfig.h"
@@ -511,6 +512,10 @@ int main(int argc, char **argv)
     }
     log_info("mounted bucket '%s'%s%s at %s", opts.bucket,
              opts.prefix[0] ? " prefix " : "", opts.prefix, opts.mountpoint);
+    /* a unit of Type=notify is started now (nothing without NOTIFY_SOCKET):
+     * the mount is in place, its requests wait for the loop below */
+    sd_notifyf(0, "READY=1\nSTATUS=serving bucket '%s'%s%s at %s", opts.bucket,
+               opts.prefix[0] ? " prefix " : "", opts.prefix, opts.mountpoint);
 
     loop_config = fuse_loop_cfg_create();
     if (loop_config == NULL)
@@ -523,6 +528,7 @@ int main(int argc, char **argv)
     status = loop_result == 0 || loop_result == SIGTERM ||
              loop_result == SIGINT || loop_result == SIGHUP ? 0 : 1;
     log_info("unmounting %s", opts.mountpoint);
+    sd_notify(0, "STOPPING=1\nSTATUS=unmounting");
 out:
     if (status != 0 && !mounted && argc > 2 && strcmp(argv[1], "stats") == 0 &&
         argv[2][0] != '-')
@@ -555,6 +561,9 @@ out:
             log_info("uploading %llu file%s before exiting",
                      (unsigned long long)stats.uploads_pending,
                      stats.uploads_pending == 1 ? "" : "s");
+            sd_notifyf(0, "STATUS=uploading %llu file%s before exiting",
+                       (unsigned long long)stats.uploads_pending,
+                       stats.uploads_pending == 1 ? "" : "s");
         }
         uint64_t left = fs_drain(context.fs);
         if (left > 0)
