@@ -9,8 +9,10 @@ and numpy (python3-numpy). Each test checks bytes, not just that it ran.
     page cache, so every read reaches the daemon: bytes_from_cache grows
     by the dataset's size) sends no GET.
   - Checkpoints as training scripts write them: torch.save to a
-    temporary name in the mount, os.replace over the final name, several
-    steps, in both modes; after `s3cachefs --unmount` the bucket holds
+    temporary name in the mount (by name, or into an open file then
+    fsync, which puts the bytes in the bucket under the temporary name
+    in both modes), os.replace over the final name, several steps, in
+    both modes; after `s3cachefs --unmount` the bucket holds
     exactly the last checkpoint's bytes (torch.save is byte-deterministic
     for the same object and the same file name, which the test checks
     first) and no temporary object; torch.load after a remount on a new
@@ -25,6 +27,7 @@ and numpy (python3-numpy). Each test checks bytes, not just that it ran.
 import collections
 import concurrent.futures
 import gc
+import io
 import os
 import random
 import subprocess
@@ -272,12 +275,26 @@ def test_torch_save_replace_load(s3, bucket, mount, tmp_path, mode):
     directory.mkdir()
     final = directory / 'last.pt'
     temporary = directory / 'last.pt.tmp'
-    for state in states:
-        torch.save(state, temporary)
+    for step, state in enumerate(states, 1):
+        if step % 2:
+            # the careful script: into an open file, fsync'd before the
+            # rename; fsync returns with the bytes in the bucket (in
+            # writeback mode too), under the temporary name
+            with open(temporary, 'wb') as f:
+                torch.save(state, f)
+                f.flush()
+                os.fsync(f.fileno())
+            buffer = io.BytesIO()
+            torch.save(state, buffer)
+            assert sha(object_bytes(s3, bucket, 'ckpt/last.pt.tmp')) == \
+                sha(buffer.getvalue()), step
+        else:
+            torch.save(state, temporary)      # by name: torch's C++ writer
         os.replace(temporary, final)
         assert sorted(os.listdir(directory)) == ['last.pt']
         # read back at once, as a resumed job or an evaluator would
         assert_same_tree(torch.load(final, map_location='cpu'), state)
+    assert CHECKPOINT_STEPS % 2 == 0      # the last one saved by name
     assert sha(final.read_bytes()) == sha(expected)
     unmount_command(mnt)
 
