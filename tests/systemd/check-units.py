@@ -16,6 +16,11 @@
    options are refused with the documented errors; `--unmount` of a
    directory that is no mount gives its documented error; the shell
    snippets do nothing on a directory that is no mount.
+2b. The fstab line of man s3cachefs (FSTAB), through systemd's own
+   systemd-fstab-generator: the mount unit it makes has the line's What,
+   Where, Type and Options, is a remote mount (_netdev: required by and
+   before remote-fs.target), has the x-systemd.* settings, and passes
+   systemd-analyze verify.
 3. As root with /dev/fuse and s3rver (tests/node_modules): the whole life
    of the unit against s3rver on loopback, the commands run in systemd's
    order: start (Type=notify: the daemon's READY=1 on a notification
@@ -395,6 +400,67 @@ def commands_without_server(template, binary, srcdir, work):
           f'status {code}: {out}')
 
 
+# ------------------------------------------------------------ fstab
+
+FSTAB_GENERATOR = '/lib/systemd/system-generators/systemd-fstab-generator'
+
+
+def man_fstab_line(srcdir):
+    """The example line of man s3cachefs, FSTAB (its first .EX block)."""
+    text = (srcdir / 'man' / 's3cachefs.1').read_text()
+    section = text.split('\n.SH FSTAB\n', 1)[1]
+    example = section.split('\n.EX\n', 1)[1].split('\n.EE\n', 1)[0]
+    return example.replace('\\-', '-').strip()
+
+
+def fstab(srcdir, work):
+    """The man page's fstab line, through systemd's own fstab generator:
+    the mount unit systemd would make at boot, then verified."""
+    if not os.access(FSTAB_GENERATOR, os.X_OK):
+        print(f'       (no {FSTAB_GENERATOR}: the fstab line is not checked)')
+        return
+    line = man_fstab_line(srcdir)
+    what, where, kind, options = line.split()[:4]
+    out = work / 'fstab'
+    out.mkdir()
+    table = out / 'fstab'
+    table.write_text(line + '\n')
+    env = dict(os.environ, SYSTEMD_FSTAB=str(table), SYSTEMD_PROC_CMDLINE='',
+               SYSTEMD_IN_INITRD='0')
+    units = out / 'units'
+    units.mkdir()
+    done = subprocess.run([FSTAB_GENERATOR, str(units), str(units), str(units)],
+                          env=env, capture_output=True, text=True, timeout=30)
+    name = where.strip('/').replace('/', '-') + '.mount'
+    unit = units / name
+    check(done.returncode == 0 and unit.exists(),
+          f'fstab: the generator makes {name} of the man page\'s line',
+          done.stdout + done.stderr)
+    if not unit.exists():
+        return
+    sections = parse_unit(unit)
+    mount, unit_keys = dict(sections['Mount']), dict(sections['Unit'])
+    check(mount.get('What') == what and mount.get('Where') == where and
+          mount.get('Type') == kind == 'fuse.s3cachefs' and
+          mount.get('Options') == options,
+          'fstab: What, Where, Type and Options as written', str(mount))
+    # _netdev: a network mount, wanted by remote-fs.target and before it
+    check(unit_keys.get('Before') == 'remote-fs.target' and
+          (units / 'remote-fs.target.requires' / name).exists(),
+          'fstab: _netdev makes it a remote mount, before remote-fs.target',
+          str(unit_keys))
+    check(unit_keys.get('RequiresMountsFor') == '/nvme' and
+          mount.get('TimeoutSec') == '2min',
+          'fstab: x-systemd.requires-mounts-for and x-systemd.mount-timeout',
+          str(sections))
+    done = subprocess.run(['systemd-analyze', 'verify', str(unit)],
+                          capture_output=True, text=True, timeout=60)
+    check(done.returncode == 0 and done.stdout + done.stderr == '',
+          f'fstab: systemd-analyze verify {name}', done.stdout + done.stderr)
+    # the options s3cachefs is then given (mount.fuse3 drops the fstab-only
+    # ones) are its own: checked by ExecStart above and test_lifecycle.py
+
+
 # ------------------------------------------------------------ for real
 
 def mounted(path):
@@ -541,6 +607,7 @@ def main():
             verify(template, 'my-bucket', binary, srcdir, work)
         template = srcdir / 'contrib' / 'systemd' / 's3cachefs@.service'
         commands_without_server(template, binary, srcdir, work)
+        fstab(srcdir, work)
         s3rver = srcdir / 'tests' / 'node_modules' / '.bin' / 's3rver'
         fuse = Path('/dev/fuse')
         if os.geteuid() != 0 or not fuse.exists() or not s3rver.exists():
