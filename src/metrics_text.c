@@ -160,7 +160,7 @@ static void requests(FILE *out, const struct s3_stats *s3)
 {
     header(out, "requests_total", "counter",
            "Requests sent to the bucket by kind, retries included "
-           "(multipart: create, part, complete and abort).");
+           "(multipart: create, part, complete; an abort is a delete).");
     for (int op = 0; op < S3_OP_COUNT; op++)
         fprintf(out, PREFIX "requests_total{kind=\"%s\"} %" PRIu64 "\n",
                 kind_names[op], s3->requests[op]);

@@ -818,7 +818,7 @@ int s3_multipart_abort(struct s3_client *client, const char *key,
     struct s3_failure failure;
     /* quiet: a server that cannot abort (ENOSYS) is the caller's to report */
     struct s3_request req = {
-        .op = S3_OP_MULTIPART, .method = "DELETE", .key = key, .query = query,
+        .op = S3_OP_DELETE, .method = "DELETE", .key = key, .query = query,
         .idempotent = true, .quiet = true,
     };
     int err;

@@ -63,7 +63,8 @@ enum s3_op {
     S3_OP_PUT,
     S3_OP_DELETE,
     S3_OP_COPY,
-    S3_OP_MULTIPART,   /* create, complete, abort, upload part, copy part */
+    S3_OP_MULTIPART,   /* create, upload part, copy part, complete (an
+                          abort is an S3_OP_DELETE: priced as one) */
     S3_OP_COUNT,
 };
 

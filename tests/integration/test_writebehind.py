@@ -212,6 +212,12 @@ def test_unlink_while_written(server, s3, bucket, proxy, mount):
     aborts = [r for r in proxy.records()
               if r.method == 'DELETE' and 'uploadId=' in r.query]
     assert len(aborts) == 1
+    # counted (and priced) as the DELETE it is: every DELETE the server got
+    stats = read_stats(mnt.path)
+    assert stats['requests_delete'] == proxy.counts['DELETE'] >= 1
+    assert stats['requests_multipart'] == len(
+        [r for r in proxy.records() if r.method != 'DELETE' and
+         ('uploadId=' in r.query or 'uploads=' in r.query)])
     if server.name == 'swift':
         assert multipart_uploads(s3, bucket) == []
 

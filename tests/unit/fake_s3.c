@@ -150,7 +150,7 @@ static const enum s3_op op_of_call[FAKE_S3_CALL_COUNT] = {
     [FAKE_S3_MP_PART] = S3_OP_MULTIPART,
     [FAKE_S3_MP_COPY_PART] = S3_OP_MULTIPART,
     [FAKE_S3_MP_COMPLETE] = S3_OP_MULTIPART,
-    [FAKE_S3_MP_ABORT] = S3_OP_MULTIPART,
+    [FAKE_S3_MP_ABORT] = S3_OP_DELETE, /* (priced as one) */
 };
 
 static const char *const call_names[FAKE_S3_CALL_COUNT] = {
