@@ -33,6 +33,8 @@ struct access_log {
     uint64_t *slots;        /* 0: empty */
     size_t slot_count;      /* a power of two */
     size_t used;
+    pthread_mutex_t write_lock; /* the file, and the two below */
+    bool cut;               /* the last line was cut short (no newline) */
     bool failing;           /* the last write failed (logged once) */
 };
 
@@ -71,11 +73,15 @@ int access_log_open(const char *path, const char *mountpoint,
                  "mount point %s", path, mountpoint);
         return EINVAL;
     }
-    if ((log = calloc(1, sizeof(*log))) == NULL)
+    if ((log = calloc(1, sizeof(*log))) == NULL) {
+        snprintf(err, errlen, "access_log=%s: out of memory", path);
         return ENOMEM;
+    }
     pthread_mutex_init(&log->lock, NULL);
+    /* (0640: on an allow_other mount, what everyone opened is not for
+     * every user of the machine to read) */
     log->fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOCTTY,
-                   0644);
+                   0640);
     if (log->fd < 0) {
         int rc = errno;
         snprintf(err, errlen, "access_log=%s: %s", path, strerror(rc));
@@ -87,6 +93,7 @@ int access_log_open(const char *path, const char *mountpoint,
     log->slot_count = INITIAL_SLOTS;
     log->slots = calloc(log->slot_count, sizeof(*log->slots));
     if (log->prefix == NULL || log->root_key == NULL || log->slots == NULL) {
+        snprintf(err, errlen, "access_log=%s: out of memory", path);
         access_log_close(&log);
         return ENOMEM;
     }
@@ -140,6 +147,48 @@ static bool insert_locked(struct access_log *log, uint64_t hash)
     return true;
 }
 
+/* Remove HASH (lock held), moving back the entries after it that could
+ * not sit in their own slot (linear probing keeps no tombstones). */
+static void remove_locked(struct access_log *log, uint64_t hash)
+{
+    size_t mask = log->slot_count - 1, at = hash & mask;
+
+    while (log->slots[at] != hash) {
+        if (log->slots[at] == 0)
+            return;
+        at = (at + 1) & mask;
+    }
+    log->slots[at] = 0;
+    log->used--;
+    for (size_t next = (at + 1) & mask; log->slots[next] != 0;
+         next = (next + 1) & mask) {
+        size_t home = log->slots[next] & mask;
+        /* NEXT may move to AT if its home is not in (AT, NEXT] */
+        bool between = at <= next ? (home > at && home <= next)
+                                  : (home > at || home <= next);
+        if (!between) {
+            log->slots[at] = log->slots[next];
+            log->slots[next] = 0;
+            at = next;
+        }
+    }
+}
+
+/* KEY with a newline or other control byte shown escaped, for a log
+ * line (malloc'd; NULL on ENOMEM). */
+static char *escaped(const char *key)
+{
+    char *out = malloc(strlen(key) * 4 + 1), *at = out;
+
+    if (out == NULL)
+        return NULL;
+    for (const unsigned char *c = (const unsigned char *)key; *c != '\0'; c++)
+        at += *c < 0x20 || *c == 0x7f ? sprintf(at, "\\x%02x", *c)
+                                      : sprintf(at, "%c", *c);
+    *at = '\0';
+    return out;
+}
+
 void access_log_opened(struct access_log *log, const char *key,
                        const char *etag)
 {
@@ -150,33 +199,46 @@ void access_log_opened(struct access_log *log, const char *key,
                           ? key + log->root_len : key;
 
     pthread_mutex_lock(&log->lock);
-    if (!insert_locked(log, hash)) {
-        pthread_mutex_unlock(&log->lock);
+    bool fresh = insert_locked(log, hash);
+    pthread_mutex_unlock(&log->lock);
+    if (!fresh)
         return;
-    }
     if (strchr(rel, '\n') != NULL) {
-        pthread_mutex_unlock(&log->lock);
+        char *shown = escaped(key);
         log_warn("access log: '%s' has a newline in its name and is not "
-                 "listed", key);
+                 "listed", shown != NULL ? shown : "?");
+        free(shown);
         return;
     }
     char *line = NULL;
-    int len = asprintf(&line, "%s/%s\n", log->prefix, rel);
-    if (len < 0) {
-        pthread_mutex_unlock(&log->lock);
+    int len = asprintf(&line, "\n%s/%s\n", log->prefix, rel);
+    if (len < 0)
         return;
-    }
-    /* one write: a line is whole or absent (O_APPEND) */
-    ssize_t wrote = write(log->fd, line, (size_t)len);
-    if (wrote != len && !log->failing) {
-        log->failing = true;
-        log_warn("access log: cannot append: %s (logged once until a "
-                 "write succeeds)", wrote < 0 ? strerror(errno) : "short write");
-    } else if (wrote == len) {
-        log->failing = false;
-    }
-    pthread_mutex_unlock(&log->lock);
+    /* One write per line, under the write lock only (a slow disk holds
+     * back other first opens, never the set): with O_APPEND a line lands
+     * whole. After a short write (a full disk) the next line begins with
+     * the newline the cut one lacks, so that it stays a line of its own;
+     * a failed write forgets the version, listed again at its next open. */
+    pthread_mutex_lock(&log->write_lock);
+    const char *from = log->cut ? line : line + 1;
+    size_t want = (size_t)len - (log->cut ? 0 : 1);
+    ssize_t wrote = write(log->fd, from, want);
+    int err = wrote < 0 ? errno : 0;
+    if (wrote > 0)
+        log->cut = (size_t)wrote < want;
+    bool failed = (size_t)wrote != want;
+    bool first_failure = failed && !log->failing;
+    log->failing = failed;
+    pthread_mutex_unlock(&log->write_lock);
     free(line);
+    if (!failed)
+        return;
+    pthread_mutex_lock(&log->lock);
+    remove_locked(log, hash);
+    pthread_mutex_unlock(&log->lock);
+    if (first_failure)
+        log_warn("access log: cannot append: %s (logged once until a write "
+                 "succeeds)", err != 0 ? strerror(err) : "short write");
 }
 
 void access_log_close(struct access_log **logp)
@@ -188,6 +250,7 @@ void access_log_close(struct access_log **logp)
     if (log->fd >= 0)
         close(log->fd);
     pthread_mutex_destroy(&log->lock);
+    pthread_mutex_destroy(&log->write_lock);
     free(log->slots);
     free(log->prefix);
     free(log->root_key);

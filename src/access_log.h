@@ -7,14 +7,18 @@
  * in this mount: the path through the mount point ("/data/hf/x.bin"),
  * then a newline. A file written through the mount is listed once it is
  * read from the bucket (a checkpoint that the next run resumes from), not
- * while its data is staged. Lines are appended with one
- * write(2) each, so that a line is whole even if the node dies; the file
- * is never truncated (a later mount appends: duplicates are harmless to
- * warm, which skips what is cached). A path with a newline in it cannot
+ * while its data is staged. Lines are appended with one write(2) each,
+ * under a lock of their own (not the set's), so that a line is whole even
+ * if the node dies; a write that fails forgets the version, listed again
+ * at its next open, and a line cut short (a full disk) is followed by a
+ * newline before the next one.
+ * The file is never truncated (a later mount appends: duplicates are
+ * harmless to warm, which skips what is cached). A path with a newline in it cannot
  * be a line: it is left out, with one log line.
  *
  * Thread-safe. What was seen is kept as 64-bit hashes of (key, ETag):
- * 8 bytes per version, about 16 MiB for a million files.
+ * 16 to 32 bytes per version (a table at most half full, doubled as it
+ * grows), 16 to 32 MiB for a million files.
  */
 #ifndef S3CFS_ACCESS_LOG_H
 #define S3CFS_ACCESS_LOG_H
@@ -24,7 +28,7 @@
 struct access_log;
 
 /*
- * Open (create, mode 0644) PATH for appending. MOUNTPOINT (absolute) and
+ * Open (create, mode 0640) PATH for appending. MOUNTPOINT (absolute) and
  * ROOT_KEY ("" or "prefix/") turn keys into paths. PATH must not be
  * inside MOUNTPOINT (the daemon would write through itself). 0, or an
  * errno with a sentence in ERR. Call before the daemon forks (PATH

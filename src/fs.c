@@ -182,7 +182,7 @@ int fs_create(const struct fs_conf *conf, struct s3_client *s3, struct fs **out)
         err = writer_create(&writer_conf, &fs->writer);
     }
     if (err == 0 && conf->cache != NULL)
-        err = lifetime_start(conf->cache, counters_now, fs, &fs->lifetime);
+        err = lifetime_start(conf->cache, 0, counters_now, fs, &fs->lifetime);
 out:
     if (err != 0)
         fs_destroy(&fs);

@@ -52,6 +52,8 @@ struct lifetime {
     bool stopping;
     pthread_t thread;
     bool started;
+    double period;              /* seconds between stores */
+    bool store_failing;         /* the last store failed (logged once) */
 };
 
 bool lifetime_counts(const char *name)
@@ -166,9 +168,11 @@ static void store_locked(struct lifetime *lifetime)
                     lifetime->others[i].value);
         if (fclose(out) == 0) {
             int err = cache_note_put(lifetime->cache, NOTE, note);
-            if (err != 0)
+            if (err != 0 && !lifetime->store_failing)
                 log_warn("cannot store the counters since the cache was "
-                         "created: %s", strerror(err));
+                         "created: %s (logged once until a store succeeds)",
+                         strerror(err));
+            lifetime->store_failing = err != 0;
         }
     }
     free(note);
@@ -182,8 +186,11 @@ static void *store_main(void *arg)
 
     pthread_mutex_lock(&lifetime->lock);
     while (!lifetime->stopping) {
-        clock_gettime(CLOCK_REALTIME, &until);
-        until.tv_sec += LIFETIME_STORE_SECONDS;
+        clock_gettime(CLOCK_MONOTONIC, &until);
+        double whole = (double)until.tv_sec + until.tv_nsec / 1e9 +
+                       lifetime->period;
+        until.tv_sec = (time_t)whole;
+        until.tv_nsec = (long)((whole - (double)until.tv_sec) * 1e9);
         int rc = 0;
         while (!lifetime->stopping && rc != ETIMEDOUT)
             rc = pthread_cond_timedwait(&lifetime->wake, &lifetime->lock, &until);
@@ -194,9 +201,11 @@ static void *store_main(void *arg)
     return NULL;
 }
 
-int lifetime_start(struct cache *cache, lifetime_counters_fn counters,
-                   void *arg, struct lifetime **out)
+int lifetime_start(struct cache *cache, double period,
+                   lifetime_counters_fn counters, void *arg,
+                   struct lifetime **out)
 {
+    pthread_condattr_t attr;
     struct lifetime *lifetime = calloc(1, sizeof(*lifetime));
     char *note = NULL;
 
@@ -206,8 +215,12 @@ int lifetime_start(struct cache *cache, lifetime_counters_fn counters,
     lifetime->cache = cache;
     lifetime->counters = counters;
     lifetime->arg = arg;
+    lifetime->period = period > 0 ? period : LIFETIME_STORE_SECONDS;
     pthread_mutex_init(&lifetime->lock, NULL);
-    pthread_cond_init(&lifetime->wake, NULL);
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_cond_init(&lifetime->wake, &attr);
+    pthread_condattr_destroy(&attr);
     int err = cache_note_get(cache, NOTE, &note);
     if (err == 0)
         each_line(note, load_line, lifetime);
@@ -215,8 +228,14 @@ int lifetime_start(struct cache *cache, lifetime_counters_fn counters,
         log_warn("cannot read the counters since the cache was created (%s): "
                  "counting again from now", strerror(err));
     free(note);
-    if (lifetime->since == 0)
+    if (lifetime->since == 0) {
+        /* stored at once: a daemon killed in its first minute keeps the
+         * day counting began */
         lifetime->since = (uint64_t)time(NULL);
+        pthread_mutex_lock(&lifetime->lock);
+        store_locked(lifetime);
+        pthread_mutex_unlock(&lifetime->lock);
+    }
     err = pthread_create(&lifetime->thread, NULL, store_main, lifetime);
     if (err != 0) {
         lifetime_stop(&lifetime);

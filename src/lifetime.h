@@ -30,12 +30,14 @@ struct lifetime;
 typedef int (*lifetime_counters_fn)(void *arg, char **text);
 
 /*
- * Read what earlier mounts counted from CACHE (nothing, for a new cache)
- * and start storing the totals of COUNTERS(ARG) every period. 0 or an
+ * Read what earlier mounts counted from CACHE (nothing, for a new cache:
+ * then the start is stored at once) and start storing the totals of
+ * COUNTERS(ARG) every PERIOD seconds (0: LIFETIME_STORE_SECONDS). 0 or an
  * errno (a note that cannot be read is logged and counting starts over).
  */
-int lifetime_start(struct cache *cache, lifetime_counters_fn counters,
-                   void *arg, struct lifetime **out);
+int lifetime_start(struct cache *cache, double period,
+                   lifetime_counters_fn counters, void *arg,
+                   struct lifetime **out);
 
 /* TEXT (the counters now) with the lifetime lines appended, into *OUT
  * (malloc'd). 0 or ENOMEM. */

@@ -438,6 +438,10 @@ int main(int argc, char **argv)
         fprintf(stderr, "s3cachefs: cannot take over the session's I/O (%s): "
                         "lookups in one directory will run one at a time\n",
                 strerror(io_err));
+    /* Only a daemon in the foreground is a service's main process: one
+     * that forks must not speak for whatever started it (sd_notify) */
+    if (!opts.foreground)
+        unsetenv("NOTIFY_SOCKET");
     if (fuse_daemonize(opts.foreground) != 0)
         goto out;
     if (!opts.foreground)

@@ -9,6 +9,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdbool.h>
 #include <netinet/in.h>
@@ -122,8 +123,10 @@ int metrics_http_listen(const char *spec, struct metrics_http **out,
     int rc = metrics_http_parse_address(spec, &addr, &addr_len, err, errlen);
     if (rc != 0)
         return rc;
-    if ((http = calloc(1, sizeof(*http))) == NULL)
+    if ((http = calloc(1, sizeof(*http))) == NULL) {
+        snprintf(err, errlen, "metrics=%s: out of memory", spec);
         return ENOMEM;
+    }
     http->family = addr.ss_family;
     char host[INET6_ADDRSTRLEN];
     uint16_t port;
@@ -147,8 +150,8 @@ int metrics_http_listen(const char *spec, struct metrics_http **out,
         return rc;
     }
     setsockopt(http->fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (addr.ss_family == AF_INET6)
-        setsockopt(http->fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one));
+    /* (IPv6: the system's default, dual-stack on Linux: [::] takes IPv4
+     * scrapers too) */
     if (bind(http->fd, (struct sockaddr *)&addr, addr_len) != 0 ||
         listen(http->fd, 16) != 0) {
         rc = errno;
@@ -248,18 +251,31 @@ int metrics_http_start(struct metrics_http *http, metrics_render_fn render,
         flags |= MHD_USE_IPv6;
     http->render = render;
     http->arg = arg;
+    /* The library gets a copy: it closes the socket it is given when it
+     * stops, and on some of its failures but not all, so that our own
+     * descriptor is never closed twice (nor one reused meanwhile). */
+    int copy = fcntl(http->fd, F_DUPFD_CLOEXEC, 0);
+    if (copy < 0) {
+        int rc = errno;
+        snprintf(err, errlen, "metrics on %s: %s", http->address, strerror(rc));
+        return rc;
+    }
     http->daemon = MHD_start_daemon(
         flags, 0, NULL, NULL, handle, http,
-        MHD_OPTION_LISTEN_SOCKET, (MHD_socket)http->fd,
+        MHD_OPTION_LISTEN_SOCKET, (MHD_socket)copy,
         MHD_OPTION_CONNECTION_LIMIT, (unsigned)CONNECTION_LIMIT,
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)CONNECTION_TIMEOUT_SECONDS,
         MHD_OPTION_END);
     if (http->daemon == NULL) {
+        /* the copy may be open or closed (and its number reused): stop
+         * listening through ours, which both share, and leave the copy */
+        shutdown(http->fd, SHUT_RDWR);
         snprintf(err, errlen, "metrics on %s: cannot start the HTTP server",
                  http->address);
         return EIO;
     }
-    http->fd = -1; /* the library's now: it closes it when stopped */
+    close(http->fd); /* the library serves on its copy, and closes it */
+    http->fd = -1;
     log_info("metrics: serving http://%s/metrics", http->address);
     return 0;
 }

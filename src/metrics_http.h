@@ -12,8 +12,8 @@
  * a sentence on stderr), metrics_http_start() starts the thread after it.
  *
  * Off unless asked for. Without an address the endpoint is on 127.0.0.1:
- * the counters name no secret, but key names and traffic are the
- * operator's to publish, so another address must be named.
+ * the counters name no secret and no key, but how much a node reads and
+ * writes is the operator's to publish, so another address must be named.
  */
 #ifndef S3CFS_METRICS_HTTP_H
 #define S3CFS_METRICS_HTTP_H

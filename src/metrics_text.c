@@ -166,8 +166,8 @@ static void requests(FILE *out, const struct s3_stats *s3)
                 kind_names[op], s3->requests[op]);
 
     header(out, "request_duration_seconds", "histogram",
-           "Time from sending a request to its answer, each attempt on its "
-           "own, by kind.");
+           "Time from the start of a request to the end of its answer (body "
+           "included), each attempt on its own, by kind.");
     for (int op = 0; op < S3_OP_COUNT; op++) {
         const struct s3_latency *latency = &s3->latency[op];
         uint64_t cumulative = 0;

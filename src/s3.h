@@ -70,8 +70,9 @@ enum s3_op {
 
 /*
  * How long requests took, one histogram per kind: each attempt (retries
- * are attempts of their own) from its sending to its answer or failure,
- * the wait for a connection and the pauses between retries left out.
+ * are attempts of their own) from its start (connection setup, if any,
+ * included) to the end of its answer, body included, or its failure; the
+ * wait for a pooled connection and the pauses between retries left out.
  * Bucket I holds the attempts that took at most s3_latency_bound(I)
  * seconds and more than the bound before it; the last bucket
  * (S3_LATENCY_BUCKETS) holds the rest. Not cumulative.

@@ -441,10 +441,10 @@ static void pool_put(struct s3_client *client, CURL *curl)
 
 /* ------------------------------------------------------ request engine */
 
-/* The pause before retry ATTEMPT + 1, in ms: "full jitter", anywhere
- * between 0 and a ceiling that doubles from BACKOFF_BASE_MS. */
-/* One attempt of kind OP took SECONDS: into its latency histogram. */
-static void count_latency(struct s3_client *client, enum s3_op op,
+/* One attempt of kind OP took SECONDS: counted, and into its latency
+ * histogram (both after the attempt, so that a reader of the counters
+ * sees the two agree). */
+static void count_attempt(struct s3_client *client, enum s3_op op,
                           double seconds)
 {
     unsigned bucket = 0;
@@ -456,8 +456,11 @@ static void count_latency(struct s3_client *client, enum s3_op op,
     atomic_fetch_add(&client->latency[op].counts[bucket], 1);
     atomic_fetch_add(&client->latency[op].sum_us,
                      (uint64_t)(seconds * 1e6 + 0.5));
+    atomic_fetch_add(&client->requests[op], 1);
 }
 
+/* The pause before retry ATTEMPT + 1, in ms: "full jitter", anywhere
+ * between 0 and a ceiling that doubles from BACKOFF_BASE_MS. */
 static unsigned backoff_ms(unsigned attempt)
 {
     unsigned ceiling = BACKOFF_BASE_MS;
@@ -730,10 +733,9 @@ int s3_client_perform(struct s3_client *client, struct s3_request *req,
                          (long)(deadline > now ? deadline - now : 1));
         CURLcode rc = CURLE_OK;
         if (err == 0) {
-            atomic_fetch_add(&client->requests[req->op], 1);
             double sent = clock_monotonic_seconds();
             rc = curl_easy_perform(curl);
-            count_latency(client, req->op, clock_monotonic_seconds() - sent);
+            count_attempt(client, req->op, clock_monotonic_seconds() - sent);
         }
         /* nothing of this request may leak into the next one on this handle */
         curl_easy_setopt(curl, CURLOPT_HTTPHEADER, NULL);

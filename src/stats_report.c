@@ -205,8 +205,9 @@ static void table_row2(FILE *out, const char *label, const char *value,
         table_row(out, label, value);
         return;
     }
-    fprintf(out, "  %-*s%*s%*s\n", LABEL_WIDTH, label, VALUE_WIDTH, value,
-            LIFETIME_WIDTH, lifetime);
+    /* (a blank before the column, however wide a total) */
+    fprintf(out, "  %-*s%*s %*s\n", LABEL_WIDTH, label, VALUE_WIDTH, value,
+            LIFETIME_WIDTH - 1, lifetime);
 }
 
 int stats_report_lifetime(const struct stats_text *stats,
@@ -435,8 +436,8 @@ int stats_report_table(FILE *out, const struct stats_report *report,
     if (lifetime_shown) {
         char head[48];
         snprintf(head, sizeof(head), "since %s", date);
-        fprintf(out, "\n  %-*s%*s%*s\n", LABEL_WIDTH, "", VALUE_WIDTH,
-                "this mount", LIFETIME_WIDTH, head);
+        fprintf(out, "\n  %-*s%*s %*s\n", LABEL_WIDTH, "", VALUE_WIDTH,
+                "this mount", LIFETIME_WIDTH - 1, head);
     }
 
     for (size_t g = 0; g < GROUP_COUNT; g++) {

@@ -20,6 +20,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -226,6 +228,66 @@ static void test_threads_list_each_once(void **state)
     free(text);
 }
 
+/* Writes that fail (the file size limit standing for a full disk): the
+ * versions whose line was not written are listed at their next open, the
+ * others not again, and the line cut short at the limit does not run into
+ * the next one. 300 versions, so that forgetting one moves others back in
+ * the set. */
+static void test_failed_writes_listed_again(void **state)
+{
+    struct fixture *f = *state;
+    struct access_log *log = open_log(f, "");
+    struct rlimit before, small;
+    char key[32];
+    enum { COUNT = 300 };
+    size_t line_len = strlen(f->mnt) + strlen("/v/000\n");
+
+    assert_int_equal(getrlimit(RLIMIT_FSIZE, &before), 0);
+    small = before;
+    small.rlim_cur = line_len * 100 + line_len / 2; /* 100 lines and a half */
+    signal(SIGXFSZ, SIG_IGN);
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &small), 0);
+    for (int i = 0; i < COUNT; i++) {
+        snprintf(key, sizeof(key), "v/%03d", i);
+        access_log_opened(log, key, "\"e\"");
+    }
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &before), 0);
+    for (int round = 0; round < 2; round++)
+        for (int i = 0; i < COUNT; i++) {
+            snprintf(key, sizeof(key), "v/%03d", i);
+            access_log_opened(log, key, "\"e\"");
+        }
+    access_log_close(&log);
+
+    char *text = contents(f->file);
+    int seen[COUNT] = {0};
+    size_t others = 0;
+    for (char *line = strtok(text, "\n"); line != NULL;
+         line = strtok(NULL, "\n")) {
+        char expected[128];
+        int i = -1;
+        const char *slash = strrchr(line, '/');
+        if (slash != NULL && strlen(slash + 1) == 3)
+            i = atoi(slash + 1);
+        if (i >= 0 && i < COUNT) {
+            snprintf(expected, sizeof(expected), "%s/v/%03d", f->mnt, i);
+            if (strcmp(line, expected) == 0) {
+                seen[i]++;
+                continue;
+            }
+        }
+        /* the line cut at the limit: a beginning of a path, alone */
+        assert_true(strncmp(line, f->mnt, strlen(line)) == 0 ||
+                    strncmp(line, f->mnt, strlen(f->mnt)) == 0);
+        others++;
+    }
+    for (int i = 0; i < COUNT; i++)
+        if (seen[i] != 1)
+            fail_msg("v/%03d listed %d times", i, seen[i]);
+    assert_int_equal(others, 1);
+    free(text);
+}
+
 static void test_refused_files(void **state)
 {
     struct fixture *f = *state;
@@ -271,6 +333,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_many_versions, setup, teardown),
         cmocka_unit_test_setup_teardown(test_threads_list_each_once, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(test_failed_writes_listed_again,
+                                        setup, teardown),
         cmocka_unit_test_setup_teardown(test_refused_files, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -74,7 +74,7 @@ static char *appended(struct fixture *f, const char *now)
     char *text = NULL;
 
     f->now = now;
-    assert_int_equal(lifetime_start(f->cache, counters_now, f, &lifetime), 0);
+    assert_int_equal(lifetime_start(f->cache, 0, counters_now, f, &lifetime), 0);
     assert_int_equal(lifetime_append(lifetime, now, &text), 0);
     lifetime_stop(&lifetime); /* stores the totals */
     assert_null(lifetime);
@@ -167,11 +167,42 @@ static void test_notes_of_other_versions(void **state)
     assert_null(text);
 }
 
+/* The thread stores the totals every period, without a stop: what a
+ * daemon killed keeps. */
+static void test_stored_every_period(void **state)
+{
+    struct fixture *f = *state;
+    struct lifetime *lifetime = NULL;
+    char *note = NULL;
+
+    f->now = "bytes_read 7\n";
+    assert_int_equal(lifetime_start(f->cache, 0.05, counters_now, f,
+                                    &lifetime), 0);
+    /* the start of a new cache's count is stored at once */
+    assert_int_equal(cache_note_get(f->cache, "lifetime", &note), 0);
+    assert_non_null(strstr(note, "since "));
+    free(note);
+    f->now = "bytes_read 9\n";
+    double until = (double)time(NULL) + 10;
+    bool stored = false;
+    while (!stored && (double)time(NULL) < until) {
+        struct timespec pause = {.tv_nsec = 10 * 1000 * 1000};
+        nanosleep(&pause, NULL);
+        assert_int_equal(cache_note_get(f->cache, "lifetime", &note), 0);
+        stored = has_line(note, "bytes_read 9");
+        free(note);
+    }
+    assert_true(stored);
+    lifetime_stop(&lifetime);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_mounts_add_up, setup, teardown),
         cmocka_unit_test_setup_teardown(test_notes_of_other_versions, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_stored_every_period, setup,
                                         teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <setjmp.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -314,9 +315,9 @@ static void test_address_refused(void **state)
 
 /* ------------------------------------------------------------ the server */
 
-struct page {
-    int calls;
-    int fail;               /* render's answer */
+struct page {               /* (shared with the server's thread) */
+    atomic_int calls;
+    atomic_int fail;        /* render's answer */
 };
 
 static int render_page(void *arg, char **text, size_t *len)
