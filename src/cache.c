@@ -308,6 +308,72 @@ bool cache_block_present(struct cache *cache, struct cache_object *object,
     return present;
 }
 
+/* Sums the lengths of one object's block records (db_scan visitor). */
+struct cached_sum {
+    uint64_t id;
+    uint64_t bytes;
+};
+
+static int sum_cached_block(void *arg, const void *key, size_t key_len,
+                            const void *value, size_t value_len)
+{
+    struct cached_sum *sum = arg;
+    struct block_record record;
+
+    if (key_len != sizeof(struct block_key) || get_be64(key) != sum->id)
+        return -1; /* past the object's blocks */
+    if (value_len >= sizeof(record)) {
+        memcpy(&record, value, sizeof(record));
+        sum->bytes += record.len;
+    }
+    return 0;
+}
+
+static int cached_bytes_txn(struct db_txn *txn, uint64_t id, uint64_t *bytes)
+{
+    struct cached_sum sum = {.id = id};
+    struct block_key start = block_key(id, 0);
+    int err = db_scan(txn, DB_BLOCKS, start.bytes, sizeof(start.bytes),
+                      sum_cached_block, &sum);
+
+    *bytes = err == 0 ? sum.bytes : 0;
+    return err;
+}
+
+int cache_object_cached_bytes(struct cache *cache, struct cache_object *object,
+                              uint64_t *bytes)
+{
+    struct db_txn *txn = NULL;
+    int err = db_txn_begin(cache->db, false, &txn);
+
+    *bytes = 0;
+    if (err != 0)
+        return err;
+    err = cached_bytes_txn(txn, object->id, bytes);
+    db_txn_abort(&txn);
+    return err;
+}
+
+int cache_version_cached_bytes(struct cache *cache, const char *key,
+                               const char *etag, uint64_t size, uint64_t *bytes)
+{
+    unsigned char hash[KEY_HASH_LEN];
+    struct db_txn *txn = NULL;
+    uint64_t id = 0;
+    int err = cache_key_hash(cache->bucket, key, hash);
+
+    *bytes = 0;
+    if (err != 0)
+        return err;
+    err = db_txn_begin(cache->db, false, &txn);
+    if (err != 0)
+        return err;
+    if (version_matches_txn(txn, hash, etag, size, &id))
+        err = cached_bytes_txn(txn, id, bytes);
+    db_txn_abort(&txn);
+    return err;
+}
+
 /* Drop a damaged block, unless it was replaced since we read its record. */
 static void drop_damaged_block(struct cache *cache, struct cache_object *object,
                                uint64_t block, uint64_t tick, const char *why)

@@ -128,6 +128,30 @@ uint32_t cache_object_block_len(const struct cache_object *object,
 bool cache_block_present(struct cache *cache, struct cache_object *object,
                          uint64_t block);
 
+/* The bytes of OBJECT's blocks recorded now (not verified), into
+ * *BYTES. 0 or the index's errno. */
+int cache_object_cached_bytes(struct cache *cache, struct cache_object *object,
+                              uint64_t *bytes);
+
+/*
+ * The bytes recorded of version (KEY, ETAG, SIZE) into *BYTES: 0 when
+ * another version of KEY, or none, is cached. Reads the index only: it
+ * creates no version and drops none (`s3cachefs warm --check`). 0, or
+ * the index's errno.
+ */
+int cache_version_cached_bytes(struct cache *cache, const char *key,
+                               const char *etag, uint64_t size, uint64_t *bytes);
+
+/*
+ * Drop every cached block of KEY's version (whichever ETag is cached), as
+ * eviction would: *FREED gets the bytes of the blocks dropped. Handles
+ * open on the version stay valid and fetch what they read again; the
+ * version's record goes when none is open. Staged data is not the
+ * cache's: nothing under staging/ is touched. 0 (also when nothing was
+ * cached), ENOMEM or EIO.
+ */
+int cache_evict_key(struct cache *cache, const char *key, uint64_t *freed);
+
 /*
  * Copy LEN bytes at OFFSET inside block BLOCK into BUF, verifying the
  * checksums of the pieces read. Returns 0, ENOENT (not cached, or it was

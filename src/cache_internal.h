@@ -276,6 +276,12 @@ int cache_drop_block_txn(struct db_txn *txn, uint64_t id, uint64_t block,
 int cache_drop_version_txn(struct db_txn *txn, uint64_t id,
                            struct usage_record *usage);
 
+/* The blocks object ID has recorded, in order: *BLOCKS (malloc'd, the
+ * caller frees it; NULL when none) and *COUNT. 0, ENOMEM or the index's
+ * errno. */
+int cache_object_blocks_txn(struct db_txn *txn, uint64_t id, uint64_t **blocks,
+                            size_t *count);
+
 /* Whether object ID has an open handle; call with `lock` held. */
 bool cache_object_is_open_locked(struct cache *cache, uint64_t id);
 

@@ -175,6 +175,69 @@ static uint64_t evict_some(struct cache *cache, uint64_t want, int *err)
     return freed;
 }
 
+int cache_evict_key(struct cache *cache, const char *key, uint64_t *freed)
+{
+    unsigned char hash[KEY_HASH_LEN];
+    struct db_txn *txn = NULL;
+    struct usage_record usage, before;
+    uint64_t id = 0, *blocks = NULL;
+    uint32_t *lens = NULL;
+    size_t count = 0;
+    bool retired = false;
+    const void *value;
+    size_t len;
+    int err = cache_key_hash(cache->bucket, key, hash);
+
+    *freed = 0;
+    if (err != 0)
+        return err;
+    pthread_mutex_lock(&cache->evict_lock);
+    err = db_txn_begin(cache->db, true, &txn);
+    if (err == 0)
+        err = cache_usage_get(txn, &usage);
+    before = usage;
+    if (err == 0)
+        err = db_get(txn, DB_KEYS, hash, sizeof(hash), &value, &len);
+    if (err == ENOENT || (err == 0 && len != sizeof(id))) {
+        err = 0; /* nothing cached */
+        goto out;
+    }
+    if (err == 0) {
+        memcpy(&id, value, sizeof(id));
+        err = cache_object_blocks_txn(txn, id, &blocks, &count);
+    }
+    if (err == 0 && count > 0 && (lens = calloc(count, sizeof(*lens))) == NULL)
+        err = ENOMEM;
+    for (size_t i = 0; err == 0 && i < count; i++) {
+        err = cache_drop_block_txn(txn, id, blocks[i], &usage, &lens[i]);
+        if (err == ENOENT)
+            err = 0;
+        *freed += lens[i];
+    }
+    if (err == 0)
+        retired = retire_object_txn(cache, txn, id);
+    if (err == 0)
+        err = cache_usage_commit(cache, &txn, &before, &usage);
+    if (err != 0)
+        goto out;
+    /* committed: give the disk space back (outside the transaction) */
+    if (retired) {
+        cache_unlink_data_file(cache, id);
+    } else {
+        for (size_t i = 0; i < count; i++)
+            if (lens[i] > 0)
+                cache_punch_block(cache, id, blocks[i], lens[i]);
+    }
+out:
+    db_txn_abort(&txn);
+    pthread_mutex_unlock(&cache->evict_lock);
+    if (err != 0)
+        *freed = 0;
+    free(blocks);
+    free(lens);
+    return err;
+}
+
 /* Bytes the filesystem must keep free, and what it has now. */
 static void disk_space(const struct cache *cache, uint64_t *free_bytes,
                        uint64_t *keep_free)

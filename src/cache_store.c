@@ -264,6 +264,23 @@ static int collect_object_blocks(void *arg, const void *key, size_t key_len,
     return 0;
 }
 
+int cache_object_blocks_txn(struct db_txn *txn, uint64_t id, uint64_t **blocks,
+                            size_t *count)
+{
+    struct block_list list = {.id = id};
+    struct block_key start = block_key(id, 0);
+    int err = db_scan(txn, DB_BLOCKS, start.bytes, sizeof(start.bytes),
+                      collect_object_blocks, &list);
+
+    if (err != 0) {
+        free(list.blocks);
+        list = (struct block_list){0};
+    }
+    *blocks = list.blocks;
+    *count = list.count;
+    return err;
+}
+
 /* Forget version ID entirely (its blocks, its record) in TXN. */
 int cache_drop_version_txn(struct db_txn *txn, uint64_t id,
                            struct usage_record *usage)
