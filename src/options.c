@@ -608,8 +608,8 @@ void options_print_help(FILE *fp, const char *progname)
 "                         http://ADDR:PORT/metrics (ADDR: 127.0.0.1\n"
 "                         unless named; off by default)\n"
 "\n"
-"Commands: s3cachefs stats|sync|pending MOUNTPOINT, s3cachefs --unmount\n"
-"MOUNTPOINT (each with --help).\n"
+"Commands: s3cachefs stats|sync|pending MOUNTPOINT, s3cachefs warm PATH...,\n"
+"s3cachefs --unmount MOUNTPOINT (each with --help).\n"
 "\n"
 "See s3cachefs(1) for details.\n",
             progname, DEFAULT_CONNECTIONS, DEFAULT_RETRIES,
