@@ -10,6 +10,10 @@
  * reads the index only), so it tells about the version the mount knows.
  * A file with staged data (written, not uploaded yet) is local already:
  * nothing is fetched or evicted for it (status "staged").
+ *
+ * A pin (cache_pin_version()) is taken before the warm, so the blocks it
+ * fetches are pinned as they come; one past the pinned share answers
+ * "full" and fetches nothing. An unpin needs no request either.
  */
 #include "config.h"
 
@@ -74,7 +78,23 @@ int fs_warm(struct fs *fs, fuse_ino_t ino, enum fs_warm_op op,
     }
 
     int op_err = 0;
+    bool can_cache = attrs.etag[0] != '\0' && attrs.size > 0;
     switch (op) {
+    case FS_WARM_PIN:
+        /* the pin first: what the warm fetches is pinned as it comes */
+        out->pin_max = cache_pin_max(fs->conf.cache);
+        if (can_cache)
+            op_err = cache_pin_version(fs->conf.cache, key, attrs.etag,
+                                       attrs.size, true, &out->pin_used);
+        if (op_err == ENOSPC) {
+            out->status = WARMFMT_FULL;
+            op_err = 0;
+            break;
+        }
+        if (op_err != 0)
+            break;
+        out->pinned = can_cache;
+        /* fall through */
     case FS_WARM_FETCH: {
         struct reader_warm_result result;
         op_err = reader_warm(fs->reader, key, attrs.etag, attrs.size,
@@ -85,15 +105,26 @@ int fs_warm(struct fs *fs, fuse_ino_t ino, enum fs_warm_op op,
         break;
     }
     case FS_WARM_CHECK:
-        if (attrs.etag[0] != '\0' && attrs.size > 0)
+        if (can_cache)
             op_err = cache_version_cached_bytes(fs->conf.cache, key, attrs.etag,
-                                                attrs.size, &out->cached);
+                                                attrs.size, &out->cached,
+                                                &out->pinned);
+        out->before = out->cached;
+        break;
+    case FS_WARM_UNPIN:
+        out->pin_max = cache_pin_max(fs->conf.cache);
+        if (can_cache)
+            op_err = cache_pin_version(fs->conf.cache, key, attrs.etag,
+                                       attrs.size, false, &out->pin_used);
+        if (op_err == 0 && can_cache)
+            op_err = cache_version_cached_bytes(fs->conf.cache, key, attrs.etag,
+                                                attrs.size, &out->cached, NULL);
         out->before = out->cached;
         break;
     case FS_WARM_EVICT:
-        if (attrs.etag[0] != '\0' && attrs.size > 0)
+        if (can_cache)
             op_err = cache_version_cached_bytes(fs->conf.cache, key, attrs.etag,
-                                                attrs.size, &out->before);
+                                                attrs.size, &out->before, NULL);
         if (op_err == 0)
             op_err = cache_evict_key(fs->conf.cache, key, &out->freed);
         if (op_err == 0) {
@@ -104,9 +135,6 @@ int fs_warm(struct fs *fs, fuse_ino_t ino, enum fs_warm_op op,
             log_info("warm: evicted '%s' (%llu bytes)", key,
                      (unsigned long long)out->freed);
         }
-        break;
-    default:
-        op_err = EINVAL;
         break;
     }
     if (op_err == EINTR) {

@@ -673,6 +673,10 @@ static void take_answer(struct run *run, struct item *item, int err,
         run->totals.fetched += answer->fetched;
         run->totals.cached += answer->cached;
         run->totals.freed += answer->freed;
+        if (answer->pin_max > 0) {
+            run->totals.pin_used = answer->pin_used;
+            run->totals.pin_max = answer->pin_max;
+        }
         if (answer->status == WARMFMT_STAGED)
             run->totals.staged++;
         else if (answer->status == WARMFMT_FAILED)
@@ -856,10 +860,10 @@ static void print_json(const struct run *run, double seconds)
             "\"files\":%" PRIu64 ",\"done\":%" PRIu64 ",\"failed\":%" PRIu64
             ",\"staged\":%" PRIu64 ",\"bytes\":%" PRIu64 ",\"before\":%" PRIu64
             ",\"fetched\":%" PRIu64 ",\"cached\":%" PRIu64 ",\"freed\":%" PRIu64
-            ",\"paths\":[", warm_mode_name(run->args.mode),
-            run->interrupted ? "true" : "false", seconds, t->files, t->done,
-            t->failed, t->staged, t->bytes, t->before, t->fetched, t->cached,
-            t->freed);
+            ",\"pin_used\":%" PRIu64 ",\"pin_max\":%" PRIu64 ",\"paths\":[",
+            warm_mode_name(run->args.mode), run->interrupted ? "true" : "false",
+            seconds, t->files, t->done, t->failed, t->staged, t->bytes, t->before,
+            t->fetched, t->cached, t->freed, t->pin_used, t->pin_max);
     for (size_t i = 0; i < run->count; i++) {
         const struct item *item = &run->items[i];
         const struct warmfmt_answer *a = &item->answer;

@@ -148,7 +148,15 @@ void warm_summary_line(enum warm_mode mode, const struct warm_totals *totals,
                                  " staged (not uploaded yet: left alone)",
                                  totals->staged);
     if (used < cap && interrupted)
-        snprintf(buf + used, cap - used, ", interrupted");
+        used += (size_t)snprintf(buf + used, cap - used, ", interrupted");
+    if (used < cap && (mode == WARM_MODE_PIN || mode == WARM_MODE_UNPIN) &&
+        totals->pin_max > 0) {
+        char pinned[32], allowed[32];
+        warm_format_bytes(totals->pin_used, pinned, sizeof(pinned));
+        warm_format_bytes(totals->pin_max, allowed, sizeof(allowed));
+        snprintf(buf + used, cap - used, "; pinned now: %s of %s allowed",
+                 pinned, allowed);
+    }
 }
 
 /* The length of the UTF-8 sequence at TEXT, or 0 when it is not one. */

@@ -35,6 +35,9 @@ struct warm_totals {
     uint64_t fetched;        /* fetched by this run */
     uint64_t cached;         /* cached when answered */
     uint64_t freed;          /* --evict */
+    uint64_t pin_used;       /* --pin, --unpin: the pinned bytes after the
+                                last answer, and what they may take */
+    uint64_t pin_max;
 };
 
 /* The word of MODE as the command says it ("warm", "check", "evict",
@@ -75,7 +78,8 @@ void warm_progress_line(enum warm_mode mode, const struct warm_totals *totals,
  *   check: 12 files, 4.0 GiB, 1.0 GiB cached (25%), 0 failed
  *   evict: 12 files, 4.0 GiB freed, 0 failed
  * plus ", N staged (not uploaded yet: left alone)" and ", interrupted"
- * when they apply. The rate is of the bytes fetched.
+ * when they apply, and for --pin and --unpin "; pinned now: 1.0 GiB of
+ * 40 GiB allowed". The rate is of the bytes fetched.
  */
 void warm_summary_line(enum warm_mode mode, const struct warm_totals *totals,
                        double seconds, bool interrupted, char *buf, size_t cap);

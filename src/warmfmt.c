@@ -32,11 +32,12 @@ int warmfmt_format(const struct warmfmt_answer *answer, char *buf, size_t cap,
     int n = snprintf(buf, cap,
                      HEADER "%d\nstatus %s\nerror %d\nsize %" PRIu64
                      "\nbefore %" PRIu64 "\nfetched %" PRIu64 "\ncached %" PRIu64
-                     "\nfreed %" PRIu64 "\npinned %d\n",
+                     "\nfreed %" PRIu64 "\npinned %d\npin_used %" PRIu64
+                     "\npin_max %" PRIu64 "\n",
                      WARMFMT_VERSION, warmfmt_status_name(answer->status),
                      answer->error, answer->size, answer->before,
                      answer->fetched, answer->cached, answer->freed,
-                     answer->pinned ? 1 : 0);
+                     answer->pinned ? 1 : 0, answer->pin_used, answer->pin_max);
 
     *len = 0;
     if (n < 0 || (size_t)n >= cap)
@@ -116,6 +117,8 @@ int warmfmt_parse(const char *text, size_t len, struct warmfmt_answer *out)
                               : word_is(text, name_len, "fetched") ? &out->fetched
                               : word_is(text, name_len, "cached")  ? &out->cached
                               : word_is(text, name_len, "freed")   ? &out->freed
+                              : word_is(text, name_len, "pin_used") ? &out->pin_used
+                              : word_is(text, name_len, "pin_max") ? &out->pin_max
                                                                    : NULL;
             /* a name not known: a newer daemon's, skipped */
             if (field != NULL && !parse_u64(value, value_len, field))

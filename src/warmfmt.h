@@ -12,6 +12,8 @@
  *   cached 1048576            bytes of it cached when it answered
  *   freed 0                   --evict: bytes dropped
  *   pinned 0                  1: the version is pinned (kept by eviction)
+ *   pin_used 0                --pin, --unpin: the pinned versions' bytes
+ *   pin_max 0                 --pin, --unpin: what they may take
  *
  * One "name value" line each, numbers in decimal; a reader ignores names
  * it does not know (a newer daemon may add some) and requires status,
@@ -48,6 +50,8 @@ struct warmfmt_answer {
     uint64_t cached;
     uint64_t freed;
     bool pinned;
+    uint64_t pin_used;
+    uint64_t pin_max;
 };
 
 /* The word of STATUS ("done"...); "?" for no status. Static. */

@@ -293,3 +293,73 @@ def test_bucket_named_warm_still_mounts(server, s3, tmp_path, mount):
     s3.put_object(Bucket='warm', Key='hello.txt', Body=b'hi')
     mnt = mount('warm')
     assert (mnt.path / 'hello.txt').read_bytes() == b'hi'
+
+
+def test_pin_survives_cache_pressure_and_a_remount(server, s3, bucket, mount,
+                                                   proxy, tmp_path):
+    """With cache_size=8M (pins may take 4 MiB): a pinned 3 MiB file stays
+    whole while 24 MiB of other files are read through the cache (an
+    unpinned file warmed the same way is evicted), also after a remount
+    on the same cache; reading it sends no GET. Pinning a second file past
+    the share fails for that file (exit 1, nothing fetched for it);
+    --unpin gives the room back."""
+    weights = RNG.randbytes(3 * MiB + 5)
+    control = RNG.randbytes(MiB)
+    s3.put_object(Bucket=bucket, Key='weights.bin', Body=weights)
+    s3.put_object(Bucket=bucket, Key='control.bin', Body=control)
+    s3.put_object(Bucket=bucket, Key='more.bin', Body=RNG.randbytes(2 * MiB))
+    for i in range(12):
+        s3.put_object(Bucket=bucket, Key=f'dataset/{i}.bin',
+                      Body=RNG.randbytes(2 * MiB))
+    cache = tmp_path / 'cache'
+    options = [*STEADY, 'cache_size=8M']
+
+    def pressure(mnt):
+        for i in range(12):
+            (mnt.path / f'dataset/{i}.bin').read_bytes()
+
+    def check(mnt, name):
+        done, report = warm_json('--check', mnt.path / name)
+        assert done.returncode == 0, done.stderr
+        return report['paths'][0]
+
+    mnt = mount(bucket, endpoint=proxy.endpoint, options=options, cache=cache)
+    done = command('warm', '--pin', mnt.path / 'weights.bin')
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith('pin: 1 file pinned, ')
+    assert 'pinned now: 3.0 MiB of 4.0 MiB allowed' in done.stdout
+    assert command('warm', mnt.path / 'control.bin').returncode == 0
+    assert check(mnt, 'weights.bin')['pinned'] is True
+
+    proxy.reset_counters()
+    done, report = warm_json('--pin', mnt.path / 'more.bin')
+    assert done.returncode == 1
+    assert 'does not fit in the share of the cache pinned files may take' in done.stderr
+    assert report['paths'][0]['status'] == 'full'
+    assert fetched(proxy, bucket, 'more.bin') == 0
+
+    pressure(mnt)
+    assert check(mnt, 'weights.bin')['cached'] == len(weights)
+    assert check(mnt, 'control.bin')['cached'] < len(control)
+    drop_caches()
+    proxy.reset_counters()
+    assert sha((mnt.path / 'weights.bin').read_bytes()) == sha(weights)
+    assert fetched(proxy, bucket, 'weights.bin') == 0
+    mnt.unmount()
+
+    again = mount(bucket, endpoint=proxy.endpoint, options=options, cache=cache,
+                  name='again')
+    os.listdir(again.path / 'dataset')
+    entry = check(again, 'weights.bin')
+    assert entry['pinned'] is True and entry['cached'] == len(weights)
+    pressure(again)
+    proxy.reset_counters()
+    assert sha((again.path / 'weights.bin').read_bytes()) == sha(weights)
+    assert fetched(proxy, bucket, 'weights.bin') == 0
+
+    done = command('warm', '--unpin', again.path / 'weights.bin')
+    assert done.returncode == 0, done.stderr
+    assert 'pinned now: 0 B of 4.0 MiB allowed' in done.stdout
+    assert check(again, 'weights.bin')['pinned'] is False
+    done = command('warm', '--pin', again.path / 'more.bin')
+    assert done.returncode == 0, done.stderr

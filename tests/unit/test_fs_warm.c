@@ -16,7 +16,11 @@
  * file at once fetch each block once; an interrupted warm answers at
  * once (its GETs still held) and the file reads right afterwards; a
  * failed GET is an answer with its errno; a file being written is left
- * alone ("staged"); directories are refused.
+ * alone ("staged"); directories are refused. Pins (a cache of 2 MiB):
+ * a pinned file stays whole through reads of three times the cache while
+ * a control file warmed the same way goes, also after the cache is
+ * closed and opened again; pins stop at half the cache ("full", nothing
+ * fetched); unpin and evict give the room back.
  */
 #ifdef HAVE_CONFIG_H
 #include "config.h"
@@ -123,6 +127,12 @@ static int setup_size(void **state, uint64_t cache_size)
 static int setup(void **state)
 {
     return setup_size(state, 256ull * MIB);
+}
+
+/* A cache of 2 MiB: pins may take 1 MiB of it. */
+static int setup_small(void **state)
+{
+    return setup_size(state, 2ull * MIB);
 }
 
 static int teardown(void **state)
@@ -514,6 +524,157 @@ static void test_directories_are_refused(void **state)
     assert_int_equal(fs_warm(f->fs, 12345, FS_WARM_CHECK, NULL, &answer), ENOENT);
 }
 
+/* Put LEN pattern bytes at KEY without keeping them (another client). */
+static void put_other(struct fixture *f, const char *key, size_t len, unsigned seed)
+{
+    unsigned char *bytes = malloc(len);
+
+    assert_non_null(bytes);
+    for (size_t i = 0; i < len; i++)
+        bytes[i] = (unsigned char)(i * 7 + seed);
+    assert_int_equal(fake_s3_put(f->s3, key, bytes, len, NULL, NULL), 0);
+    free(bytes);
+}
+
+#define DATASET_FILES 12
+
+/* 6 MiB of other files in the bucket (before the first lookup: the
+ * root's listing is kept for an hour). */
+static void put_dataset(struct fixture *f)
+{
+    for (unsigned i = 0; i < DATASET_FILES; i++) {
+        char name[32];
+        snprintf(name, sizeof(name), "dataset-%u.bin", i);
+        put_other(f, name, 512 * KIB, i);
+    }
+}
+
+/* Warm the dataset through the cache: the eviction pressure of a job
+ * reading three times the cache. */
+static void pressure(struct fixture *f)
+{
+    for (unsigned i = 0; i < DATASET_FILES; i++) {
+        char name[32];
+        snprintf(name, sizeof(name), "dataset-%u.bin", i);
+        fuse_ino_t ino = lookup(f, name);
+        struct warmfmt_answer answer = ask(f, ino, FS_WARM_FETCH);
+        assert_int_equal(answer.status, WARMFMT_DONE);
+    }
+}
+
+static void test_pinned_version_survives_eviction_pressure(void **state)
+{
+    struct fixture *f = *state;
+    const size_t len = 768 * KIB + 10;
+    const unsigned char *data = put(f, "weights.bin", len);
+    put_other(f, "unpinned.bin", 300 * KIB, 99);
+    put_dataset(f);
+    fuse_ino_t weights = lookup(f, "weights.bin");
+    fuse_ino_t unpinned = lookup(f, "unpinned.bin");
+
+    struct warmfmt_answer answer = ask(f, weights, FS_WARM_PIN);
+    assert_int_equal(answer.status, WARMFMT_DONE);
+    assert_true(answer.pinned);
+    assert_int_equal(answer.fetched, len);
+    assert_int_equal(answer.cached, len);
+    assert_int_equal(answer.pin_max, MIB);
+    assert_true(answer.pin_used >= len && answer.pin_used < len + 4 * KIB);
+    assert_int_equal(ask(f, unpinned, FS_WARM_FETCH).cached, 300 * KIB);
+
+    pressure(f);
+    answer = ask(f, weights, FS_WARM_CHECK);
+    assert_int_equal(answer.cached, len);
+    assert_true(answer.pinned);
+    /* the control, warmed the same way and not pinned, was evicted */
+    assert_true(ask(f, unpinned, FS_WARM_CHECK).cached < 300 * KIB);
+    size_t mark = fake_s3_log_count(f->s3);
+    read_back(f, weights, data, len);
+    assert_int_equal(get_bytes_since(f, "weights.bin", mark), 0);
+}
+
+static void test_pin_is_kept_across_a_remount(void **state)
+{
+    struct fixture *f = *state;
+    const size_t len = 512 * KIB;
+    const unsigned char *data = put(f, "kept.bin", len);
+    put_dataset(f);
+    fuse_ino_t ino = lookup(f, "kept.bin");
+
+    assert_true(ask(f, ino, FS_WARM_PIN).pinned);
+    fs_destroy(&f->fs);
+    cache_close(&f->cache);
+    f->cache = unit_cache_open(&f->cache_conf);
+    fs_start(f);
+    ino = lookup(f, "kept.bin");
+    struct warmfmt_answer answer = ask(f, ino, FS_WARM_CHECK);
+    assert_true(answer.pinned);
+    assert_int_equal(answer.cached, len);
+    pressure(f);
+    assert_int_equal(ask(f, ino, FS_WARM_CHECK).cached, len);
+    size_t mark = fake_s3_log_count(f->s3);
+    read_back(f, ino, data, len);
+    assert_int_equal(get_bytes_since(f, "kept.bin", mark), 0);
+
+    /* the disk full (min_free beyond what it has): a fill evicts every
+     * block it can and reads go around the cache, but pinned blocks
+     * stay */
+    fs_destroy(&f->fs);
+    cache_close(&f->cache);
+    f->cache_conf.min_free_bytes = UINT64_MAX / 4;
+    f->cache = unit_cache_open(&f->cache_conf);
+    fs_start(f);
+    ino = lookup(f, "kept.bin");
+    struct cache_stats stats;
+    cache_get_stats(f->cache, &stats);
+    assert_true(stats.used_bytes > len);     /* the dataset's last blocks */
+    fuse_ino_t other = lookup(f, "dataset-0.bin");
+    answer = ask(f, other, FS_WARM_FETCH);
+    assert_int_equal(answer.status, WARMFMT_FAILED);
+    assert_int_equal(answer.error, ENOSPC);
+    cache_get_stats(f->cache, &stats);
+    assert_int_equal(stats.used_bytes, (len + 4 * KIB - 1) / (4 * KIB) * (4 * KIB));
+    assert_int_equal(ask(f, ino, FS_WARM_CHECK).cached, len);
+}
+
+static void test_pins_stay_within_half_the_cache(void **state)
+{
+    struct fixture *f = *state;
+    put_other(f, "first.bin", 640 * KIB, 1);
+    put_other(f, "second.bin", 512 * KIB, 2);
+    put_dataset(f);
+    fuse_ino_t first = lookup(f, "first.bin"), second = lookup(f, "second.bin");
+
+    assert_int_equal(ask(f, first, FS_WARM_PIN).status, WARMFMT_DONE);
+    size_t mark = fake_s3_log_count(f->s3);
+    struct warmfmt_answer answer = ask(f, second, FS_WARM_PIN);
+    assert_int_equal(answer.status, WARMFMT_FULL);
+    assert_false(answer.pinned);
+    assert_int_equal(answer.fetched, 0);
+    assert_int_equal(answer.pin_used, 640 * KIB);
+    assert_int_equal(get_bytes_since(f, "second.bin", mark), 0);
+    assert_false(ask(f, second, FS_WARM_CHECK).pinned);
+
+    /* an unpin gives the room back (and a second unpin is harmless) */
+    answer = ask(f, first, FS_WARM_UNPIN);
+    assert_int_equal(answer.status, WARMFMT_DONE);
+    assert_int_equal(answer.pin_used, 0);
+    assert_int_equal(ask(f, first, FS_WARM_UNPIN).pin_used, 0);
+    assert_false(ask(f, first, FS_WARM_CHECK).pinned);
+    answer = ask(f, second, FS_WARM_PIN);
+    assert_int_equal(answer.status, WARMFMT_DONE);
+    assert_int_equal(answer.pin_used, 512 * KIB);
+    /* the unpinned one is evictable again */
+    pressure(f);
+    assert_true(ask(f, first, FS_WARM_CHECK).cached < 640 * KIB);
+    assert_int_equal(ask(f, second, FS_WARM_CHECK).cached, 512 * KIB);
+    /* evicting a pinned file ends its pin */
+    answer = ask(f, second, FS_WARM_EVICT);
+    assert_int_equal(answer.freed, 512 * KIB);
+    answer = ask(f, first, FS_WARM_PIN);
+    assert_int_equal(answer.status, WARMFMT_DONE);
+    assert_int_equal(answer.pin_used, 640 * KIB);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -537,6 +698,12 @@ int main(void)
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(test_directories_are_refused, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(
+            test_pinned_version_survives_eviction_pressure, setup_small, teardown),
+        cmocka_unit_test_setup_teardown(test_pin_is_kept_across_a_remount,
+                                        setup_small, teardown),
+        cmocka_unit_test_setup_teardown(test_pins_stay_within_half_the_cache,
+                                        setup_small, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -35,7 +35,8 @@ static void test_answer_round_trip(void **state)
         {.status = WARMFMT_FAILED, .error = EIO, .size = 7},
         {.status = WARMFMT_INTERRUPTED, .size = UINT64_MAX, .cached = UINT64_MAX},
         {.status = WARMFMT_STAGED},
-        {.status = WARMFMT_FULL, .size = 1},
+        {.status = WARMFMT_FULL, .size = 1, .pin_used = 1ull << 30,
+         .pin_max = 2ull << 30},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         char text[WARMFMT_VALUE_MAX];
@@ -58,7 +59,8 @@ static void test_answer_text_is_as_documented(void **state)
 
     assert_int_equal(warmfmt_format(&answer, text, sizeof(text), &len), 0);
     assert_string_equal(text, "s3cachefs-warm 1\nstatus done\nerror 0\nsize 10\n"
-                              "before 0\nfetched 10\ncached 10\nfreed 0\npinned 0\n");
+"before 0\nfetched 10\ncached 10\nfreed 0\npinned 0\n"
+                              "pin_used 0\npin_max 0\n");
     /* too small a buffer says so */
     assert_int_equal(warmfmt_format(&answer, text, 20, &len), ERANGE);
     assert_int_equal(len, 0);
@@ -204,6 +206,13 @@ static void test_summary_lines(void **state)
     assert_true(strncmp(line, "pin: 1 file pinned, 4.0 KiB: ", 29) == 0);
     warm_summary_line(WARM_MODE_UNPIN, &totals, 1, false, line, sizeof(line));
     assert_string_equal(line, "unpin: 1 file unpinned, 4.0 KiB, 0 failed");
+    totals.pin_used = 3ull << 30;
+    totals.pin_max = 40ull << 30;
+    warm_summary_line(WARM_MODE_UNPIN, &totals, 1, false, line, sizeof(line));
+    assert_string_equal(line, "unpin: 1 file unpinned, 4.0 KiB, 0 failed; "
+                              "pinned now: 3.0 GiB of 40 GiB allowed");
+    warm_summary_line(WARM_MODE_EVICT, &totals, 1, false, line, sizeof(line));
+    assert_string_equal(line, "evict: 1 file, 4.0 KiB freed, 0 failed");
     /* a short buffer cuts, never overflows */
     char tiny[8];
     warm_summary_line(WARM_MODE_FETCH, &totals, 1, true, tiny, sizeof(tiny));
