@@ -886,18 +886,18 @@ int reader_warm(struct reader *reader, const char *key, const char *etag,
     batch->refs = 1;
     if (parallel == 0)
         parallel = 1;
-    /* a second pass takes what another reader was fetching and failed */
-    for (int pass = 0; pass < 2 && !warm_stopped(reader, stop); pass++) {
-        warm_pass(file, parallel, stop, batch);
-        pthread_mutex_lock(&batch->lock);
-        while (batch->running > 0 && !warm_stopped(reader, stop))
-            warm_batch_wait_locked(batch);
-        bool failed = batch->err != 0;
-        pthread_mutex_unlock(&batch->lock);
-        if (failed)
-            break;
+    /* One pass: a block evicted again before the end (a file larger
+     * than the cache) is not fetched twice; the answer's `cached` tells.
+     * Blocks another reader was fetching are waited for, and counted if
+     * that fetch succeeded. */
+    warm_pass(file, parallel, stop, batch);
+    pthread_mutex_lock(&batch->lock);
+    while (batch->running > 0 && !warm_stopped(reader, stop))
+        warm_batch_wait_locked(batch);
+    bool failed = batch->err != 0;
+    pthread_mutex_unlock(&batch->lock);
+    if (!failed)
         warm_wait_inflight(file, stop);
-    }
     pthread_mutex_lock(&batch->lock);
     out->fetched = batch->fetched;
     err = batch->err;

@@ -100,7 +100,9 @@ struct reader_warm_result {
  * that is not cached, in runs of up to max_request, with at most
  * PARALLEL GETs at once on the worker pool; blocks cached are skipped
  * and blocks another reader is fetching are waited for, not asked again
- * (each block is fetched once). Blocks go through the cache's ordinary
+ * (each block is fetched once, also when the cache is too small to keep
+ * them all: out->cached then says how much stayed; a block whose fetch by
+ * another reader failed is left missing). Blocks go through the cache's ordinary
  * fill path (probation). Stops starting GETs once *STOP (may be NULL) is
  * true or the reader stops, and returns EINTR at once: the GETs under
  * way finish on their own, so the cache holds whole blocks only. *OUT is

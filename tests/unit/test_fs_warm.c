@@ -15,7 +15,9 @@
  * next read fetches exactly them again; a warm and a reader of the same
  * file at once fetch each block once; an interrupted warm answers at
  * once (its GETs still held) and the file reads right afterwards; a
- * failed GET is an answer with its errno; a file being written is left
+ * failed GET is an answer with its errno; a file larger than the cache
+ * is fetched once, and the answer says how much stayed; a file being
+ * written is left
  * alone ("staged"); directories are refused. Pins (a cache of 2 MiB):
  * a pinned file stays whole through reads of three times the cache while
  * a control file warmed the same way goes, also after the cache is
@@ -592,6 +594,21 @@ static void test_pinned_version_survives_eviction_pressure(void **state)
     assert_int_equal(get_bytes_since(f, "weights.bin", mark), 0);
 }
 
+static void test_file_larger_than_the_cache_is_fetched_once(void **state)
+{
+    struct fixture *f = *state;
+    const size_t len = 3 * MIB;
+    put(f, "huge.bin", len);
+    fuse_ino_t ino = lookup(f, "huge.bin");
+
+    size_t mark = fake_s3_log_count(f->s3);
+    struct warmfmt_answer answer = ask(f, ino, FS_WARM_FETCH);
+    assert_int_equal(answer.status, WARMFMT_DONE);
+    assert_int_equal(answer.fetched, len);
+    assert_true(answer.cached <= 2 * MIB);      /* what stayed: it tells */
+    assert_int_equal(get_bytes_since(f, "huge.bin", mark), len);
+}
+
 static void test_pin_is_kept_across_a_remount(void **state)
 {
     struct fixture *f = *state;
@@ -700,6 +717,8 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(
             test_pinned_version_survives_eviction_pressure, setup_small, teardown),
+        cmocka_unit_test_setup_teardown(
+            test_file_larger_than_the_cache_is_fetched_once, setup_small, teardown),
         cmocka_unit_test_setup_teardown(test_pin_is_kept_across_a_remount,
                                         setup_small, teardown),
         cmocka_unit_test_setup_teardown(test_pins_stay_within_half_the_cache,
