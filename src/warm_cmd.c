@@ -7,7 +7,8 @@
  * pid by a child process given 5 s, once per mount, so a stuck daemon
  * costs an error rather than a hung command; then directories are walked
  * (nftw, physical, not across mounts) into a list of regular files with
- * their sizes (the total makes the ETA). Then --jobs threads take the
+ * their sizes (the total makes the ETA); a symbolic link named is
+ * followed, one met in a tree is not. Then --jobs threads take the
  * files in order, one getxattr() of the file's request attribute each
  * (warmfmt.h answers); the main thread draws the progress line and takes
  * the signals.
@@ -570,7 +571,9 @@ static bool add_path(struct run *run, const char *path)
     char why[PATH_MAX + 128];
     struct stat st;
 
-    if (lstat(path, &st) != 0)
+    /* a symbolic link named is followed (a Hugging Face snapshot's files
+     * are links to its blobs); inside a tree they are not */
+    if (stat(path, &st) != 0)
         return item_fail(run, path, errno == ENOENT ? "not found" : strerror(errno));
     const char *bad = check_mount(run, path, why, sizeof(why));
     if (bad != NULL)
@@ -722,7 +725,7 @@ static void *worker_main(void *arg)
         if (item->failed)
             continue;
         atomic_store(&worker->current, (long)index);
-        ssize_t len = lgetxattr(item->path, run->attr, value, sizeof(value));
+        ssize_t len = getxattr(item->path, run->attr, value, sizeof(value));
         int err = len < 0 ? errno : 0;
         struct warmfmt_answer answer = {0};
         if (err == 0 && warmfmt_parse(value, (size_t)len, &answer) != 0)
@@ -756,8 +759,8 @@ static uint64_t peek_under_way(struct run *run, struct worker *workers,
         long index = atomic_load(&workers[i].current);
         if (index < 0)
             continue;
-        ssize_t len = lgetxattr(run->items[index].path, FS_CHECK_XATTR, value,
-                                sizeof(value));
+        ssize_t len = getxattr(run->items[index].path, FS_CHECK_XATTR, value,
+                               sizeof(value));
         struct warmfmt_answer answer;
         if (len > 0 && warmfmt_parse(value, (size_t)len, &answer) == 0)
             bytes += answer.cached;

@@ -17,8 +17,8 @@
  *   --pin    warmed and kept through eviction, within a share of the
  *            cache; --unpin gives it back to eviction.
  *
- * Directories are walked (not across other mounts; symbolic links are
- * not followed). --from FILE reads paths one a line (blank lines and
+ * Directories are walked (not across other mounts; symbolic links in
+ * them are not followed; one named as PATH is). --from FILE reads paths one a line (blank lines and
  * "#" comments skipped; "-" is stdin), relative to the current directory
  * or absolute. SIGINT, SIGTERM and SIGHUP stop it: the files under way
  * are answered at once with what was done (the cache keeps whole blocks

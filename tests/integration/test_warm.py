@@ -157,7 +157,7 @@ def test_warm_from_list_file_and_stdin(server, s3, bucket, mount, proxy,
                                        tmp_path):
     """--from FILE (paths relative to the current directory and absolute,
     blank lines and comments) and --from - (stdin) warm exactly the files
-    listed."""
+    listed; a symbolic link listed warms its target."""
     files = put_tree(s3, bucket)
     mnt = mount(bucket, endpoint=proxy.endpoint, options=STEADY)
     listing = tmp_path / 'list.txt'
@@ -172,9 +172,12 @@ def test_warm_from_list_file_and_stdin(server, s3, bucket, mount, proxy,
     assert fetched(proxy, bucket) == len(files['data/big.bin']) + \
         len(files['data/sub/mid.bin'])
 
+    # a symbolic link named is followed (a Hugging Face snapshot's files
+    # are links to blobs)
+    os.symlink('sub/deeper/leaf.bin', mnt.path / 'data/alias.bin')
     proxy.reset_counters()
     done = command('warm', '--from', '-', cwd=mnt.path / 'data',
-                   input='small.txt\n#sub/deeper/leaf.bin\nsub/deeper/leaf.bin\n')
+                   input='small.txt\n#sub/deeper/leaf.bin\nalias.bin\n')
     assert done.returncode == 0, done.stderr
     assert fetched(proxy, bucket) == len(files['data/small.txt']) + \
         len(files['data/sub/deeper/leaf.bin'])
