@@ -308,6 +308,192 @@ bool cache_block_present(struct cache *cache, struct cache_object *object,
     return present;
 }
 
+/* Sums the lengths of one object's block records (db_scan visitor). */
+struct cached_sum {
+    uint64_t id;
+    uint64_t bytes;
+};
+
+static int sum_cached_block(void *arg, const void *key, size_t key_len,
+                            const void *value, size_t value_len)
+{
+    struct cached_sum *sum = arg;
+    struct block_record record;
+
+    if (key_len != sizeof(struct block_key) || get_be64(key) != sum->id)
+        return -1; /* past the object's blocks */
+    if (value_len >= sizeof(record)) {
+        memcpy(&record, value, sizeof(record));
+        sum->bytes += record.len;
+    }
+    return 0;
+}
+
+static int cached_bytes_txn(struct db_txn *txn, uint64_t id, uint64_t *bytes)
+{
+    struct cached_sum sum = {.id = id};
+    struct block_key start = block_key(id, 0);
+    int err = db_scan(txn, DB_BLOCKS, start.bytes, sizeof(start.bytes),
+                      sum_cached_block, &sum);
+
+    *bytes = err == 0 ? sum.bytes : 0;
+    return err;
+}
+
+int cache_object_cached_bytes(struct cache *cache, struct cache_object *object,
+                              uint64_t *bytes)
+{
+    struct db_txn *txn = NULL;
+    int err = db_txn_begin(cache->db, false, &txn);
+
+    *bytes = 0;
+    if (err != 0)
+        return err;
+    err = cached_bytes_txn(txn, object->id, bytes);
+    db_txn_abort(&txn);
+    return err;
+}
+
+/* Whether version ID is flagged pinned. */
+static bool pinned_txn(struct db_txn *txn, uint64_t id)
+{
+    unsigned char id_key[8];
+    const void *value;
+    size_t len;
+    struct object_record record;
+
+    put_be64(id_key, id);
+    if (db_get(txn, DB_OBJECTS, id_key, sizeof(id_key), &value, &len) != 0 ||
+        len < sizeof(record))
+        return false;
+    memcpy(&record, value, sizeof(record));
+    return (record.flags & OBJECT_PINNED) != 0;
+}
+
+int cache_version_cached_bytes(struct cache *cache, const char *key,
+                               const char *etag, uint64_t size, uint64_t *bytes,
+                               bool *pinned)
+{
+    unsigned char hash[KEY_HASH_LEN];
+    struct db_txn *txn = NULL;
+    uint64_t id = 0;
+    int err = cache_key_hash(cache->bucket, key, hash);
+
+    *bytes = 0;
+    if (pinned != NULL)
+        *pinned = false;
+    if (err != 0)
+        return err;
+    err = db_txn_begin(cache->db, false, &txn);
+    if (err != 0)
+        return err;
+    if (version_matches_txn(txn, hash, etag, size, &id)) {
+        err = cached_bytes_txn(txn, id, bytes);
+        if (pinned != NULL)
+            *pinned = pinned_txn(txn, id);
+    }
+    db_txn_abort(&txn);
+    return err;
+}
+
+uint64_t cache_pin_max(const struct cache *cache)
+{
+    return (uint64_t)(PIN_SHARE * (double)cache->size_limit);
+}
+
+int cache_pin_version(struct cache *cache, const char *key, const char *etag,
+                      uint64_t size, bool pin, uint64_t *pinned_total)
+{
+    unsigned char hash[KEY_HASH_LEN], id_key[8];
+    struct db_txn *txn = NULL;
+    struct usage_record usage, before;
+    uint64_t id = 0, stale_id = 0, total = 0, *blocks = NULL;
+    size_t count = 0;
+    bool changed = false;
+    const void *value;
+    size_t len;
+    int err;
+
+    *pinned_total = 0;
+    if (strlen(etag) > 1024)
+        return EINVAL;
+    err = cache_key_hash(cache->bucket, key, hash);
+    /* a pin makes the version first, so that what is fetched after it is
+     * pinned as it comes (a warm of a file near the cache's size does
+     * not evict its own beginning) */
+    if (err == 0 && pin) {
+        err = resolve_version(cache, key, etag, size, &id, &stale_id);
+        if (err == 0 && stale_id != 0)
+            cache_retire_dropped_version(cache, stale_id);
+    }
+    if (err != 0)
+        return err;
+    pthread_mutex_lock(&cache->evict_lock);
+    err = db_txn_begin(cache->db, true, &txn);
+    if (err == 0)
+        err = cache_usage_get(txn, &usage);
+    before = usage;
+    if (err == 0)
+        err = cache_meta_get_u64(txn, "pinned", &total);
+    if (err != 0)
+        goto out;
+    if (!version_matches_txn(txn, hash, etag, size, &id))
+        goto out; /* not cached (unpin: nothing to do; pin: evicted since) */
+    put_be64(id_key, id);
+    err = db_get(txn, DB_OBJECTS, id_key, sizeof(id_key), &value, &len);
+    if (err == 0 && len < sizeof(struct object_record))
+        err = EIO;
+    if (err != 0)
+        goto out;
+    struct object_record record;
+    memcpy(&record, value, sizeof(record));
+    bool is_pinned = (record.flags & OBJECT_PINNED) != 0;
+    if (pin && !is_pinned) {
+        if (total + account(size) > cache_pin_max(cache)) {
+            err = ENOSPC;
+            goto out;
+        }
+        char *copy = malloc(len);
+        if (copy == NULL) {
+            err = ENOMEM;
+            goto out;
+        }
+        memcpy(copy, value, len);
+        record.flags |= OBJECT_PINNED;
+        memcpy(copy, &record, sizeof(record));
+        err = db_put(txn, DB_OBJECTS, id_key, sizeof(id_key), copy, len);
+        free(copy);
+        total += account(size);
+        if (err == 0)
+            err = cache_meta_put_u64(txn, "pinned", total);
+        changed = true;
+    } else if (!pin && is_pinned) {
+        bool was = false;
+        err = cache_pin_clear_txn(txn, id, &was);
+        total -= total > account(size) ? account(size) : total;
+        changed = true;
+    }
+    /* its blocks move with it: out of eviction's reach, or back at the
+     * recent end of probation */
+    if (err == 0 && changed)
+        err = cache_object_blocks_txn(txn, id, &blocks, &count);
+    for (size_t i = 0; err == 0 && i < count; i++) {
+        err = cache_segment_move_txn(txn, id, blocks[i],
+                                     pin ? SEGMENT_PINNED : SEGMENT_PROBATION,
+                                     &usage);
+        if (err == ENOENT)
+            err = 0;
+    }
+    if (err == 0)
+        err = cache_usage_commit(cache, &txn, &before, &usage);
+out:
+    db_txn_abort(&txn);
+    pthread_mutex_unlock(&cache->evict_lock);
+    free(blocks);
+    *pinned_total = total;
+    return err;
+}
+
 /* Drop a damaged block, unless it was replaced since we read its record. */
 static void drop_damaged_block(struct cache *cache, struct cache_object *object,
                                uint64_t block, uint64_t tick, const char *why)
@@ -610,9 +796,24 @@ int cache_fill_commit(struct cache_fill **fillp)
     }
     if (err == 0)
         err = cache_next_tick(txn, &tick);
+    /* a pinned version's blocks are pinned from the start */
+    uint8_t segment = SEGMENT_PROBATION;
+    if (err == 0) {
+        unsigned char id_key[8];
+        const void *value;
+        size_t value_len;
+        struct object_record object;
+        put_be64(id_key, id);
+        if (db_get(txn, DB_OBJECTS, id_key, sizeof(id_key), &value,
+                   &value_len) == 0 && value_len >= sizeof(object)) {
+            memcpy(&object, value, sizeof(object));
+            if (object.flags & OBJECT_PINNED)
+                segment = SEGMENT_PINNED;
+        }
+    }
     if (err == 0) {
         record->len = fill->len;
-        record->segment = SEGMENT_PROBATION;
+        record->segment = segment;
         record->tick = tick;
         memcpy(record + 1, fill->sums, pieces * sizeof(uint64_t));
         struct block_key key = block_key(id, fill->block);
@@ -620,12 +821,11 @@ int cache_fill_commit(struct cache_fill **fillp)
                      record_len);
     }
     if (err == 0) {
-        struct recency_key rkey = recency_key(SEGMENT_PROBATION, tick, id,
-                                              fill->block);
+        struct recency_key rkey = recency_key(segment, tick, id, fill->block);
         err = db_put(txn, DB_RECENCY, rkey.bytes, sizeof(rkey.bytes), "", 0);
     }
     if (err == 0) {
-        usage.bytes[SEGMENT_PROBATION] += account(fill->len);
+        usage.bytes[usage_slot(segment)] += account(fill->len);
         usage.blocks++;
         err = cache_usage_put(txn, &usage);
     }

@@ -15,6 +15,9 @@
  * block half-written before a crash is noticed, logged, dropped and fetched
  * again: wrong bytes never reach a reader.
  *
+ * Pins: a pinned version (cache_pin_version(), for model weights) is
+ * never evicted; pinned versions take at most half of cache_size.
+ *
  * Bounds: the bytes recorded (rounded up to 4 KiB) stay under cache_size
  * and the filesystem's free space over min_free; room is made before a
  * block is written, by evicting the least recently used blocks. Eviction
@@ -127,6 +130,54 @@ uint32_t cache_object_block_len(const struct cache_object *object,
 /* Whether BLOCK is recorded (not verified: for planning fetches only). */
 bool cache_block_present(struct cache *cache, struct cache_object *object,
                          uint64_t block);
+
+/* The bytes of OBJECT's blocks recorded now (not verified), into
+ * *BYTES. 0 or the index's errno. */
+int cache_object_cached_bytes(struct cache *cache, struct cache_object *object,
+                              uint64_t *bytes);
+
+/*
+ * The bytes recorded of version (KEY, ETAG, SIZE) into *BYTES: 0 when
+ * another version of KEY, or none, is cached. Reads the index only: it
+ * creates no version and drops none (`s3cachefs warm --check`). 0, or
+ * the index's errno.
+ */
+int cache_version_cached_bytes(struct cache *cache, const char *key,
+                               const char *etag, uint64_t size, uint64_t *bytes,
+                               bool *pinned);
+
+/* The most the pinned versions may take together: PIN_SHARE (half) of
+ * cache_size, so that eviction always has the other half to work with. */
+uint64_t cache_pin_max(const struct cache *cache);
+
+/*
+ * Pin (PIN) or unpin version (KEY, ETAG, SIZE). A pinned version's blocks
+ * are never evicted (those it has and those fetched later) and the pin is
+ * kept in the index, across remounts; the pinned versions' sizes together
+ * stay within cache_pin_max(). A pin makes the version the cached one
+ * (dropping another version of KEY, as an open does) so that what is
+ * fetched next is pinned as it comes; a new version of KEY (the object
+ * changed) is not pinned, and dropping a pinned version (a new ETag
+ * opened, cache_evict_key(), cache_forget_key()) ends its pin. An unpin
+ * puts its blocks back at the recent end of probation. *PINNED_TOTAL
+ * gets the sum of the pinned versions' sizes afterwards. 0 (also: unpin
+ * of a version not pinned or not cached); ENOSPC: pinning it would pass
+ * cache_pin_max() (nothing changed); EINVAL (an ETag too long), ENOMEM,
+ * EIO.
+ */
+int cache_pin_version(struct cache *cache, const char *key, const char *etag,
+                      uint64_t size, bool pin, uint64_t *pinned_total);
+
+/*
+ * Drop every cached block of KEY's version (whichever ETag is cached), as
+ * eviction would: *FREED gets the bytes of the blocks dropped. Handles
+ * open on the version stay valid and fetch what they read again; the
+ * version's record goes when none is open; a pinned version is
+ * unpinned. Staged data is not the cache's: nothing under staging/ is
+ * touched. 0 (also when nothing was
+ * cached), ENOMEM or EIO.
+ */
+int cache_evict_key(struct cache *cache, const char *key, uint64_t *freed);
 
 /*
  * Copy LEN bytes at OFFSET inside block BLOCK into BUF, verifying the

@@ -21,11 +21,14 @@
  * Index records (host byte order: a cache directory never moves between
  * machines; keys are big-endian so they sort numerically):
  *   DB_META     "format" u64, "block_size" u64, "next_id" u64, "tick" u64,
- *               "usage" struct usage_record
+ *               "usage" struct usage_record, "pinned" u64 (the sum of
+ *               account(size) of the versions flagged OBJECT_PINNED)
  *   DB_KEYS     sha256(bucket NUL key) -> u64 id of the cached version
  *   DB_OBJECTS  id -> struct object_record (with the key hash) + etag
  *   DB_BLOCKS   id | block -> struct block_record + one XXH3 per piece
- *   DB_RECENCY  segment | tick | id | block -> (empty); oldest first
+ *   DB_RECENCY  segment | tick | id | block -> (empty); oldest first;
+ *               eviction scans probation, then protected, and stops at
+ *               SEGMENT_PINNED (the blocks of a pinned version)
  * The record structs below are stored as they are: changing one changes
  * the format (bump FORMAT_VERSION, which empties old caches on open).
  *
@@ -65,6 +68,13 @@
 #define FLUSH_INTERVAL_S 1
 #define SEGMENT_PROBATION 0
 #define SEGMENT_PROTECTED 1
+#define SEGMENT_PINNED 2               /* blocks of pinned versions: never
+                                          evicted; their bytes are counted
+                                          in the usage record's probation
+                                          slot (usage_slot()), so the
+                                          record's layout stays */
+#define PIN_SHARE 0.5                  /* of size_limit: pinned versions */
+#define OBJECT_PINNED 1u               /* object_record.flags */
 #define KEY_HASH_LEN 32                /* SHA-256 */
 
 struct usage_record {
@@ -74,9 +84,11 @@ struct usage_record {
 
 struct object_record {
     uint64_t size;
-    uint64_t reserved;        /* always 0 (was blocks_present, never
-                                 used); kept so the stored layout, and
-                                 FORMAT_VERSION, stay as they are */
+    uint64_t flags;           /* OBJECT_PINNED; 0 in caches written
+                                 before pins (the field was
+                                 blocks_present, never used, always 0):
+                                 the stored layout and FORMAT_VERSION
+                                 stay as they are */
     unsigned char key_hash[KEY_HASH_LEN];
     uint16_t etag_len;        /* the ETag follows */
 };
@@ -213,12 +225,18 @@ static inline uint32_t pieces_of(uint32_t len)
     return (len + CACHE_PIECE_SIZE - 1) / CACHE_PIECE_SIZE;
 }
 
+/* The slot of the usage record that counts segment SEGMENT's bytes. */
+static inline unsigned usage_slot(uint8_t segment)
+{
+    return segment == SEGMENT_PROTECTED ? SEGMENT_PROTECTED : SEGMENT_PROBATION;
+}
+
 /* Take BYTES off segment SEGMENT's usage, stopping at 0. */
 static inline void usage_sub(struct usage_record *usage, uint8_t segment,
                              uint64_t bytes)
 {
-    usage->bytes[segment] -= bytes < usage->bytes[segment]
-                                 ? bytes : usage->bytes[segment];
+    unsigned slot = usage_slot(segment);
+    usage->bytes[slot] -= bytes < usage->bytes[slot] ? bytes : usage->bytes[slot];
 }
 
 /* ---------------------------------------- cache_store.c: invariants */
@@ -276,6 +294,21 @@ int cache_drop_block_txn(struct db_txn *txn, uint64_t id, uint64_t block,
 int cache_drop_version_txn(struct db_txn *txn, uint64_t id,
                            struct usage_record *usage);
 
+/* The blocks object ID has recorded, in order: *BLOCKS (malloc'd, the
+ * caller frees it; NULL when none) and *COUNT. 0, ENOMEM or the index's
+ * errno. */
+int cache_object_blocks_txn(struct db_txn *txn, uint64_t id, uint64_t **blocks,
+                            size_t *count);
+
+/* Version ID's record in TXN is going (its blocks are gone): if it was
+ * pinned, its size leaves the "pinned" sum. Call before deleting it. */
+int cache_pin_release_txn(struct db_txn *txn, uint64_t id);
+
+/* If version ID is pinned: its flag cleared, its size out of the
+ * "pinned" sum (its blocks stay where they are: the caller moves or
+ * drops them). *was_pinned says whether it was. */
+int cache_pin_clear_txn(struct db_txn *txn, uint64_t id, bool *was_pinned);
+
 /* Whether object ID has an open handle; call with `lock` held. */
 bool cache_object_is_open_locked(struct cache *cache, uint64_t id);
 
@@ -317,6 +350,11 @@ void cache_free_bounce(void *arg);
  * staging file (cache_reserve_disk) only DISK_NEED. ENOSPC if evicting
  * everything would not do. */
 int cache_make_room(struct cache *cache, uint64_t need, uint64_t disk_need);
+
+/* File block BLOCK of object ID under segment TO (at its most recent
+ * end), updating USAGE; ENOENT when it is not recorded. */
+int cache_segment_move_txn(struct db_txn *txn, uint64_t id, uint64_t block,
+                           uint8_t to, struct usage_record *usage);
 
 /* Give back BYTES reserved by cache_make_room(). */
 void cache_release_room(struct cache *cache, uint64_t bytes);

@@ -53,8 +53,9 @@ static int collect_victim(void *arg, const void *key, size_t key_len,
     const unsigned char *bytes = key;
     (void)value;
     (void)value_len;
-    if (key_len != sizeof(struct recency_key) || scan->count == scan->max)
-        return -1;
+    if (key_len != sizeof(struct recency_key) || scan->count == scan->max ||
+        bytes[0] >= SEGMENT_PINNED)
+        return -1; /* (pinned blocks are never victims, nor demoted) */
     scan->victims[scan->count++] = (struct victim){
         .segment = bytes[0],
         .id = get_be64(bytes + 9),
@@ -109,6 +110,7 @@ static bool retire_object_txn(struct cache *cache, struct db_txn *txn, uint64_t 
             memcpy(&mapped_id, mapped, sizeof(mapped_id));
         if (mapped_id == id)
             db_del(txn, DB_KEYS, record.key_hash, sizeof(record.key_hash));
+        cache_pin_release_txn(txn, id);
         db_del(txn, DB_OBJECTS, id_key, sizeof(id_key));
     }
     return true;
@@ -173,6 +175,72 @@ static uint64_t evict_some(struct cache *cache, uint64_t want, int *err)
         cache_unlink_data_file(cache, retired[k]);
     atomic_fetch_add(&cache->evicted_blocks, dropped);
     return freed;
+}
+
+int cache_evict_key(struct cache *cache, const char *key, uint64_t *freed)
+{
+    unsigned char hash[KEY_HASH_LEN];
+    struct db_txn *txn = NULL;
+    struct usage_record usage, before;
+    uint64_t id = 0, *blocks = NULL;
+    uint32_t *lens = NULL;
+    size_t count = 0;
+    bool retired = false;
+    const void *value;
+    size_t len;
+    int err = cache_key_hash(cache->bucket, key, hash);
+
+    *freed = 0;
+    if (err != 0)
+        return err;
+    pthread_mutex_lock(&cache->evict_lock);
+    err = db_txn_begin(cache->db, true, &txn);
+    if (err == 0)
+        err = cache_usage_get(txn, &usage);
+    before = usage;
+    if (err == 0)
+        err = db_get(txn, DB_KEYS, hash, sizeof(hash), &value, &len);
+    if (err == ENOENT || (err == 0 && len != sizeof(id))) {
+        err = 0; /* nothing cached */
+        goto out;
+    }
+    if (err == 0) {
+        bool was_pinned = false;
+        memcpy(&id, value, sizeof(id));
+        err = cache_pin_clear_txn(txn, id, &was_pinned); /* evicted: unpinned */
+        if (err == 0)
+            err = cache_object_blocks_txn(txn, id, &blocks, &count);
+    }
+    if (err == 0 && count > 0 && (lens = calloc(count, sizeof(*lens))) == NULL)
+        err = ENOMEM;
+    for (size_t i = 0; err == 0 && i < count; i++) {
+        err = cache_drop_block_txn(txn, id, blocks[i], &usage, &lens[i]);
+        if (err == ENOENT)
+            err = 0;
+        *freed += lens[i];
+    }
+    if (err == 0)
+        retired = retire_object_txn(cache, txn, id);
+    if (err == 0)
+        err = cache_usage_commit(cache, &txn, &before, &usage);
+    if (err != 0)
+        goto out;
+    /* committed: give the disk space back (outside the transaction) */
+    if (retired) {
+        cache_unlink_data_file(cache, id);
+    } else {
+        for (size_t i = 0; i < count; i++)
+            if (lens[i] > 0)
+                cache_punch_block(cache, id, blocks[i], lens[i]);
+    }
+out:
+    db_txn_abort(&txn);
+    pthread_mutex_unlock(&cache->evict_lock);
+    if (err != 0)
+        *freed = 0;
+    free(blocks);
+    free(lens);
+    return err;
 }
 
 /* Bytes the filesystem must keep free, and what it has now. */
@@ -304,7 +372,7 @@ static int move_block_txn(struct db_txn *txn, uint64_t id, uint64_t block,
     if (to != from) {
         uint64_t bytes = account(record.len);
         usage_sub(usage, from, bytes);
-        usage->bytes[to] += bytes;
+        usage->bytes[usage_slot(to)] += bytes;
     }
     record.segment = to;
     record.tick = tick;
@@ -313,6 +381,27 @@ static int move_block_txn(struct db_txn *txn, uint64_t id, uint64_t block,
     err = db_put(txn, DB_RECENCY, new_key.bytes, sizeof(new_key.bytes), "", 0);
     if (err == 0)
         err = db_put(txn, DB_BLOCKS, key.bytes, sizeof(key.bytes), scratch, len);
+    return err;
+}
+
+int cache_segment_move_txn(struct db_txn *txn, uint64_t id, uint64_t block,
+                           uint8_t to, struct usage_record *usage)
+{
+    char *scratch = malloc(BLOCK_RECORD_MAX);
+    struct block_record record;
+    size_t len = 0;
+    int err = scratch == NULL ? ENOMEM
+                              : load_block_record_txn(txn, id, block, scratch, &len);
+
+    if (err == 0 && len == 0)
+        err = EIO;
+    if (err == 0) {
+        memcpy(&record, scratch, sizeof(record));
+        if (record.segment != to)
+            err = move_block_txn(txn, id, block, record.segment, to, usage,
+                                 scratch, len);
+    }
+    free(scratch);
     return err;
 }
 

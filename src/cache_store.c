@@ -316,6 +316,23 @@ static int collect_object_blocks(void *arg, const void *key, size_t key_len,
     return 0;
 }
 
+int cache_object_blocks_txn(struct db_txn *txn, uint64_t id, uint64_t **blocks,
+                            size_t *count)
+{
+    struct block_list list = {.id = id};
+    struct block_key start = block_key(id, 0);
+    int err = db_scan(txn, DB_BLOCKS, start.bytes, sizeof(start.bytes),
+                      collect_object_blocks, &list);
+
+    if (err != 0) {
+        free(list.blocks);
+        list = (struct block_list){0};
+    }
+    *blocks = list.blocks;
+    *count = list.count;
+    return err;
+}
+
 /* Forget version ID entirely (its blocks, its record) in TXN. */
 int cache_drop_version_txn(struct db_txn *txn, uint64_t id,
                            struct usage_record *usage)
@@ -331,11 +348,83 @@ int cache_drop_version_txn(struct db_txn *txn, uint64_t id,
         err = cache_drop_block_txn(txn, id, list.blocks[i], usage, &len);
     free(list.blocks);
     put_be64(id_key, id);
+    if (err == 0)
+        err = cache_pin_release_txn(txn, id);
     if (err == 0) {
         err = db_del(txn, DB_OBJECTS, id_key, sizeof(id_key));
         if (err == ENOENT)
             err = 0;
     }
+    return err;
+}
+
+/* Version ID's object record into *RECORD; ENOENT, or EIO for a record
+ * too short. */
+static int object_record_txn(struct db_txn *txn, uint64_t id,
+                             struct object_record *record)
+{
+    unsigned char id_key[8];
+    const void *value;
+    size_t len;
+
+    put_be64(id_key, id);
+    int err = db_get(txn, DB_OBJECTS, id_key, sizeof(id_key), &value, &len);
+    if (err == 0 && len < sizeof(*record))
+        err = EIO;
+    if (err == 0)
+        memcpy(record, value, sizeof(*record));
+    return err;
+}
+
+int cache_pin_release_txn(struct db_txn *txn, uint64_t id)
+{
+    struct object_record record;
+    uint64_t pinned = 0;
+    int err = object_record_txn(txn, id, &record);
+
+    if (err == ENOENT)
+        return 0;
+    if (err != 0 || !(record.flags & OBJECT_PINNED))
+        return err;
+    err = cache_meta_get_u64(txn, "pinned", &pinned);
+    if (err == 0) {
+        uint64_t size = account(record.size);
+        err = cache_meta_put_u64(txn, "pinned", pinned > size ? pinned - size : 0);
+    }
+    return err;
+}
+
+int cache_pin_clear_txn(struct db_txn *txn, uint64_t id, bool *was_pinned)
+{
+    unsigned char id_key[8];
+    const void *value;
+    size_t len;
+    int err;
+
+    *was_pinned = false;
+    put_be64(id_key, id);
+    err = db_get(txn, DB_OBJECTS, id_key, sizeof(id_key), &value, &len);
+    if (err == ENOENT)
+        return 0;
+    if (err == 0 && len < sizeof(struct object_record))
+        err = EIO;
+    if (err != 0)
+        return err;
+    struct object_record record;
+    memcpy(&record, value, sizeof(record));
+    if (!(record.flags & OBJECT_PINNED))
+        return 0;
+    char *copy = malloc(len);
+    if (copy == NULL)
+        return ENOMEM;
+    memcpy(copy, value, len);
+    err = cache_pin_release_txn(txn, id);
+    record.flags &= ~(uint64_t)OBJECT_PINNED;
+    memcpy(copy, &record, sizeof(record));
+    if (err == 0)
+        err = db_put(txn, DB_OBJECTS, id_key, sizeof(id_key), copy, len);
+    free(copy);
+    *was_pinned = err == 0;
     return err;
 }
 
@@ -396,11 +485,11 @@ static int add_block(void *arg, const void *key, size_t key_len,
         return 0;
     }
     memcpy(&record, value, sizeof(record));
-    if (record.segment > SEGMENT_PROTECTED) {
+    if (record.segment > SEGMENT_PINNED) {
         sum->bad_record = true;
         return 0;
     }
-    sum->usage.bytes[record.segment] += account(record.len);
+    sum->usage.bytes[usage_slot(record.segment)] += account(record.len);
     sum->usage.blocks++;
     return 0;
 }

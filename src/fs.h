@@ -31,6 +31,7 @@
 
 #include "cache.h"
 #include "s3.h"
+#include "warmfmt.h"
 
 struct access_log;
 
@@ -244,6 +245,42 @@ int fs_pending_text(struct fs *fs, size_t cap, char **text, size_t *len);
  * errno (nothing changed then).
  */
 int fs_drop(struct fs *fs, const char *path, size_t path_len);
+
+/* ------------------------------------------------ warm (fs_warm.c) */
+
+/* What `s3cachefs warm` asks of one file (fuse_ops.c: the attribute
+ * names below). */
+enum fs_warm_op {
+    FS_WARM_FETCH,            /* fetch what is not cached */
+    FS_WARM_CHECK,            /* how much is cached; no request */
+    FS_WARM_EVICT,            /* drop its cached blocks */
+    FS_WARM_PIN,              /* fetch, and keep through eviction */
+    FS_WARM_UNPIN,            /* let eviction take it again */
+};
+
+/*
+ * OP on the file INO: the answer in *OUT (warmfmt.h; failures of the
+ * fetch itself are an answer with status "failed" and their errno). A
+ * fetch revalidates the file's attributes past attr_ttl, then fetches
+ * every missing block with the mount's parallelism (reader_warm()); it
+ * returns early, status "interrupted", once *INTERRUPTED (may be NULL)
+ * is true (polled every 100 ms). A check asks nothing of the bucket. A
+ * file with data not uploaded yet answers "staged" and is left alone.
+ * Returns ENOENT (the inode is gone), EISDIR, EINVAL (not a regular
+ * file), ENOMEM, or the revalidation's errno (ENOENT when the object is
+ * gone from the bucket).
+ */
+int fs_warm(struct fs *fs, fuse_ino_t ino, enum fs_warm_op op,
+            const atomic_bool *interrupted, struct warmfmt_answer *out);
+
+/* Requests of `s3cachefs warm` (warm_cmd.h) on a regular file, not
+ * listed by listxattr: reading one does OP and answers with the text of
+ * warmfmt.h. */
+#define FS_WARM_XATTR "user.s3cachefs.warm"
+#define FS_CHECK_XATTR "user.s3cachefs.check"
+#define FS_EVICT_XATTR "user.s3cachefs.evict"
+#define FS_PIN_XATTR "user.s3cachefs.pin"
+#define FS_UNPIN_XATTR "user.s3cachefs.unpin"
 
 /* The cache directory's absolute path (owned by the cache). */
 const char *fs_cache_dir(const struct fs *fs);

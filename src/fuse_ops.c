@@ -514,16 +514,91 @@ static void reply_report(fuse_req_t req, bool sync, size_t size)
     free(text);
 }
 
+/* A warm under way (reply_warm): what an interrupt of its request sets. */
+struct warm_wait {
+    atomic_bool interrupted;
+};
+
+/* libfuse's interrupt callback: the caller of `s3cachefs warm` got a
+ * signal; fs_warm() sees the flag within 100 ms and answers with what
+ * it did. */
+static void warm_interrupted(fuse_req_t req, void *data)
+{
+    struct warm_wait *wait = data;
+
+    (void)req;
+    atomic_store(&wait->interrupted, true);
+}
+
+/* The request of `s3cachefs warm` that NAME is (fs.h: FS_WARM_XATTR...),
+ * or false. */
+static bool warm_request(const char *name, enum fs_warm_op *op)
+{
+    static const struct {
+        const char *name;
+        enum fs_warm_op op;
+    } requests[] = {
+        {FS_WARM_XATTR, FS_WARM_FETCH}, {FS_CHECK_XATTR, FS_WARM_CHECK},
+        {FS_EVICT_XATTR, FS_WARM_EVICT}, {FS_PIN_XATTR, FS_WARM_PIN},
+        {FS_UNPIN_XATTR, FS_WARM_UNPIN},
+    };
+
+    for (size_t i = 0; i < sizeof(requests) / sizeof(requests[0]); i++) {
+        if (strcmp(name, requests[i].name) == 0) {
+            *op = requests[i].op;
+            return true;
+        }
+    }
+    return false;
+}
+
+/*
+ * A request of `s3cachefs warm` on file INO: the answer is the text of
+ * warmfmt.h. A fetch keeps this worker thread while its GETs run on the
+ * read pool (the command sends a few files at a time); an interrupt of
+ * the request (a signal to the caller) ends it early. Each read of the
+ * attribute is a request, the size probe too (the command reads once,
+ * with a buffer of WARMFMT_VALUE_MAX).
+ */
+static void reply_warm(fuse_req_t req, fuse_ino_t ino, enum fs_warm_op op,
+                       size_t size)
+{
+    struct warm_wait wait;
+    struct warmfmt_answer answer;
+    char text[WARMFMT_VALUE_MAX];
+    size_t len = 0;
+
+    atomic_init(&wait.interrupted, false);
+    bool long_one = op == FS_WARM_FETCH || op == FS_WARM_PIN;
+    if (long_one)
+        fuse_req_interrupt_func(req, warm_interrupted, &wait);
+    int err = fs_warm(request_fs(req), ino, op, &wait.interrupted, &answer);
+    if (long_one) /* (waits for a callback running now) */
+        fuse_req_interrupt_func(req, NULL, NULL);
+    if (err == 0)
+        err = warmfmt_format(&answer, text, sizeof(text), &len);
+    if (err != 0)
+        reply_error(req, err);
+    else
+        reply_xattr_value(req, text, len, size);
+}
+
 /* The mount root carries the counters (fs.h: FS_STATS_XATTR), the
  * daemon's pid (FS_PID_XATTR) and its cache directory (FS_CACHE_XATTR),
  * and answers the requests of `s3cachefs sync` and `pending`
- * (FS_SYNC_XATTR, FS_PENDING_XATTR); nothing else has extended
- * attributes. */
+ * (FS_SYNC_XATTR, FS_PENDING_XATTR); every regular file answers the
+ * requests of `s3cachefs warm` (FS_WARM_XATTR...); nothing else has
+ * extended attributes. */
 static void op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name,
                         size_t size)
 {
     char *text = NULL;
+    enum fs_warm_op warm_op;
 
+    if (warm_request(name, &warm_op)) {
+        reply_warm(req, ino, warm_op, size);
+        return;
+    }
     if (ino == FUSE_ROOT_ID && (strcmp(name, FS_SYNC_XATTR) == 0 ||
                                 strcmp(name, FS_PENDING_XATTR) == 0)) {
         reply_report(req, strcmp(name, FS_SYNC_XATTR) == 0, size);

@@ -36,6 +36,7 @@
 #include "s3.h"
 #include "stats_cmd.h"
 #include "sync_cmd.h"
+#include "warm_cmd.h"
 #include "unmount.h"
 
 #define MULTIPART_THRESHOLD (16ull << 20)  /* larger files go multipart */
@@ -311,6 +312,10 @@ int main(int argc, char **argv)
     /* s3cachefs sync|pending MOUNTPOINT (sync_cmd.h): the same rule */
     if (sync_cmd_requested(argc, argv))
         return sync_cmd_main(argc, argv);
+    /* s3cachefs warm PATH... (warm_cmd.h): the same rule, PATH inside a
+     * mount */
+    if (warm_cmd_requested(argc, argv))
+        return warm_cmd_main(argc, argv);
 
     clock_gettime(CLOCK_REALTIME, &started);
     /* the process is about to hold credentials: no core dump of it (and
@@ -544,6 +549,11 @@ out:
         fprintf(stderr, "s3cachefs: (this was the mount of a bucket named "
                 "'%s': %s is not an s3cachefs mount for 's3cachefs %s' to "
                 "ask)\n", argv[1], argv[2], argv[1]);
+    if (status != 0 && !mounted && argc > 2 && argv[2][0] != '-' &&
+        strcmp(argv[1], "warm") == 0)
+        fprintf(stderr, "s3cachefs: (this was the mount of a bucket named "
+                "'warm': %s is not inside an s3cachefs mount for 's3cachefs "
+                "warm' to fetch)\n", argv[2]);
     if (mounted)
         fuse_session_unmount(session);
     if (handlers)

@@ -613,8 +613,8 @@ void options_print_help(FILE *fp, const char *progname)
 "  -o access_log=FILE     append the path of each file opened for reading\n"
 "                         (once per version), for s3cachefs warm --from\n"
 "\n"
-"Commands: s3cachefs stats|sync|pending MOUNTPOINT, s3cachefs --unmount\n"
-"MOUNTPOINT (each with --help).\n"
+"Commands: s3cachefs stats|sync|pending MOUNTPOINT, s3cachefs warm PATH...,\n"
+"s3cachefs --unmount MOUNTPOINT (each with --help).\n"
 "\n"
 "See s3cachefs(1) for details.\n",
             progname, DEFAULT_CONNECTIONS, DEFAULT_RETRIES,

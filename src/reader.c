@@ -29,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "clock.h"
 #include "log.h"
 
 #define INITIAL_WINDOW_BLOCKS 4
@@ -228,9 +229,11 @@ static void log_if_changed(const struct reader_file *file, int err)
 
 /* GET blocks FIRST..FIRST+COUNT-1 (registered in flight by the caller)
  * into the cache; every one leaves the in-flight table, fetched or not.
- * INFO (may be NULL) receives the object's headers. */
-static int fetch_run(struct reader_file *file, uint64_t first, uint64_t count,
-                     struct s3_object_info *info)
+ * INFO (may be NULL) receives the object's headers; STORED (may be NULL)
+ * the bytes committed to the cache, also when the GET failed part way. */
+static int fetch_run_counted(struct reader_file *file, uint64_t first,
+                             uint64_t count, struct s3_object_info *info,
+                             uint64_t *stored)
 {
     struct reader *reader = file->reader;
     uint32_t block_size = reader->block_size;
@@ -246,7 +249,17 @@ static int fetch_run(struct reader_file *file, uint64_t first, uint64_t count,
     cache_fill_abort(&run.fill);
     inflight_remove(reader, file->object_id, run.done_until,
                     first + count - run.done_until);
+    if (stored != NULL) {
+        uint64_t done_end = run.done_until * block_size;
+        *stored = (done_end < end ? done_end : end) - offset;
+    }
     return err;
+}
+
+static int fetch_run(struct reader_file *file, uint64_t first, uint64_t count,
+                     struct s3_object_info *info)
+{
+    return fetch_run_counted(file, first, count, info, NULL);
 }
 
 struct prefetch_job {
@@ -666,4 +679,238 @@ void reader_close(struct reader_file **filep)
     free(file->etag);
     free(file);
     *filep = NULL;
+}
+
+/* ------------------------------------------------------------- warming */
+
+/* One reader_warm() call and its GETs on the worker pool. The call and
+ * each job hold a reference; the last one frees it, so a call that
+ * returns early (interrupted) leaves its jobs to finish on their own. */
+struct warm_batch {
+    pthread_mutex_t lock;
+    pthread_cond_t job_done;     /* a job ended (running went down) */
+    unsigned refs;
+    unsigned running;            /* jobs submitted and not ended */
+    uint64_t fetched;            /* bytes the jobs committed */
+    int err;                     /* the first job's errno */
+};
+
+struct warm_job {
+    struct warm_batch *batch;
+    struct reader_file *file;    /* a private copy (file_clone) */
+    uint64_t first;
+    uint64_t count;
+};
+
+static void warm_batch_put(struct warm_batch *batch)
+{
+    pthread_mutex_lock(&batch->lock);
+    bool last = --batch->refs == 0;
+    pthread_mutex_unlock(&batch->lock);
+    if (!last)
+        return;
+    pthread_mutex_destroy(&batch->lock);
+    pthread_cond_destroy(&batch->job_done);
+    free(batch);
+}
+
+static void warm_job_main(void *arg)
+{
+    struct warm_job *job = arg;
+    struct reader *reader = job->file->reader;
+    struct warm_batch *batch = job->batch;
+    uint64_t stored = 0;
+    int err;
+
+    pthread_mutex_lock(&reader->lock);
+    bool stopping = reader->stopping;
+    pthread_mutex_unlock(&reader->lock);
+    if (stopping) {
+        inflight_remove(reader, job->file->object_id, job->first, job->count);
+        err = ECANCELED;
+    } else {
+        err = fetch_run_counted(job->file, job->first, job->count, NULL, &stored);
+        log_if_changed(job->file, err);
+    }
+    pthread_mutex_lock(&batch->lock);
+    batch->fetched += stored;
+    if (err != 0 && batch->err == 0)
+        batch->err = err;
+    batch->running--;
+    pthread_cond_broadcast(&batch->job_done);
+    pthread_mutex_unlock(&batch->lock);
+    reader_close(&job->file);
+    warm_batch_put(batch);
+    free(job);
+}
+
+static bool warm_stopped(struct reader *reader, const atomic_bool *stop)
+{
+    if (stop != NULL && atomic_load(stop))
+        return true;
+    pthread_mutex_lock(&reader->lock);
+    bool stopping = reader->stopping;
+    pthread_mutex_unlock(&reader->lock);
+    return stopping;
+}
+
+/* Wait on BATCH (its lock held) for a job to end, or WARM_POLL_MS: the
+ * caller looks at its stop flag between waits. */
+#define WARM_POLL_MS 100
+
+/* WARM_POLL_MS from now on the wall clock (block_done and job_done
+ * wait on CLOCK_REALTIME, the default). */
+static struct timespec warm_poll_deadline(void)
+{
+    struct timespec until = clock_wall_now();
+    until.tv_nsec += WARM_POLL_MS * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    return until;
+}
+static void warm_batch_wait_locked(struct warm_batch *batch)
+{
+    struct timespec until = warm_poll_deadline();
+    pthread_cond_timedwait(&batch->job_done, &batch->lock, &until);
+}
+
+/* Wait (polling STOP) until no block of FILE's object is in flight: the
+ * blocks another reader was fetching when the warm passed them. */
+static void warm_wait_inflight(struct reader_file *file, const atomic_bool *stop)
+{
+    struct reader *reader = file->reader;
+    uint64_t blocks = cache_object_blocks(file->object);
+
+    for (uint64_t block = 0; block < blocks && !warm_stopped(reader, stop);) {
+        pthread_mutex_lock(&reader->lock);
+        bool busy = inflight_has_locked(reader, file->object_id, block);
+        if (busy) {
+            struct timespec until = warm_poll_deadline();
+            pthread_cond_timedwait(&reader->block_done, &reader->lock, &until);
+        }
+        pthread_mutex_unlock(&reader->lock);
+        if (!busy)
+            block++;
+    }
+}
+
+/* One pass over FILE's blocks: every missing one claimed and fetched in
+ * runs on the pool, at most PARALLEL at once. */
+static void warm_pass(struct reader_file *file, unsigned parallel,
+                      const atomic_bool *stop, struct warm_batch *batch)
+{
+    struct reader *reader = file->reader;
+    uint64_t run_max = reader->conf.max_request / reader->block_size;
+    uint64_t blocks = cache_object_blocks(file->object);
+
+    if (run_max == 0)
+        run_max = 1;
+    for (uint64_t block = 0; block < blocks;) {
+        pthread_mutex_lock(&batch->lock);
+        while (batch->running >= parallel && batch->err == 0 &&
+               !warm_stopped(reader, stop))
+            warm_batch_wait_locked(batch);
+        bool failed = batch->err != 0;
+        pthread_mutex_unlock(&batch->lock);
+        if (failed || warm_stopped(reader, stop))
+            return;
+        if (cache_block_present(reader->conf.cache, file->object, block)) {
+            block++;
+            continue;
+        }
+        uint64_t count = claim_run(file, block, blocks - block < run_max
+                                                    ? blocks - block : run_max);
+        if (count == 0) { /* another reader is fetching it */
+            block++;
+            continue;
+        }
+        struct warm_job *job = malloc(sizeof(*job));
+        struct reader_file *copy = job != NULL ? file_clone(file) : NULL;
+        if (copy != NULL) {
+            *job = (struct warm_job){batch, copy, block, count};
+            pthread_mutex_lock(&batch->lock);
+            batch->refs++;
+            batch->running++;
+            pthread_mutex_unlock(&batch->lock);
+        }
+        if (copy == NULL || workers_submit(reader->conf.workers, warm_job_main,
+                                           job) != 0) {
+            inflight_remove(reader, file->object_id, block, count);
+            pthread_mutex_lock(&batch->lock);
+            if (copy != NULL) {
+                batch->refs--;
+                batch->running--;
+            }
+            if (batch->err == 0)
+                batch->err = ENOMEM;
+            pthread_mutex_unlock(&batch->lock);
+            reader_close(&copy);
+            free(job);
+            return;
+        }
+        block += count;
+    }
+}
+
+int reader_warm(struct reader *reader, const char *key, const char *etag,
+                uint64_t size, unsigned parallel, const atomic_bool *stop,
+                struct reader_warm_result *out)
+{
+    struct reader_file *file = NULL;
+    struct warm_batch *batch = NULL;
+    int err;
+
+    *out = (struct reader_warm_result){0};
+    if (etag[0] == '\0' || size == 0)
+        return 0; /* nothing that could be cached */
+    err = reader_open(reader, key, etag, size, &file);
+    if (err != 0)
+        return err;
+    if (file->object == NULL) {
+        err = ENOSPC; /* the cache cannot take it (logged by reader_open) */
+        goto out;
+    }
+    err = cache_object_cached_bytes(reader->conf.cache, file->object,
+                                    &out->cached_before);
+    if (err != 0)
+        goto out;
+    batch = calloc(1, sizeof(*batch));
+    if (batch == NULL) {
+        err = ENOMEM;
+        goto out;
+    }
+    pthread_mutex_init(&batch->lock, NULL);
+    pthread_cond_init(&batch->job_done, NULL);
+    batch->refs = 1;
+    if (parallel == 0)
+        parallel = 1;
+    /* One pass: a block evicted again before the end (a file larger
+     * than the cache) is not fetched twice; the answer's `cached` tells.
+     * Blocks another reader was fetching are waited for, and counted if
+     * that fetch succeeded. */
+    warm_pass(file, parallel, stop, batch);
+    pthread_mutex_lock(&batch->lock);
+    while (batch->running > 0 && !warm_stopped(reader, stop))
+        warm_batch_wait_locked(batch);
+    bool failed = batch->err != 0;
+    pthread_mutex_unlock(&batch->lock);
+    if (!failed)
+        warm_wait_inflight(file, stop);
+    pthread_mutex_lock(&batch->lock);
+    out->fetched = batch->fetched;
+    err = batch->err;
+    pthread_mutex_unlock(&batch->lock);
+    if (err == 0 && warm_stopped(reader, stop))
+        err = EINTR;
+    int sum_err = cache_object_cached_bytes(reader->conf.cache, file->object,
+                                            &out->cached);
+    if (err == 0)
+        err = sum_err;
+out:
+    if (batch != NULL)
+        warm_batch_put(batch);
+    reader_close(&file);
+    return err;
 }

@@ -23,6 +23,8 @@
 #ifndef S3CFS_READER_H
 #define S3CFS_READER_H
 
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -85,6 +87,32 @@ void reader_limit_prefetch(struct reader_file *file, uint64_t end);
  */
 int reader_fetch_whole(struct reader *reader, const char *key, const char *etag,
                        uint64_t size, struct s3_object_info *info);
+
+/* What reader_warm() did. */
+struct reader_warm_result {
+    uint64_t cached_before;      /* bytes of the version cached before */
+    uint64_t fetched;            /* bytes this call's GETs stored */
+    uint64_t cached;             /* bytes cached when it returned */
+};
+
+/*
+ * `s3cachefs warm`: fetch every block of version ETAG (SIZE bytes) of KEY
+ * that is not cached, in runs of up to max_request, with at most
+ * PARALLEL GETs at once on the worker pool; blocks cached are skipped
+ * and blocks another reader is fetching are waited for, not asked again
+ * (each block is fetched once, also when the cache is too small to keep
+ * them all: out->cached then says how much stayed; a block whose fetch by
+ * another reader failed is left missing). Blocks go through the cache's ordinary
+ * fill path (probation). Stops starting GETs once *STOP (may be NULL) is
+ * true or the reader stops, and returns EINTR at once: the GETs under
+ * way finish on their own, so the cache holds whole blocks only. *OUT is
+ * filled also on failure. 0 (also for an empty object or one without an
+ * ETag: nothing to cache), EINTR, ENOSPC (the cache cannot take it),
+ * ESTALE (the object changed), ENOENT, ENOMEM, or the S3 client's errno.
+ */
+int reader_warm(struct reader *reader, const char *key, const char *etag,
+                uint64_t size, unsigned parallel, const atomic_bool *stop,
+                struct reader_warm_result *out);
 
 void reader_close(struct reader_file **file);
 

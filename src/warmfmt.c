@@ -1,0 +1,134 @@
+/*
+ * warmfmt.c - the text of the answers to `s3cachefs warm` (see
+ * warmfmt.h).
+ */
+#include "config.h"
+
+#include "warmfmt.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#define HEADER "s3cachefs-warm "
+
+static const char *const status_names[WARMFMT_STATUS_COUNT] = {
+    [WARMFMT_DONE] = "done",
+    [WARMFMT_INTERRUPTED] = "interrupted",
+    [WARMFMT_FAILED] = "failed",
+    [WARMFMT_STAGED] = "staged",
+    [WARMFMT_FULL] = "full",
+};
+
+const char *warmfmt_status_name(enum warmfmt_status status)
+{
+    return (unsigned)status < WARMFMT_STATUS_COUNT ? status_names[status] : "?";
+}
+
+int warmfmt_format(const struct warmfmt_answer *answer, char *buf, size_t cap,
+                   size_t *len)
+{
+    int n = snprintf(buf, cap,
+                     HEADER "%d\nstatus %s\nerror %d\nsize %" PRIu64
+                     "\nbefore %" PRIu64 "\nfetched %" PRIu64 "\ncached %" PRIu64
+                     "\nfreed %" PRIu64 "\npinned %d\npin_used %" PRIu64
+                     "\npin_max %" PRIu64 "\n",
+                     WARMFMT_VERSION, warmfmt_status_name(answer->status),
+                     answer->error, answer->size, answer->before,
+                     answer->fetched, answer->cached, answer->freed,
+                     answer->pinned ? 1 : 0, answer->pin_used, answer->pin_max);
+
+    *len = 0;
+    if (n < 0 || (size_t)n >= cap)
+        return ERANGE;
+    *len = (size_t)n;
+    return 0;
+}
+
+/* A decimal u64 of exactly LEN bytes at TEXT. */
+static bool parse_u64(const char *text, size_t len, uint64_t *out)
+{
+    uint64_t value = 0;
+
+    if (len == 0 || len > 20)
+        return false;
+    for (size_t i = 0; i < len; i++) {
+        if (text[i] < '0' || text[i] > '9')
+            return false;
+        unsigned digit = (unsigned)(text[i] - '0');
+        if (value > (UINT64_MAX - digit) / 10)
+            return false;
+        value = value * 10 + digit;
+    }
+    *out = value;
+    return true;
+}
+
+static bool word_is(const char *text, size_t len, const char *word)
+{
+    return strlen(word) == len && memcmp(text, word, len) == 0;
+}
+
+int warmfmt_parse(const char *text, size_t len, struct warmfmt_answer *out)
+{
+    const char *end = text + len;
+    bool have_status = false, have_size = false, have_cached = false;
+    bool first = true;
+
+    *out = (struct warmfmt_answer){0};
+    while (text < end) {
+        const char *nl = memchr(text, '\n', (size_t)(end - text));
+        const char *line_end = nl != NULL ? nl : end;
+        const char *space = memchr(text, ' ', (size_t)(line_end - text));
+        if (space == NULL)
+            return EINVAL;
+        const char *value = space + 1;
+        size_t name_len = (size_t)(space - text);
+        size_t value_len = (size_t)(line_end - value);
+        uint64_t number = 0;
+
+        if (first) {
+            if (!word_is(text, name_len, "s3cachefs-warm") ||
+                !parse_u64(value, value_len, &number))
+                return EINVAL;
+            if (number != WARMFMT_VERSION)
+                return EPROTONOSUPPORT;
+            first = false;
+        } else if (word_is(text, name_len, "status")) {
+            unsigned i;
+            for (i = 0; i < WARMFMT_STATUS_COUNT; i++)
+                if (word_is(value, value_len, status_names[i]))
+                    break;
+            if (i == WARMFMT_STATUS_COUNT)
+                return EINVAL;
+            out->status = (enum warmfmt_status)i;
+            have_status = true;
+        } else if (word_is(text, name_len, "error") || word_is(text, name_len, "pinned")) {
+            if (!parse_u64(value, value_len, &number) || number > 65535)
+                return EINVAL;
+            if (text[0] == 'e')
+                out->error = (int)number;
+            else
+                out->pinned = number != 0;
+        } else {
+            uint64_t *field = word_is(text, name_len, "size")      ? &out->size
+                              : word_is(text, name_len, "before")  ? &out->before
+                              : word_is(text, name_len, "fetched") ? &out->fetched
+                              : word_is(text, name_len, "cached")  ? &out->cached
+                              : word_is(text, name_len, "freed")   ? &out->freed
+                              : word_is(text, name_len, "pin_used") ? &out->pin_used
+                              : word_is(text, name_len, "pin_max") ? &out->pin_max
+                                                                   : NULL;
+            /* a name not known: a newer daemon's, skipped */
+            if (field != NULL && !parse_u64(value, value_len, field))
+                return EINVAL;
+            have_size = have_size || field == &out->size;
+            have_cached = have_cached || field == &out->cached;
+        }
+        text = nl != NULL ? nl + 1 : end;
+    }
+    if (first || !have_status || !have_size || !have_cached)
+        return EINVAL;
+    return 0;
+}
