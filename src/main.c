@@ -23,6 +23,8 @@
 
 #include "awsconfig.h"
 #include "cache.h"
+#include "credentials.h"
+#include "credsource.h"
 #include "fs.h"
 #include "fuse_ops.h"
 #include "journal.h"
@@ -95,6 +97,12 @@ static uint64_t cache_size_limit(const struct options *opts)
     return (uint64_t)((double)st.f_blocks * (double)st.f_frsize * 0.8);
 }
 
+/* Where the keys came from, for messages. */
+static const char *keys_origin(const struct credentials *creds)
+{
+    return creds != NULL ? credentials_source_name(creds) : "nowhere";
+}
+
 static const char *endpoint_name(const struct awsconfig *aws)
 {
     return aws->endpoint != NULL ? aws->endpoint : "AWS S3";
@@ -103,6 +111,7 @@ static const char *endpoint_name(const struct awsconfig *aws)
 /* The sentence for a failed bucket check. */
 static void report_check_failure(const struct options *opts,
                                  const struct awsconfig *aws,
+                                 const struct credentials *creds,
                                  const struct s3_failure *why)
 {
     const char *hint = "";
@@ -118,8 +127,7 @@ static void report_check_failure(const struct options *opts,
         fprintf(stderr,
                 "s3cachefs: %s refused access to bucket '%s' with credentials "
                 "from %s: %s\n",
-                endpoint_name(aws), opts->bucket,
-                aws->credentials_source ? aws->credentials_source : "nowhere",
+                endpoint_name(aws), opts->bucket, keys_origin(creds),
                 why->description);
         return;
     case ECONNREFUSED:
@@ -258,6 +266,7 @@ int main(int argc, char **argv)
 {
     struct options opts;
     struct awsconfig aws = {0};
+    struct credentials *creds = NULL;
     struct s3_client *s3 = NULL;
     struct fuse_session *session = NULL;
     struct fuse_loop_config *loop_config = NULL;
@@ -330,6 +339,7 @@ int main(int argc, char **argv)
         .region = opts.region,
         .endpoint = opts.endpoint,
         .no_sign = opts.no_sign,
+        .allow_no_credentials = true,
     };
     if (awsconfig_resolve(&aws_opts, &aws, errbuf, sizeof(errbuf)) != 0) {
         fprintf(stderr, "s3cachefs: %s\n", errbuf);
@@ -338,15 +348,29 @@ int main(int argc, char **argv)
     if (check_mountpoint(&opts.mountpoint) != 0 ||
         resolve_ca_bundle(&ca_bundle) != 0)
         goto out;
+    /* the keys: static, or from a source that refreshes them
+     * (credsource.h); the first fetch happens here, so that a source that
+     * fails fails the mount */
+    if (!opts.no_sign) {
+        struct credsource_conf source_conf = {.aws = &aws,
+                                              .ca_bundle = ca_bundle};
+        struct credentials_source source;
+        if (credsource_choose(&source_conf, &source, errbuf,
+                              sizeof(errbuf)) != 0 ||
+            credentials_create(&source, NULL, &creds, errbuf,
+                               sizeof(errbuf)) != 0) {
+            fprintf(stderr, "s3cachefs: cannot get credentials: %s\n",
+                    errbuf);
+            goto out;
+        }
+    }
 
     struct s3_conf s3_conf = {
         .endpoint = aws.endpoint,
         .region = aws.region,
         .bucket = opts.bucket,
         .path_style = opts.path_style,
-        .access_key = aws.access_key,
-        .secret_key = aws.secret_key,
-        .session_token = aws.session_token,
+        .credentials = creds,
         .ca_bundle = ca_bundle,
         .max_connections = opts.connections,
         .max_retries = opts.retries,
@@ -359,7 +383,7 @@ int main(int argc, char **argv)
     }
     struct s3_failure why;
     if (s3_check_bucket(s3, opts.prefix, &why) != 0) {
-        report_check_failure(&opts, &aws, &why);
+        report_check_failure(&opts, &aws, creds, &why);
         goto out;
     }
 
@@ -509,6 +533,7 @@ out:
     if (cache_lock_fd >= 0)
         close(cache_lock_fd);
     s3_client_destroy(&s3);
+    credentials_destroy(&creds);
     awsconfig_clear(&aws);
     free(ca_bundle);
     options_free(&opts);
