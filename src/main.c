@@ -97,10 +97,14 @@ static uint64_t cache_size_limit(const struct options *opts)
     return (uint64_t)((double)st.f_blocks * (double)st.f_frsize * 0.8);
 }
 
-/* Where the keys came from, for messages. */
-static const char *keys_origin(const struct credentials *creds)
+/* Where the keys came from, for messages ("none (no_sign)" without). */
+static const char *keys_origin(const struct credentials *creds,
+                               const struct awsconfig *aws)
 {
-    return creds != NULL ? credentials_source_name(creds) : "nowhere";
+    if (creds != NULL)
+        return credentials_source_name(creds);
+    return aws->credentials_source != NULL ? aws->credentials_source
+                                           : "nowhere";
 }
 
 static const char *endpoint_name(const struct awsconfig *aws)
@@ -127,7 +131,7 @@ static void report_check_failure(const struct options *opts,
         fprintf(stderr,
                 "s3cachefs: %s refused access to bucket '%s' with credentials "
                 "from %s: %s\n",
-                endpoint_name(aws), opts->bucket, keys_origin(creds),
+                endpoint_name(aws), opts->bucket, keys_origin(creds, aws),
                 why->description);
         return;
     case ECONNREFUSED:
