@@ -31,7 +31,11 @@
  *     and with -o credentials_file (the profile must exist in that file).
  *   - In a profile, keys are taken from the credentials file if it has
  *     either key, else from the config file; the session token comes from
- *     the same file as the keys. A profile with no keys is ENOENT.
+ *     the same file as the keys. A profile with no keys is ENOENT, unless
+ *     allow_no_credentials and it names no provider this program lacks
+ *     (role_arn, sso_*...): then the result has no keys, and
+ *     credential_process (from the config file, else the credentials file)
+ *     if the profile has one; credsource.c goes on from there.
  *   - region and endpoint_url are read from the config file only.
  *   - AWS_PROFILE also selects the section of -o credentials_file.
  */
@@ -60,17 +64,19 @@
 #define AWSCFG_MAX_FILE (1024 * 1024)   /* "1 MiB" in the message */
 #define AWSCFG_DEFAULT_REGION "us-east-1"
 
-enum { K_ACCESS, K_SECRET, K_TOKEN, K_REGION, K_ENDPOINT, K_COUNT };
+enum { K_ACCESS, K_SECRET, K_TOKEN, K_REGION, K_ENDPOINT, K_PROCESS,
+       K_EC2_ENDPOINT, K_COUNT };
 
 static const char *const key_names[K_COUNT] = {
     "aws_access_key_id", "aws_secret_access_key", "aws_session_token",
-    "region", "endpoint_url",
+    "region", "endpoint_url", "credential_process",
+    "ec2_metadata_service_endpoint",
 };
 
 /* Credential providers we do not implement: named in the "no credentials"
  * message so that the user knows why the profile yields nothing. */
 static const char *const other_cred_keys[] = {
-    "role_arn", "credential_process", "sso_session", "sso_start_url",
+    "role_arn", "sso_session", "sso_start_url",
     "web_identity_token_file", "credential_source",
 };
 
@@ -532,7 +538,8 @@ out:
 static int profile_creds(const char *name, const char *from,
                          struct prof *credp, const char *cred_path,
                          struct prof *cfgp, const char *cfg_path,
-                         struct awsconfig *out, char *errbuf, size_t errlen)
+                         bool allow_none, struct awsconfig *out,
+                         char *errbuf, size_t errlen)
 {
     const char *other = credp->other != NULL ? credp->other : cfgp->other;
     struct prof *p = NULL;
@@ -545,6 +552,11 @@ static int profile_creds(const char *name, const char *from,
     } else if (has_key(cfgp)) {
         p = cfgp;
         where = cfg_path;
+    }
+    if (p == NULL && allow_none && other == NULL) {
+        /* credential_process, container or instance credentials follow
+         * (credsource.c) */
+        goto out;
     }
     if (p == NULL) {
         rc = ENOENT;
@@ -697,7 +709,8 @@ int awsconfig_resolve(const struct awsconfig_options *opts,
             rc = env_creds(out, &took, errbuf, errlen);
         if (rc == 0 && !took)
             rc = profile_creds(profile, from, &credp, cred_disp, &cfgp,
-                               cfg_disp, out, errbuf, errlen);
+                               cfg_disp, opts->allow_no_credentials, out,
+                               errbuf, errlen);
     }
     if (rc != 0)
         goto out;
@@ -728,6 +741,16 @@ int awsconfig_resolve(const struct awsconfig_options *opts,
     if (out->region == NULL || (v != NULL && out->endpoint == NULL) ||
         ((credp.found || cfgp.found || filep.found) && out->profile == NULL))
         rc = ENOMEM;
+    if (!opts->no_sign && out->access_key == NULL &&
+        nonempty(opts->credentials_file) == NULL) {
+        v = cfgp.val[K_PROCESS] != NULL ? cfgp.val[K_PROCESS]
+                                        : credp.val[K_PROCESS];
+        if (v != NULL && (out->credential_process = strdup(v)) == NULL)
+            rc = ENOMEM;
+    }
+    v = cfgp.val[K_EC2_ENDPOINT];
+    if (v != NULL && (out->ec2_metadata_endpoint = strdup(v)) == NULL)
+        rc = ENOMEM;
 out:
     if (rc == ENOMEM && errbuf != NULL && errlen > 0 && errbuf[0] == '\0')
         set_err(errbuf, errlen, "out of memory");
@@ -752,5 +775,7 @@ void awsconfig_clear(struct awsconfig *cfg)
     free_secret(&cfg->endpoint);
     free_secret(&cfg->profile);
     free_secret(&cfg->credentials_source);
+    free_secret(&cfg->credential_process);
+    free_secret(&cfg->ec2_metadata_endpoint);
     memset(cfg, 0, sizeof *cfg);
 }

@@ -13,7 +13,10 @@
  *       or others) > -o profile=NAME > AWS_ACCESS_KEY_ID +
  *       AWS_SECRET_ACCESS_KEY (+ AWS_SESSION_TOKEN) > profile AWS_PROFILE or
  *       "default" from AWS_SHARED_CREDENTIALS_FILE or ~/.aws/credentials,
- *       then from AWS_CONFIG_FILE or ~/.aws/config.
+ *       then from AWS_CONFIG_FILE or ~/.aws/config; with
+ *       allow_no_credentials, a profile without keys yields its
+ *       credential_process, or nothing (credsource.h: container, then
+ *       instance metadata).
  *   region:   -o region > AWS_REGION > AWS_DEFAULT_REGION > profile's
  *       region in the config file > "us-east-1".
  *   endpoint: -o endpoint > AWS_ENDPOINT_URL_S3 > AWS_ENDPOINT_URL >
@@ -35,6 +38,8 @@ struct awsconfig_options {
     const char *region;            /* -o region= */
     const char *endpoint;          /* -o endpoint= */
     bool no_sign;                  /* -o no_sign */
+    bool allow_no_credentials;     /* a profile without keys is no error:
+                                      credsource.h looks further */
     const char *home;              /* home directory; NULL: $HOME */
 };
 
@@ -49,7 +54,11 @@ struct awsconfig {
     char *profile;             /* the profile used, if any */
     char *credentials_source;  /* human-readable origin, e.g. "environment",
                                   "profile default in /root/.aws/credentials";
-                                  for messages */
+                                  for messages; NULL when no keys */
+    char *credential_process;  /* the profile's, when it has no keys (only
+                                  with allow_no_credentials) */
+    char *ec2_metadata_endpoint; /* the profile's
+                                    ec2_metadata_service_endpoint */
 };
 
 /*

@@ -26,6 +26,8 @@
 #include "access_log.h"
 #include "awsconfig.h"
 #include "cache.h"
+#include "credentials.h"
+#include "credsource.h"
 #include "fs.h"
 #include "fuse_ops.h"
 #include "journal.h"
@@ -101,6 +103,16 @@ static uint64_t cache_size_limit(const struct options *opts)
     return (uint64_t)((double)st.f_blocks * (double)st.f_frsize * 0.8);
 }
 
+/* Where the keys came from, for messages ("none (no_sign)" without). */
+static const char *keys_origin(const struct credentials *creds,
+                               const struct awsconfig *aws)
+{
+    if (creds != NULL)
+        return credentials_source_name(creds);
+    return aws->credentials_source != NULL ? aws->credentials_source
+                                           : "nowhere";
+}
+
 static const char *endpoint_name(const struct awsconfig *aws)
 {
     return aws->endpoint != NULL ? aws->endpoint : "AWS S3";
@@ -109,6 +121,7 @@ static const char *endpoint_name(const struct awsconfig *aws)
 /* The sentence for a failed bucket check. */
 static void report_check_failure(const struct options *opts,
                                  const struct awsconfig *aws,
+                                 const struct credentials *creds,
                                  const struct s3_failure *why)
 {
     const char *hint = "";
@@ -124,8 +137,7 @@ static void report_check_failure(const struct options *opts,
         fprintf(stderr,
                 "s3cachefs: %s refused access to bucket '%s' with credentials "
                 "from %s: %s\n",
-                endpoint_name(aws), opts->bucket,
-                aws->credentials_source ? aws->credentials_source : "nowhere",
+                endpoint_name(aws), opts->bucket, keys_origin(creds, aws),
                 why->description);
         return;
     case ECONNREFUSED:
@@ -286,6 +298,7 @@ int main(int argc, char **argv)
 {
     struct options opts;
     struct awsconfig aws = {0};
+    struct credentials *creds = NULL;
     struct s3_client *s3 = NULL;
     struct fuse_session *session = NULL;
     struct fuse_loop_config *loop_config = NULL;
@@ -367,6 +380,7 @@ int main(int argc, char **argv)
         .region = opts.region,
         .endpoint = opts.endpoint,
         .no_sign = opts.no_sign,
+        .allow_no_credentials = true,
     };
     if (awsconfig_resolve(&aws_opts, &aws, errbuf, sizeof(errbuf)) != 0) {
         fprintf(stderr, "s3cachefs: %s\n", errbuf);
@@ -375,15 +389,29 @@ int main(int argc, char **argv)
     if (check_mountpoint(&opts.mountpoint) != 0 ||
         resolve_ca_bundle(&ca_bundle) != 0)
         goto out;
+    /* the keys: static, or from a source that refreshes them
+     * (credsource.h); the first fetch happens here, so that a source that
+     * fails fails the mount */
+    if (!opts.no_sign) {
+        struct credsource_conf source_conf = {.aws = &aws,
+                                              .ca_bundle = ca_bundle};
+        struct credentials_source source;
+        if (credsource_choose(&source_conf, &source, errbuf,
+                              sizeof(errbuf)) != 0 ||
+            credentials_create(&source, NULL, &creds, errbuf,
+                               sizeof(errbuf)) != 0) {
+            fprintf(stderr, "s3cachefs: cannot get credentials: %s\n",
+                    errbuf);
+            goto out;
+        }
+    }
 
     struct s3_conf s3_conf = {
         .endpoint = aws.endpoint,
         .region = aws.region,
         .bucket = opts.bucket,
         .path_style = opts.path_style,
-        .access_key = aws.access_key,
-        .secret_key = aws.secret_key,
-        .session_token = aws.session_token,
+        .credentials = creds,
         .ca_bundle = ca_bundle,
         .max_connections = opts.connections,
         .max_retries = opts.retries,
@@ -396,7 +424,7 @@ int main(int argc, char **argv)
     }
     struct s3_failure why;
     if (s3_check_bucket(s3, opts.prefix, &why) != 0) {
-        report_check_failure(&opts, &aws, &why);
+        report_check_failure(&opts, &aws, creds, &why);
         goto out;
     }
 
@@ -594,6 +622,7 @@ out:
     if (cache_lock_fd >= 0)
         close(cache_lock_fd);
     s3_client_destroy(&s3);
+    credentials_destroy(&creds);
     awsconfig_clear(&aws);
     free(ca_bundle);
     options_free(&opts);

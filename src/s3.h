@@ -45,7 +45,11 @@ struct s3_conf {
     const char *region;         /* signing region, e.g. "us-east-1" */
     const char *bucket;
     bool path_style;            /* forced on for custom endpoints */
-    const char *access_key;     /* NULL: unsigned requests (no_sign) */
+    struct credentials *credentials; /* the keys to sign with, borrowed:
+                                   must outlive the client; NULL: the three
+                                   below, as keys that never change */
+    const char *access_key;     /* NULL (and no credentials): unsigned
+                                   requests (no_sign) */
     const char *secret_key;
     const char *session_token;  /* may be NULL */
     const char *ca_bundle;      /* PEM file; NULL: the system's */

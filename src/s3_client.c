@@ -5,8 +5,15 @@
  * (errmap.h), and taking the answer's headers and body. s3.c builds the
  * request of each S3 call; s3_internal.h is what the two share.
  *
+ * Keys: each attempt is signed with one generation of keys taken from the
+ * struct credentials (credentials.h), so the access key, secret and token
+ * of one signature always belong together. An answer 403 with a code
+ * that says the keys are bad (ExpiredToken, InvalidAccessKeyId, ...;
+ * credentials_code_rejects_keys()) has them replaced and the request
+ * signed again and sent once more, beyond the ordinary retries.
+ *
  * Concurrency: the handle pool is the only shared mutable state besides the
- * atomic counters. pool.lock guards pool.idle/pool.idle_count/pool.created;
+ * atomic counters (the keys have their own lock, in credentials.c). pool.lock guards pool.idle/pool.idle_count/pool.created;
  * handle_free is signalled when a handle returns to the pool. No lock is
  * held during a transfer. Each easy handle keeps its own keep-alive
  * connection; a curl share object (with its own lock) shares DNS answers
@@ -30,7 +37,6 @@
 #include "clock.h"
 #include "errmap.h"
 #include "log.h"
-#include "secret.h"
 #include "sigv4.h"
 
 #define ERROR_BODY_MAX (64u << 10)      /* error documents */
@@ -516,6 +522,7 @@ static bool is_signed_header(const char *line)
  * between retries). Returns 0 or an errno.
  */
 static int sign_request(const struct s3_client *client,
+                        const struct credentials_keys *keys,
                         const struct s3_request *req, const char *path,
                         const char *payload_hash, struct curl_slist **headers)
 {
@@ -538,15 +545,15 @@ static int sign_request(const struct s3_client *client,
     *headers = curl_slist_append(*headers, line);
     if (*headers == NULL)
         return ENOMEM;
-    if (client->access_key == NULL)
+    if (keys == NULL)
         return 0; /* no_sign */
 
     signed_headers[count++] = (struct sigv4_header){"host", client->endpoint.host_header};
     signed_headers[count++] = (struct sigv4_header){"x-amz-date", amz_date};
     signed_headers[count++] = (struct sigv4_header){"x-amz-content-sha256", payload_hash};
-    if (client->session_token != NULL) {
+    if (keys->session_token != NULL) {
         signed_headers[count++] = (struct sigv4_header){"x-amz-security-token",
-                                                        client->session_token};
+                                                        keys->session_token};
     }
     for (size_t i = 0; req->extra_headers[i] != NULL && count < 16; i++) {
         const char *colon = strchr(req->extra_headers[i], ':');
@@ -572,8 +579,8 @@ static int sign_request(const struct s3_client *client,
         .payload_hash = payload_hash,
     };
     struct sigv4_scope scope = {amz_date, client->region, "s3"};
-    err = sigv4_authorization(&sig_req, &scope, client->access_key,
-                              client->secret_key, &authorization);
+    err = sigv4_authorization(&sig_req, &scope, keys->access_key,
+                              keys->secret_key, &authorization);
     if (err != 0)
         return err;
     size_t len = strlen(authorization) + 32;
@@ -593,8 +600,9 @@ out:
     return err;
 }
 
-/* Set up CURL for one attempt of REQ. */
-static int prepare_attempt(struct s3_client *client, CURL *curl,
+/* Set up CURL for one attempt of REQ, signed with KEYS (NULL: no_sign). */
+static int prepare_attempt(struct s3_client *client,
+                           const struct credentials_keys *keys, CURL *curl,
                            struct s3_request *req, const char *url,
                            const char *path, struct curl_slist **headers)
 {
@@ -648,19 +656,19 @@ static int prepare_attempt(struct s3_client *client, CURL *curl,
         snprintf(payload_hash, sizeof(payload_hash), "%s", SIGV4_EMPTY_SHA256);
     for (size_t i = 0; req->extra_headers[i] != NULL; i++)
         *headers = curl_slist_append(*headers, req->extra_headers[i]);
-    if (client->session_token != NULL) {
-        size_t len = strlen(client->session_token) + 32;
+    if (keys != NULL && keys->session_token != NULL) {
+        size_t len = strlen(keys->session_token) + 32;
         char *token_line = malloc(len);
         if (token_line == NULL)
             return ENOMEM;
-        snprintf(token_line, len, "x-amz-security-token: %s", client->session_token);
+        snprintf(token_line, len, "x-amz-security-token: %s", keys->session_token);
         *headers = curl_slist_append(*headers, token_line);
         explicit_bzero(token_line, len);
         free(token_line);
     }
     if (*headers == NULL)
         return ENOMEM;
-    int err = sign_request(client, req, path, payload_hash, headers);
+    int err = sign_request(client, keys, req, path, payload_hash, headers);
     if (err != 0)
         return err;
     curl_easy_setopt(curl, CURLOPT_HTTPHEADER, *headers);
@@ -699,6 +707,8 @@ int s3_client_perform(struct s3_client *client, struct s3_request *req,
     char description[256] = "";
     uint64_t deadline_ms = request_deadline_ms(client, req);
     uint64_t deadline = 0;
+    struct credentials_keys *keys = NULL;
+    bool resigned = false;
 
     req->error_body.cap = ERROR_BODY_MAX;
     path = request_path(client, req->key);
@@ -728,7 +738,16 @@ int s3_client_perform(struct s3_client *client, struct s3_request *req,
         struct curl_slist *headers = NULL;
         uint64_t now = clock_monotonic_ms();
         reset_attempt(req);
-        err = prepare_attempt(client, curl, req, url, path, &headers);
+        credentials_keys_release(client->creds, &keys);
+        if (client->creds != NULL &&
+            credentials_get(client->creds, &keys) != 0) {
+            err = EACCES;
+            snprintf(description, sizeof(description),
+                     "the keys from %s have expired and could not be "
+                     "replaced", credentials_source_name(client->creds));
+            break;
+        }
+        err = prepare_attempt(client, keys, curl, req, url, path, &headers);
         curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS,
                          (long)(deadline > now ? deadline - now : 1));
         CURLcode rc = CURLE_OK;
@@ -777,6 +796,18 @@ int s3_client_perform(struct s3_client *client, struct s3_request *req,
         }
         if (err == 0)
             break;
+        if (!resigned && keys != NULL && rc == CURLE_OK &&
+            req->status == 403 && credentials_code_rejects_keys(req->s3_code)) {
+            /* keys that expired or were replaced: new ones, once */
+            resigned = true;
+            if (credentials_rejected(client->creds, keys->generation) == 0) {
+                atomic_fetch_add(&client->retries, 1);
+                log_debug("%s %s: 403 %s; signed again with new keys",
+                          req->method, req->key ? req->key : "/",
+                          req->s3_code);
+                continue;
+            }
+        }
         if (parse_failed && (err == EPROTO || err == EOVERFLOW)) {
             /* a 2xx whose XML was cut short or garbled, or a PUT's without
              * its ETag: the server may have done the work, the answer did
@@ -845,6 +876,7 @@ int s3_client_perform(struct s3_client *client, struct s3_request *req,
                      description);
     }
 out:
+    credentials_keys_release(client->creds, &keys);
     if (curl != NULL)
         pool_put(client, curl);
     if (failure != NULL) {
@@ -881,25 +913,32 @@ int s3_client_create(const struct s3_conf *conf, struct s3_client **out,
                                           1000.0);
     client->bucket = strdup(conf->bucket);
     client->region = strdup(conf->region ? conf->region : "us-east-1");
-    client->access_key = strdup_or_null(conf->access_key);
-    /* kept out of core dumps */
-    client->secret_key = secret_strdup(conf->secret_key);
-    client->session_token = secret_strdup(conf->session_token);
     client->ca_bundle = strdup_or_null(conf->ca_bundle);
     client->pool.idle = calloc(client->pool.max, sizeof(CURL *));
     client->share = curl_share_init();
     if (!client->bucket || !client->region || !client->pool.idle ||
-        !client->share || (conf->access_key && !client->access_key) ||
-        (conf->secret_key && !client->secret_key) ||
-        (conf->session_token && !client->session_token) ||
-        (conf->ca_bundle && !client->ca_bundle)) {
+        !client->share || (conf->ca_bundle && !client->ca_bundle)) {
         err = ENOMEM;
         goto out;
     }
-    if (conf->access_key != NULL && conf->secret_key == NULL) {
-        snprintf(errbuf, errlen, "an access key was given without a secret key");
-        err = EINVAL;
-        goto out;
+    if (conf->credentials != NULL) {
+        client->creds = conf->credentials;
+    } else if (conf->access_key != NULL) {
+        struct credentials_source source;
+        if (conf->secret_key == NULL) {
+            snprintf(errbuf, errlen, "an access key was given without a secret key");
+            err = EINVAL;
+            goto out;
+        }
+        /* kept out of core dumps (secret.h) */
+        err = credentials_static_source(conf->access_key, conf->secret_key,
+                                        conf->session_token, NULL, &source);
+        if (err == 0)
+            err = credentials_create(&source, NULL, &client->creds, errbuf,
+                                     errlen);
+        if (err != 0)
+            goto out;
+        client->owns_creds = true;
     }
     curl_share_setopt(client->share, CURLSHOPT_LOCKFUNC, share_lock_cb);
     curl_share_setopt(client->share, CURLSHOPT_UNLOCKFUNC, share_unlock_cb);
@@ -929,9 +968,8 @@ void s3_client_destroy(struct s3_client **clientp)
     pthread_mutex_destroy(&client->share_lock);
     pthread_mutex_destroy(&client->pool.lock);
     pthread_cond_destroy(&client->pool.handle_free);
-    secret_free(&client->secret_key);
-    secret_free(&client->session_token);
-    free(client->access_key);
+    if (client->owns_creds)
+        credentials_destroy(&client->creds);
     free(client->bucket);
     free(client->region);
     free(client->ca_bundle);

@@ -15,6 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "credentials.h"
 #include "endpoint.h"
 #include "s3.h"
 
@@ -50,9 +51,8 @@
 struct s3_client {
     char *bucket;
     char *region;
-    char *access_key;
-    char *secret_key;
-    char *session_token;
+    struct credentials *creds;    /* NULL: unsigned requests (no_sign) */
+    bool owns_creds;              /* made from s3_conf's static keys */
     char *ca_bundle;
     struct endpoint endpoint; /* base URL, Host header, path prefix */
     unsigned max_retries;

@@ -14,7 +14,7 @@ build_packages=(
     autoconf automake pkg-config make gcc
     libfuse3-dev fuse3 libcurl4-openssl-dev libssl-dev
     liblmdb-dev lmdb-utils libexpat1-dev libcmocka-dev libxxhash-dev
-    libmicrohttpd-dev libsystemd-dev
+    libmicrohttpd-dev libsystemd-dev libjson-c-dev
 )
 test_packages=(
     python3 python3-pytest python3-boto3 rclone curl attr s3fs awscli

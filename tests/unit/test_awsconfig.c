@@ -98,9 +98,11 @@ struct rcase {
     const char *env[6];          /* "NAME=value" */
     const char *o_profile, *o_credentials_file, *o_region, *o_endpoint;
     bool no_sign;
+    bool allow_none;             /* allow_no_credentials */
     int rc;
     /* rc == 0: expected fields (NULL: must be NULL) */
     const char *ak, *sk, *tok, *region, *endpoint, *profile, *source;
+    const char *process, *ec2_endpoint;
     /* rc != 0: fragments the message must contain */
     const char *err[3];
 };
@@ -557,6 +559,41 @@ static const struct rcase cases[] = {
                            "source_profile = default\n", 0 } },
       .env = { "AWS_PROFILE=sso" },
       .rc = ENOENT, .err = { "profile 'sso'", "role_arn is not supported" } },
+    /* ---- allow_no_credentials (the daemon): credsource.c goes on */
+    { .name = "allow_none_process_in_config",
+      .files = { { CONFIG, "[default]\nregion = eu-west-1\n"
+                           "credential_process = /bin/get-creds --x 'a b'\n"
+                           "ec2_metadata_service_endpoint = http://127.0.0.1:9\n",
+                   0 } },
+      .allow_none = true, .region = "eu-west-1", .profile = "default",
+      .process = "/bin/get-creds --x 'a b'",
+      .ec2_endpoint = "http://127.0.0.1:9" },
+    { .name = "allow_none_process_named_profile_in_credentials",
+      .files = { { CREDS, "[dev]\ncredential_process = /bin/dev-creds\n", 0 },
+                 { CONFIG, CONFIG_BASIC, 0 } },
+      .o_profile = "dev", .allow_none = true, .region = "ap-south-1",
+      .endpoint = "http://dev.example:9000", .profile = "dev",
+      .process = "/bin/dev-creds" },
+    { .name = "allow_none_keys_win_over_process",
+      .files = { { CREDS, CRED_BASIC, 0 },
+                 { CONFIG, "[default]\ncredential_process = /bin/x\n", 0 } },
+      .allow_none = true, .ak = AK_DEF, .sk = SK_DEF, .region = "us-east-1",
+      .profile = "default",
+      .source = "profile 'default' in $H/.aws/credentials" },
+    { .name = "allow_none_env_keys_win_over_process",
+      .files = { { CONFIG, "[default]\ncredential_process = /bin/x\n", 0 } },
+      .env = { ENV_KEYS }, .allow_none = true, .ak = AK_ENV, .sk = SK_ENV,
+      .region = "us-east-1", .profile = "default", .source = SRC_ENV },
+    { .name = "allow_none_nothing_at_all",
+      .allow_none = true, .region = "us-east-1" },
+    { .name = "allow_none_role_arn_still_refused",
+      .files = { { CONFIG, "[profile sso]\nrole_arn = arn:aws:iam::1:role/x\n"
+                           "source_profile = default\n", 0 } },
+      .env = { "AWS_PROFILE=sso" }, .allow_none = true,
+      .rc = ENOENT, .err = { "profile 'sso'", "role_arn is not supported" } },
+    { .name = "without_allow_none_process_is_not_enough",
+      .files = { { CONFIG, "[default]\ncredential_process = /bin/x\n", 0 } },
+      .rc = ENOENT, .err = { "no credentials" } },
     { .name = "env_named_config_missing",
       .files = { { CREDS, CRED_BASIC, 0 } },
       .env = { "AWS_CONFIG_FILE=$H/missing.cfg" },
@@ -742,6 +779,7 @@ static void run_case(void **state)
     opts.region = tc->o_region;
     opts.endpoint = tc->o_endpoint;
     opts.no_sign = tc->no_sign;
+    opts.allow_no_credentials = tc->allow_none;
 
     strcpy(fx->errbuf, "untouched");
     rc = awsconfig_resolve(&opts, &fx->cfg, fx->errbuf, sizeof fx->errbuf);
@@ -760,7 +798,11 @@ static void run_case(void **state)
     assert_str("profile", fx->cfg.profile, tc->profile);
     assert_str("credentials_source", fx->cfg.credentials_source,
                expand(fx->home, tc->source, buf[2], sizeof buf[2]));
-    assert_no_secret(fx->cfg.credentials_source);
+    if (fx->cfg.credentials_source != NULL) /* NULL: no keys (allow_none) */
+        assert_no_secret(fx->cfg.credentials_source);
+    assert_str("credential_process", fx->cfg.credential_process, tc->process);
+    assert_str("ec2_metadata_endpoint", fx->cfg.ec2_metadata_endpoint,
+               tc->ec2_endpoint);
 }
 
 /* ------------------------------------------------------- single tests */
