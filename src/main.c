@@ -26,6 +26,7 @@
 #include "access_log.h"
 #include "awsconfig.h"
 #include "cache.h"
+#include "cmd_mount.h"
 #include "credentials.h"
 #include "credsource.h"
 #include "fs.h"
@@ -178,23 +179,6 @@ static int check_mountpoint(char **path)
     return 0;
 }
 
-/* Undo mountinfo's octal escapes (\040 for a space...) in place. */
-static void unescape_mountinfo(char *text)
-{
-    char *out = text;
-
-    for (const char *in = text; *in != '\0'; in++) {
-        if (in[0] == '\\' && in[1] >= '0' && in[1] <= '3' &&
-            in[2] >= '0' && in[2] <= '7' && in[3] >= '0' && in[3] <= '7') {
-            *out++ = (char)((in[1] - '0') * 64 + (in[2] - '0') * 8 + (in[3] - '0'));
-            in += 3;
-        } else {
-            *out++ = *in;
-        }
-    }
-    *out = '\0';
-}
-
 /*
  * The kernel reads ahead on a FUSE mount no further than the smaller of
  * what init asked for (FUSE_OPS_MAX_READAHEAD) and the read_ahead_kb of the
@@ -210,32 +194,15 @@ static void raise_read_ahead(const char *mountpoint)
 {
     unsigned want_kb = FUSE_OPS_MAX_READAHEAD >> 10;
     unsigned major = 0, minor = 0, current_kb = 0;
-    bool found = false;
-    char *line = NULL;
-    size_t cap = 0;
-    FILE *mounts = fopen("/proc/self/mountinfo", "r");
+    struct cmd_mount *mount = malloc(sizeof(*mount));
+    bool found = mount != NULL && cmd_mount_at(mountpoint, mount) &&
+                 strncmp(mount->type, "fuse", 4) == 0;
 
-    if (mounts == NULL)
-        return;
-    while (getline(&line, &cap, mounts) > 0) {
-        unsigned line_major, line_minor;
-        char point[4096], type[64];
-        /* ID PARENT MAJ:MIN ROOT MOUNT_POINT OPTIONS [FIELDS...] - TYPE ... */
-        const char *dash = strstr(line, " - ");
-        if (dash == NULL ||
-            sscanf(line, "%*u %*u %u:%u %*s %4095s", &line_major, &line_minor,
-                   point) != 3 ||
-            sscanf(dash, " - %63s", type) != 1)
-            continue;
-        unescape_mountinfo(point);
-        if (strcmp(point, mountpoint) == 0 && strncmp(type, "fuse", 4) == 0) {
-            major = line_major; /* the last one is the newest mount */
-            minor = line_minor;
-            found = true;
-        }
+    if (found) {
+        major = mount->major; /* (the last one is the newest mount) */
+        minor = mount->minor;
     }
-    free(line);
-    fclose(mounts);
+    free(mount);
     if (!found)
         return;
 

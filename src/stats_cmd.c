@@ -33,6 +33,7 @@
 #include <unistd.h>
 
 #include "clock.h"
+#include "cmd_mount.h"
 #include "fs.h"
 #include "prices.h"
 #include "stats_report.h"
@@ -65,228 +66,25 @@ struct stats_args {
     const char *prices;     /* a preset name or a file; NULL: no cost */
 };
 
-struct mount_entry {
-    char type[64];          /* "fuse.s3cachefs", "tmpfs", ... */
-    char source[512];       /* for s3cachefs: bucket[:prefix] */
-};
-
 /* The mount being reported on. */
 struct target {
     char *path;             /* absolute, as /proc/self/mountinfo has it */
-    struct mount_entry mount;
+    struct cmd_mount mount;
     long pid;               /* the daemon's */
 };
 
 /* ------------------------------------------------------------ the mount */
 
-/* ARG made absolute without stat()ing ARG itself (a mount point whose
- * daemon is stuck would hang): its parent resolved, its last component
- * kept. "." and ".." are resolved whole. 0 or an errno; *OUT is malloc'd. */
-static int canonical_path(const char *arg, char **out)
-{
-    char *copy = strdup(arg), *parent = NULL;
-    int err = 0;
+/* ------------------------------------------------------ the daemon */
 
-    *out = NULL;
-    if (copy == NULL)
-        return ENOMEM;
-    size_t len = strlen(copy);
-    while (len > 1 && copy[len - 1] == '/')
-        copy[--len] = '\0';
-    char *slash = strrchr(copy, '/');
-    const char *base = slash ? slash + 1 : copy;
-    if (strcmp(copy, "/") == 0 || strcmp(base, ".") == 0 ||
-        strcmp(base, "..") == 0 || base[0] == '\0') {
-        *out = realpath(copy, NULL);
-        err = *out == NULL ? errno : 0;
-        goto out;
-    }
-    if (slash == copy) {
-        parent = realpath("/", NULL);
-    } else if (slash != NULL) {
-        *slash = '\0';
-        parent = realpath(copy, NULL);
-    } else {
-        parent = realpath(".", NULL);
-    }
-    if (parent == NULL) {
-        err = errno;
-        goto out;
-    }
-    if (asprintf(out, "%s%s%s", parent, strcmp(parent, "/") == 0 ? "" : "/",
-                 base) < 0) {
-        *out = NULL;
-        err = ENOMEM;
-    }
-out:
-    free(parent);
-    free(copy);
-    return err;
-}
-
-/* Undo mountinfo's octal escapes (\040 for a space...) in place. */
-static void unescape_mountinfo(char *text)
-{
-    char *out = text;
-
-    for (const char *in = text; *in != '\0'; in++) {
-        if (in[0] == '\\' && in[1] >= '0' && in[1] <= '3' &&
-            in[2] >= '0' && in[2] <= '7' && in[3] >= '0' && in[3] <= '7') {
-            *out++ = (char)((in[1] - '0') * 64 + (in[2] - '0') * 8 + (in[3] - '0'));
-            in += 3;
-        } else {
-            *out++ = *in;
-        }
-    }
-    *out = '\0';
-}
-
-/* The mount on PATH (the last one, which hides those below) into *OUT.
- * False if PATH is not a mount point. */
-static bool find_mount(const char *path, struct mount_entry *out)
-{
-    FILE *mounts = fopen("/proc/self/mountinfo", "re");
-    char *line = NULL;
-    size_t cap = 0;
-    bool found = false;
-
-    if (mounts == NULL)
-        return false;
-    while (getline(&line, &cap, mounts) > 0) {
-        /* ID PARENT MAJ:MIN ROOT MOUNT_POINT OPTIONS [FIELDS...] - TYPE SOURCE ... */
-        char point[4096], type[sizeof(out->type)], source[sizeof(out->source)];
-        const char *dash = strstr(line, " - ");
-        if (dash == NULL ||
-            sscanf(line, "%*s %*s %*s %*s %4095s", point) != 1 ||
-            sscanf(dash, " - %63s %511s", type, source) != 2)
-            continue;
-        unescape_mountinfo(point);
-        if (strcmp(point, path) != 0)
-            continue;
-        unescape_mountinfo(source);
-        snprintf(out->type, sizeof(out->type), "%s", type);
-        snprintf(out->source, sizeof(out->source), "%s", source);
-        found = true;
-    }
-    free(line);
-    fclose(mounts);
-    return found;
-}
-
-/* -------------------------------------------------------- the daemon */
-
-/* The child of ask_daemon(): one getxattr(), its errno and its value
- * written to FD. It never returns. */
-static void ask_child(const char *path, const char *name, int fd)
-{
-    static char value[XATTR_VALUE_MAX];
-    ssize_t length = getxattr(path, name, value, sizeof(value));
-    int err = length < 0 ? errno : 0;
-    const char *from = (const char *)&err;
-    size_t left = sizeof(err);
-
-    for (int part = 0; part < 2; part++) {
-        while (left > 0) {
-            ssize_t wrote = write(fd, from, left);
-            if (wrote < 0 && errno == EINTR)
-                continue;
-            if (wrote <= 0)
-                _exit(1);
-            from += wrote;
-            left -= (size_t)wrote;
-        }
-        from = value;
-        left = length > 0 ? (size_t)length : 0;
-    }
-    _exit(0);
-}
-
-/*
- * The extended attribute NAME of PATH, read within ASK_TIMEOUT_MS, into
- * *VALUE (malloc'd, NUL-terminated) and *LENGTH. 0; the errno of
- * getxattr(); ETIMEDOUT; EINTR if a signal let in by wait_mask came
- * first; ENOMEM, EAGAIN, EIO.
- *
- * The getxattr() runs in a child process: one that the daemon never
- * answers is killed (SIGKILL ends a FUSE request's wait) instead of being
- * left behind, blocked, in this process.
- */
+/* The extended attribute NAME of PATH, asked by a child within
+ * ASK_TIMEOUT_MS (cmd_mount.h): 0; getxattr()'s errno; ETIMEDOUT; EINTR
+ * if a signal let in by wait_mask came first; ENOMEM, EAGAIN, EIO. */
 static int ask_daemon(const char *path, const char *name, char **value,
                       size_t *length)
 {
-    size_t cap = sizeof(int) + XATTR_VALUE_MAX, got = 0;
-    char *buffer = malloc(cap + 1);
-    int fds[2] = {-1, -1}, err = 0;
-    pid_t child = -1;
-
-    *value = NULL;
-    *length = 0;
-    if (buffer == NULL)
-        return ENOMEM;
-    if (pipe2(fds, O_CLOEXEC) != 0) {
-        err = errno;
-        goto out;
-    }
-    child = fork();
-    if (child < 0) {
-        err = errno;
-        goto out;
-    }
-    if (child == 0)
-        ask_child(path, name, fds[1]);
-    close(fds[1]);
-    fds[1] = -1;
-
-    uint64_t deadline = clock_monotonic_ms() + ASK_TIMEOUT_MS;
-    for (;;) {
-        uint64_t now = clock_monotonic_ms();
-        if (now >= deadline) {
-            err = ETIMEDOUT;
-            break;
-        }
-        struct pollfd ready = {.fd = fds[0], .events = POLLIN};
-        struct timespec wait = {.tv_sec = (time_t)((deadline - now) / 1000),
-                                .tv_nsec = (long)((deadline - now) % 1000) * 1000000};
-        int count = ppoll(&ready, 1, &wait, &wait_mask);
-        if (count < 0 && errno == EINTR && stop_signal != 0) {
-            err = EINTR;
-            break;
-        }
-        if (count <= 0)
-            continue;
-        ssize_t n = read(fds[0], buffer + got, cap - got);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0 || got + (size_t)n == cap) {
-            got += n > 0 ? (size_t)n : 0;
-            break;  /* the child is done (or has said all it can) */
-        }
-        got += (size_t)n;
-    }
-    if (err == 0 && got < sizeof(int))
-        err = EIO;  /* the child died without a word */
-    if (err == 0)
-        memcpy(&err, buffer, sizeof(int));
-    if (err == 0) {
-        *length = got - sizeof(int);
-        memmove(buffer, buffer + sizeof(int), *length);
-        buffer[*length] = '\0';
-        *value = buffer;
-        buffer = NULL;
-    }
-out:
-    if (child > 0) {
-        if (err == ETIMEDOUT || err == EINTR)
-            kill(child, SIGKILL);
-        while (waitpid(child, NULL, 0) < 0 && errno == EINTR)
-            ;
-    }
-    if (fds[0] >= 0)
-        close(fds[0]);
-    if (fds[1] >= 0)
-        close(fds[1]);
-    free(buffer);
-    return err;
+    return cmd_ask_xattr(path, name, XATTR_VALUE_MAX, ASK_TIMEOUT_MS,
+                         &wait_mask, &stop_signal, value, length);
 }
 
 /* Say why asking the daemon of TARGET failed with ERR. */
@@ -321,30 +119,6 @@ static void report_ask_failure(const struct target *target, int err)
     }
 }
 
-/* Whether PATH is a mount point, and of an s3cachefs. (For the dispatch:
- * no message.) */
-static bool is_s3cachefs_mount(const char *path)
-{
-    struct mount_entry mount;
-    char *canonical = NULL, *value = NULL;
-    size_t length;
-    bool yes = false;
-
-    if (canonical_path(path, &canonical) != 0 || !find_mount(canonical, &mount))
-        goto out;
-    if (strcmp(mount.type, "fuse.s3cachefs") == 0) {
-        yes = true;
-    } else if (strncmp(mount.type, "fuse", 4) == 0) {
-        /* -o subtype= may have renamed it: the daemon says */
-        sigprocmask(SIG_SETMASK, NULL, &wait_mask);
-        yes = ask_daemon(canonical, FS_PID_XATTR, &value, &length) == 0;
-    }
-out:
-    free(value);
-    free(canonical);
-    return yes;
-}
-
 /*
  * Find the mount at ARG and its daemon into *TARGET: 0, or an exit status
  * after one sentence on stderr.
@@ -356,12 +130,12 @@ static int find_target(const char *arg, struct target *target)
     size_t length;
     int err;
 
-    err = canonical_path(arg, &target->path);
+    err = cmd_canonical_path(arg, &target->path);
     if (err != 0) {
         fprintf(stderr, "s3cachefs: %s: %s\n", arg, strerror(err));
         return EXIT_FAILED;
     }
-    if (!find_mount(target->path, &target->mount)) {
+    if (!cmd_mount_at(target->path, &target->mount)) {
         /* not a mount point: stat()ing it is safe now, unless it is a
          * symbolic link to one */
         if (lstat(arg, &st) != 0) {
@@ -369,7 +143,7 @@ static int find_target(const char *arg, struct target *target)
             return EXIT_FAILED;
         }
         char *resolved = S_ISLNK(st.st_mode) ? realpath(arg, NULL) : NULL;
-        if (resolved == NULL || !find_mount(resolved, &target->mount)) {
+        if (resolved == NULL || !cmd_mount_at(resolved, &target->mount)) {
             free(resolved);
             fprintf(stderr, "s3cachefs: %s is not a mount point\n", arg);
             return EXIT_FAILED;
@@ -712,7 +486,7 @@ bool stats_cmd_requested(int argc, char **argv)
     for (int i = 2; i < argc; i++)
         if (is_stats_option(argv[i]))
             return true;
-    return is_s3cachefs_mount(argv[2]);
+    return cmd_is_s3cachefs_mount(argv[2], ASK_TIMEOUT_MS);
 }
 
 int stats_cmd_main(int argc, char **argv)

@@ -41,6 +41,8 @@
 #include <unistd.h>
 
 #include "clock.h"
+#include "cmd_args.h"
+#include "cmd_mount.h"
 #include "fs.h"
 #include "syncfmt.h"
 
@@ -149,34 +151,8 @@ static bool own_option(const char *arg)
 {
     static const char *const names[] = {"-h", "--help", "--json", "--timeout",
                                         "--drop", "--yes", "-y"};
-    size_t len = strcspn(arg, "=");
 
-    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
-        if (strlen(names[i]) == len && strncmp(arg, names[i], len) == 0)
-            return true;
-    return false;
-}
-
-/* The value of option NAME at ARGV[*I] ("--name=V" or "--name V"), or
- * NULL when ARGV[*I] is not NAME. *MISSING says it has no value. */
-static const char *option_value(char **argv, int argc, int *i, const char *name,
-                                bool *missing)
-{
-    size_t len = strlen(name);
-    const char *arg = argv[*i];
-
-    *missing = false;
-    if (strncmp(arg, name, len) != 0)
-        return NULL;
-    if (arg[len] == '=')
-        return arg + len + 1;
-    if (arg[len] != '\0')
-        return NULL;
-    if (*i + 1 >= argc) {
-        *missing = true;
-        return NULL;
-    }
-    return argv[++*i];
+    return cmd_arg_is_one_of(arg, names, sizeof(names) / sizeof(names[0]));
 }
 
 static int parse_args(int argc, char **argv, struct args *args)
@@ -199,7 +175,7 @@ static int parse_args(int argc, char **argv, struct args *args)
             args->json = true;
         } else if (!sync && (strcmp(arg, "--yes") == 0 || strcmp(arg, "-y") == 0)) {
             args->yes = true;
-        } else if (sync && ((value = option_value(argv, argc, &i, "--timeout",
+        } else if (sync && ((value = cmd_arg_value(argv, argc, &i, "--timeout",
                                                   &missing)) != NULL ||
                             missing)) {
             char *end = NULL;
@@ -208,7 +184,7 @@ static int parse_args(int argc, char **argv, struct args *args)
                 args->timeout > TIMEOUT_MAX)
                 return usage_error(args, "--timeout wants a number of seconds "
                                    "above 0", missing ? NULL : value);
-        } else if (!sync && ((value = option_value(argv, argc, &i, "--drop",
+        } else if (!sync && ((value = cmd_arg_value(argv, argc, &i, "--drop",
                                                    &missing)) != NULL ||
                              missing)) {
             if (missing || value[0] == '\0')
@@ -234,213 +210,27 @@ static int parse_args(int argc, char **argv, struct args *args)
 
 /* ------------------------------------------------------------ the mount */
 
-/* ARG made absolute without stat()ing ARG itself (a mount point whose
- * daemon is stuck would hang): its parent resolved, its last component
- * kept; "/", "." and ".." resolved whole. 0 or an errno; *OUT malloc'd. */
-static int canonical_path(const char *arg, char **out)
-{
-    char *copy = strdup(arg), *parent = NULL;
-    int err = 0;
-
-    *out = NULL;
-    if (copy == NULL)
-        return ENOMEM;
-    size_t len = strlen(copy);
-    while (len > 1 && copy[len - 1] == '/')
-        copy[--len] = '\0';
-    char *slash = strrchr(copy, '/');
-    const char *base = slash != NULL ? slash + 1 : copy;
-    if (strcmp(copy, "/") == 0 || strcmp(base, ".") == 0 ||
-        strcmp(base, "..") == 0) {
-        *out = realpath(copy, NULL);
-        err = *out == NULL ? errno : 0;
-        goto out;
-    }
-    if (slash == copy) {
-        parent = strdup("/");
-    } else if (slash != NULL) {
-        *slash = '\0';
-        parent = realpath(copy, NULL);
-    } else {
-        parent = realpath(".", NULL);
-    }
-    if (parent == NULL) {
-        err = errno ? errno : ENOMEM;
-        goto out;
-    }
-    if (asprintf(out, "%s%s%s", parent, strcmp(parent, "/") == 0 ? "" : "/",
-                 base) < 0) {
-        *out = NULL;
-        err = ENOMEM;
-    }
-out:
-    free(parent);
-    free(copy);
-    return err;
-}
-
-/* Undo mountinfo's octal escapes (\040 for a space...) in place. */
-static void unescape_mountinfo(char *text)
-{
-    char *out = text;
-
-    for (const char *in = text; *in != '\0'; in++) {
-        if (in[0] == '\\' && in[1] >= '0' && in[1] <= '3' && in[2] >= '0' &&
-            in[2] <= '7' && in[3] >= '0' && in[3] <= '7') {
-            *out++ = (char)((in[1] - '0') * 64 + (in[2] - '0') * 8 + (in[3] - '0'));
-            in += 3;
-        } else {
-            *out++ = *in;
-        }
-    }
-    *out = '\0';
-}
-
-/* The type of the mount on PATH (the last one, which hides those below)
- * into TYPE (CAP bytes); false if PATH is not a mount point. */
-static bool find_mount(const char *path, char *type, size_t cap)
-{
-    FILE *mounts = fopen("/proc/self/mountinfo", "re");
-    char *line = NULL;
-    size_t line_cap = 0;
-    bool found = false;
-
-    if (mounts == NULL)
-        return false;
-    while (getline(&line, &line_cap, mounts) > 0) {
-        /* ID PARENT MAJ:MIN ROOT MOUNT_POINT OPTIONS [FIELDS...] - TYPE ... */
-        char point[PATH_MAX], kind[64];
-        const char *dash = strstr(line, " - ");
-        if (dash == NULL ||
-            sscanf(line, "%*s %*s %*s %*s %4095s", point) != 1 ||
-            sscanf(dash, " - %63s", kind) != 1)
-            continue;
-        unescape_mountinfo(point);
-        if (strcmp(point, path) == 0) {
-            snprintf(type, cap, "%s", kind);
-            found = true;
-        }
-    }
-    free(line);
-    fclose(mounts);
-    return found;
-}
-
-/* The child of ask_xattr(): getxattr, then its errno and the value into
- * the pipe FD. */
-static void ask_child(const char *path, const char *name, int fd)
-{
-    char *value = malloc(SYNCFMT_VALUE_MAX);
-    ssize_t len = value == NULL ? -1 : getxattr(path, name, value, SYNCFMT_VALUE_MAX);
-    int err = value == NULL ? ENOMEM : len < 0 ? errno : 0;
-    size_t left = len > 0 ? (size_t)len : 0;
-    const char *at = value;
-
-    if (write(fd, &err, sizeof(err)) != (ssize_t)sizeof(err))
-        _exit(1);
-    while (left > 0) {
-        ssize_t n = write(fd, at, left);
-        if (n <= 0)
-            _exit(1);
-        at += n;
-        left -= (size_t)n;
-    }
-    _exit(0);
-}
-
-/*
- * Attribute NAME of PATH, read by a child process within TIMEOUT_MS, into
- * *VALUE (malloc'd, NUL-terminated) and *LEN. 0; getxattr()'s errno;
- * ETIMEDOUT (the child is killed); EIO, ENOMEM, or fork()'s errno.
- */
+/* Attribute NAME of PATH, read by a child process within TIMEOUT_MS
+ * (cmd_mount.h), into *VALUE (malloc'd) and *LEN. 0; getxattr()'s errno;
+ * ETIMEDOUT; EIO, ENOMEM, or fork()'s errno. */
 static int ask_xattr(const char *path, const char *name, int timeout_ms,
                      char **value, size_t *len)
 {
-    size_t cap = sizeof(int) + SYNCFMT_VALUE_MAX, got = 0;
-    char *buf = malloc(cap + 1);
-    int fds[2] = {-1, -1}, err = 0;
-    pid_t child = -1;
-
-    *value = NULL;
-    *len = 0;
-    if (buf == NULL)
-        return ENOMEM;
-    if (pipe2(fds, O_CLOEXEC) != 0 || (child = fork()) < 0) {
-        err = errno;
-        goto out;
-    }
-    if (child == 0)
-        ask_child(path, name, fds[1]);
-    close(fds[1]);
-    fds[1] = -1;
-    uint64_t deadline = clock_monotonic_ms() + (uint64_t)timeout_ms;
-    for (;;) {
-        uint64_t now = clock_monotonic_ms();
-        if (now >= deadline) {
-            err = ETIMEDOUT;
-            break;
-        }
-        struct pollfd ready = {.fd = fds[0], .events = POLLIN};
-        if (poll(&ready, 1, (int)(deadline - now)) <= 0)
-            continue;
-        ssize_t n = read(fds[0], buf + got, cap - got);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            break; /* the child is done */
-        got += (size_t)n;
-        if (got == cap)
-            break;
-    }
-    if (err == 0 && got < sizeof(int))
-        err = EIO; /* the child died without a word */
-    if (err == 0)
-        memcpy(&err, buf, sizeof(int));
-    if (err == 0) {
-        *len = got - sizeof(int);
-        memmove(buf, buf + sizeof(int), *len);
-        buf[*len] = '\0';
-        *value = buf;
-        buf = NULL;
-    }
-out:
-    if (child > 0) {
-        if (err == ETIMEDOUT)
-            kill(child, SIGKILL);
-        /* (a child the daemon holds in the kernel cannot be reaped: left) */
-        for (int tries = 0; tries < 20; tries++) {
-            pid_t done = waitpid(child, NULL, WNOHANG);
-            if (done == child || (done < 0 && errno != EINTR))
-                break;
-            nanosleep(&(struct timespec){0, 10 * 1000000L}, NULL);
-        }
-    }
-    if (fds[0] >= 0)
-        close(fds[0]);
-    if (fds[1] >= 0)
-        close(fds[1]);
-    free(buf);
-    return err;
+    return cmd_ask_xattr(path, name, SYNCFMT_VALUE_MAX, timeout_ms, NULL,
+                         NULL, value, len);
 }
 
-/* Whether PATH is a mounted s3cachefs (no message: for the dispatch). */
-static bool is_s3cachefs_mount(const char *path)
+/* The mount at PATH: its type into TYPE (CAP bytes); false if PATH is not
+ * a mount point. */
+static bool find_mount(const char *path, char *type, size_t cap)
 {
-    char *canonical = NULL, *value = NULL, type[64];
-    size_t len = 0;
-    bool yes = false;
+    struct cmd_mount *mount = malloc(sizeof(*mount));
+    bool found = mount != NULL && cmd_mount_at(path, mount);
 
-    if (canonical_path(path, &canonical) != 0 ||
-        !find_mount(canonical, type, sizeof(type)))
-        goto out;
-    if (strcmp(type, "fuse.s3cachefs") == 0)
-        yes = true;
-    else if (strncmp(type, "fuse", 4) == 0) /* -o subtype= renamed it? */
-        yes = ask_xattr(canonical, FS_PID_XATTR, ASK_TIMEOUT_MS, &value, &len) == 0;
-out:
-    free(value);
-    free(canonical);
-    return yes;
+    if (found)
+        snprintf(type, cap, "%s", mount->type);
+    free(mount);
+    return found;
 }
 
 bool sync_cmd_requested(int argc, char **argv)
@@ -454,7 +244,7 @@ bool sync_cmd_requested(int argc, char **argv)
             return true;
     if (argv[2][0] == '-')
         return false; /* `s3cachefs sync -f /mnt`: a mount's option */
-    return is_s3cachefs_mount(argv[2]);
+    return cmd_is_s3cachefs_mount(argv[2], ASK_TIMEOUT_MS);
 }
 
 /* Why asking TARGET's daemon for NAME failed with ERR (one sentence). */
@@ -505,7 +295,7 @@ static int find_target(const char *arg, struct target *target)
     size_t len = 0;
     struct stat st;
 
-    int err = canonical_path(arg, &target->path);
+    int err = cmd_canonical_path(arg, &target->path);
     if (err != 0) {
         fprintf(stderr, "s3cachefs: %s: %s\n", arg, strerror(err));
         return EXIT_FAILED;

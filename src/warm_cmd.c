@@ -46,6 +46,8 @@
 #include <unistd.h>
 
 #include "clock.h"
+#include "cmd_args.h"
+#include "cmd_mount.h"
 #include "fs.h"
 #include "warm_report.h"
 #include "warmfmt.h"
@@ -164,34 +166,8 @@ static bool own_option(const char *arg)
     static const char *const names[] = {"-h", "--help", "--json", "--from",
                                         "--check", "--evict", "--pin",
                                         "--unpin", "--jobs"};
-    size_t len = strcspn(arg, "=");
 
-    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
-        if (strlen(names[i]) == len && strncmp(arg, names[i], len) == 0)
-            return true;
-    return false;
-}
-
-/* The value of option NAME at ARGV[*I] ("--name=V" or "--name V"), or
- * NULL when ARGV[*I] is not NAME; *MISSING says it has no value. */
-static const char *option_value(char **argv, int argc, int *i, const char *name,
-                                bool *missing)
-{
-    size_t len = strlen(name);
-    const char *arg = argv[*i];
-
-    *missing = false;
-    if (strncmp(arg, name, len) != 0)
-        return NULL;
-    if (arg[len] == '=')
-        return arg + len + 1;
-    if (arg[len] != '\0')
-        return NULL;
-    if (*i + 1 >= argc) {
-        *missing = true;
-        return NULL;
-    }
-    return argv[++*i];
+    return cmd_arg_is_one_of(arg, names, sizeof(names) / sizeof(names[0]));
 }
 
 static int set_mode(struct args *args, enum warm_mode mode, const char *arg)
@@ -236,14 +212,14 @@ static int parse_args(int argc, char **argv, struct args *args)
         } else if (strcmp(arg, "--unpin") == 0) {
             if ((status = set_mode(args, WARM_MODE_UNPIN, arg)) != 0)
                 return status;
-        } else if ((value = option_value(argv, argc, &i, "--from", &missing)) !=
+        } else if ((value = cmd_arg_value(argv, argc, &i, "--from", &missing)) !=
                        NULL || missing) {
             if (missing || value[0] == '\0')
                 return usage_error("--from wants a file (or - for stdin)", NULL);
             if (args->from != NULL)
                 return usage_error("one --from at a time", value);
             args->from = value;
-        } else if ((value = option_value(argv, argc, &i, "--jobs", &missing)) !=
+        } else if ((value = cmd_arg_value(argv, argc, &i, "--jobs", &missing)) !=
                        NULL || missing) {
             char *end = NULL;
             long jobs = missing ? -1 : strtol(value, &end, 10);
@@ -265,73 +241,19 @@ static int parse_args(int argc, char **argv, struct args *args)
 
 /* ------------------------------------------------------------ mounts */
 
-/* Undo mountinfo's octal escapes (\040 for a space...) in place. */
-static void unescape_mountinfo(char *text)
-{
-    char *out = text;
-
-    for (const char *in = text; *in != '\0'; in++) {
-        if (in[0] == '\\' && in[1] >= '0' && in[1] <= '3' && in[2] >= '0' &&
-            in[2] <= '7' && in[3] >= '0' && in[3] <= '7') {
-            *out++ = (char)((in[1] - '0') * 64 + (in[2] - '0') * 8 + (in[3] - '0'));
-            in += 3;
-        } else {
-            *out++ = *in;
-        }
-    }
-    *out = '\0';
-}
-
-/* Whether mount point POINT is PATH or above it. */
-static bool point_holds(const char *point, const char *path)
-{
-    size_t len = strlen(point);
-
-    if (strcmp(point, "/") == 0)
-        return true;
-    return strncmp(path, point, len) == 0 && (path[len] == '\0' || path[len] == '/');
-}
-
-/* The mount PATH (absolute, resolved) is in: its point and type from
- * /proc/self/mountinfo (the longest point above it; of equal ones the
- * last, which hides those below). POINT gets PATH_MAX bytes. */
+/* The mount PATH (absolute, resolved) is in (cmd_mount.h): its point
+ * (PATH_MAX bytes) and type. */
 static bool mount_of(const char *path, char *point, char *type, size_t type_cap)
 {
-    FILE *mounts = fopen("/proc/self/mountinfo", "re");
-    char *line = NULL;
-    size_t line_cap = 0, best = 0;
-    bool found = false;
+    struct cmd_mount *mount = malloc(sizeof(*mount));
+    bool found = mount != NULL && cmd_mount_holding(path, mount);
 
-    if (mounts == NULL)
-        return false;
-    while (getline(&line, &line_cap, mounts) > 0) {
-        /* ID PARENT MAJ:MIN ROOT MOUNT_POINT OPTIONS [FIELDS...] - TYPE ... */
-        char here[PATH_MAX], kind[64];
-        const char *dash = strstr(line, " - ");
-        if (dash == NULL || sscanf(line, "%*s %*s %*s %*s %4095s", here) != 1 ||
-            sscanf(dash, " - %63s", kind) != 1)
-            continue;
-        unescape_mountinfo(here);
-        size_t len = strlen(here);
-        if (point_holds(here, path) && len >= best) {
-            best = len;
-            snprintf(point, PATH_MAX, "%s", here);
-            snprintf(type, type_cap, "%s", kind);
-            found = true;
-        }
+    if (found) {
+        snprintf(point, PATH_MAX, "%s", mount->point);
+        snprintf(type, type_cap, "%s", mount->type);
     }
-    free(line);
-    fclose(mounts);
+    free(mount);
     return found;
-}
-
-/* The child of ask_pid(): getxattr, then its errno into the pipe FD. */
-static void ask_child(const char *path, int fd)
-{
-    char value[64];
-    int err = getxattr(path, FS_PID_XATTR, value, sizeof(value)) < 0 ? errno : 0;
-
-    _exit(write(fd, &err, sizeof(err)) == (ssize_t)sizeof(err) ? 0 : 1);
 }
 
 /* Whether the daemon of the mount at POINT answers its pid, asked by a
@@ -339,55 +261,8 @@ static void ask_child(const char *path, int fd)
  * (the child is killed), EIO. */
 static int ask_pid(const char *point)
 {
-    int fds[2] = {-1, -1}, err = 0, answer = 0;
-    pid_t child = -1;
-
-    if (pipe2(fds, O_CLOEXEC) != 0 || (child = fork()) < 0) {
-        err = errno;
-        goto out;
-    }
-    if (child == 0)
-        ask_child(point, fds[1]);
-    close(fds[1]);
-    fds[1] = -1;
-    uint64_t deadline = clock_monotonic_ms() + ASK_TIMEOUT_MS;
-    size_t got = 0;
-    for (;;) {
-        uint64_t now = clock_monotonic_ms();
-        if (now >= deadline) {
-            err = ETIMEDOUT;
-            break;
-        }
-        struct pollfd ready = {.fd = fds[0], .events = POLLIN};
-        if (poll(&ready, 1, (int)(deadline - now)) <= 0)
-            continue;
-        ssize_t n = read(fds[0], (char *)&answer + got, sizeof(answer) - got);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            break;
-        got += (size_t)n;
-        if (got == sizeof(answer))
-            break;
-    }
-    if (err == 0)
-        err = got == sizeof(answer) ? answer : EIO;
-out:
-    if (child > 0) {
-        if (err == ETIMEDOUT)
-            kill(child, SIGKILL);
-        for (int tries = 0; tries < 20; tries++) {
-            pid_t done = waitpid(child, NULL, WNOHANG);
-            if (done == child || (done < 0 && errno != EINTR))
-                break;
-            nanosleep(&(struct timespec){0, 10 * 1000000L}, NULL);
-        }
-    }
-    if (fds[0] >= 0)
-        close(fds[0]);
-    if (fds[1] >= 0)
-        close(fds[1]);
-    return err;
+    return cmd_ask_xattr(point, FS_PID_XATTR, 64, ASK_TIMEOUT_MS, NULL, NULL,
+                         NULL, NULL);
 }
 
 /* The sentence for a mount whose daemon did not answer with ERR (into

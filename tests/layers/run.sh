@@ -13,7 +13,8 @@ if [ ! -f "$builddir/libs3cachefs.a" ]; then
 fi
 objects=
 for name in s3 s3_client credentials credsource main unmount stats_cmd \
-        stats_report stats_text prices sync_cmd warm_cmd warm_report; do
+        stats_report stats_text prices sync_cmd warm_cmd warm_report cmd_mount \
+        cmd_args; do
     [ -f "$builddir/src/$name.o" ] && objects="$objects $builddir/src/$name.o"
 done
 # shellcheck disable=SC2086 # (the object paths have no spaces)
