@@ -125,6 +125,17 @@ int fs_create(const struct fs_conf *conf, struct s3_client *s3, struct fs **out)
         goto out;
     }
     fs->conf.root_key = fs->root_key;
+    if (conf->trusted_count > 0 &&
+        (fs->trusted = calloc(conf->trusted_count, sizeof(*fs->trusted))) == NULL) {
+        err = ENOMEM;
+        goto out;
+    }
+    for (size_t i = 0; i < conf->trusted_count; i++)
+        if ((fs->trusted[i] = strdup(conf->trusted[i])) == NULL) {
+            err = ENOMEM;
+            goto out;
+        }
+    fs->conf.trusted = (const char *const *)fs->trusted;
     fs_dir_attrs(fs, &root);
     if (conf->cache != NULL) {
         /* listings stored by earlier mounts that no lookup may use now;
@@ -133,7 +144,11 @@ int fs_create(const struct fs_conf *conf, struct s3_client *s3, struct fs **out)
          * them, and a listing is trusted for dir_ttl without a request */
         bool crashed = cache_left_open(conf->cache);
         uint64_t pruned = 0;
-        if (metacache_prune_listings(conf->cache, crashed ? 0 : conf->dir_ttl,
+        /* (with -o trust, listings stored by earlier mounts are what this
+         * one serves under its trusted prefixes, and the index cannot tell
+         * which are which: none goes, but after a crash) */
+        if ((crashed || conf->trusted_count == 0) &&
+            metacache_prune_listings(conf->cache, crashed ? 0 : conf->dir_ttl,
                                      &pruned) == 0 && pruned > 0)
             log_debug("dropped %llu stored listings %s", (unsigned long long)pruned,
                       crashed ? "(the last mount did not end cleanly)"
@@ -237,6 +252,9 @@ void fs_destroy(struct fs **fsp)
     pthread_mutex_destroy(&fs->handles_lock);
     pthread_cond_destroy(&fs->listing_done);
     pthread_cond_destroy(&fs->move_done);
+    for (size_t i = 0; fs->trusted != NULL && i < fs->conf.trusted_count; i++)
+        free(fs->trusted[i]);
+    free(fs->trusted);
     free(fs->root_key);
     free(fs);
     *fsp = NULL;

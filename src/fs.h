@@ -53,6 +53,11 @@ struct fs_conf {
     uint64_t multipart_threshold; /* larger files go multipart */
     uint64_t part_size;       /* smallest multipart part */
     struct access_log *access_log; /* -o access_log; NULL: none */
+    /* -o trust: key prefixes ("prefix/a/b/"; the root key: everything)
+     * whose listings and attributes never change: trusted until unmount
+     * and, stored in the cache index, across remounts. Copied. */
+    const char *const *trusted;
+    size_t trusted_count;
 };
 
 /* What lookup hands to the kernel: a referenced inode and its attributes. */

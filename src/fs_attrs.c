@@ -152,6 +152,35 @@ void fs_touch_locked(struct inode *inode, bool entries)
         inode->local_mtime = now;
 }
 
+bool fs_trusts(const struct fs *fs, const char *key)
+{
+    for (size_t i = 0; i < fs->conf.trusted_count; i++)
+        if (strncmp(key, fs->trusted[i], strlen(fs->trusted[i])) == 0)
+            return true;
+    return false;
+}
+
+double fs_attr_ttl(const struct fs *fs, const char *key)
+{
+    return fs_trusts(fs, key) ? FS_TRUSTED_TTL : fs->conf.attr_ttl;
+}
+
+double fs_dir_ttl(const struct fs *fs, const char *dir_key)
+{
+    return fs_trusts(fs, dir_key) ? FS_TRUSTED_TTL : fs->conf.dir_ttl;
+}
+
+double fs_entry_ttl(const struct fs *fs, const char *key)
+{
+    /* the parent's listing: KEY strictly under a trusted prefix */
+    for (size_t i = 0; i < fs->conf.trusted_count; i++) {
+        size_t len = strlen(fs->trusted[i]);
+        if (strncmp(key, fs->trusted[i], len) == 0 && key[len] != '\0')
+            return FS_TRUSTED_TTL;
+    }
+    return fs->conf.dir_ttl;
+}
+
 void fs_fill_entry(const struct fs *fs, const struct inode *inode,
                    struct fs_entry *out)
 {
@@ -162,8 +191,8 @@ void fs_fill_entry(const struct fs *fs, const struct inode *inode,
         fs_staged_attrs_locked(fs, inode, &attrs);
     fs_local_times_locked(inode, &attrs);
     fs_attrs_to_stat(fs, inode->ino, &attrs, &out->attr);
-    out->attr_timeout = fs->conf.attr_ttl;
-    out->entry_timeout = fs->conf.dir_ttl;
+    out->attr_timeout = fs_attr_ttl(fs, inode->key);
+    out->entry_timeout = fs_entry_ttl(fs, inode->key);
 }
 
 void fs_writer_meta_of(const struct inode_attrs *attrs, struct writer_meta *out)

@@ -132,10 +132,11 @@ static struct inode_listing *listing_to_show(struct fs *fs, struct inode *dir)
     inode_table_lock(fs->inodes);
     if (dir->listing != NULL) {
         double age = clock_monotonic_seconds() - dir->listing->fetched_at;
-        if (age < STALE_LISTING_TTLS * fs->conf.dir_ttl)
+        double ttl = fs_dir_ttl(fs, dir->key);
+        if (age < STALE_LISTING_TTLS * ttl)
             listing = inode_listing_ref_locked(dir->listing);
         /* a full queue (find, du): the next opendir asks again */
-        if (listing != NULL && age >= fs->conf.dir_ttl && !dir->listing_fetch &&
+        if (listing != NULL && age >= ttl && !dir->listing_fetch &&
             !dir->listing_refresh && !fs->stopping &&
             fs->refreshes_queued < REFRESH_QUEUE_MAX &&
             (job = malloc(sizeof(*job))) != NULL) {
@@ -267,7 +268,8 @@ int fs_dir_entries_plus(struct fs *fs, struct fs_dir *dir, size_t index,
                 continue;
             }
         }
-        if (is_dir ? fs_known_dir_attrs(fs, key, &attrs[i])
+        if (is_dir ? fs_known_dir_attrs(fs, key, &attrs[i]) ||
+                         fs_stored_dir_attrs(fs, key, &attrs[i])
                    : fs_known_file_attrs(fs, key, &entry->attrs, &attrs[i])) {
             free(key);
             continue;
@@ -287,6 +289,7 @@ int fs_dir_entries_plus(struct fs *fs, struct fs_dir *dir, size_t index,
                 slot->headers_known = true;
             if (jobs[j].err == 0 || jobs[j].err == ENOENT)
                 slot->fetched_at = clock_monotonic_seconds(); /* newer than the inode's */
+            fs_store_dir_attrs(fs, jobs[j].key, slot);
         } else if (jobs[j].err == 0) {
             fs_head_file_attrs(fs, &jobs[j].info, slot);
             metacache_put_attrs(fs->conf.cache, jobs[j].key, slot);

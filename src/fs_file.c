@@ -53,6 +53,7 @@ int fs_open(struct fs *fs, fuse_ino_t ino, int flags, struct fs_file **out,
     inode_table_lock(fs->inodes);
     attrs = inode->attrs;
     bool staged = inode->wfile != NULL;
+    double attr_ttl = fs_attr_ttl(fs, inode->key);
     inode_table_unlock(fs->inodes);
     if (attrs.kind == INODE_DIR && !staged) {
         err = EISDIR;
@@ -73,7 +74,7 @@ int fs_open(struct fs *fs, fuse_ino_t ino, int flags, struct fs_file **out,
 
     /* close-to-open: revalidate what is older than the attribute TTL */
     if (!staged && !(flags & O_TRUNC) &&
-        clock_monotonic_seconds() - attrs.fetched_at >= fs->conf.attr_ttl) {
+        clock_monotonic_seconds() - attrs.fetched_at >= attr_ttl) {
         err = fs_revalidate_file(fs, inode, &attrs);
         if (err != 0)
             goto out;

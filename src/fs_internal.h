@@ -41,6 +41,7 @@ struct fs_dir_move {
 
 struct fs {
     struct fs_conf conf;
+    char **trusted;               /* conf.trusted, copied */
     struct lifetime *lifetime;    /* counters since the cache was created */
     char *root_key;
     struct s3_client *s3;
@@ -101,6 +102,23 @@ void fs_handle_add(struct fs *fs, struct fs_handle *list, struct fs_handle *hand
 void fs_handle_remove(struct fs *fs, struct fs_handle *handle);
 
 /* ---------------------------------------------------------- fs_attrs.c */
+
+/* -o trust: whether KEY (a file's, or a directory's with its '/') is at
+ * or under a trusted prefix; the seconds its attributes (attr) or, for a
+ * directory, its listing (dir) are trusted: FS_TRUSTED_TTL there, else
+ * attr_ttl and dir_ttl. An entry (a name in its parent) is trusted when
+ * its parent's listing is. */
+#define FS_TRUSTED_TTL (365.0 * 24 * 3600)
+/* A trusted directory's headers as the index keeps them (false when not
+ * trusted or not known), and kept there once learnt. */
+bool fs_stored_dir_attrs(struct fs *fs, const char *dir_key,
+                         struct inode_attrs *attrs);
+void fs_store_dir_attrs(struct fs *fs, const char *dir_key,
+                        const struct inode_attrs *attrs);
+bool fs_trusts(const struct fs *fs, const char *key);
+double fs_attr_ttl(const struct fs *fs, const char *key);
+double fs_dir_ttl(const struct fs *fs, const char *dir_key);
+double fs_entry_ttl(const struct fs *fs, const char *key);
 
 void fs_dir_attrs(const struct fs *fs, struct inode_attrs *out);
 void fs_head_file_attrs(const struct fs *fs, const struct s3_object_info *info,

@@ -42,6 +42,26 @@ static void listing_file_attrs(const struct fs *fs, const struct s3xml_object *o
     snprintf(out->etag, sizeof(out->etag), "%s", object->etag ? object->etag : "");
 }
 
+/* A listing from the index has what a LIST says (kind, size, mtime,
+ * ETag): the rest as a listing from the bucket has it, this mount's
+ * defaults (a directory's as fs_dir_attrs() gives them). */
+static void stored_listing_defaults(const struct fs *fs,
+                                    struct inode_listing *listing)
+{
+    for (size_t i = 0; i < listing->count; i++) {
+        struct inode_attrs *attrs = &listing->entries[i].attrs;
+        if (attrs->kind == INODE_DIR) {
+            double fetched_at = attrs->fetched_at;
+            fs_dir_attrs(fs, attrs);
+            attrs->fetched_at = fetched_at;
+        } else {
+            attrs->mode = fs->conf.file_mode;
+            attrs->uid = fs->conf.uid;
+            attrs->gid = fs->conf.gid;
+        }
+    }
+}
+
 /* Log a skipped or hidden key once per mount, whatever the relistings. */
 void fs_log_key_once(struct fs *fs, const char *key, const char *why)
 {
@@ -345,7 +365,8 @@ int fs_get_listing(struct fs *fs, struct inode *dir, unsigned max_pages,
         }
         for (;;) {
             if (dir->listing != NULL &&
-                clock_monotonic_seconds() - dir->listing->fetched_at < fs->conf.dir_ttl) {
+                clock_monotonic_seconds() - dir->listing->fetched_at <
+                    fs_dir_ttl(fs, dir->key)) {
                 *out = inode_listing_ref_locked(dir->listing);
                 inode_table_unlock(fs->inodes);
                 return 0;
@@ -362,10 +383,13 @@ int fs_get_listing(struct fs *fs, struct inode *dir, unsigned max_pages,
         bool from_bucket = false;
         if (dir_key == NULL) {
             err = ENOMEM;
-        } else if (metacache_get_listing(fs->conf.cache, dir_key, fs->conf.dir_ttl,
+        } else if (metacache_get_listing(fs->conf.cache, dir_key,
+                                         fs_dir_ttl(fs, dir_key),
                                          &listing) != 0) {
             err = fetch_listing(fs, dir_key, max_pages, &listing);
             from_bucket = err == 0;
+        } else {
+            stored_listing_defaults(fs, listing);
         }
         /* stored before the check: a rename that ends after it forgets
          * the stored listing itself, one that ended before is seen below */

@@ -112,20 +112,47 @@ bool fs_known_dir_attrs(struct fs *fs, const char *dir_key,
     return usable;
 }
 
+/* What a trusted directory's headers are stored under in the index (a
+ * listing names a directory, not its marker's ETag). */
+#define TRUSTED_DIR_TAG "\"s3cachefs:trusted-directory\""
+
+bool fs_stored_dir_attrs(struct fs *fs, const char *dir_key,
+                         struct inode_attrs *attrs)
+{
+    if (!fs_trusts(fs, dir_key) ||
+        metacache_get_attrs(fs->conf.cache, dir_key, TRUSTED_DIR_TAG, attrs) != 0)
+        return false;
+    attrs->etag[0] = '\0';
+    return true;
+}
+
+void fs_store_dir_attrs(struct fs *fs, const char *dir_key,
+                        const struct inode_attrs *attrs)
+{
+    if (!fs_trusts(fs, dir_key) || !attrs->headers_known)
+        return;
+    struct inode_attrs kept = *attrs;
+    snprintf(kept.etag, sizeof(kept.etag), "%s", TRUSTED_DIR_TAG);
+    metacache_put_attrs(fs->conf.cache, dir_key, &kept);
+}
+
 /* A directory's mode and owner live in the headers of its marker (as s3fs
  * writes them): one HEAD per directory and mount; none when there is no
- * marker (defaults). Failures leave the defaults. */
+ * marker (defaults). Failures leave the defaults. Under -o trust, one
+ * HEAD per directory ever: what it said is kept in the index. */
 static void resolve_dir(struct fs *fs, const char *dir_key, struct inode_attrs *attrs)
 {
     struct s3_object_info info;
 
-    if (fs_known_dir_attrs(fs, dir_key, attrs))
+    if (fs_known_dir_attrs(fs, dir_key, attrs) ||
+        fs_stored_dir_attrs(fs, dir_key, attrs))
         return;
     int err = s3_head_object(fs->s3, dir_key, &info);
     if (err == 0)
         fs_apply_dir_headers(fs, &info, attrs);
     else if (err == ENOENT)
         attrs->headers_known = true; /* no marker: the defaults are right */
+    fs_store_dir_attrs(fs, dir_key, attrs);
 }
 
 /* Attributes of file KEY whose listing said LISTED (may be NULL): the
@@ -260,7 +287,7 @@ int fs_lookup(struct fs *fs, fuse_ino_t parent_ino, const char *name,
     int err = 0;
 
     memset(out, 0, sizeof(*out));
-    out->entry_timeout = fs->conf.dir_ttl;
+    out->entry_timeout = fs->conf.dir_ttl; /* (a negative entry: below) */
     if (parent == NULL)
         return ENOENT;
     inode_table_lock(fs->inodes);
@@ -303,8 +330,10 @@ int fs_lookup(struct fs *fs, fuse_ino_t parent_ino, const char *name,
      * by name) are cheaper answered by listing it once, if that takes a
      * few pages: after PROBES_BEFORE_LISTING probes (two requests each) it
      * is tried. */
+    double parent_ttl = fs_dir_ttl(fs, parent_key);
+    out->entry_timeout = parent_ttl; /* (a name that is not there, too) */
     if (parent->listing != NULL &&
-        clock_monotonic_seconds() - parent->listing->fetched_at < fs->conf.dir_ttl)
+        clock_monotonic_seconds() - parent->listing->fetched_at < parent_ttl)
         listing = inode_listing_ref_locked(parent->listing); /* fresh */
     bool listed = listing == NULL && worth_relisting_locked(fs, parent);
     /* A file of the last listing whose headers are not known here needs a
@@ -319,7 +348,7 @@ int fs_lookup(struct fs *fs, fuse_ino_t parent_ino, const char *name,
     bool confirm = false;
     if (listed && (parent->listing_fetch ||
                    clock_monotonic_seconds() - parent->listing->fetched_at <
-                       STALE_LISTING_TTLS * fs->conf.dir_ttl)) {
+                       STALE_LISTING_TTLS * parent_ttl)) {
         const struct inode_dirent *last = inode_listing_find(parent->listing, name);
         struct inode *known = inode_find_locked(fs->inodes, file_key);
         if (last != NULL && last->attrs.kind == INODE_FILE &&
@@ -464,6 +493,7 @@ int fs_getattr(struct fs *fs, fuse_ino_t ino, struct stat *out, double *timeout)
         return ENOENT;
     inode_table_lock(fs->inodes);
     attrs = inode->attrs;
+    double attr_ttl = fs_attr_ttl(fs, inode->key);
     /* staged data is what the file is; an unlinked file keeps what it was */
     bool unlinked = inode->unlinked;
     bool local = inode->wfile != NULL || unlinked;
@@ -472,7 +502,7 @@ int fs_getattr(struct fs *fs, fuse_ino_t ino, struct stat *out, double *timeout)
     fs_local_times_locked(inode, &attrs);
     inode_table_unlock(fs->inodes);
     if (!local && attrs.kind != INODE_DIR &&
-        clock_monotonic_seconds() - attrs.fetched_at >= fs->conf.attr_ttl) {
+        clock_monotonic_seconds() - attrs.fetched_at >= attr_ttl) {
         err = fs_revalidate_file(fs, inode, &attrs);
         if (err == 0) {
             inode_table_lock(fs->inodes);
@@ -485,7 +515,7 @@ int fs_getattr(struct fs *fs, fuse_ino_t ino, struct stat *out, double *timeout)
         fs_attrs_to_stat(fs, ino, &attrs, out);
         if (unlinked)
             out->st_nlink = 0; /* fstat of a descriptor open on it */
-        *timeout = fs->conf.attr_ttl;
+        *timeout = attr_ttl;
     }
     inode_put(fs->inodes, inode);
     return err;

@@ -43,6 +43,7 @@ int fs_warm(struct fs *fs, fuse_ino_t ino, enum fs_warm_op op,
     inode_table_lock(fs->inodes);
     attrs = inode->attrs;
     bool staged = inode->wfile != NULL;
+    double attr_ttl = fs_attr_ttl(fs, inode->key);
     inode_table_unlock(fs->inodes);
     if (attrs.kind == INODE_DIR && !staged) {
         err = EISDIR;
@@ -53,7 +54,7 @@ int fs_warm(struct fs *fs, fuse_ino_t ino, enum fs_warm_op op,
         goto out;
     }
     if (!staged && op == FS_WARM_FETCH &&
-        clock_monotonic_seconds() - attrs.fetched_at >= fs->conf.attr_ttl) {
+        clock_monotonic_seconds() - attrs.fetched_at >= attr_ttl) {
         err = fs_revalidate_file(fs, inode, &attrs);
         if (err != 0)
             goto out;

@@ -41,7 +41,7 @@ struct raw_options {
     char *endpoint, *region, *profile, *credentials_file, *cache_dir;
     char *uid, *gid, *file_mode, *dir_mode;
     char *attr_ttl, *dir_ttl, *read_ahead, *connections, *retries;
-    char *request_timeout, *metrics, *access_log;
+    char *request_timeout, *metrics, *access_log, *trust;
     char *cache_size, *cache_min_free, *block_size;
     int no_sign, path_style, allow_other, read_only, writeback;
 };
@@ -83,6 +83,7 @@ static const struct fuse_opt option_spec[] = {
     RAW("request_timeout=%s", request_timeout),
     RAW("metrics=%s", metrics),
     RAW("access_log=%s", access_log),
+    RAW("trust=%s", trust),
     RAW("cache_size=%s", cache_size),
     RAW("cache_min_free=%s", cache_min_free),
     RAW("block_size=%s", block_size),
@@ -323,6 +324,44 @@ static int normalize_prefix(char **prefix)
     return 0;
 }
 
+/* TEXT ("a/b:c", directories of the mount separated by ':'; "/" the
+ * whole mount) into OUT->trusted, each normalized as a prefix ("a/b/",
+ * "c/", "" for the whole mount). 0, EINVAL or ENOMEM. */
+static int parse_trust(const char *text, struct options *out)
+{
+    char *copy = strdup(text), *save = NULL;
+    int err = 0;
+
+    if (copy == NULL)
+        return ENOMEM;
+    /* (no empty entry) */
+    if (text[0] == '\0' || text[0] == ':' || text[strlen(text) - 1] == ':' ||
+        strstr(text, "::") != NULL)
+        err = EINVAL;
+    for (char *part = strtok_r(copy, ":", &save); err == 0 && part != NULL;
+         part = strtok_r(NULL, ":", &save)) {
+        char *prefix = strdup(part);
+        char **grown = realloc(out->trusted,
+                               (out->trusted_count + 1) * sizeof(*grown));
+        if (prefix == NULL || grown == NULL) {
+            free(prefix);
+            if (grown != NULL)
+                out->trusted = grown;
+            err = ENOMEM;
+            break;
+        }
+        out->trusted = grown;
+        err = normalize_prefix(&prefix);
+        if (err != 0) {
+            free(prefix);
+            break;
+        }
+        out->trusted[out->trusted_count++] = prefix;
+    }
+    free(copy);
+    return err;
+}
+
 /* /var/cache/s3cachefs/BUCKET for root, else
  * ${XDG_CACHE_HOME:-$HOME/.cache}/s3cachefs/BUCKET. */
 static int default_cache_dir(const char *bucket, char **out)
@@ -465,7 +504,7 @@ static void free_raw(struct raw_options *raw)
                        &raw->attr_ttl, &raw->dir_ttl, &raw->read_ahead,
                        &raw->connections, &raw->retries,
                        &raw->request_timeout, &raw->metrics,
-                       &raw->access_log};
+                       &raw->access_log, &raw->trust};
     for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++) {
         free(*fields[i]);
         *fields[i] = NULL;
@@ -528,6 +567,15 @@ int options_parse(int argc, char **argv, struct options *out, char *errbuf,
         set_error(&state, "invalid prefix '%s': it has an empty, '.' or '..' component", out->prefix);
     if (err != 0)
         goto out;
+    if (raw->trust != NULL) {
+        err = parse_trust(raw->trust, out);
+        if (err == EINVAL)
+            set_error(&state, "option 'trust=%s': expected directories of the "
+                      "mount separated by ':', such as datasets/imagenet:models "
+                      "(no empty, '.' or '..' component)", raw->trust);
+        if (err != 0)
+            goto out;
+    }
     if (raw->read_only && raw->writeback) {
         set_error(&state, "%s", "-o writeback and -o ro do not go together");
         err = EINVAL;
@@ -550,6 +598,11 @@ void options_free(struct options *opts)
         free(*fields[i]);
         *fields[i] = NULL;
     }
+    for (size_t i = 0; i < opts->trusted_count; i++)
+        free(opts->trusted[i]);
+    free(opts->trusted);
+    opts->trusted = NULL;
+    opts->trusted_count = 0;
     fuse_opt_free_args(&opts->fuse_args);
 }
 
@@ -612,6 +665,9 @@ void options_print_help(FILE *fp, const char *progname)
 "                         unless named; off by default)\n"
 "  -o access_log=FILE     append the path of each file opened for reading\n"
 "                         (once per version), for s3cachefs warm --from\n"
+"  -o trust=DIR[:DIR...]  directories that never change: their listings\n"
+"                         and attributes are trusted until unmount, and\n"
+"                         across remounts (no request once listed)\n"
 "\n"
 "Commands: s3cachefs stats|sync|pending MOUNTPOINT, s3cachefs warm PATH...,\n"
 "s3cachefs --unmount MOUNTPOINT (each with --help).\n"

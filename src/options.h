@@ -66,6 +66,9 @@ struct options {
     /* operating it */
     char *metrics;            /* -o metrics=[ADDR:]PORT; NULL: no endpoint */
     char *access_log;         /* -o access_log=FILE; NULL: none */
+    char **trusted;           /* -o trust=: prefixes under the mount root
+                                 ("a/b/"; "" the whole mount) */
+    size_t trusted_count;
 
     struct fuse_args fuse_args; /* what goes on to libfuse (argv[0] first) */
 };

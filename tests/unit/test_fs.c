@@ -161,6 +161,8 @@ struct fixture {
     struct s3_client *s3;
     struct fs *fs;
     struct access_log *access_log;       /* NULL unless a test opens one */
+    const char *const *trusted;          /* -o trust, for fs_start() */
+    size_t trusted_count;
     struct op_thread op;
     unsigned char *allocs[MAX_ALLOCS];   /* test bytes, freed in teardown */
     unsigned alloc_count;
@@ -257,6 +259,8 @@ static void fs_start(struct fixture *f)
         .multipart_threshold = THRESHOLD,
         .part_size = PART_SIZE,
         .access_log = f->access_log,
+        .trusted = f->trusted,
+        .trusted_count = f->trusted_count,
     };
     assert_int_equal(fs_create(&conf, f->s3, &f->fs), 0);
 }
@@ -893,6 +897,66 @@ static void test_object_replaced_while_open_is_never_mixed(void **state)
     assert_int_equal(got, sizeof(buf));
     assert_memory_equal(buf, v1 + 4 * KIB, sizeof(buf));
     fs_release(f->fs, file);
+}
+
+/* -o trust=data (listings and attributes kept for no time elsewhere):
+ * under data/ a listing, a lookup and a stat are answered without a
+ * request once known, even after another client changed the bucket, and
+ * after a remount on the same cache; outside it every one asks again. */
+static void test_trusted_prefix_asks_once(void **state)
+{
+    struct fixture *f = *state;
+    static const char *const trusted[] = {"data/"};
+    struct stat attr;
+
+    other_put(f, "data/a", "aaa", 3, NULL);
+    other_put(f, "data/sub/b", "bb", 2, NULL);
+    other_put(f, "other/x", "x", 1, NULL);
+    fs_destroy(&f->fs);
+    f->trusted = trusted;
+    f->trusted_count = 1;
+    fs_start(f);
+
+    fuse_ino_t data = lookup(f, ROOT, "data", NULL);
+    fuse_ino_t other = lookup(f, ROOT, "other", NULL);
+    assert_string_equal(listing_of(f, data), "a sub/");
+    fuse_ino_t a = lookup(f, data, "a", &attr);
+    assert_int_equal(attr.st_size, 3);
+    fuse_ino_t sub = lookup(f, data, "sub", NULL);
+    assert_string_equal(listing_of(f, sub), "b");
+    assert_string_equal(listing_of(f, other), "x");
+    struct fs_entry entry;
+    assert_int_equal(fs_lookup(f->fs, data, "a", &entry), 0);
+    assert_true(entry.attr_timeout > 86400 && entry.entry_timeout > 86400);
+    assert_int_equal(fs_lookup(f->fs, other, "x", &entry), 0);
+    assert_true(entry.attr_timeout == 0 && entry.entry_timeout == 0);
+
+    /* another client changes both trees */
+    other_put(f, "data/new", "n", 1, NULL);
+    other_put(f, "data/a", "changed", 7, NULL);
+    other_put(f, "other/new", "n", 1, NULL);
+    size_t mark = fake_s3_log_count(f->s3);
+    assert_string_equal(listing_of(f, data), "a sub/");
+    assert_int_equal(lookup(f, data, "new", NULL), 0);
+    double timeout = 0;
+    assert_int_equal(fs_getattr(f->fs, a, &attr, &timeout), 0);
+    assert_int_equal(attr.st_size, 3);
+    assert_true(timeout > 86400);
+    assert_string_equal(requests_since(f, mark), "");
+    assert_string_equal(listing_of(f, other), "new x");   /* asked again */
+    assert_int_not_equal(fake_s3_log_count(f->s3), mark);
+
+    /* a remount on the same cache: the trusted listings are still there */
+    fs_destroy(&f->fs);
+    fs_start(f);
+    data = lookup(f, ROOT, "data", NULL); /* (the root is not trusted) */
+    mark = fake_s3_log_count(f->s3);
+    assert_string_equal(listing_of(f, data), "a sub/");
+    sub = lookup(f, data, "sub", NULL);
+    assert_string_equal(listing_of(f, sub), "b");
+    assert_int_not_equal(lookup(f, data, "a", &attr), 0);
+    assert_int_equal(attr.st_size, 3);
+    assert_string_equal(requests_since(f, mark), "");
 }
 
 /* The access log lists each version opened for reading once, through
@@ -2366,6 +2430,7 @@ int main(void)
         FS_TEST(test_object_replaced_between_lookup_and_open, default_reopen),
         FS_TEST(test_object_replaced_while_open_is_never_mixed, default_cached),
         FS_TEST(test_access_log_lists_versions_read, default_reopen),
+        FS_TEST(test_trusted_prefix_asks_once, default_fresh),
         FS_TEST(test_default_close_puts_the_object, default_cached),
         FS_TEST(test_writeback_close_journals_and_uploads_later, writeback_cached),
         FS_TEST(test_writeback_large_file_goes_up_in_parts, writeback_cached),
