@@ -1010,6 +1010,49 @@ static void test_writeback_with_ro(void **state)
     parsed_free(&p);
 }
 
+/* -o trust: directories made prefixes ("/" the whole mount); empty
+ * entries and '.' or '..' components refused with the option named. */
+static void test_trust(void **state)
+{
+    static const struct {
+        const char *value;
+        const char *prefixes[4];    /* NULL-terminated; none: refused */
+    } cases[] = {
+        {"datasets/imagenet", {"datasets/imagenet/"}},
+        {"/a//:b/", {"a/", "b/"}},          /* (slashes at the ends) */
+        {"a//b", {NULL}},
+        {"a/b:c:/d/", {"a/b/", "c/", "d/"}},
+        {"/", {""}},
+        {"", {NULL}},
+        {"a::b", {NULL}},
+        {":a", {NULL}},
+        {"a:", {NULL}},
+        {"a/../b", {NULL}},
+        {"./a", {NULL}},
+    };
+    (void)state;
+    for (size_t i = 0; i < ARRAY_LEN(cases); i++) {
+        char option[64];
+        snprintf(option, sizeof(option), "trust=%s", cases[i].value);
+        const char *args[] = {"-o", option, "bucket", "/mnt", NULL};
+        struct parsed p;
+        parse(&p, args);
+        if (cases[i].prefixes[0] == NULL) {
+            if (p.rc != EINVAL || strstr(p.err, "option 'trust=") == NULL)
+                fail_msg("trust=%s: accepted, or '%s'", cases[i].value, p.err);
+        } else {
+            assert_int_equal(p.rc, 0);
+            size_t n = 0;
+            while (n < 4 && cases[i].prefixes[n] != NULL)
+                n++;
+            assert_int_equal(p.opts.trusted_count, n);
+            for (size_t j = 0; j < n; j++)
+                assert_string_equal(p.opts.trusted[j], cases[i].prefixes[j]);
+        }
+        parsed_free(&p);
+    }
+}
+
 /* ---------------------------------------------- errors and freeing */
 
 /* A small error buffer gets a terminated prefix; a NULL one is fine. */
@@ -1094,7 +1137,8 @@ static void test_help_mentions_options(void **state)
         "endpoint=", "region=", "profile=", "credentials_file=", "no_sign",
         "path_style", "uid=", "gid=", "file_mode=", "dir_mode=",
         "allow_other", "attr_ttl=", "dir_ttl=", "read_ahead=", "connections=",
-        "retries=", "request_timeout=", "-f", "-d", "--help", "--version",
+        "retries=", "request_timeout=", "metrics=", "access_log=", "trust=",
+        "-f", "-d", "--help", "--version",
         "PROGNAME-X",
     };
     char *text = NULL;
@@ -1115,6 +1159,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parse_size_table),
+        cmocka_unit_test(test_trust),
         cmocka_unit_test(test_parse_mode_table),
         cmocka_unit_test(test_parse_seconds_table),
         cmocka_unit_test(test_option_table),
