@@ -104,39 +104,42 @@ def test_warm_tree_then_reads_fetch_nothing(server, s3, bucket, mount, proxy):
     files = put_tree(s3, bucket)
     tree = in_tree(files)
     mnt = mount(bucket, endpoint=proxy.endpoint, options=STEADY)
-    ls_lR(mnt.path / 'data')    # attributes known, as after an `ls -lR`
+    # no other test drops the kernel's caches meanwhile: its inodes,
+    # and the daemon's listings with them, stay (see conftest.py)
+    with kernel_caches_kept():
+        ls_lR(mnt.path / 'data')    # attributes known, as after an `ls -lR`
 
-    proxy.reset_counters()
-    before, report = warm_json('--check', mnt.path / 'data')
-    assert before.returncode == 0, before.stderr
-    assert proxy.requests == [], proxy.requests
-    assert report['files'] == len(tree)
-    assert report['bytes'] == sum(map(len, tree.values()))
-    assert report['cached'] == 0
-    assert all(p['cached'] == 0 for p in report['paths'])
+        proxy.reset_counters()
+        before, report = warm_json('--check', mnt.path / 'data')
+        assert before.returncode == 0, before.stderr
+        assert proxy.requests == [], proxy.requests
+        assert report['files'] == len(tree)
+        assert report['bytes'] == sum(map(len, tree.values()))
+        assert report['cached'] == 0
+        assert all(p['cached'] == 0 for p in report['paths'])
 
-    proxy.reset_counters()
-    done = command('warm', mnt.path / 'data')
-    assert done.returncode == 0, done.stderr
-    total = sum(map(len, tree.values()))
-    # the summary line: files, bytes fetched, already cached, seconds, rate
-    assert done.stdout.startswith(f'warm: {len(tree)} files, '), done.stdout
-    assert 'fetched' in done.stdout and 'already cached' in done.stdout
-    assert '0 failed' in done.stdout
-    for key, body in tree.items():
-        assert fetched(proxy, bucket, key) == len(body), key
-    assert fetched(proxy, bucket) == total
-    assert fetched(proxy, bucket, 'other/outside.bin') == 0
+        proxy.reset_counters()
+        done = command('warm', mnt.path / 'data')
+        assert done.returncode == 0, done.stderr
+        total = sum(map(len, tree.values()))
+        # the summary line: files, bytes fetched, already cached, seconds, rate
+        assert done.stdout.startswith(f'warm: {len(tree)} files, '), done.stdout
+        assert 'fetched' in done.stdout and 'already cached' in done.stdout
+        assert '0 failed' in done.stdout
+        for key, body in tree.items():
+            assert fetched(proxy, bucket, key) == len(body), key
+        assert fetched(proxy, bucket) == total
+        assert fetched(proxy, bucket, 'other/outside.bin') == 0
 
-    proxy.reset_counters()
-    after, report = warm_json('--check', mnt.path / 'data')
-    assert after.returncode == 0, after.stderr
-    assert proxy.requests == [], proxy.requests
-    assert report['cached'] == total
-    assert all(p['cached'] == p['size'] for p in report['paths'])
-    text = command('warm', '--check', mnt.path / 'data')
-    assert f'check: {len(tree)} files' in text.stdout and '(100%)' in text.stdout
-    assert proxy.requests == [], proxy.requests
+        proxy.reset_counters()
+        after, report = warm_json('--check', mnt.path / 'data')
+        assert after.returncode == 0, after.stderr
+        assert proxy.requests == [], proxy.requests
+        assert report['cached'] == total
+        assert all(p['cached'] == p['size'] for p in report['paths'])
+        text = command('warm', '--check', mnt.path / 'data')
+        assert f'check: {len(tree)} files' in text.stdout and '(100%)' in text.stdout
+        assert proxy.requests == [], proxy.requests
 
     proxy.reset_counters()
     again, report = warm_json(mnt.path / 'data')
@@ -192,22 +195,25 @@ def test_evict_then_read_refetches_the_evicted_bytes(server, s3, bucket, mount,
     files = put_tree(s3, bucket)
     tree = in_tree(files)
     mnt = mount(bucket, endpoint=proxy.endpoint, options=STEADY)
-    assert command('warm', mnt.path / 'data').returncode == 0
-    done, report = warm_json('--evict', mnt.path / 'data/big.bin',
-                             mnt.path / 'data/sub')
-    assert done.returncode == 0, done.stderr
-    evicted = ['data/big.bin', 'data/sub/mid.bin', 'data/sub/deeper/leaf.bin',
-               'data/sub/deeper/empty.bin']
-    assert report['freed'] == sum(len(files[k]) for k in evicted)
-    text = command('warm', '--evict', mnt.path / 'data/small.txt')
-    assert text.returncode == 0
-    assert text.stdout.startswith('evict: 1 file, ')
-    assert 'freed' in text.stdout
+    # no other test drops the kernel's caches meanwhile: its inodes,
+    # and the daemon's listings with them, stay (see conftest.py)
+    with kernel_caches_kept():
+        assert command('warm', mnt.path / 'data').returncode == 0
+        done, report = warm_json('--evict', mnt.path / 'data/big.bin',
+                                 mnt.path / 'data/sub')
+        assert done.returncode == 0, done.stderr
+        evicted = ['data/big.bin', 'data/sub/mid.bin', 'data/sub/deeper/leaf.bin',
+                   'data/sub/deeper/empty.bin']
+        assert report['freed'] == sum(len(files[k]) for k in evicted)
+        text = command('warm', '--evict', mnt.path / 'data/small.txt')
+        assert text.returncode == 0
+        assert text.stdout.startswith('evict: 1 file, ')
+        assert 'freed' in text.stdout
 
-    proxy.reset_counters()
-    _, report = warm_json('--check', mnt.path / 'data/big.bin')
-    assert report['cached'] == 0
-    assert proxy.requests == []
+        proxy.reset_counters()
+        _, report = warm_json('--check', mnt.path / 'data/big.bin')
+        assert report['cached'] == 0
+        assert proxy.requests == []
 
     drop_caches()
     proxy.reset_counters()
