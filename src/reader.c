@@ -15,7 +15,18 @@
  * neither a cache hit nor a second use that protects them from eviction.
  *
  * Per file: file->lock guards the sequential-reader state (next_offset,
- * window, last_block, prefetched_to).
+ * window, last_block, prefetched_to) and the scattered-reader state
+ * (random_fetches, scatter_*, claimed_map).
+ *
+ * A reader that reads a file at scattered places (safetensors, numpy and
+ * other loaders map a file and fault in pages in any order) gets no
+ * read-ahead from the sequential window, and would pay a request per
+ * block. Once it has fetched SCATTER_MIN_FETCHES blocks out of order, and
+ * one in SCATTER_DENSITY of the file's blocks (it is reading the file
+ * broadly, not sampling it), the file is fetched in file order behind its
+ * reads, max_window blocks at a time (the read-ahead budget), in runs of
+ * max_request, each block once: the faults then find it cached or in
+ * flight. Only a file that fits a quarter of the cache is swept so.
  */
 #include "config.h"
 
@@ -36,6 +47,11 @@
 #define CLAIMED_RING 128              /* blocks a file remembers fetching */
 #define MAX_FETCHES_PER_READ 3
 #define LOOKUP_FETCHED_RING 256       /* objects fetched whole, not yet opened */
+/* A file read at scattered places (mmap of weights) fetches the rest of
+ * itself once its reader has fetched this many blocks out of order, and
+ * at least one in SCATTER_DENSITY of its blocks: see scatter_fetch(). */
+#define SCATTER_MIN_FETCHES 8
+#define SCATTER_DENSITY 32
 
 struct inflight {
     uint64_t id;       /* the cache object */
@@ -48,6 +64,8 @@ struct reader {
     uint64_t max_window;         /* blocks: read_ahead, at most a quarter of
                                     the cache so read-ahead is not evicted
                                     before it is read */
+    uint64_t scatter_max_blocks; /* a quarter of the cache: the largest
+                                    file a scattered reader fetches whole */
     pthread_mutex_t lock;
     pthread_cond_t block_done;
     void *inflight;              /* tsearch tree of struct inflight * */
@@ -79,6 +97,12 @@ struct reader_file {
                                     (0: no limit) */
     uint64_t claimed[CLAIMED_RING]; /* blocks this file fetched, + 1 */
     unsigned claimed_next;
+    uint64_t random_fetches;     /* blocks fetched for out-of-order reads */
+    bool scatter;                /* the sweep of a scattered reader is on */
+    uint64_t scatter_done;       /* blocks below are cached (or were) */
+    uint64_t scatter_next;       /* the sweep has scheduled blocks below */
+    uint8_t *claimed_map;        /* with scatter: a bit per block fetched
+                                    for this file (the ring is too small) */
 };
 
 /* ----------------------------------------------------------- in flight */
@@ -156,6 +180,8 @@ static uint64_t claim_run(struct reader_file *file, uint64_t first, uint64_t max
     for (uint64_t block = first; block < first + count; block++) {
         file->claimed[file->claimed_next] = block + 1;
         file->claimed_next = (file->claimed_next + 1) % CLAIMED_RING;
+        if (file->claimed_map != NULL)
+            file->claimed_map[block / 8] |= (uint8_t)(1u << (block % 8));
     }
     pthread_mutex_unlock(&file->lock);
     return count;
@@ -168,6 +194,8 @@ static bool claimed_by(struct reader_file *file, uint64_t block)
     bool found = false;
 
     pthread_mutex_lock(&file->lock);
+    if (file->claimed_map != NULL)
+        found = (file->claimed_map[block / 8] >> (block % 8)) & 1;
     for (unsigned i = 0; i < CLAIMED_RING && !found; i++)
         found = file->claimed[i] == block + 1;
     pthread_mutex_unlock(&file->lock);
@@ -379,6 +407,10 @@ static int read_block(struct reader_file *file, uint64_t block, uint32_t offset,
         log_if_changed(file, err);
         if (err != 0)
             return err;
+        pthread_mutex_lock(&file->lock);
+        if (file->window == 0)
+            file->random_fetches++;
+        pthread_mutex_unlock(&file->lock);
         /* evicted again before we could read it (a cache far too small
          * for the readers at work): the caller reads around the cache */
         if (++fetches == MAX_FETCHES_PER_READ)
@@ -448,6 +480,52 @@ static uint64_t note_read(struct reader_file *file, uint64_t offset, size_t size
     return until;
 }
 
+/* A scattered reader (see the top of this file): once it qualifies, keep
+ * up to max_window blocks of the sweep scheduled ahead of what the cache
+ * holds, from the start of the file to its end. */
+static void scatter_fetch(struct reader_file *file)
+{
+    struct reader *reader = file->reader;
+    uint64_t blocks = cache_object_blocks(file->object);
+    uint64_t budget = reader->max_window;
+    uint64_t from = 0, until = 0;
+
+    pthread_mutex_lock(&file->lock);
+    if (!file->scatter) {
+        if (budget == 0 || file->window != 0 || blocks > reader->scatter_max_blocks ||
+            file->random_fetches < SCATTER_MIN_FETCHES ||
+            file->random_fetches * SCATTER_DENSITY < blocks ||
+            (file->claimed_map = calloc((blocks + 7) / 8, 1)) == NULL) {
+            pthread_mutex_unlock(&file->lock);
+            return;
+        }
+        file->scatter = true;
+        /* (what the ring holds goes on being this file's) */
+        for (unsigned i = 0; i < CLAIMED_RING; i++)
+            if (file->claimed[i] != 0 && file->claimed[i] - 1 < blocks)
+                file->claimed_map[(file->claimed[i] - 1) / 8] |=
+                    (uint8_t)(1u << ((file->claimed[i] - 1) % 8));
+        log_debug("'%s' is read at scattered places: fetching the rest of "
+                  "it behind the reads", file->key);
+    }
+    while (file->scatter_done < file->scatter_next &&
+           cache_block_present(reader->conf.cache, file->object, file->scatter_done))
+        file->scatter_done++;
+    uint64_t end = file->prefetch_end != 0 && file->prefetch_end < blocks
+                       ? file->prefetch_end : blocks;
+    if (file->scatter_next < end &&
+        file->scatter_next - file->scatter_done <= budget / 2) {
+        from = file->scatter_next;
+        until = from + budget - (file->scatter_next - file->scatter_done);
+        if (until > end)
+            until = end;
+        file->scatter_next = until;
+    }
+    pthread_mutex_unlock(&file->lock);
+    if (until > from)
+        schedule_read_ahead(file, from, until);
+}
+
 int reader_read(struct reader_file *file, uint64_t offset, size_t size,
                 char *buf, size_t *got)
 {
@@ -474,6 +552,8 @@ int reader_read(struct reader_file *file, uint64_t offset, size_t size,
     uint64_t until = note_read(file, offset, size, &from);
     if (until > 0)
         schedule_read_ahead(file, from, until);
+    else
+        scatter_fetch(file);
 
     while (*got < size) {
         uint64_t at = offset + *got;
@@ -518,6 +598,7 @@ int reader_create(const struct reader_conf *conf, struct reader **out)
     if (window_bytes > stats.size_limit / 4)
         window_bytes = stats.size_limit / 4;
     reader->max_window = window_bytes / reader->block_size;
+    reader->scatter_max_blocks = stats.size_limit / 4 / reader->block_size;
     pthread_mutex_init(&reader->lock, NULL);
     pthread_cond_init(&reader->block_done, NULL);
     return 0;
@@ -675,6 +756,7 @@ void reader_close(struct reader_file **filep)
         return;
     cache_object_close(file->reader->conf.cache, &file->object);
     pthread_mutex_destroy(&file->lock);
+    free(file->claimed_map);
     free(file->key);
     free(file->etag);
     free(file);

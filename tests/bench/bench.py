@@ -111,6 +111,8 @@ DEFAULT_BINARIES = (SRCDIR / 'src' / 's3cachefs',
 Row = collections.namedtuple('Row', 'name title metric limit')
 ROWS = (
     Row('cold', 'cold sequential read', 'seconds', 'raw_get'),
+    Row('mmap', 'cold mmap load, 64 KiB pieces in random order', 'seconds',
+        'raw_get'),
     Row('reread', 're-read, page cache dropped', 'seconds', 'bindfs'),
     Row('fio', 'fio 4 KiB random reads', 'iops', None),
     Row('remount', 're-read after remount', 'seconds', 'bindfs'),
@@ -140,6 +142,7 @@ ALL_ROWS = ROWS + WRITE_ROWS + LIMIT_ROWS
 ROWS_BY_NAME = {row.name: row for row in ALL_ROWS}
 WRITE_ROW_NAMES = tuple(row.name for row in WRITE_ROWS)
 BIG_FILE_ROWS = {'cold', 'reread', 'fio', 'remount'}
+MMAP_TENSOR = 64 << 10      # the mmap row's tensors: the file in 64 KiB pieces
 SMALL_FILE_ROWS = {'small_cold', 'small_warm', 'ls_cold', 'ls_warm'}
 
 
@@ -521,6 +524,27 @@ def read_sequential(path, expected_size):
             total += count
     if total != expected_size:
         raise BenchError(f'read {total} bytes of {path}, expected '
+                         f'{expected_size}')
+
+
+def mmap_load(path, expected_size):
+    """What a safetensors-style loader does: map PATH and copy its tensors
+    out (MMAP_TENSOR bytes each) in a random order, fixed by a seed so
+    every tool and run sees the same order."""
+    import mmap
+    import random
+    order = list(range(0, expected_size, MMAP_TENSOR))
+    random.Random(20261202).shuffle(order)
+    total = 0
+    with open(path, 'rb') as file:
+        with mmap.mmap(file.fileno(), 0, prot=mmap.PROT_READ) as mapped:
+            if len(mapped) != expected_size:
+                raise BenchError(f'{path} maps {len(mapped)} bytes, expected '
+                                 f'{expected_size}')
+            for start in order:
+                total += len(mapped[start:start + MMAP_TENSOR])
+    if total != expected_size:
+        raise BenchError(f'mapped {total} bytes of {path}, expected '
                          f'{expected_size}')
 
 
@@ -1058,6 +1082,7 @@ class Bench:
                 file_system = self.file_systems[name]
                 if name in READ_TOOLS:
                     self.big_file_rows(file_system)
+                    self.mmap_row(file_system)
                     self.small_file_rows(file_system)
                     self.listing_rows(file_system)
                 for row in WRITE_ROW_NAMES:
@@ -1228,6 +1253,23 @@ class Bench:
                 mount = self.mount(file_system, cache_dir)
                 drop_caches()
                 self.measure('remount', name, read, mount.pid, self.size)
+        finally:
+            mount.stop()
+            shutil.rmtree(cache_dir)
+
+    def mmap_row(self, file_system):
+        """The big file mapped and loaded in random order, on a cache of
+        its own (cold)."""
+        name = file_system.name
+        if not self.wanted('mmap', name):
+            return
+        cache_dir = self.new_cache_dir(name)
+        mount = self.mount(file_system, cache_dir)
+        path = mount.path / BIG_KEY
+        try:
+            drop_caches()
+            self.measure('mmap', name, lambda: mmap_load(path, self.size),
+                         mount.pid, self.size)
         finally:
             mount.stop()
             shutil.rmtree(cache_dir)

@@ -34,6 +34,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cmocka.h>
 
@@ -42,6 +43,7 @@
 #include <unistd.h>
 
 #include "cache.h"
+#include "clock.h"
 #include "fake_s3.h"
 #include "log.h"
 #include "reader.h"
@@ -317,6 +319,81 @@ static void test_random_reads_fetch_one_block(void **state)
     free(bytes);
 }
 
+/* A reader faulting in a file at scattered places (mmap of weights): once
+ * it has fetched 8 blocks out of order (one in 32 of the file's), the
+ * rest of the file comes behind its reads, in file order, in runs of
+ * MAX_REQUEST, each block once; its further reads are served from the
+ * cache; what it fetched is not counted as cache hits. */
+static void test_scattered_reader_gets_the_rest(void **state)
+{
+    struct fixture *f = *state;
+    const size_t blocks = 200;
+    const size_t size = (blocks - 1) * BLOCK + 321;
+    char etag[S3_ETAG_MAX];
+    unsigned char *bytes = object_put(f, "weights", size, 7, etag);
+    static const unsigned touched[] = {150, 7, 99, 180, 42, 3, 120, 61};
+    struct get gets[MAX_GETS];
+    struct reader_file *file = NULL;
+
+    open_file(f, "weights", etag, size, &file);
+    for (size_t i = 0; i < sizeof(touched) / sizeof(touched[0]); i++) {
+        uint64_t offset = touched[i] * (uint64_t)BLOCK + 100;
+        assert_int_equal(read_check(file, offset, 4096, bytes), 0);
+        if (i < 7)   /* not yet: one block per read */
+            assert_int_equal(gets_of(f, "weights", 0, gets), i + 1);
+    }
+    /* the sweep has begun: the reader goes on at scattered places (a
+     * read now and then, as a loader between tensors) until every block
+     * is in; each read is answered right */
+    struct s3_stats s3_stats = {0};
+    double until = clock_monotonic_seconds() + 20;
+    for (unsigned round = 0; s3_stats.bytes_received < size; round++) {
+        assert_true(clock_monotonic_seconds() < until);
+        uint64_t block = (round * 37) % blocks;
+        assert_int_equal(read_check(file, block * BLOCK, 10, bytes), 0);
+        nanosleep(&(struct timespec){.tv_nsec = 2 * 1000 * 1000}, NULL);
+        s3_client_stats(f->s3, &s3_stats);
+    }
+    assert_int_equal(fake_s3_wait_idle(f->s3), 0);
+    /* every block once: the faults and the sweep's runs tile the file */
+    size_t count = gets_of(f, "weights", 0, gets);
+    assert_true(gets_tile(gets, count, size));
+    /* most of it by the sweep, in runs */
+    assert_true(reader_stats_of(f).blocks_prefetched >= blocks / 2);
+    /* now all cached: no request for any block */
+    size_t before = fake_s3_count(f->s3, ON(FAKE_S3_GET, NULL));
+    for (size_t block = 0; block < blocks; block += 13)
+        assert_int_equal(read_check(file, block * BLOCK, 10, bytes), 0);
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_GET, NULL)), before);
+    /* what this open file fetched is not a cache hit */
+    assert_int_equal(reader_stats_of(f).hit_bytes, 0);
+    reader_close(&file);
+    free(bytes);
+}
+
+/* Reading a few scattered blocks of a large file (sampling it) fetches
+ * those blocks only. */
+static void test_sampled_file_is_not_swept(void **state)
+{
+    struct fixture *f = *state;
+    const size_t blocks = 600;                 /* 8 x 32 < 600 */
+    const size_t size = blocks * BLOCK;
+    char etag[S3_ETAG_MAX];
+    unsigned char *bytes = object_put(f, "big", size, 8, etag);
+    struct reader_file *file = NULL;
+
+    open_file(f, "big", etag, size, &file);
+    for (unsigned i = 0; i < 12; i++) {
+        uint64_t block = (i * 211 + 5) % blocks;
+        assert_int_equal(read_check(file, block * BLOCK, 100, bytes), 0);
+    }
+    assert_int_equal(fake_s3_wait_idle(f->s3), 0);
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_GET, "big")), 12);
+    assert_int_equal(reader_stats_of(f).blocks_prefetched, 0);
+    reader_close(&file);
+    free(bytes);
+}
+
 static void test_second_read_from_the_cache(void **state)
 {
     struct fixture *f = *state;
@@ -514,6 +591,10 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_cold_sequential_read, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_random_reads_fetch_one_block,
+                                        setup, teardown),
+        cmocka_unit_test_setup_teardown(test_scattered_reader_gets_the_rest,
+                                        setup, teardown),
+        cmocka_unit_test_setup_teardown(test_sampled_file_is_not_swept,
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(test_second_read_from_the_cache, setup,
                                         teardown),
