@@ -24,9 +24,11 @@
  * block. Once it has fetched SCATTER_MIN_FETCHES blocks out of order, and
  * one in SCATTER_DENSITY of the file's blocks (it is reading the file
  * broadly, not sampling it), the file is fetched in file order behind its
- * reads, max_window blocks at a time (the read-ahead budget), in runs of
- * max_request, each block once: the faults then find it cached or in
- * flight. Only a file that fits a quarter of the cache is swept so.
+ * reads, up to twice max_window blocks ahead of what the cache holds (the
+ * reader's own faults no longer need the window), in runs of
+ * max_request, each block once, and a fault ahead of the sweep fetches a
+ * run too: the faults then find their blocks cached or in flight. Only a
+ * file that fits a quarter of the cache is swept so.
  */
 #include "config.h"
 
@@ -49,9 +51,11 @@
 #define LOOKUP_FETCHED_RING 256       /* objects fetched whole, not yet opened */
 /* A file read at scattered places (mmap of weights) fetches the rest of
  * itself once its reader has fetched this many blocks out of order, and
- * at least one in SCATTER_DENSITY of its blocks: see scatter_fetch(). */
+ * at least one in SCATTER_DENSITY of its blocks: see scatter_fetch().
+ * (With 1 MiB blocks: a file of up to 1 GiB after 8 faults, one of 4 GiB
+ * after 32.) */
 #define SCATTER_MIN_FETCHES 8
-#define SCATTER_DENSITY 32
+#define SCATTER_DENSITY 128
 
 struct inflight {
     uint64_t id;       /* the cache object */
@@ -401,9 +405,16 @@ static int read_block(struct reader_file *file, uint64_t block, uint32_t offset,
         pthread_mutex_unlock(&reader->lock);
         if (waiting)
             continue; /* fetched by another thread: read the cache again */
-        if (claim_run(file, block, 1) == 0)
+        /* a swept file is fetched whole anyway: a miss ahead of the sweep
+         * takes a run (same wait, up to max_request more of the file) */
+        pthread_mutex_lock(&file->lock);
+        uint64_t want = file->scatter ? reader->conf.max_request / reader->block_size
+                                      : 1;
+        pthread_mutex_unlock(&file->lock);
+        uint64_t claimed = claim_run(file, block, want > 0 ? want : 1);
+        if (claimed == 0)
             continue; /* another thread claimed or finished it just now */
-        err = fetch_run(file, block, 1, NULL);
+        err = fetch_run(file, block, claimed, NULL);
         log_if_changed(file, err);
         if (err != 0)
             return err;
@@ -481,13 +492,15 @@ static uint64_t note_read(struct reader_file *file, uint64_t offset, size_t size
 }
 
 /* A scattered reader (see the top of this file): once it qualifies, keep
- * up to max_window blocks of the sweep scheduled ahead of what the cache
- * holds, from the start of the file to its end. */
+ * up to twice max_window blocks (at most a quarter of the cache) of the
+ * sweep scheduled ahead of what the cache holds, from the start of the
+ * file to its end. */
 static void scatter_fetch(struct reader_file *file)
 {
     struct reader *reader = file->reader;
     uint64_t blocks = cache_object_blocks(file->object);
-    uint64_t budget = reader->max_window;
+    uint64_t budget = 2 * reader->max_window < reader->scatter_max_blocks
+                          ? 2 * reader->max_window : reader->scatter_max_blocks;
     uint64_t from = 0, until = 0;
 
     pthread_mutex_lock(&file->lock);

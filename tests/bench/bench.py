@@ -892,7 +892,7 @@ class Bench:
         straight to the server, not through the proxy; each only if a row
         reads it."""
         self.local_dir.mkdir()
-        need_big = self.rows & (BIG_FILE_ROWS | {'raw_get', 'bindfs'})
+        need_big = self.rows & (BIG_FILE_ROWS | {'mmap', 'raw_get', 'bindfs'})
         need_small = self.rows & SMALL_FILE_ROWS
         if not (need_big or need_small):
             return

@@ -320,7 +320,7 @@ static void test_random_reads_fetch_one_block(void **state)
 }
 
 /* A reader faulting in a file at scattered places (mmap of weights): once
- * it has fetched 8 blocks out of order (one in 32 of the file's), the
+ * it has fetched 8 blocks out of order (one in 128 of the file's), the
  * rest of the file comes behind its reads, in file order, in runs of
  * MAX_REQUEST, each block once; its further reads are served from the
  * cache; what it fetched is not counted as cache hits. */
@@ -371,24 +371,38 @@ static void test_scattered_reader_gets_the_rest(void **state)
     free(bytes);
 }
 
-/* Reading a few scattered blocks of a large file (sampling it) fetches
- * those blocks only. */
+/* Reading a few scattered blocks of a file (sampling it: fewer than 8)
+ * fetches those blocks only; so does reading many of a file larger than
+ * a quarter of the cache (16 MiB here). */
 static void test_sampled_file_is_not_swept(void **state)
 {
     struct fixture *f = *state;
-    const size_t blocks = 600;                 /* 8 x 32 < 600 */
+    const size_t blocks = 250;
     const size_t size = blocks * BLOCK;
     char etag[S3_ETAG_MAX];
-    unsigned char *bytes = object_put(f, "big", size, 8, etag);
+    unsigned char *bytes = object_put(f, "sampled", size, 8, etag);
     struct reader_file *file = NULL;
 
-    open_file(f, "big", etag, size, &file);
-    for (unsigned i = 0; i < 12; i++) {
-        uint64_t block = (i * 211 + 5) % blocks;
+    open_file(f, "sampled", etag, size, &file);
+    for (unsigned i = 0; i < 7; i++) {
+        uint64_t block = (i * 71 + 5) % blocks;
         assert_int_equal(read_check(file, block * BLOCK, 100, bytes), 0);
     }
     assert_int_equal(fake_s3_wait_idle(f->s3), 0);
-    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_GET, "big")), 12);
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_GET, "sampled")), 7);
+    reader_close(&file);
+    free(bytes);
+
+    const size_t big_blocks = 300;             /* 18.75 MiB > 16 MiB */
+    const size_t big_size = big_blocks * BLOCK;
+    bytes = object_put(f, "big", big_size, 9, etag);
+    open_file(f, "big", etag, big_size, &file);
+    for (unsigned i = 0; i < 20; i++) {
+        uint64_t block = (i * 97 + 5) % big_blocks;
+        assert_int_equal(read_check(file, block * BLOCK, 100, bytes), 0);
+    }
+    assert_int_equal(fake_s3_wait_idle(f->s3), 0);
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_GET, "big")), 20);
     assert_int_equal(reader_stats_of(f).blocks_prefetched, 0);
     reader_close(&file);
     free(bytes);
