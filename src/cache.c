@@ -40,6 +40,12 @@ void cache_get_stats(struct cache *cache, struct cache_stats *out)
     out->blocks = cache->usage.blocks;
     cache_unlock(cache);
     out->index_bytes = db_file_bytes(cache->db);
+    out->pinned_bytes = 0;
+    struct db_txn *txn = NULL;
+    if (db_txn_begin(cache->db, false, &txn) == 0 &&
+        cache_meta_get_u64(txn, "pinned", &out->pinned_bytes) != 0)
+        out->pinned_bytes = 0;
+    db_txn_abort(&txn);
     out->size_limit = cache->size_limit;
     out->served_bytes = atomic_load(&cache->served_bytes);
     out->stored_bytes = atomic_load(&cache->stored_bytes);

@@ -67,6 +67,8 @@ struct cache_stats {
     uint64_t index_bytes;         /* the index file's pages in use (not
                                      under size_limit) */
     uint64_t protected_bytes;     /* of which read again (kept longest) */
+    uint64_t pinned_bytes;        /* the pinned versions' sizes together,
+                                     each rounded up to 4 KiB */
     uint64_t size_limit;
     uint64_t blocks;              /* blocks recorded */
     uint64_t served_bytes;        /* bytes read from the cache (fetched

@@ -322,6 +322,7 @@ static int counters_now(void *arg, char **text)
         "cache_used_bytes %llu\n"
         "cache_index_bytes %llu\n"
         "cache_protected_bytes %llu\n"
+        "cache_pinned_bytes %llu\n"
         "cache_size_bytes %llu\n"
         "cache_block_size_bytes %llu\n"
         "cache_blocks %llu\n"
@@ -343,6 +344,7 @@ static int counters_now(void *arg, char **text)
         (unsigned long long)st.cache.used_bytes,
         (unsigned long long)st.cache.index_bytes,
         (unsigned long long)st.cache.protected_bytes,
+        (unsigned long long)st.cache.pinned_bytes,
         (unsigned long long)st.cache.size_limit,
         (unsigned long long)cache_block_size(fs->conf.cache),
         (unsigned long long)st.cache.blocks,

@@ -58,6 +58,7 @@ S3_STAT(failures)
 CACHE_STAT(used_bytes)
 CACHE_STAT(index_bytes)
 CACHE_STAT(protected_bytes)
+CACHE_STAT(pinned_bytes)
 CACHE_STAT(size_limit)
 CACHE_STAT(blocks)
 CACHE_STAT(evicted_blocks)
@@ -98,6 +99,9 @@ static const struct family families[] = {
     {"cache_protected_bytes", GAUGE,
      "Bytes of cached blocks read more than once (evicted last).",
      value_cache_protected_bytes},
+    {"cache_pinned_bytes", GAUGE,
+     "Bytes of the versions pinned by s3cachefs warm --pin (kept through "
+     "eviction), each rounded up to 4 KiB.", value_cache_pinned_bytes},
     {"cache_limit_bytes", GAUGE,
      "The cache's size limit (-o cache_size).", value_cache_size_limit},
     {"cache_block_size_bytes", GAUGE,

@@ -65,6 +65,7 @@ static const struct group groups[] = {
     {"cache", {
         {"cache_used_bytes", "used / size", SHOW_USED_OF_SIZE},
         {"cache_protected_bytes", "protected (read again)", SHOW_BYTES},
+        {"cache_pinned_bytes", "pinned (warm --pin)", SHOW_BYTES},
         {"cache_index_bytes", "index", SHOW_BYTES},
         {"cache_blocks", "blocks", SHOW_COUNT},
         {"cache_evicted_blocks", "evicted blocks", SHOW_COUNT},

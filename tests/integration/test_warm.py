@@ -337,6 +337,8 @@ def test_pin_survives_cache_pressure_and_a_remount(server, s3, bucket, mount,
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith('pin: 1 file pinned, ')
     assert 'pinned now: 3.0 MiB of 4.0 MiB allowed' in done.stdout
+    # (accounted as the cache accounts blocks: rounded up to 4 KiB)
+    assert read_stats(mnt.path)['cache_pinned_bytes'] == -(-len(weights) // 4096) * 4096
     assert command('warm', mnt.path / 'control.bin').returncode == 0
     assert check(mnt, 'weights.bin')['pinned'] is True
 

@@ -653,6 +653,15 @@ static void test_pin_is_kept_across_a_remount(void **state)
     assert_int_equal(ask(f, ino, FS_WARM_CHECK).cached, len);
 }
 
+/* What the counters say is pinned (cache_pinned_bytes). */
+static uint64_t pinned_bytes(struct fixture *f)
+{
+    struct cache_stats stats;
+
+    cache_get_stats(f->cache, &stats);
+    return stats.pinned_bytes;
+}
+
 static void test_pins_stay_within_half_the_cache(void **state)
 {
     struct fixture *f = *state;
@@ -668,6 +677,7 @@ static void test_pins_stay_within_half_the_cache(void **state)
     assert_false(answer.pinned);
     assert_int_equal(answer.fetched, 0);
     assert_int_equal(answer.pin_used, 640 * KIB);
+    assert_int_equal(pinned_bytes(f), 640 * KIB);
     assert_int_equal(get_bytes_since(f, "second.bin", mark), 0);
     assert_false(ask(f, second, FS_WARM_CHECK).pinned);
 
@@ -676,6 +686,7 @@ static void test_pins_stay_within_half_the_cache(void **state)
     assert_int_equal(answer.status, WARMFMT_DONE);
     assert_int_equal(answer.pin_used, 0);
     assert_int_equal(ask(f, first, FS_WARM_UNPIN).pin_used, 0);
+    assert_int_equal(pinned_bytes(f), 0);
     assert_false(ask(f, first, FS_WARM_CHECK).pinned);
     answer = ask(f, second, FS_WARM_PIN);
     assert_int_equal(answer.status, WARMFMT_DONE);
@@ -687,6 +698,7 @@ static void test_pins_stay_within_half_the_cache(void **state)
     /* evicting a pinned file ends its pin */
     answer = ask(f, second, FS_WARM_EVICT);
     assert_int_equal(answer.freed, 512 * KIB);
+    assert_int_equal(pinned_bytes(f), 0);
     answer = ask(f, first, FS_WARM_PIN);
     assert_int_equal(answer.status, WARMFMT_DONE);
     assert_int_equal(answer.pin_used, 640 * KIB);

@@ -58,6 +58,7 @@ static struct fs_stats sample_stats(void)
     st.cache.used_bytes = 3001;
     st.cache.index_bytes = 3002;
     st.cache.protected_bytes = 3003;
+    st.cache.pinned_bytes = 3008;
     st.cache.size_limit = 3004;
     st.cache.blocks = 3005;
     st.cache.evicted_blocks = 3006;
@@ -123,6 +124,7 @@ static void test_text_values(void **state)
         "s3cachefs_cache_used_bytes 3001",
         "s3cachefs_cache_index_bytes 3002",
         "s3cachefs_cache_protected_bytes 3003",
+        "s3cachefs_cache_pinned_bytes 3008",
         "s3cachefs_cache_limit_bytes 3004",
         "s3cachefs_cache_blocks 3005",
         "s3cachefs_cache_evicted_blocks_total 3006",
