@@ -47,6 +47,7 @@
 #endif
 
 #include "awsconfig.h"
+#include "text.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -86,20 +87,6 @@ struct prof {
     char *val[K_COUNT];         /* indexed by K_*; NULL when not set */
     const char *other;          /* first other_cred_keys entry seen */
 };
-
-static void set_err(char *errbuf, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void set_err(char *errbuf, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-
-    if (errbuf == NULL || errlen == 0)
-        return;
-    va_start(ap, fmt);
-    vsnprintf(errbuf, errlen, fmt, ap);
-    va_end(ap);
-}
 
 static void free_secret(char **s)
 {
@@ -206,35 +193,35 @@ static int read_file(const char *path, const char *var, bool strict,
         if (rc == ENOENT || rc == ENOTDIR) {
             rc = ENOENT;
             if (strict)
-                set_err(errbuf, errlen, "credentials file %s does not exist",
+                text_set_err(errbuf, errlen, "credentials file %s does not exist",
                         path);
             else if (var != NULL)
-                set_err(errbuf, errlen, "%s names %s, which does not exist",
+                text_set_err(errbuf, errlen, "%s names %s, which does not exist",
                         var, path);
             else
                 rc = 0;
         } else if (rc == EACCES) {
-            set_err(errbuf, errlen, "cannot read %s: permission denied",
+            text_set_err(errbuf, errlen, "cannot read %s: permission denied",
                     path);
         } else {
-            set_err(errbuf, errlen, "cannot open %s: %s", path,
+            text_set_err(errbuf, errlen, "cannot open %s: %s", path,
                     strerror(rc));
         }
         goto out;
     }
     if (fstat(fd, &st) != 0) {
         rc = errno;
-        set_err(errbuf, errlen, "cannot stat %s: %s", path, strerror(rc));
+        text_set_err(errbuf, errlen, "cannot stat %s: %s", path, strerror(rc));
         goto out;
     }
     if (!S_ISREG(st.st_mode)) {
         rc = EINVAL;
-        set_err(errbuf, errlen, "%s is not a regular file", path);
+        text_set_err(errbuf, errlen, "%s is not a regular file", path);
         goto out;
     }
     if (strict && (st.st_mode & 077) != 0) {
         rc = EACCES;
-        set_err(errbuf, errlen,
+        text_set_err(errbuf, errlen,
                 "credentials file %s is accessible to group or others "
                 "(mode %04o); run chmod 600 %s",
                 path, (unsigned)(st.st_mode & 07777), path);
@@ -242,14 +229,14 @@ static int read_file(const char *path, const char *var, bool strict,
     }
     if (st.st_size > AWSCFG_MAX_FILE) {
         rc = EINVAL;
-        set_err(errbuf, errlen, "%s is larger than 1 MiB", path);
+        text_set_err(errbuf, errlen, "%s is larger than 1 MiB", path);
         goto out;
     }
     size = (size_t)st.st_size;
     buf = malloc(size + 1);
     if (buf == NULL) {
         rc = ENOMEM;
-        set_err(errbuf, errlen, "out of memory reading %s", path);
+        text_set_err(errbuf, errlen, "out of memory reading %s", path);
         goto out;
     }
     while (len < size) {
@@ -259,7 +246,7 @@ static int read_file(const char *path, const char *var, bool strict,
             continue;
         if (n < 0) {
             rc = errno;
-            set_err(errbuf, errlen, "cannot read %s: %s", path,
+            text_set_err(errbuf, errlen, "cannot read %s: %s", path,
                     strerror(rc));
             goto out;
         }
@@ -293,7 +280,7 @@ static int parse_section(char *t, const char *path, unsigned line,
 
     if (close == NULL) {
         rc = EINVAL;
-        set_err(errbuf, errlen, "%s line %u: missing ']' in section header",
+        text_set_err(errbuf, errlen, "%s line %u: missing ']' in section header",
                 path, line);
         goto out;
     }
@@ -301,14 +288,14 @@ static int parse_section(char *t, const char *path, unsigned line,
     rest = ltrim(close + 1);
     if (*rest != '\0' && *rest != '#' && *rest != ';') {
         rc = EINVAL;
-        set_err(errbuf, errlen, "%s line %u: unexpected text after ']'",
+        text_set_err(errbuf, errlen, "%s line %u: unexpected text after ']'",
                 path, line);
         goto out;
     }
     name = trim(t + 1);
     if (*name == '\0') {
         rc = EINVAL;
-        set_err(errbuf, errlen, "%s line %u: empty section name", path,
+        text_set_err(errbuf, errlen, "%s line %u: empty section name", path,
                 line);
         goto out;
     }
@@ -367,7 +354,7 @@ static int parse_ini(char *buf, size_t len, const char *path, bool is_config,
         for (char *q = buf; q < nul; q++)
             line += *q == '\n';
         rc = EINVAL;
-        set_err(errbuf, errlen, "%s line %u: NUL byte in file", path, line);
+        text_set_err(errbuf, errlen, "%s line %u: NUL byte in file", path, line);
         goto out;
     }
     while (s < end) {
@@ -405,13 +392,13 @@ static int parse_ini(char *buf, size_t len, const char *path, bool is_config,
         eq = strchr(t, '=');
         if (eq == NULL) {
             rc = EINVAL;
-            set_err(errbuf, errlen, "%s line %u: expected 'key = value'",
+            text_set_err(errbuf, errlen, "%s line %u: expected 'key = value'",
                     path, line);
             goto out;
         }
         if (!in_section) {
             rc = EINVAL;
-            set_err(errbuf, errlen, "%s line %u: setting outside any "
+            text_set_err(errbuf, errlen, "%s line %u: setting outside any "
                     "[section]", path, line);
             goto out;
         }
@@ -419,7 +406,7 @@ static int parse_ini(char *buf, size_t len, const char *path, bool is_config,
         key = trim(t);
         if (*key == '\0') {
             rc = EINVAL;
-            set_err(errbuf, errlen, "%s line %u: missing key before '='",
+            text_set_err(errbuf, errlen, "%s line %u: missing key before '='",
                     path, line);
             goto out;
         }
@@ -436,7 +423,7 @@ static int parse_ini(char *buf, size_t len, const char *path, bool is_config,
         if (in_want) {
             rc = store_setting(p, key, value);
             if (rc != 0) {
-                set_err(errbuf, errlen, "out of memory reading %s", path);
+                text_set_err(errbuf, errlen, "out of memory reading %s", path);
                 goto out;
             }
         }
@@ -480,7 +467,7 @@ static int take_pair(struct prof *p, const char *name, const char *where,
 
     if (p->val[K_ACCESS] == NULL || p->val[K_SECRET] == NULL) {
         rc = EINVAL;
-        set_err(errbuf, errlen, "profile '%s' in %s has %s but no %s", name,
+        text_set_err(errbuf, errlen, "profile '%s' in %s has %s but no %s", name,
                 where,
                 key_names[p->val[K_ACCESS] != NULL ? K_ACCESS : K_SECRET],
                 key_names[p->val[K_ACCESS] != NULL ? K_SECRET : K_ACCESS]);
@@ -508,7 +495,7 @@ static int env_creds(struct awsconfig *out, bool *took, char *errbuf,
         goto out;
     if (ak == NULL || sk == NULL) {
         rc = EINVAL;
-        set_err(errbuf, errlen, "%s is set but %s is not",
+        text_set_err(errbuf, errlen, "%s is set but %s is not",
                 ak != NULL ? "AWS_ACCESS_KEY_ID" : "AWS_SECRET_ACCESS_KEY",
                 ak != NULL ? "AWS_SECRET_ACCESS_KEY" : "AWS_ACCESS_KEY_ID");
         goto out;
@@ -521,7 +508,7 @@ static int env_creds(struct awsconfig *out, bool *took, char *errbuf,
         (tok != NULL && out->session_token == NULL) ||
         out->credentials_source == NULL) {
         rc = ENOMEM;
-        set_err(errbuf, errlen, "out of memory");
+        text_set_err(errbuf, errlen, "out of memory");
         goto out;
     }
     *took = true;
@@ -561,7 +548,7 @@ static int profile_creds(const char *name, const char *from,
     if (p == NULL) {
         rc = ENOENT;
         if (from == NULL)
-            set_err(errbuf, errlen,
+            text_set_err(errbuf, errlen,
                     "no credentials: set AWS_ACCESS_KEY_ID and "
                     "AWS_SECRET_ACCESS_KEY, add them to profile '%s' in %s, "
                     "use -o profile=NAME or -o no_sign%s%s%s",
@@ -569,7 +556,7 @@ static int profile_creds(const char *name, const char *from,
                     other != NULL ? other : "",
                     other != NULL ? " is not supported)" : "");
         else
-            set_err(errbuf, errlen,
+            text_set_err(errbuf, errlen,
                     "profile '%s' (%s) has no aws_access_key_id and "
                     "aws_secret_access_key in %s or %s%s%s%s",
                     name, from, cred_path, cfg_path,
@@ -585,7 +572,7 @@ static int profile_creds(const char *name, const char *from,
                  where) < 0) {
         out->credentials_source = NULL;
         rc = ENOMEM;
-        set_err(errbuf, errlen, "out of memory");
+        text_set_err(errbuf, errlen, "out of memory");
     }
 out:
     return rc;
@@ -603,20 +590,20 @@ static int file_creds(const char *path, const char *name, struct prof *p,
         goto out;
     if (!p->found) {
         rc = ENOENT;
-        set_err(errbuf, errlen, "profile '%s' not found in credentials "
+        text_set_err(errbuf, errlen, "profile '%s' not found in credentials "
                 "file %s", name, path);
         goto out;
     }
     if (!has_key(p)) {
         rc = ENOENT;
-        set_err(errbuf, errlen, "profile '%s' in credentials file %s has no "
+        text_set_err(errbuf, errlen, "profile '%s' in credentials file %s has no "
                 "aws_access_key_id and aws_secret_access_key", name, path);
         goto out;
     }
     if (asprintf(&where, "credentials file %s", path) < 0) {
         where = NULL;
         rc = ENOMEM;
-        set_err(errbuf, errlen, "out of memory");
+        text_set_err(errbuf, errlen, "out of memory");
         goto out;
     }
     rc = take_pair(p, name, where, out, errbuf, errlen);
@@ -626,7 +613,7 @@ static int file_creds(const char *path, const char *name, struct prof *p,
                  "(profile '%s')", path, name) < 0) {
         out->credentials_source = NULL;
         rc = ENOMEM;
-        set_err(errbuf, errlen, "out of memory");
+        text_set_err(errbuf, errlen, "out of memory");
     }
 out:
     free(where);
@@ -648,7 +635,7 @@ int awsconfig_resolve(const struct awsconfig_options *opts,
         errbuf[0] = '\0';
     if (out == NULL) {
         rc = EINVAL;
-        set_err(errbuf, errlen, "awsconfig_resolve: no output struct");
+        text_set_err(errbuf, errlen, "awsconfig_resolve: no output struct");
         goto out;
     }
     memset(out, 0, sizeof *out);
@@ -674,7 +661,7 @@ int awsconfig_resolve(const struct awsconfig_options *opts,
         rc = shared_path("AWS_CONFIG_FILE", home, "config", &cfg_path,
                          &cfg_var);
     if (rc != 0) {
-        set_err(errbuf, errlen, "out of memory");
+        text_set_err(errbuf, errlen, "out of memory");
         goto out;
     }
     cred_disp = cred_path != NULL ? cred_path
@@ -701,7 +688,7 @@ int awsconfig_resolve(const struct awsconfig_options *opts,
             goto out;
         if (from != NULL && !credp.found && !cfgp.found) {
             rc = ENOENT;
-            set_err(errbuf, errlen, "profile '%s' (%s) not found in %s or %s",
+            text_set_err(errbuf, errlen, "profile '%s' (%s) not found in %s or %s",
                     profile, from, cred_disp, cfg_disp);
             goto out;
         }
@@ -753,7 +740,7 @@ int awsconfig_resolve(const struct awsconfig_options *opts,
         rc = ENOMEM;
 out:
     if (rc == ENOMEM && errbuf != NULL && errlen > 0 && errbuf[0] == '\0')
-        set_err(errbuf, errlen, "out of memory");
+        text_set_err(errbuf, errlen, "out of memory");
     if (rc != 0)
         awsconfig_clear(out);
     prof_clear(&credp);

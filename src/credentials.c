@@ -43,6 +43,7 @@
 #include "invariant.h"
 #include "log.h"
 #include "secret.h"
+#include "text.h"
 
 #define DUE_MARGIN_MAX 300.0        /* s: refresh 5 minutes before ... */
 #define DUE_MARGIN_SHARE 3.0        /* ... or a third of the lifetime */
@@ -63,20 +64,6 @@ struct credentials {
     uint64_t fetches;
     uint64_t failures;
 };
-
-static void set_err(char *errbuf, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void set_err(char *errbuf, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-
-    if (errbuf == NULL || errlen == 0)
-        return;
-    va_start(ap, fmt);
-    vsnprintf(errbuf, errlen, fmt, ap);
-    va_end(ap);
-}
 
 static double now_of(const struct credentials *creds)
 {
@@ -199,11 +186,11 @@ static int fetch_keys(struct credentials *creds, double now,
     err = creds->source.fetch(creds->source.arg, out, errbuf, errlen);
     if (err == 0 && (out->access_key == NULL || out->secret_key == NULL)) {
         err = EINVAL;
-        set_err(errbuf, errlen, "%s gave no keys", creds->source.name);
+        text_set_err(errbuf, errlen, "%s gave no keys", creds->source.name);
     }
     if (err == 0 && out->expiration > 0 && out->expiration <= now) {
         err = EKEYEXPIRED;
-        set_err(errbuf, errlen, "%s gave keys that expired at %s",
+        text_set_err(errbuf, errlen, "%s gave keys that expired at %s",
                 creds->source.name,
                 format_time(out->expiration, when, sizeof(when)));
     }
@@ -371,7 +358,7 @@ int credentials_create(struct credentials_source *source,
     *out = NULL;
     if (creds == NULL) {
         err = ENOMEM;
-        set_err(errbuf, errlen, "out of memory");
+        text_set_err(errbuf, errlen, "out of memory");
         if (source->destroy != NULL)
             source->destroy(source->arg);
         free(source->name);
@@ -389,7 +376,7 @@ int credentials_create(struct credentials_source *source,
     pthread_condattr_destroy(&attr);
     if (creds->source.name == NULL || creds->source.fetch == NULL) {
         err = EINVAL;
-        set_err(errbuf, errlen, "no credentials source");
+        text_set_err(errbuf, errlen, "no credentials source");
         goto out;
     }
     creds->fetches = 1;
@@ -401,7 +388,7 @@ int credentials_create(struct credentials_source *source,
     if (creds->current == NULL) {
         credentials_fetched_clear(&fetched);
         err = ENOMEM;
-        set_err(errbuf, errlen, "out of memory");
+        text_set_err(errbuf, errlen, "out of memory");
     }
 out:
     if (err != 0)
@@ -470,7 +457,7 @@ static int static_fetch(void *arg, struct credentials_fetched *out,
     if (out->access_key == NULL || out->secret_key == NULL ||
         (keys->session_token != NULL && out->session_token == NULL)) {
         credentials_fetched_clear(out);
-        set_err(errbuf, errlen, "out of memory");
+        text_set_err(errbuf, errlen, "out of memory");
         return ENOMEM;
     }
     return 0;
@@ -639,11 +626,11 @@ static int take_field(struct json_object *obj, const char *name,
         json_object_is_type(value, json_type_null)) {
         if (optional)
             return ENOENT;
-        set_err(errbuf, errlen, "no %s", name);
+        text_set_err(errbuf, errlen, "no %s", name);
         return EINVAL;
     }
     if (!json_object_is_type(value, json_type_string)) {
-        set_err(errbuf, errlen, "%s is not a string", name);
+        text_set_err(errbuf, errlen, "%s is not a string", name);
         return EINVAL;
     }
     text = json_object_get_string(value);
@@ -651,19 +638,19 @@ static int take_field(struct json_object *obj, const char *name,
     if (len == 0) {
         if (optional)
             return ENOENT;
-        set_err(errbuf, errlen, "%s is empty", name);
+        text_set_err(errbuf, errlen, "%s is empty", name);
         return EINVAL;
     }
     if (!header_safe(text, (size_t)len) || strlen(text) != (size_t)len) {
         wipe_json_string(value);
-        set_err(errbuf, errlen, "%s has characters a header cannot carry",
+        text_set_err(errbuf, errlen, "%s has characters a header cannot carry",
                 name);
         return EINVAL;
     }
     *out = secret_strdup(text);
     wipe_json_string(value);
     if (*out == NULL) {
-        set_err(errbuf, errlen, "out of memory");
+        text_set_err(errbuf, errlen, "out of memory");
         return ENOMEM;
     }
     return 0;
@@ -684,24 +671,24 @@ int credentials_parse_json(const char *text, size_t len,
     memset(out, 0, sizeof(*out));
     if (len > CREDENTIALS_JSON_MAX) {
         err = EINVAL;
-        set_err(errbuf, errlen, "the document is larger than %u KiB",
+        text_set_err(errbuf, errlen, "the document is larger than %u KiB",
                 CREDENTIALS_JSON_MAX >> 10);
         goto out;
     }
     if (len == 0) {
         err = EINVAL;
-        set_err(errbuf, errlen, "the document is empty");
+        text_set_err(errbuf, errlen, "the document is empty");
         goto out;
     }
     if (memchr(text, '\0', len) != NULL) {
         err = EINVAL;
-        set_err(errbuf, errlen, "not JSON: a NUL byte");
+        text_set_err(errbuf, errlen, "not JSON: a NUL byte");
         goto out;
     }
     tok = json_tokener_new_ex(16);
     if (tok == NULL) {
         err = ENOMEM;
-        set_err(errbuf, errlen, "out of memory");
+        text_set_err(errbuf, errlen, "out of memory");
         goto out;
     }
     json_tokener_set_flags(tok, JSON_TOKENER_STRICT);
@@ -709,12 +696,12 @@ int credentials_parse_json(const char *text, size_t len,
     jerr = json_tokener_get_error(tok);
     if (jerr == json_tokener_continue) {
         err = EINVAL;
-        set_err(errbuf, errlen, "not JSON: it ends too early");
+        text_set_err(errbuf, errlen, "not JSON: it ends too early");
         goto out;
     }
     if (obj == NULL || jerr != json_tokener_success) {
         err = EINVAL;
-        set_err(errbuf, errlen, "not JSON: %s",
+        text_set_err(errbuf, errlen, "not JSON: %s",
                 jerr != json_tokener_success ? json_tokener_error_desc(jerr)
                                              : "null");
         goto out;
@@ -723,25 +710,25 @@ int credentials_parse_json(const char *text, size_t len,
         if (text[i] != ' ' && text[i] != '\t' && text[i] != '\n' &&
             text[i] != '\r') {
             err = EINVAL;
-            set_err(errbuf, errlen, "not JSON: text after the object");
+            text_set_err(errbuf, errlen, "not JSON: text after the object");
             goto out;
         }
     }
     if (!json_object_is_type(obj, json_type_object)) {
         err = EINVAL;
-        set_err(errbuf, errlen, "not a JSON object");
+        text_set_err(errbuf, errlen, "not a JSON object");
         goto out;
     }
     if (format == CREDENTIALS_FORMAT_PROCESS) {
         if (!json_object_object_get_ex(obj, "Version", &value)) {
             err = EINVAL;
-            set_err(errbuf, errlen, "no Version");
+            text_set_err(errbuf, errlen, "no Version");
             goto out;
         }
         if (!json_object_is_type(value, json_type_int) ||
             json_object_get_int64(value) != 1) {
             err = EINVAL;
-            set_err(errbuf, errlen, "Version is not 1 (the only version "
+            text_set_err(errbuf, errlen, "Version is not 1 (the only version "
                     "there is)");
             goto out;
         }
@@ -749,7 +736,7 @@ int credentials_parse_json(const char *text, size_t len,
                !(json_object_is_type(value, json_type_string) &&
                  strcmp(json_object_get_string(value), "Success") == 0)) {
         err = EINVAL;
-        set_err(errbuf, errlen, "the answer's Code is '%.64s', not Success",
+        text_set_err(errbuf, errlen, "the answer's Code is '%.64s', not Success",
                 json_object_is_type(value, json_type_string)
                     ? json_object_get_string(value) : "?");
         goto out;
@@ -773,7 +760,7 @@ int credentials_parse_json(const char *text, size_t len,
             credentials_parse_time(json_object_get_string(value),
                                    &out->expiration) != 0) {
             err = EINVAL;
-            set_err(errbuf, errlen, "Expiration is not an ISO 8601 time");
+            text_set_err(errbuf, errlen, "Expiration is not an ISO 8601 time");
             goto out;
         }
     }

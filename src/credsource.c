@@ -31,6 +31,7 @@
 
 #include "clock.h"
 #include "secret.h"
+#include "text.h"
 
 extern char **environ;
 
@@ -44,20 +45,6 @@ extern char **environ;
 #define CONTAINER_TIMEOUT_S 2.0
 #define CONTAINER_ATTEMPTS 3
 #define TOKEN_FILE_MAX 16384
-
-static void set_err(char *errbuf, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void set_err(char *errbuf, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-
-    if (errbuf == NULL || errlen == 0)
-        return;
-    va_start(ap, fmt);
-    vsnprintf(errbuf, errlen, fmt, ap);
-    va_end(ap);
-}
 
 static const char *env_get(const char *name)
 {
@@ -224,12 +211,12 @@ static int process_fetch(void *arg, struct credentials_fetched *out,
     stdout_buf = malloc(CREDENTIALS_JSON_MAX + 1);
     if (stdout_buf == NULL) {
         err = ENOMEM;
-        set_err(errbuf, errlen, "out of memory");
+        text_set_err(errbuf, errlen, "out of memory");
         goto out;
     }
     if (pipe2(out_pipe, O_CLOEXEC) != 0 || pipe2(err_pipe, O_CLOEXEC) != 0) {
         err = errno;
-        set_err(errbuf, errlen, "%s: cannot make a pipe: %s", source->name,
+        text_set_err(errbuf, errlen, "%s: cannot make a pipe: %s", source->name,
                 strerror(err));
         goto out;
     }
@@ -263,7 +250,7 @@ static int process_fetch(void *arg, struct credentials_fetched *out,
                        environ);
     if (err != 0) {
         pid = -1;
-        set_err(errbuf, errlen, "%s: cannot run %s: %s", source->name,
+        text_set_err(errbuf, errlen, "%s: cannot run %s: %s", source->name,
                 source->argv[0], strerror(err));
         goto out;
     }
@@ -322,20 +309,20 @@ static int process_fetch(void *arg, struct credentials_fetched *out,
     quote_line(stderr_buf, stderr_len, detail, sizeof(detail));
     if (timed_out) {
         err = ETIMEDOUT;
-        set_err(errbuf, errlen, "%s did not finish within %d s (killed)",
+        text_set_err(errbuf, errlen, "%s did not finish within %d s (killed)",
                 source->name, PROCESS_TIMEOUT_MS / 1000);
     } else if (WIFSIGNALED(status)) {
         err = EIO;
-        set_err(errbuf, errlen, "%s was killed by signal %d%s%s",
+        text_set_err(errbuf, errlen, "%s was killed by signal %d%s%s",
                 source->name, WTERMSIG(status), detail[0] ? ": " : "",
                 detail);
     } else if (WEXITSTATUS(status) != 0) {
         err = EIO;
-        set_err(errbuf, errlen, "%s exited with status %d%s%s", source->name,
+        text_set_err(errbuf, errlen, "%s exited with status %d%s%s", source->name,
                 WEXITSTATUS(status), detail[0] ? ": " : "", detail);
     } else if (too_big) {
         err = EINVAL;
-        set_err(errbuf, errlen, "%s printed more than %u KiB", source->name,
+        text_set_err(errbuf, errlen, "%s printed more than %u KiB", source->name,
                 CREDENTIALS_JSON_MAX >> 10);
     } else {
         char why[256];
@@ -343,7 +330,7 @@ static int process_fetch(void *arg, struct credentials_fetched *out,
                                      CREDENTIALS_FORMAT_PROCESS, out, why,
                                      sizeof(why));
         if (err != 0)
-            set_err(errbuf, errlen, "%s printed no valid credentials: %s",
+            text_set_err(errbuf, errlen, "%s printed no valid credentials: %s",
                     source->name, why);
     }
 out:
@@ -432,7 +419,7 @@ static int http_ask(const char *method, const char *url,
 
     memset(answer, 0, sizeof(*answer));
     if (curl == NULL) {
-        set_err(errbuf, errlen, "out of memory");
+        text_set_err(errbuf, errlen, "out of memory");
         return ENOMEM;
     }
     curl_easy_setopt(curl, CURLOPT_URL, url);
@@ -458,18 +445,18 @@ static int http_ask(const char *method, const char *url,
     rc = curl_easy_perform(curl);
     if (rc == CURLE_WRITE_ERROR && answer->too_big) {
         err = EIO;
-        set_err(errbuf, errlen, "its answer is larger than %u KiB",
+        text_set_err(errbuf, errlen, "its answer is larger than %u KiB",
                 CREDENTIALS_JSON_MAX >> 10);
     } else if (rc != CURLE_OK) {
         err = EIO;
-        set_err(errbuf, errlen, "%s", curl_easy_strerror(rc));
+        text_set_err(errbuf, errlen, "%s", curl_easy_strerror(rc));
     } else {
         curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &answer->status);
         if (answer->data == NULL) {
             answer->data = calloc(1, 1);
             if (answer->data == NULL) {
                 err = ENOMEM;
-                set_err(errbuf, errlen, "out of memory");
+                text_set_err(errbuf, errlen, "out of memory");
             }
         }
     }
@@ -511,13 +498,13 @@ static int read_token_file(const char *path, char **tokenp, char *errbuf,
 
     *tokenp = NULL;
     if (buf == NULL) {
-        set_err(errbuf, errlen, "out of memory");
+        text_set_err(errbuf, errlen, "out of memory");
         return ENOMEM;
     }
     fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
     if (fd < 0) {
         err = errno;
-        set_err(errbuf, errlen, "cannot read the token file %s "
+        text_set_err(errbuf, errlen, "cannot read the token file %s "
                 "(AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE): %s", path,
                 strerror(err));
         goto out;
@@ -528,7 +515,7 @@ static int read_token_file(const char *path, char **tokenp, char *errbuf,
             continue;
         if (got < 0) {
             err = errno;
-            set_err(errbuf, errlen, "cannot read the token file %s: %s",
+            text_set_err(errbuf, errlen, "cannot read the token file %s: %s",
                     path, strerror(err));
             goto out;
         }
@@ -537,7 +524,7 @@ static int read_token_file(const char *path, char **tokenp, char *errbuf,
         len += (size_t)got;
         if (len > TOKEN_FILE_MAX) {
             err = EINVAL;
-            set_err(errbuf, errlen, "the token file %s is larger than %u "
+            text_set_err(errbuf, errlen, "the token file %s is larger than %u "
                     "bytes", path, TOKEN_FILE_MAX);
             goto out;
         }
@@ -568,19 +555,19 @@ static int add_auth_header(struct curl_slist **headers, const char *token,
 
     for (const char *p = token; *p != '\0'; p++) {
         if ((unsigned char)*p < 0x20 || (unsigned char)*p == 0x7f) {
-            set_err(errbuf, errlen, "the authorization token has a control "
+            text_set_err(errbuf, errlen, "the authorization token has a control "
                     "character");
             return EINVAL;
         }
     }
     if (asprintf(&line, "Authorization: %s", token) < 0) {
-        set_err(errbuf, errlen, "out of memory");
+        text_set_err(errbuf, errlen, "out of memory");
         return ENOMEM;
     }
     struct curl_slist *grown = curl_slist_append(*headers, line);
     if (grown == NULL) {
         err = ENOMEM;
-        set_err(errbuf, errlen, "out of memory");
+        text_set_err(errbuf, errlen, "out of memory");
     } else {
         *headers = grown;
     }
@@ -636,7 +623,7 @@ static int container_fetch(void *arg, struct credentials_fetched *out,
                                  sizeof(why));
 out:
     if (err != 0)
-        set_err(errbuf, errlen, "%s: %s", source->name, why);
+        text_set_err(errbuf, errlen, "%s: %s", source->name, why);
     http_answer_free(&answer);
     headers_free(headers);
     wipe_free(&file_token);
@@ -808,12 +795,12 @@ static int imds_fetch(void *arg, struct credentials_fetched *out,
     }
 out:
     if (err != 0 && !source->fetched_once)
-        set_err(errbuf, errlen, "no credentials in the environment or the "
+        text_set_err(errbuf, errlen, "no credentials in the environment or the "
                 "profile, no credential_process, no container credentials, "
                 "and none from %s: %s (AWS_EC2_METADATA_DISABLED=true skips "
                 "instance metadata)", source->name, why);
     else if (err != 0)
-        set_err(errbuf, errlen, "%s: %s", source->name, why);
+        text_set_err(errbuf, errlen, "%s: %s", source->name, why);
     source->fetched_once = true;
     http_answer_free(&answer);
     headers_free(headers);
@@ -841,7 +828,7 @@ static int make_process(const struct awsconfig *aws,
         return ENOMEM;
     err = credsource_split(aws->credential_process, &source->argv);
     if (err == EINVAL)
-        set_err(errbuf, errlen, "credential_process of profile '%s' cannot "
+        text_set_err(errbuf, errlen, "credential_process of profile '%s' cannot "
                 "be split into words (an open quote or a trailing "
                 "backslash), or is empty", profile);
     if (err == 0 && asprintf(&source->name, "credential_process of profile "
@@ -880,7 +867,7 @@ static int make_container(const char *relative, const char *full,
     } else {
         if (!container_uri_allowed(full)) {
             err = EINVAL;
-            set_err(errbuf, errlen, "AWS_CONTAINER_CREDENTIALS_FULL_URI must "
+            text_set_err(errbuf, errlen, "AWS_CONTAINER_CREDENTIALS_FULL_URI must "
                     "be https, or http to a loopback address or the "
                     "container agent's (169.254.170.2, 169.254.170.23)");
             goto out;
@@ -981,7 +968,7 @@ int credsource_choose(const struct credsource_conf *conf,
         err = make_imds(aws, out);
     else {
         err = ENOENT;
-        set_err(errbuf, errlen,
+        text_set_err(errbuf, errlen,
                 "no credentials: set AWS_ACCESS_KEY_ID and "
                 "AWS_SECRET_ACCESS_KEY, add keys or credential_process to "
                 "profile '%s', use -o profile=NAME or -o no_sign (no "
@@ -990,6 +977,6 @@ int credsource_choose(const struct credsource_conf *conf,
                 aws->profile != NULL ? aws->profile : "default");
     }
     if (err == ENOMEM)
-        set_err(errbuf, errlen, "out of memory");
+        text_set_err(errbuf, errlen, "out of memory");
     return err;
 }

@@ -38,6 +38,7 @@
 #include "errmap.h"
 #include "log.h"
 #include "sigv4.h"
+#include "text.h"
 
 #define ERROR_BODY_MAX (64u << 10)      /* error documents */
 #define BACKOFF_BASE_MS 100
@@ -179,24 +180,6 @@ static const char *header_value(const char *line, size_t len, const char *name,
     return value;
 }
 
-static bool parse_u64(const char *text, size_t len, uint64_t *out)
-{
-    uint64_t value = 0;
-
-    if (len == 0 || len > 20)
-        return false;
-    for (size_t i = 0; i < len; i++) {
-        if (text[i] < '0' || text[i] > '9')
-            return false;
-        uint64_t digit = (uint64_t)(text[i] - '0');
-        if (value > (UINT64_MAX - digit) / 10)
-            return false;
-        value = value * 10 + digit;
-    }
-    *out = value;
-    return true;
-}
-
 /* s3fs writes mtime as whole seconds; accept a fraction too. */
 static bool parse_epoch(const char *text, size_t len, struct timespec *out)
 {
@@ -204,7 +187,7 @@ static bool parse_epoch(const char *text, size_t len, struct timespec *out)
     size_t int_len = dot != NULL ? (size_t)(dot - text) : len;
     uint64_t seconds;
 
-    if (!parse_u64(text, int_len, &seconds) || seconds > INT64_MAX / 2)
+    if (!text_parse_u64(text, int_len, &seconds) || seconds > INT64_MAX / 2)
         return false;
     out->tv_sec = (time_t)seconds;
     out->tv_nsec = 0;
@@ -242,10 +225,10 @@ static void parse_info_header(struct s3_object_info *info, const char *line,
         /* "bytes 0-9/1234": the total is the object size */
         const char *slash = memchr(value, '/', vlen);
         if (slash != NULL &&
-            parse_u64(slash + 1, vlen - (size_t)(slash + 1 - value), &number))
+            text_parse_u64(slash + 1, vlen - (size_t)(slash + 1 - value), &number))
             info->size = number;
     } else if ((value = header_value(line, len, "Content-Length", &vlen))) {
-        if (info->size == 0 && parse_u64(value, vlen, &number))
+        if (info->size == 0 && text_parse_u64(value, vlen, &number))
             info->size = number;
     } else if ((value = header_value(line, len, "Last-Modified", &vlen))) {
         copy_header(text, sizeof(text), value, vlen);
@@ -256,13 +239,13 @@ static void parse_info_header(struct s3_object_info *info, const char *line,
         copy_header(info->content_type, sizeof(info->content_type), value,
                     vlen);
     } else if ((value = header_value(line, len, "x-amz-meta-mode", &vlen))) {
-        info->has_mode = parse_u64(value, vlen, &number) && number <= 0xffffffffu;
+        info->has_mode = text_parse_u64(value, vlen, &number) && number <= 0xffffffffu;
         info->mode = (uint32_t)number;
     } else if ((value = header_value(line, len, "x-amz-meta-uid", &vlen))) {
-        info->has_uid = parse_u64(value, vlen, &number) && number < 0xffffffffu;
+        info->has_uid = text_parse_u64(value, vlen, &number) && number < 0xffffffffu;
         info->uid = (uint32_t)number;
     } else if ((value = header_value(line, len, "x-amz-meta-gid", &vlen))) {
-        info->has_gid = parse_u64(value, vlen, &number) && number < 0xffffffffu;
+        info->has_gid = text_parse_u64(value, vlen, &number) && number < 0xffffffffu;
         info->gid = (uint32_t)number;
     } else if ((value = header_value(line, len, "x-amz-meta-mtime", &vlen))) {
         info->has_mtime = parse_epoch(value, vlen, &info->mtime);
@@ -271,7 +254,7 @@ static void parse_info_header(struct s3_object_info *info, const char *line,
     } else if ((value = header_value(line, len, "x-amz-meta-ctime", &vlen))) {
         info->has_ctime = parse_epoch(value, vlen, &info->ctime);
     } else if ((value = header_value(line, len, "x-amz-meta-rdev", &vlen))) {
-        info->has_rdev = parse_u64(value, vlen, &number) && number <= 0xffffffffu;
+        info->has_rdev = text_parse_u64(value, vlen, &number) && number <= 0xffffffffu;
         info->rdev = (uint32_t)number;
     }
 }
@@ -289,9 +272,9 @@ static bool parse_content_range(const char *value, size_t len, uint64_t *first,
     dash = memchr(value, '-', len);
     slash = memchr(value, '/', len);
     return dash != NULL && slash != NULL && dash < slash &&
-           parse_u64(value, (size_t)(dash - value), first) &&
-           parse_u64(dash + 1, (size_t)(slash - dash - 1), last) &&
-           parse_u64(slash + 1, len - (size_t)(slash + 1 - value), total) &&
+           text_parse_u64(value, (size_t)(dash - value), first) &&
+           text_parse_u64(dash + 1, (size_t)(slash - dash - 1), last) &&
+           text_parse_u64(slash + 1, len - (size_t)(slash + 1 - value), total) &&
            *first <= *last && *last < *total;
 }
 

@@ -5,6 +5,7 @@
 #include "config.h"
 
 #include "warmfmt.h"
+#include "text.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -46,25 +47,6 @@ int warmfmt_format(const struct warmfmt_answer *answer, char *buf, size_t cap,
     return 0;
 }
 
-/* A decimal u64 of exactly LEN bytes at TEXT. */
-static bool parse_u64(const char *text, size_t len, uint64_t *out)
-{
-    uint64_t value = 0;
-
-    if (len == 0 || len > 20)
-        return false;
-    for (size_t i = 0; i < len; i++) {
-        if (text[i] < '0' || text[i] > '9')
-            return false;
-        unsigned digit = (unsigned)(text[i] - '0');
-        if (value > (UINT64_MAX - digit) / 10)
-            return false;
-        value = value * 10 + digit;
-    }
-    *out = value;
-    return true;
-}
-
 static bool word_is(const char *text, size_t len, const char *word)
 {
     return strlen(word) == len && memcmp(text, word, len) == 0;
@@ -90,7 +72,7 @@ int warmfmt_parse(const char *text, size_t len, struct warmfmt_answer *out)
 
         if (first) {
             if (!word_is(text, name_len, "s3cachefs-warm") ||
-                !parse_u64(value, value_len, &number))
+                !text_parse_u64(value, value_len, &number))
                 return EINVAL;
             if (number != WARMFMT_VERSION)
                 return EPROTONOSUPPORT;
@@ -105,7 +87,7 @@ int warmfmt_parse(const char *text, size_t len, struct warmfmt_answer *out)
             out->status = (enum warmfmt_status)i;
             have_status = true;
         } else if (word_is(text, name_len, "error") || word_is(text, name_len, "pinned")) {
-            if (!parse_u64(value, value_len, &number) || number > 65535)
+            if (!text_parse_u64(value, value_len, &number) || number > 65535)
                 return EINVAL;
             if (text[0] == 'e')
                 out->error = (int)number;
@@ -121,7 +103,7 @@ int warmfmt_parse(const char *text, size_t len, struct warmfmt_answer *out)
                               : word_is(text, name_len, "pin_max") ? &out->pin_max
                                                                    : NULL;
             /* a name not known: a newer daemon's, skipped */
-            if (field != NULL && !parse_u64(value, value_len, field))
+            if (field != NULL && !text_parse_u64(value, value_len, field))
                 return EINVAL;
             have_size = have_size || field == &out->size;
             have_cached = have_cached || field == &out->cached;
