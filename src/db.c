@@ -21,6 +21,7 @@ static const char *const table_names[DB_TABLE_COUNT] = {
     [DB_RECENCY] = "recency",
     [DB_ATTRS] = "attrs",
     [DB_DIRS] = "dirs",
+    [DB_LINKS] = "links",
     [DB_JOURNAL] = "journal",
 };
 

@@ -27,6 +27,7 @@ enum db_table {
     DB_RECENCY,    /* segment | tick | id | block -> nothing (eviction order) */
     DB_ATTRS,      /* hash(bucket, key) -> object attributes (metacache.c) */
     DB_DIRS,       /* hash(bucket, prefix) -> directory listing (metacache.c) */
+    DB_LINKS,      /* hash(bucket, key) -> symlink target (metacache.c) */
     DB_JOURNAL,    /* id -> pending upload (journal.c; its own environment) */
     DB_TABLE_COUNT,
 };

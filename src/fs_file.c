@@ -202,7 +202,7 @@ int fs_readlink(struct fs *fs, fuse_ino_t ino, char **target)
 {
     struct inode *inode = inode_get(fs->inodes, ino);
     struct inode_attrs attrs;
-    char *text = NULL;
+    char *text = NULL, *key = NULL;
     size_t got = 0;
     int err = 0;
 
@@ -220,6 +220,14 @@ int fs_readlink(struct fs *fs, fuse_ino_t ino, char **target)
     }
     if (text != NULL)
         goto out;
+    /* read once, even across remounts (the index keeps it per version) */
+    key = inode_key_dup(fs->inodes, inode);
+    if (key == NULL) {
+        err = ENOMEM;
+        goto out;
+    }
+    if (metacache_get_link(fs->conf.cache, key, attrs.etag, &text) == 0)
+        goto remember;
     if (attrs.size == 0 || attrs.size >= PATH_MAX) {
         log_warn("symlink %llu has an invalid target length %llu",
                  (unsigned long long)ino, (unsigned long long)attrs.size);
@@ -227,17 +235,14 @@ int fs_readlink(struct fs *fs, fuse_ino_t ino, char **target)
         goto out;
     }
     text = calloc(1, (size_t)attrs.size + 1);
-    if (text == NULL) {
-        err = ENOMEM;
-        goto out;
-    }
-    char *key = inode_key_dup(fs->inodes, inode);
-    err = key == NULL ? ENOMEM
+    err = text == NULL ? ENOMEM
         : s3_get_object_range(fs->s3, key, 0, (size_t)attrs.size,
                               attrs.etag[0] ? attrs.etag : NULL, text, &got, NULL);
-    free(key);
     if (err == 0 && (got != attrs.size || memchr(text, '\0', got) != NULL))
         err = EIO;
+    if (err == 0 && attrs.etag[0] != '\0')
+        metacache_put_link(fs->conf.cache, key, attrs.etag, text);
+remember:
     if (err == 0) {
         inode_table_lock(fs->inodes);
         if (inode->symlink_target == NULL &&
@@ -246,6 +251,7 @@ int fs_readlink(struct fs *fs, fuse_ino_t ino, char **target)
         inode_table_unlock(fs->inodes);
     }
 out:
+    free(key);
     inode_put(fs->inodes, inode);
     if (err != 0) {
         free(text);

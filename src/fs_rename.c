@@ -400,9 +400,14 @@ static int rename_file(struct fs *fs, struct inode *inode, const char *src_key,
         if (err == 0) {
             inode_table_lock(fs->inodes);
             inode->attrs = attrs;
+            char *link = inode->symlink_target != NULL
+                ? strdup(inode->symlink_target) : NULL;
             inode_table_unlock(fs->inodes);
             if (attrs.headers_known)
                 metacache_put_attrs(fs->conf.cache, dst_key, &attrs);
+            if (link != NULL && attrs.etag[0] != '\0')
+                metacache_put_link(fs->conf.cache, dst_key, attrs.etag, link);
+            free(link);
         }
     }
     if (err != 0 && wfile != NULL)

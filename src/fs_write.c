@@ -463,6 +463,8 @@ static int create_object(struct fs *fs, fuse_ino_t parent, const char *name,
     if (err != 0)
         goto out;
     metacache_put_attrs(fs->conf.cache, key, attrs);
+    if (symlink_target != NULL && attrs->etag[0] != '\0')
+        metacache_put_link(fs->conf.cache, key, attrs->etag, symlink_target);
     err = enter_created(fs, key, attrs, symlink_target, entry);
 out:
     free(key);

@@ -6,6 +6,7 @@
  *   DB_ATTRS  hash(key) -> struct attrs_record + ETag
  *   DB_DIRS   hash(prefix) -> struct listing_header, then per entry a
  *             struct entry_header + ETag + name
+ *   DB_LINKS  hash(key) -> uint16_t ETag length, ETag, target
  */
 #include "config.h"
 
@@ -131,6 +132,75 @@ int metacache_put_attrs(struct cache *cache, const char *key,
     if (err == 0)
         err = db_put(txn, DB_ATTRS, hash, sizeof(hash), record,
                      sizeof(*record) + etag_len);
+    if (err == 0)
+        err = db_txn_commit(&txn);
+    db_txn_abort(&txn);
+    free(record);
+    return err;
+}
+
+int metacache_get_link(struct cache *cache, const char *key, const char *etag,
+                       char **target)
+{
+    unsigned char hash[HASH_LEN];
+    struct db_txn *txn = NULL;
+    const char *value;
+    const void *found;
+    size_t len;
+    uint16_t etag_len;
+    int err = cache_name_hash(cache, key, hash);
+
+    *target = NULL;
+    if (etag[0] == '\0')
+        return ENOENT;
+    if (err == 0)
+        err = db_txn_begin(cache_index(cache), false, &txn);
+    if (err == 0)
+        err = db_get(txn, DB_LINKS, hash, sizeof(hash), &found, &len);
+    if (err == 0) {
+        value = found;
+        if (len > sizeof(etag_len))
+            memcpy(&etag_len, value, sizeof(etag_len));
+        if (len <= sizeof(etag_len) + etag_len || etag_len != strlen(etag) ||
+            memcmp(value + sizeof(etag_len), etag, etag_len) != 0)
+            err = ENOENT;
+    }
+    if (err == 0) {
+        size_t target_len = len - sizeof(etag_len) - etag_len;
+        const char *stored = value + sizeof(etag_len) + etag_len;
+        if (memchr(stored, '\0', target_len) != NULL)
+            err = ENOENT;
+        else if ((*target = strndup(stored, target_len)) == NULL)
+            err = ENOMEM;
+    }
+    db_txn_abort(&txn);
+    return err;
+}
+
+int metacache_put_link(struct cache *cache, const char *key, const char *etag,
+                       const char *target)
+{
+    unsigned char hash[HASH_LEN];
+    size_t etag_len = strlen(etag), target_len = strlen(target);
+    uint16_t stored_etag_len = (uint16_t)etag_len;
+    struct db_txn *txn = NULL;
+    char *record;
+    int err;
+
+    if (etag_len == 0 || etag_len > UINT16_MAX || target_len == 0)
+        return EINVAL;
+    record = malloc(sizeof(stored_etag_len) + etag_len + target_len);
+    if (record == NULL)
+        return ENOMEM;
+    memcpy(record, &stored_etag_len, sizeof(stored_etag_len));
+    memcpy(record + sizeof(stored_etag_len), etag, etag_len);
+    memcpy(record + sizeof(stored_etag_len) + etag_len, target, target_len);
+    err = cache_name_hash(cache, key, hash);
+    if (err == 0)
+        err = db_txn_begin(cache_index(cache), true, &txn);
+    if (err == 0)
+        err = db_put(txn, DB_LINKS, hash, sizeof(hash), record,
+                     sizeof(stored_etag_len) + etag_len + target_len);
     if (err == 0)
         err = db_txn_commit(&txn);
     db_txn_abort(&txn);

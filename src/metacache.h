@@ -28,6 +28,17 @@ int metacache_get_attrs(struct cache *cache, const char *key, const char *etag,
 int metacache_put_attrs(struct cache *cache, const char *key,
                         const struct inode_attrs *attrs);
 
+/* The target of symbolic link KEY in its version ETAG: 0 and a new
+ * string in *target (caller frees), or ENOENT (unknown, or known for
+ * another ETag). A link read once is never fetched again, even after a
+ * remount: a Hugging Face snapshot is a tree of them. */
+int metacache_get_link(struct cache *cache, const char *key, const char *etag,
+                       char **target);
+
+/* Remember TARGET of symbolic link KEY in its version ETAG. */
+int metacache_put_link(struct cache *cache, const char *key, const char *etag,
+                       const char *target);
+
 /* Remember LISTING of directory prefix DIR_KEY (fetched_at_wall: when). */
 int metacache_put_listing(struct cache *cache, const char *dir_key,
                           const struct inode_listing *listing,

@@ -959,6 +959,65 @@ static void test_trusted_prefix_asks_once(void **state)
     assert_string_equal(requests_since(f, mark), "");
 }
 
+/* A symbolic link's target is fetched once per version, ever: after the
+ * kernel forgot its inode and after a remount on the same cache readlink
+ * asks nothing (a Hugging Face snapshot is a tree of links); a link
+ * replaced by another client is read again; one made here or renamed
+ * here is never read. */
+static void test_link_target_is_fetched_once(void **state)
+{
+    struct fixture *f = *state;
+    const struct s3_put_meta link = {.has_mode = true, .mode = S_IFLNK | 0777};
+    struct fs_entry entry;
+    char *target = NULL;
+
+    other_put(f, "snap/w.bin", "../blobs/ab12", 13, &link);
+    fuse_ino_t snap = lookup(f, ROOT, "snap", NULL);
+    fuse_ino_t w = lookup(f, snap, "w.bin", NULL);
+    assert_int_equal(fs_readlink(f->fs, w, &target), 0);
+    assert_string_equal(target, "../blobs/ab12");
+    free(target);
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_GET, "snap/w.bin")), 1);
+
+    fs_forget(f->fs, w, 1);
+    w = lookup(f, snap, "w.bin", NULL);
+    assert_int_equal(fs_readlink(f->fs, w, &target), 0);
+    assert_string_equal(target, "../blobs/ab12");
+    free(target);
+    fs_destroy(&f->fs);
+    fs_start(f);
+    snap = lookup(f, ROOT, "snap", NULL);
+    w = lookup(f, snap, "w.bin", NULL);
+    assert_int_equal(fs_readlink(f->fs, w, &target), 0);
+    assert_string_equal(target, "../blobs/ab12");
+    free(target);
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_GET, "snap/w.bin")), 1);
+
+    /* another version: read again, once */
+    other_put(f, "snap/w.bin", "../blobs/cd3456", 15, &link);
+    assert_int_equal(lookup(f, snap, "w.bin", NULL), w);
+    assert_int_equal(fs_readlink(f->fs, w, &target), 0);
+    assert_string_equal(target, "../blobs/cd3456");
+    free(target);
+    assert_int_equal(fs_readlink(f->fs, w, &target), 0);
+    free(target);
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_GET, "snap/w.bin")), 2);
+
+    /* made here, renamed here, then forgotten and remounted: no GET */
+    assert_int_equal(fs_symlink(f->fs, "../blobs/ef78", snap, "made", 0, 0,
+                                &entry), 0);
+    assert_int_equal(fs_rename(f->fs, snap, "made", snap, "moved", 0), 0);
+    fs_forget(f->fs, entry.ino, 1);
+    fs_destroy(&f->fs);
+    fs_start(f);
+    snap = lookup(f, ROOT, "snap", NULL);
+    fuse_ino_t moved = lookup(f, snap, "moved", NULL);
+    assert_int_equal(fs_readlink(f->fs, moved, &target), 0);
+    assert_string_equal(target, "../blobs/ef78");
+    free(target);
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_GET, NULL)), 2);
+}
+
 /* The access log lists each version opened for reading once, through
  * the mount point: opened twice, one line; replaced by another client and
  * opened again, a second line; a file opened for writing, and one
@@ -2431,6 +2490,7 @@ int main(void)
         FS_TEST(test_object_replaced_while_open_is_never_mixed, default_cached),
         FS_TEST(test_access_log_lists_versions_read, default_reopen),
         FS_TEST(test_trusted_prefix_asks_once, default_fresh),
+        FS_TEST(test_link_target_is_fetched_once, default_fresh),
         FS_TEST(test_default_close_puts_the_object, default_cached),
         FS_TEST(test_writeback_close_journals_and_uploads_later, writeback_cached),
         FS_TEST(test_writeback_large_file_goes_up_in_parts, writeback_cached),
