@@ -166,6 +166,7 @@ int fs_create(const struct fs_conf *conf, struct s3_client *s3, struct fs **out)
             .workers = fs->workers,
             .read_ahead = conf->read_ahead,
             .max_request = MAX_REQUEST,
+            .tier = conf->tier,
         };
         err = reader_create(&reader_conf, &fs->reader);
     }
@@ -282,11 +283,47 @@ void fs_get_stats(struct fs *fs, struct fs_stats *out)
         out->upload_retries = writer.upload_retries;
         out->copies_on_write = writer.copies_on_write;
     }
+    if (fs->conf.tier != NULL) {
+        out->tier_on = true;
+        tier_get_stats(fs->conf.tier, &out->tier);
+    }
 }
 
 const char *fs_cache_dir(const struct fs *fs)
 {
     return cache_dir_path(fs->conf.cache);
+}
+
+/* The shared cache tier's counter lines into BUF (LEN bytes), its
+ * requests named by OP_NAMES. */
+static void tier_counters_text(const struct tier_stats *tier,
+                               const char *const *op_names, char *buf,
+                               size_t len)
+{
+    int used = snprintf(buf, len,
+        "bytes_from_tier %llu\n"
+        "bytes_to_tier %llu\n"
+        "tier_hit_blocks %llu\n"
+        "tier_miss_blocks %llu\n"
+        "tier_bad_blocks %llu\n"
+        "tier_skipped_blocks %llu\n"
+        "tier_written_blocks %llu\n"
+        "tier_written_first_elsewhere %llu\n"
+        "tier_dropped_blocks %llu\n"
+        "tier_queued_bytes %llu\n"
+        "tier_errors %llu\n"
+        "tier_skipping %d\n",
+        (unsigned long long)tier->hit_bytes, (unsigned long long)tier->put_bytes,
+        (unsigned long long)tier->hits, (unsigned long long)tier->misses,
+        (unsigned long long)tier->bad, (unsigned long long)tier->skipped,
+        (unsigned long long)tier->puts, (unsigned long long)tier->put_exists,
+        (unsigned long long)tier->put_dropped,
+        (unsigned long long)tier->queued_bytes,
+        (unsigned long long)tier->errors, tier->skipping ? 1 : 0);
+    for (int op = 0; op < S3_OP_COUNT && used > 0 && (size_t)used < len; op++)
+        used += snprintf(buf + used, len - (size_t)used,
+                         "tier_requests_%s %llu\n", op_names[op],
+                         (unsigned long long)tier->s3.requests[op]);
 }
 
 /* The counters of this mount, "name value" lines (also what the
@@ -308,10 +345,15 @@ static int counters_now(void *arg, char **text)
         used += (size_t)snprintf(requests + used, sizeof(requests) - used,
                                  "requests_%s %llu\n", op_names[op],
                                  (unsigned long long)st.s3.requests[op]);
+    char tier[1024] = "";
+    if (st.tier_on)
+        tier_counters_text(&st.tier, op_names, tier, sizeof(tier));
     uint64_t served = st.hit_bytes;
     uint64_t fetched = st.s3.bytes_received;
-    double hit_ratio = served + fetched > 0
-                           ? (double)served / (double)(served + fetched) : 0;
+    /* (the ratio of the local cache: the tier's bytes count as misses) */
+    uint64_t missed = fetched + st.tier.hit_bytes;
+    double hit_ratio = served + missed > 0
+                           ? (double)served / (double)(served + missed) : 0;
     int n = asprintf(text,
         "bytes_read %llu\n"
         "bytes_from_cache %llu\n"
@@ -337,7 +379,8 @@ static int counters_now(void *arg, char **text)
         "uploads_completed %llu\n"
         "upload_failures %llu\n"
         "upload_retries %llu\n"
-        "copies_on_write %llu\n",
+        "copies_on_write %llu\n"
+        "%s",
         (unsigned long long)st.bytes_read, (unsigned long long)served,
         (unsigned long long)fetched, (unsigned long long)st.s3.bytes_sent,
         (unsigned long long)st.direct_bytes, hit_ratio,
@@ -356,7 +399,7 @@ static int counters_now(void *arg, char **text)
         (unsigned long long)st.uploads_completed,
         (unsigned long long)st.upload_failures,
         (unsigned long long)st.upload_retries,
-        (unsigned long long)st.copies_on_write);
+        (unsigned long long)st.copies_on_write, tier);
     if (n < 0) {
         *text = NULL;
         return ENOMEM;

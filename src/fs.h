@@ -31,6 +31,7 @@
 
 #include "cache.h"
 #include "s3.h"
+#include "tier.h"
 #include "warmfmt.h"
 
 struct access_log;
@@ -58,6 +59,8 @@ struct fs_conf {
      * and, stored in the cache index, across remounts. Copied. */
     const char *const *trusted;
     size_t trusted_count;
+    struct tier *tier;        /* -o shared_cache (tier.h); NULL: none.
+                                 Stays the caller's */
 };
 
 /* What lookup hands to the kernel: a referenced inode and its attributes. */
@@ -82,6 +85,8 @@ struct fs_stats {
     uint64_t upload_failures;
     uint64_t upload_retries;
     uint64_t copies_on_write;
+    bool tier_on;             /* a shared cache tier is configured: */
+    struct tier_stats tier;   /* its counters */
 };
 
 /* The extended attribute of the mount root that holds the counters. */

@@ -31,6 +31,11 @@ static const char *const counted[] = {
     "requests_delete", "requests_copy", "requests_multipart", "retries",
     "failures", "bytes_written", "uploads_completed", "upload_failures",
     "upload_retries", "copies_on_write",
+    /* with -o shared_cache */
+    "bytes_from_tier", "bytes_to_tier", "tier_bad_blocks", "tier_errors",
+    "tier_requests_get", "tier_requests_head", "tier_requests_list",
+    "tier_requests_put", "tier_requests_delete", "tier_requests_copy",
+    "tier_requests_multipart",
 };
 #define COUNTED (sizeof(counted) / sizeof(counted[0]))
 

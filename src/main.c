@@ -28,6 +28,7 @@
 #include "cache.h"
 #include "cmd_mount.h"
 #include "credentials.h"
+#include "shared_cache.h"
 #include "credsource.h"
 #include "fs.h"
 #include "fuse_ops.h"
@@ -278,6 +279,7 @@ int main(int argc, char **argv)
     struct metrics_http *metrics = NULL;
     struct access_log *access_log = NULL;
     struct metrics_source metrics_source = {0};
+    struct shared_cache *shared = NULL;
     struct timespec started;
     int cache_lock_fd = -1;
     int status = 1;
@@ -395,6 +397,13 @@ int main(int argc, char **argv)
         goto out;
     }
 
+    /* -o shared_cache: its client now, so that a mistake fails the mount */
+    if (shared_cache_open(&opts, &aws, creds, ca_bundle, &shared, errbuf,
+                          sizeof(errbuf)) != 0) {
+        fprintf(stderr, "s3cachefs: %s\n", errbuf);
+        goto out;
+    }
+
     if (cache_lock_dir(opts.cache_dir, &cache_lock_fd, errbuf, sizeof(errbuf)) != 0) {
         fprintf(stderr, "s3cachefs: %s\n", errbuf);
         goto out;
@@ -475,6 +484,13 @@ int main(int argc, char **argv)
         }
     }
 
+    /* (its writers are threads: started in the daemon, after the fork) */
+    if (shared != NULL &&
+        shared_cache_start(shared, cache_block_size(cache)) != 0) {
+        log_error("cannot start the shared cache: %s", strerror(ENOMEM));
+        goto out;
+    }
+
     /* -o trust: prefixes under the mount root, made keys */
     char **trusted_keys = opts.trusted_count > 0
                               ? calloc(opts.trusted_count, sizeof(char *))
@@ -505,6 +521,7 @@ int main(int argc, char **argv)
         .access_log = access_log,
         .trusted = (const char *const *)trusted_keys,
         .trusted_count = opts.trusted_count,
+        .tier = shared_cache_tier(shared),
     };
     int err = fs_create(&fs_conf, s3, &context.fs);
     for (size_t i = 0; i < opts.trusted_count; i++)
@@ -598,6 +615,7 @@ out:
     /* (served until the uploads above are done: they are counted) */
     metrics_http_stop(&metrics);
     fs_destroy(&context.fs);
+    shared_cache_close(&shared);
     access_log_close(&access_log);
     journal_close(&journal);
     cache_close(&cache);

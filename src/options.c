@@ -42,6 +42,8 @@ struct raw_options {
     char *uid, *gid, *file_mode, *dir_mode;
     char *attr_ttl, *dir_ttl, *read_ahead, *connections, *retries;
     char *request_timeout, *metrics, *access_log, *trust;
+    char *shared_cache, *shared_cache_endpoint, *shared_cache_region;
+    char *shared_cache_profile;
     char *cache_size, *cache_min_free, *block_size;
     int no_sign, path_style, allow_other, read_only, writeback;
 };
@@ -84,6 +86,10 @@ static const struct fuse_opt option_spec[] = {
     RAW("metrics=%s", metrics),
     RAW("access_log=%s", access_log),
     RAW("trust=%s", trust),
+    RAW("shared_cache=%s", shared_cache),
+    RAW("shared_cache_endpoint=%s", shared_cache_endpoint),
+    RAW("shared_cache_region=%s", shared_cache_region),
+    RAW("shared_cache_profile=%s", shared_cache_profile),
     RAW("cache_size=%s", cache_size),
     RAW("cache_min_free=%s", cache_min_free),
     RAW("block_size=%s", block_size),
@@ -327,6 +333,30 @@ static int normalize_prefix(char **prefix)
 /* TEXT ("a/b:c", directories of the mount separated by ':'; "/" the
  * whole mount) into OUT->trusted, each normalized as a prefix ("a/b/",
  * "c/", "" for the whole mount). 0, EINVAL or ENOMEM. */
+/* -o shared_cache=BUCKET[:PREFIX] and its companions into OUT. 0,
+ * EINVAL or ENOMEM. */
+static int parse_shared_cache(struct raw_options *raw, struct options *out)
+{
+    const char *text = raw->shared_cache;
+    const char *colon = strchr(text, ':');
+
+    out->tier_bucket = strndup(text, colon ? (size_t)(colon - text) : strlen(text));
+    out->tier_prefix = strdup(colon ? colon + 1 : "");
+    if (out->tier_bucket == NULL || out->tier_prefix == NULL)
+        return ENOMEM;
+    if (!bucket_name_ok(out->tier_bucket))
+        return EINVAL;
+    int err = normalize_prefix(&out->tier_prefix);
+    if (err != 0)
+        return err;
+    out->tier_endpoint = raw->shared_cache_endpoint;
+    out->tier_region = raw->shared_cache_region;
+    out->tier_profile = raw->shared_cache_profile;
+    raw->shared_cache_endpoint = raw->shared_cache_region = NULL;
+    raw->shared_cache_profile = NULL;
+    return 0;
+}
+
 static int parse_trust(const char *text, struct options *out)
 {
     char *copy = strdup(text), *save = NULL;
@@ -504,7 +534,9 @@ static void free_raw(struct raw_options *raw)
                        &raw->attr_ttl, &raw->dir_ttl, &raw->read_ahead,
                        &raw->connections, &raw->retries,
                        &raw->request_timeout, &raw->metrics,
-                       &raw->access_log, &raw->trust};
+                       &raw->access_log, &raw->trust, &raw->shared_cache,
+                       &raw->shared_cache_endpoint, &raw->shared_cache_region,
+                       &raw->shared_cache_profile};
     for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++) {
         free(*fields[i]);
         *fields[i] = NULL;
@@ -576,6 +608,32 @@ int options_parse(int argc, char **argv, struct options *out, char *errbuf,
         if (err != 0)
             goto out;
     }
+    if (raw->shared_cache != NULL) {
+        err = parse_shared_cache(raw, out);
+        if (err == EINVAL)
+            set_error(&state, "option 'shared_cache=%s': expected "
+                      "BUCKET[:PREFIX], a bucket name of 3 to 255 letters, "
+                      "digits, '.', '-' and '_' and a prefix without empty, "
+                      "'.' or '..' components", raw->shared_cache);
+        if (err != 0)
+            goto out;
+        if (out->tier_endpoint == NULL && strcmp(out->tier_bucket, out->bucket) == 0 &&
+            strncmp(out->tier_prefix, out->prefix, strlen(out->prefix)) == 0) {
+            set_error(&state, "option 'shared_cache=%s': the shared cache "
+                      "would show inside the mount; give it a prefix outside "
+                      "'%s' or a bucket of its own", raw->shared_cache,
+                      out->prefix);
+            err = EINVAL;
+            goto out;
+        }
+    } else if (raw->shared_cache_endpoint != NULL ||
+               raw->shared_cache_region != NULL ||
+               raw->shared_cache_profile != NULL) {
+        set_error(&state, "%s", "the shared_cache_* options need "
+                  "-o shared_cache=BUCKET[:PREFIX]");
+        err = EINVAL;
+        goto out;
+    }
     if (raw->read_only && raw->writeback) {
         set_error(&state, "%s", "-o writeback and -o ro do not go together");
         err = EINVAL;
@@ -593,7 +651,10 @@ void options_free(struct options *opts)
     char **fields[] = {&opts->bucket, &opts->prefix, &opts->mountpoint,
                        &opts->endpoint, &opts->region, &opts->profile,
                        &opts->credentials_file, &opts->cache_dir,
-                       &opts->metrics, &opts->access_log};
+                       &opts->metrics, &opts->access_log,
+                       &opts->tier_bucket, &opts->tier_prefix,
+                       &opts->tier_endpoint, &opts->tier_region,
+                       &opts->tier_profile};
     for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++) {
         free(*fields[i]);
         *fields[i] = NULL;
@@ -668,6 +729,14 @@ void options_print_help(FILE *fp, const char *progname)
 "  -o trust=DIR[:DIR...]  directories that never change: their listings\n"
 "                         and attributes are trusted until unmount, and\n"
 "                         across remounts (no request once listed)\n"
+"\n"
+"A cache shared by a cluster's nodes:\n"
+"  -o shared_cache=BUCKET[:PREFIX]  a second bucket, near the nodes, asked\n"
+"                         for blocks before the bucket mounted, and given\n"
+"                         what the bucket sent\n"
+"  -o shared_cache_endpoint=URL, shared_cache_region=REGION,\n"
+"  -o shared_cache_profile=NAME  where it is and the credentials for it\n"
+"                         (default: the mounted bucket's)\n"
 "\n"
 "Commands: s3cachefs stats|sync|pending MOUNTPOINT, s3cachefs warm PATH...,\n"
 "s3cachefs --unmount MOUNTPOINT (each with --help).\n"

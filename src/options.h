@@ -70,6 +70,16 @@ struct options {
                                  ("a/b/"; "" the whole mount) */
     size_t trusted_count;
 
+    /* -o shared_cache=BUCKET[:PREFIX] (tier.h); NULL bucket: none */
+    char *tier_bucket;
+    char *tier_prefix;        /* "" or "a/b/" */
+    char *tier_endpoint;      /* -o shared_cache_endpoint; NULL: the
+                                 origin's */
+    char *tier_region;        /* -o shared_cache_region; NULL: the
+                                 profile's, then the origin's */
+    char *tier_profile;       /* -o shared_cache_profile; NULL: the
+                                 origin's credentials */
+
     struct fuse_args fuse_args; /* what goes on to libfuse (argv[0] first) */
 };
 

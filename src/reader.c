@@ -44,6 +44,7 @@
 
 #include "clock.h"
 #include "log.h"
+#include "tier_format.h"
 
 #define INITIAL_WINDOW_BLOCKS 4
 #define CLAIMED_RING 128              /* blocks a file remembers fetching */
@@ -208,14 +209,29 @@ static bool claimed_by(struct reader_file *file, uint64_t block)
 
 /* ------------------------------------------------------------ fetching */
 
-/* Splits one GET's bytes into consecutive cache blocks. */
+/* Splits one GET's bytes into consecutive cache blocks (and, with a
+ * shared cache tier that takes them, copies of them for it). */
 struct run_sink {
     struct reader_file *file;
     uint64_t block;              /* block being filled */
     uint64_t done_until;         /* blocks below this are committed */
     struct cache_fill *fill;
     uint32_t left;               /* bytes the current block still needs */
+    char *tier_copy;             /* NULL, or the block for the tier: its
+                                    bytes from TIER_HEADER_LEN on */
+    uint32_t tier_len;
 };
+
+/* The block RUN just committed goes to the tier, if it takes it. */
+static void offer_to_tier(struct run_sink *run)
+{
+    struct reader_file *file = run->file;
+
+    if (run->tier_copy != NULL)
+        tier_offer_block(file->reader->conf.tier, file->key, file->etag,
+                         run->block, run->tier_copy, run->tier_len);
+    run->tier_copy = NULL;
+}
 
 static int run_sink_write(void *arg, const void *data, size_t len)
 {
@@ -230,11 +246,19 @@ static int run_sink_write(void *arg, const void *data, size_t len)
             if (err != 0)
                 return err;
             run->left = cache_object_block_len(run->file->object, run->block);
+            struct tier *tier = run->file->reader->conf.tier;
+            if (tier != NULL && tier_wants(tier, run->left)) {
+                run->tier_copy = malloc((size_t)run->left + TIER_HEADER_LEN);
+                run->tier_len = run->left;
+            }
         }
         size_t take = len < run->left ? len : run->left;
         err = cache_fill_write(run->fill, bytes, take);
         if (err != 0)
             return err;
+        if (run->tier_copy != NULL)
+            memcpy(run->tier_copy + TIER_HEADER_LEN + (run->tier_len - run->left),
+                   bytes, take);
         bytes += take;
         len -= take;
         run->left -= (uint32_t)take;
@@ -242,6 +266,7 @@ static int run_sink_write(void *arg, const void *data, size_t len)
             err = cache_fill_commit(&run->fill);
             if (err != 0)
                 return err;
+            offer_to_tier(run);
             run->block++;
             run->done_until = run->block;
             /* let waiters of finished blocks go as soon as they are in */
@@ -259,31 +284,79 @@ static void log_if_changed(const struct reader_file *file, int err)
                  file->key);
 }
 
-/* GET blocks FIRST..FIRST+COUNT-1 (registered in flight by the caller)
- * into the cache; every one leaves the in-flight table, fetched or not.
- * INFO (may be NULL) receives the object's headers; STORED (may be NULL)
- * the bytes committed to the cache, also when the GET failed part way. */
+/* Blocks FIRST.. (at most COUNT, registered in flight) from the shared
+ * cache tier into the cache, as long as it has them: how many were
+ * filled (each has left the in-flight table). */
+static uint64_t fill_from_tier(struct reader_file *file, uint64_t first,
+                               uint64_t count)
+{
+    struct reader *reader = file->reader;
+    char *scratch = NULL;
+    uint64_t filled = 0;
+
+    if (reader->conf.tier == NULL || file->etag == NULL ||
+        (scratch = malloc((size_t)reader->block_size + TIER_HEADER_LEN)) == NULL)
+        return 0;
+    for (; filled < count; filled++) {
+        uint64_t block = first + filled;
+        uint32_t len = cache_object_block_len(file->object, block);
+        struct cache_fill *fill = NULL;
+        const char *data = NULL;
+        int err = tier_get_block(reader->conf.tier, file->key, file->etag,
+                                 block, len, scratch, &data);
+        if (err == 0)
+            err = cache_fill_begin(reader->conf.cache, file->object, block, &fill);
+        if (err == 0)
+            err = cache_fill_write(fill, data, len);
+        if (err == 0)
+            err = cache_fill_commit(&fill);
+        cache_fill_abort(&fill);
+        if (err != 0)
+            break;
+        inflight_remove(reader, file->object_id, block, 1);
+    }
+    free(scratch);
+    return filled;
+}
+
+/* Blocks FIRST..FIRST+COUNT-1 (registered in flight by the caller) into
+ * the cache: from the shared cache tier while it has them, the rest with
+ * one GET from the bucket; every one leaves the in-flight table, fetched
+ * or not. INFO (may be NULL) receives the object's headers (then the
+ * tier is not asked: only the bucket has them); STORED (may be NULL) the
+ * bytes committed to the cache, also when the GET failed part way. */
 static int fetch_run_counted(struct reader_file *file, uint64_t first,
                              uint64_t count, struct s3_object_info *info,
                              uint64_t *stored)
 {
     struct reader *reader = file->reader;
     uint32_t block_size = reader->block_size;
-    uint64_t offset = first * block_size;
+    uint64_t start = first * block_size;
     uint64_t end = (first + count) * block_size;
-    struct run_sink run = {.file = file, .block = first, .done_until = first};
-    struct s3_sink sink = {run_sink_write, &run};
 
     if (end > file->size)
         end = file->size;
+    uint64_t from_tier = info == NULL ? fill_from_tier(file, first, count) : 0;
+    first += from_tier;
+    count -= from_tier;
+    if (count == 0) {
+        if (stored != NULL)
+            *stored = end - start;
+        return 0;
+    }
+
+    uint64_t offset = first * block_size;
+    struct run_sink run = {.file = file, .block = first, .done_until = first};
+    struct s3_sink sink = {run_sink_write, &run};
     int err = s3_get_object_stream(reader->conf.s3, file->key, offset,
                                    end - offset, file->etag, &sink, NULL, info);
     cache_fill_abort(&run.fill);
+    free(run.tier_copy);
     inflight_remove(reader, file->object_id, run.done_until,
                     first + count - run.done_until);
     if (stored != NULL) {
         uint64_t done_end = run.done_until * block_size;
-        *stored = (done_end < end ? done_end : end) - offset;
+        *stored = (done_end < end ? done_end : end) - start;
     }
     return err;
 }

@@ -30,6 +30,7 @@
 
 #include "cache.h"
 #include "s3.h"
+#include "tier.h"
 #include "workers.h"
 
 struct reader_conf {
@@ -38,6 +39,9 @@ struct reader_conf {
     struct workers *workers;     /* runs the read-ahead fetches */
     uint64_t read_ahead;         /* largest window per file, bytes */
     uint64_t max_request;        /* largest GET, bytes */
+    struct tier *tier;           /* the shared cache tier, asked before
+                                    the bucket and given what the bucket
+                                    sent (tier.h); NULL: none */
 };
 
 struct reader_stats {

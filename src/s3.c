@@ -415,6 +415,11 @@ int s3_put_object(struct s3_client *client, const char *key,
     snprintf(md5_header, sizeof(md5_header), "Content-MD5: %s", md5);
     req.extra_headers[slot++] = md5_header;
     add_meta_headers(&req, &slot, meta ? meta : &default_meta, meta_storage);
+    if (meta != NULL && meta->if_none_match) {
+        /* a retry of a PUT that ran finds the key taken: also ESTALE */
+        req.extra_headers[slot++] = "If-None-Match: *";
+        req.quiet = true;
+    }
     err = s3_client_perform(client, &req, NULL);
     if (err == 0)
         copy_etag(&info, etag_out);

@@ -143,6 +143,12 @@ struct s3_put_meta {
     bool has_atime, has_ctime, has_rdev;
     struct timespec atime, ctime;
     uint32_t rdev;
+    bool if_none_match;             /* PUT only if the key is free
+                                       (If-None-Match: *): ESTALE when it
+                                       is taken; servers without
+                                       conditional writes ignore it. Not
+                                       logged: failures are the caller's
+                                       to report */
 };
 
 /* Why a request failed, for messages to the user (no secrets inside). */

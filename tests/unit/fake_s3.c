@@ -1123,7 +1123,11 @@ int s3_put_object(struct s3_client *client, const char *key,
         meta_store(meta, &stored);
         quoted_md5(blob->md5, request.etag);
         pthread_mutex_lock(&client->lock);
-        err = object_store_locked(client, key, blob, &stored, request.etag);
+        if (meta != NULL && meta->if_none_match &&
+            object_find_locked(client, key) != NULL)
+            err = ESTALE; /* If-None-Match: * and the key is taken */
+        else
+            err = object_store_locked(client, key, blob, &stored, request.etag);
         if (err == 0)
             client->stats.bytes_sent += body->length;
         else

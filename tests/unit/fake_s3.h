@@ -6,8 +6,9 @@
  * reader.c, upload.c or s3walk.c without a server: what s3.h promises
  * (errno values, quoted ETags, If-Match, ranges, streamed GETs, listings
  * with delimiters and continuation tokens, copies with and without
- * x-amz-copy-source-if-match, multipart uploads with AWS's ETags) holds
- * here too. On top of that, the hooks below let a test
+ * x-amz-copy-source-if-match, PUTs with If-None-Match: *, multipart
+ * uploads with AWS's ETags) holds here too. On top of that, the hooks
+ * below let a test
  *   - hold requests until it releases them, and wait for them to arrive;
  *   - fail requests, before they act or after ("answer lost");
  *   - change the bucket behind the client's back, as another client;

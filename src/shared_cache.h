@@ -1,0 +1,54 @@
+/*
+ * shared_cache.h - -o shared_cache made real: the tier's bucket client,
+ * built from the mount options, and the tier (tier.h) over it.
+ *
+ * The tier's endpoint, region and credentials are its own options
+ * (shared_cache_endpoint, shared_cache_region, shared_cache_profile), each
+ * falling back to the mounted bucket's. Its requests have a short
+ * deadline (SHARED_CACHE_TIMEOUT seconds plus the time of the bytes at the
+ * client's floor rate) and one retry: a slow tier costs a read little
+ * before it is skipped.
+ *
+ * At mount the tier's bucket is checked like the origin's: a server that
+ * answers that the bucket is missing or refuses the credentials fails the
+ * mount (a mistake in the options), a tier that cannot be reached is
+ * reported and skipped (a node must boot while the tier is down).
+ */
+#ifndef S3CFS_SHARED_CACHE_H
+#define S3CFS_SHARED_CACHE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "awsconfig.h"
+#include "credentials.h"
+#include "options.h"
+#include "tier.h"
+
+#define SHARED_CACHE_TIMEOUT 5.0
+#define SHARED_CACHE_CONNECTIONS 16
+
+struct shared_cache;
+
+/*
+ * The client of OPTS' shared cache (*out NULL when OPTS names none).
+ * ORIGIN_AWS and ORIGIN_CREDS (may be NULL: unsigned) are the mounted
+ * bucket's, borrowed for as long as the shared cache lives when its own
+ * are not given. 0, or an errno with one sentence in ERRBUF.
+ */
+int shared_cache_open(const struct options *opts,
+                      const struct awsconfig *origin_aws,
+                      struct credentials *origin_creds, const char *ca_bundle,
+                      struct shared_cache **out, char *errbuf, size_t errlen);
+
+/* Start the tier over it, for a cache of BLOCK_SIZE blocks (after the
+ * daemon forked: it starts threads). 0 or an errno. */
+int shared_cache_start(struct shared_cache *shared, uint32_t block_size);
+
+/* The tier (NULL before shared_cache_start or without a shared cache). */
+struct tier *shared_cache_tier(struct shared_cache *shared);
+
+/* Stop the tier and free everything; safe with NULL and twice. */
+void shared_cache_close(struct shared_cache **shared);
+
+#endif /* S3CFS_SHARED_CACHE_H */

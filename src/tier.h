@@ -1,0 +1,109 @@
+/*
+ * tier.h - the shared cache tier: a second bucket, close to a cluster's
+ * nodes, that holds blocks of the origin's objects so that each byte
+ * leaves the origin once per cluster rather than once per node
+ * (-o shared_cache=BUCKET[:PREFIX]).
+ *
+ * The reader asks the tier for a block its local cache misses
+ * (tier_get_block) before it asks the origin; a block fetched from the
+ * origin is offered to the tier (tier_offer_block) and written there in
+ * the background by TIER_WRITERS threads, with at most queue_bytes of
+ * blocks waiting: past that, offers are dropped (counted), so a slow tier
+ * never holds memory or a reader.
+ *
+ * Blocks are named and framed by tier_format.h: by origin, key, ETag and
+ * block size, with a checksum. The tier is not trusted: a block that is
+ * not whole, not the one asked for, or does not match its checksum is
+ * counted as bad and the reader goes to the origin. Writes carry
+ * If-None-Match: * so that of several nodes writing one block the first
+ * wins and the others learn it (counted); a server that ignores the
+ * header (s3rver) lets the last win, with the same bytes, and one that
+ * refuses it (Swift: 501) gets plain writes from then on.
+ *
+ * A tier that fails (refused, down, answering errors, slower than its
+ * request timeout) is skipped, reads and writes, for skip_seconds,
+ * doubling while it keeps failing up to TIER_SKIP_MAX: it can never fail
+ * a read, only cost the time of the request that found it failing.
+ *
+ * Thread-safe. The tier's S3 client is the caller's and must outlive it.
+ */
+#ifndef S3CFS_TIER_H
+#define S3CFS_TIER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "s3.h"
+
+#define TIER_WRITERS 4
+#define TIER_QUEUE_BYTES (64ull << 20)
+#define TIER_SKIP_SECONDS 10.0
+#define TIER_SKIP_MAX 300.0
+
+struct tier_conf {
+    struct s3_client *s3;        /* the tier bucket's client, borrowed */
+    const char *prefix;          /* "" or "a/b/": where blocks go in it */
+    const char *origin;          /* the origin, "ENDPOINT BUCKET" */
+    uint32_t block_size;         /* the cache's */
+    uint64_t queue_bytes;        /* blocks waiting to be written, at most;
+                                    0: TIER_QUEUE_BYTES */
+    double skip_seconds;         /* first pause after a failure; 0:
+                                    TIER_SKIP_SECONDS */
+};
+
+struct tier_stats {
+    uint64_t hits;               /* blocks read from the tier, verified */
+    uint64_t hit_bytes;
+    uint64_t misses;             /* blocks the tier did not have */
+    uint64_t bad;                /* blocks that did not verify */
+    uint64_t errors;             /* requests that failed (then skipped) */
+    uint64_t skipped;            /* blocks not asked for: tier skipped */
+    uint64_t puts;               /* blocks written */
+    uint64_t put_bytes;
+    uint64_t put_exists;         /* written first by another node */
+    uint64_t put_dropped;        /* not written: queue full, tier skipped */
+    uint64_t queued_bytes;       /* waiting to be written, now */
+    bool skipping;               /* the tier is skipped now */
+    struct s3_stats s3;          /* the tier client's requests */
+};
+
+struct tier;
+
+/* 0, ENOMEM, EINVAL (no client, no origin, block size 0), or a
+ * pthread errno. */
+int tier_create(const struct tier_conf *conf, struct tier **out);
+
+/* Stop the writers (the block being written finishes, the queue is
+ * dropped: the tier is a cache) and free. Safe twice. */
+void tier_destroy(struct tier **tier);
+
+/*
+ * Block INDEX of version ETAG of KEY, LEN bytes (the block's length in
+ * the object), into DATA. SCRATCH is the caller's buffer of LEN +
+ * TIER_HEADER_LEN bytes (tier_format.h). 0; ENOENT when the tier has no
+ * such block or is being skipped; EBADMSG when what it has does not
+ * verify; the client's errno when the request failed (the tier is
+ * skipped from now).
+ */
+int tier_get_block(struct tier *tier, const char *key, const char *etag,
+                   uint64_t index, uint32_t len, char *scratch,
+                   const char **data);
+
+/* Whether an offer of LEN bytes would be taken now (the tier is not
+ * skipped and the queue has room): a caller can spare itself the copy. */
+bool tier_wants(struct tier *tier, uint32_t len);
+
+/* Offer block INDEX of version ETAG of KEY: LEN bytes at BUFFER +
+ * TIER_HEADER_LEN (tier_format.h; the frame's header goes in front, so
+ * the bytes are never copied again). BUFFER is malloc'd; the tier takes
+ * it (and frees it, written or dropped). */
+void tier_offer_block(struct tier *tier, const char *key, const char *etag,
+                      uint64_t index, char *buffer, uint32_t len);
+
+/* Wait until nothing is queued or being written (tests, and `sync`-like
+ * callers). */
+void tier_flush(struct tier *tier);
+
+void tier_get_stats(struct tier *tier, struct tier_stats *out);
+
+#endif /* S3CFS_TIER_H */

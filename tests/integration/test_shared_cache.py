@@ -1,0 +1,234 @@
+"""-o shared_cache: a second bucket that the nodes of a cluster share, so
+that each byte leaves the origin once per cluster.
+
+The origin is the session's server; the tier runs on a server of the
+other kind, started here (s3rver's run: a Swift tier; Swift's run: an
+s3rver tier), so both directions are covered. Mounts with their own cache
+directories stand for nodes. The origin is reached through a counting
+proxy: bytes from the origin are what the proxy relayed, checked against
+the daemon's counters; what landed in the tier is checked with boto3.
+"""
+import hashlib
+import os
+import random
+import socket
+import subprocess
+
+import pytest
+
+import servers
+import s3proxy
+from conftest import read_stats, wait_for, BINARY, new_bucket_name
+
+KiB = 1024
+MiB = 1024 * KiB
+BLOCK = MiB
+TIER_PREFIX = 'cluster-a/'
+RNG = random.Random(1313)
+
+
+@pytest.fixture(scope='module')
+def tier_server(server, tmp_path_factory):
+    """A server of the other kind, for the tier."""
+    kind = servers.SwiftServer if server.name == 's3rver' else servers.S3rverServer
+    instance = kind(tmp_path_factory.mktemp('tier-server'))
+    instance.start()
+    yield instance
+    instance.stop()
+
+
+@pytest.fixture
+def tier_bucket(tier_server):
+    name = new_bucket_name('tier')
+    tier_server.create_bucket(name)
+    yield name
+    tier_server.delete_bucket_recursive(name)
+
+
+@pytest.fixture
+def origin(server):
+    with s3proxy.S3Proxy(server.endpoint) as running:
+        yield running
+
+
+def tier_profile(home, tier_server):
+    """~/.aws/credentials with the tier's keys as profile 'tier' (the
+    origin's come from the environment)."""
+    aws = home / '.aws'
+    aws.mkdir(exist_ok=True)
+    credentials = aws / 'credentials'
+    credentials.write_text(f'[tier]\naws_access_key_id = {tier_server.access_key}\n'
+                           f'aws_secret_access_key = {tier_server.secret_key}\n')
+    credentials.chmod(0o600)
+
+
+def shared_options(tier_server, tier_bucket, endpoint=None):
+    return [f'shared_cache={tier_bucket}:{TIER_PREFIX}',
+            f'shared_cache_endpoint={endpoint or tier_server.endpoint}',
+            'shared_cache_profile=tier']
+
+
+def put_files(s3, bucket):
+    files = {
+        'models/weights.bin': RNG.randbytes(5 * MiB + 4321),
+        'models/config.json': RNG.randbytes(900),
+        'data/part-0.bin': RNG.randbytes(2 * MiB),
+    }
+    for key, body in files.items():
+        s3.put_object(Bucket=bucket, Key=key, Body=body)
+    return files
+
+
+def blocks_of(files):
+    return sum((len(body) + BLOCK - 1) // BLOCK for body in files.values())
+
+
+def sha(data):
+    return hashlib.sha256(data).hexdigest()
+
+
+def origin_bytes(proxy, bucket):
+    return sum(r.body_bytes for r in proxy.records(
+        lambda r: r.kind == 'GET' and r.path.startswith(f'/{bucket}/')))
+
+
+def read_all(mnt, files):
+    for key, body in files.items():
+        assert sha((mnt.path / key).read_bytes()) == sha(body), key
+
+
+def tier_settled(mnt):
+    """The counters once nothing waits to be written to the tier."""
+    def settled():
+        stats = read_stats(mnt.path)
+        return stats if stats['tier_queued_bytes'] == 0 else None
+    return wait_for(settled, 30, 'the writes to the shared cache')
+
+
+def tier_keys(tier_server, tier_bucket):
+    s3 = tier_server.client()
+    keys = []
+    for page in s3.get_paginator('list_objects_v2').paginate(
+            Bucket=tier_bucket, Prefix=TIER_PREFIX):
+        keys += [item['Key'] for item in page.get('Contents', [])]
+    return keys
+
+
+def test_second_node_reads_from_the_shared_cache(server, s3, bucket, mount, home,
+                                                 origin, tier_server,
+                                                 tier_bucket):
+    """Node A reads from the origin and fills the tier; nodes B and C,
+    with caches of their own, read every byte from the tier: nothing from
+    the origin, the same bytes."""
+    files = put_files(s3, bucket)
+    total = sum(len(body) for body in files.values())
+    tier_profile(home, tier_server)
+    options = shared_options(tier_server, tier_bucket)
+
+    a = mount(bucket, options=options, endpoint=origin.endpoint, name='a')
+    read_all(a, files)
+    stats = tier_settled(a)
+    assert origin_bytes(origin, bucket) == total
+    assert stats['bytes_from_bucket'] == total
+    assert stats['tier_written_blocks'] == blocks_of(files)
+    assert stats['bytes_to_tier'] == total
+    assert stats['tier_hit_blocks'] == 0
+    keys = tier_keys(tier_server, tier_bucket)
+    assert len(keys) == blocks_of(files)
+    assert all(k.startswith(TIER_PREFIX + 's3cachefs-tier/v1/') for k in keys)
+
+    for name in ('b', 'c'):
+        origin.reset_counters()
+        node = mount(bucket, options=options, endpoint=origin.endpoint, name=name)
+        read_all(node, files)
+        assert origin_bytes(origin, bucket) == 0, name
+        stats = tier_settled(node)
+        assert stats['bytes_from_tier'] == total
+        assert stats['tier_hit_blocks'] == blocks_of(files)
+        assert stats['bytes_from_bucket'] == 0
+        assert stats['tier_written_blocks'] == 0
+        assert stats['tier_bad_blocks'] == 0 and stats['tier_errors'] == 0
+
+
+def test_damaged_block_in_the_shared_cache(server, s3, bucket, mount, home,
+                                           origin, tier_server, tier_bucket):
+    """A block changed in the tier (by anyone) is not served: it is read
+    from the origin, counted, and the file reads right."""
+    files = {'w.bin': RNG.randbytes(4 * MiB)}
+    s3.put_object(Bucket=bucket, Key='w.bin', Body=files['w.bin'])
+    tier_profile(home, tier_server)
+    options = shared_options(tier_server, tier_bucket)
+    a = mount(bucket, options=options, endpoint=origin.endpoint, name='a')
+    read_all(a, files)
+    tier_settled(a)
+
+    tier_s3 = tier_server.client()
+    keys = sorted(tier_keys(tier_server, tier_bucket))
+    assert len(keys) == 4
+    damaged = next(k for k in keys if k.endswith('-2'))
+    body = bytearray(tier_s3.get_object(Bucket=tier_bucket, Key=damaged)['Body'].read())
+    body[80 + 1000] ^= 0xff
+    tier_s3.put_object(Bucket=tier_bucket, Key=damaged, Body=bytes(body))
+
+    origin.reset_counters()
+    b = mount(bucket, options=options, endpoint=origin.endpoint, name='b')
+    read_all(b, files)
+    stats = read_stats(b.path)
+    assert stats['tier_bad_blocks'] == 1
+    assert stats['tier_hit_blocks'] >= 2
+    assert BLOCK <= origin_bytes(origin, bucket) <= 2 * BLOCK
+    assert stats['bytes_from_bucket'] == origin_bytes(origin, bucket)
+
+
+def closed_port():
+    with socket.socket() as sock:
+        sock.bind(('127.0.0.1', 0))
+        return sock.getsockname()[1]
+
+
+def test_shared_cache_down_never_fails_a_read(server, s3, bucket, mount, home,
+                                              origin, tier_server, tier_bucket):
+    """A tier nobody answers at: the mount starts (with a warning), reads
+    come from the origin, the tier is skipped after one failure."""
+    files = put_files(s3, bucket)
+    total = sum(len(body) for body in files.values())
+    tier_profile(home, tier_server)
+    down = f'http://127.0.0.1:{closed_port()}'
+    node = mount(bucket, options=shared_options(tier_server, tier_bucket, down),
+                 endpoint=origin.endpoint)
+    assert 'cannot be reached now' in node.log()
+    read_all(node, files)
+    stats = read_stats(node.path)
+    assert origin_bytes(origin, bucket) == total
+    assert stats['tier_errors'] >= 1 and stats['tier_skipping'] == 1
+    assert stats['tier_hit_blocks'] == 0 and stats['tier_written_blocks'] == 0
+
+
+def test_shared_cache_refused_fails_the_mount(server, bucket, home, tmp_path,
+                                              tier_server):
+    """A tier bucket that does not exist, or that refuses the keys, is a
+    mistake in the options: the mount fails, saying which."""
+    tier_profile(home, tier_server)
+    env = {k: v for k, v in os.environ.items() if not k.startswith('AWS_')}
+    env.update(HOME=str(home), AWS_ACCESS_KEY_ID=server.access_key,
+               AWS_SECRET_ACCESS_KEY=server.secret_key)
+    mnt = tmp_path / 'mnt'
+    mnt.mkdir()
+    done = subprocess.run(
+        [BINARY, '-f', bucket, str(mnt), '-o',
+         f'endpoint={server.endpoint},cache={tmp_path / "cache"},'
+         f'shared_cache=no-such-tier-bucket,'
+         f'shared_cache_endpoint={tier_server.endpoint},'
+         'shared_cache_profile=tier'],
+        env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert "shared cache: bucket 'no-such-tier-bucket'" in done.stderr
+    assert tier_server.secret_key not in done.stderr
+
+    done = subprocess.run(
+        [BINARY, '-f', bucket, str(mnt), '-o',
+         f'endpoint={server.endpoint},cache={tmp_path / "cache"},'
+         f'shared_cache={bucket}'],
+        env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert 'would show inside the mount' in done.stderr

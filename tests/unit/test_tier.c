@@ -1,0 +1,437 @@
+/*
+ * test_tier.c - the shared cache tier (tier.c, tier_format.c) and the
+ * reader that asks it (reader.c), on two in-memory S3 buckets of
+ * fake_s3.h: the origin and the tier.
+ *
+ * Each test has two "nodes": two cache directories with 64 KiB blocks,
+ * each with its own reader, sharing the origin and the tier as the nodes
+ * of a cluster would. Covered: block names and frames (another version,
+ * origin or block size never shares a name; a damaged, truncated,
+ * misplaced or mixed-up frame never verifies); what one node fetched from
+ * the origin the other reads from the tier with no request to the
+ * origin, the same bytes; a damaged block in the tier is counted and read
+ * from the origin; a tier that fails is skipped (no more requests for a
+ * while) and never fails a read; of two nodes writing a block the first
+ * wins (If-None-Match); a full write queue drops offers instead of
+ * holding memory.
+ */
+#ifdef HAVE_CONFIG_H
+#include "config.h"
+#endif
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include <errno.h>
+
+#include "cache.h"
+#include "fake_s3.h"
+#include "reader.h"
+#include "s3.h"
+#include "tier.h"
+#include "tier_format.h"
+#include "unit_cache.h"
+#include "workers.h"
+
+#define BLOCK (64u << 10)
+#define ORIGIN "http://127.0.0.1:9000 data"
+#define NODES 2
+
+#define ON(call, key) FAKE_S3_ON(FAKE_S3_CALL(call), key)
+#define UNDER(call, prefix) FAKE_S3_UNDER(FAKE_S3_CALL(call), prefix)
+
+struct node {
+    char dir[64];
+    struct cache *cache;
+    struct workers *workers;
+    struct tier *tier;
+    struct reader *reader;
+};
+
+struct fixture {
+    struct s3_client *origin;
+    struct s3_client *tier_s3;
+    struct node nodes[NODES];
+};
+
+static void node_start(struct fixture *f, struct node *node, uint64_t queue_bytes)
+{
+    struct cache_conf cache_conf = {
+        .dir = node->dir,
+        .bucket = "data",
+        .size_limit = 64ull << 20,
+        .block_size = BLOCK,
+    };
+    struct tier_conf tier_conf = {
+        .s3 = f->tier_s3,
+        .prefix = "shared/",
+        .origin = ORIGIN,
+        .block_size = BLOCK,
+        .queue_bytes = queue_bytes,
+    };
+
+    snprintf(node->dir, sizeof(node->dir), "/tmp/test_tier.XXXXXX");
+    assert_non_null(mkdtemp(node->dir));
+    node->cache = unit_cache_open(&cache_conf);
+    assert_int_equal(workers_create(2, &node->workers), 0);
+    assert_int_equal(tier_create(&tier_conf, &node->tier), 0);
+    struct reader_conf reader_conf = {
+        .s3 = f->origin,
+        .cache = node->cache,
+        .workers = node->workers,
+        .read_ahead = 1u << 20,
+        .max_request = 256u << 10,
+        .tier = node->tier,
+    };
+    assert_int_equal(reader_create(&reader_conf, &node->reader), 0);
+}
+
+static void node_stop(struct node *node)
+{
+    if (node->reader != NULL)
+        reader_stop(node->reader);
+    workers_destroy(&node->workers);
+    reader_destroy(&node->reader);
+    tier_destroy(&node->tier);
+    cache_close(&node->cache);
+    unit_remove_tree(node->dir);
+}
+
+static int setup(void **state)
+{
+    struct fixture *f = calloc(1, sizeof(*f));
+
+    assert_non_null(f);
+    assert_int_equal(fake_s3_create(&f->origin), 0);
+    assert_int_equal(fake_s3_create(&f->tier_s3), 0);
+    for (int i = 0; i < NODES; i++)
+        node_start(f, &f->nodes[i], 0);
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    struct fixture *f = *state;
+
+    fake_s3_fail_clear(f->tier_s3, 0);
+    for (int i = 0; i < NODES; i++)
+        node_stop(&f->nodes[i]);
+    s3_client_destroy(&f->origin);
+    s3_client_destroy(&f->tier_s3);
+    free(f);
+    return 0;
+}
+
+/* LEN bytes of version SEED. */
+static unsigned char *pattern(size_t len, unsigned seed)
+{
+    unsigned char *bytes = malloc(len);
+
+    assert_non_null(bytes);
+    for (size_t i = 0; i < len; i++)
+        bytes[i] = (unsigned char)((i * 131 + seed * 29 + (i >> 12)) & 0xff);
+    return bytes;
+}
+
+/* Read all of KEY (version ETAG, SIZE bytes) on NODE and compare it with
+ * EXPECTED; 0 or the read's errno. */
+static int read_all(struct node *node, const char *key, const char *etag,
+                    size_t size, const unsigned char *expected)
+{
+    struct reader_file *file = NULL;
+    char *buf = malloc(size);
+    size_t got = 0;
+    int err = reader_open(node->reader, key, etag, size, &file);
+
+    assert_non_null(buf);
+    for (size_t at = 0; err == 0 && at < size; at += got) {
+        size_t want = size - at < 3 * BLOCK ? size - at : 3 * BLOCK;
+        err = reader_read(file, at, want, buf + at, &got);
+        if (err == 0)
+            assert_int_equal(got, want);
+    }
+    if (err == 0)
+        assert_memory_equal(buf, expected, size);
+    reader_close(&file);
+    free(buf);
+    return err;
+}
+
+static uint64_t origin_bytes(struct fixture *f)
+{
+    struct s3_stats stats;
+
+    s3_client_stats(f->origin, &stats);
+    return stats.bytes_received;
+}
+
+static struct tier_stats tier_stats_of(struct node *node)
+{
+    struct tier_stats stats;
+
+    tier_get_stats(node->tier, &stats);
+    return stats;
+}
+
+/* ------------------------------------------------------------- tests */
+
+static void test_names_and_frames(void **state)
+{
+    (void)state;
+    struct tier_block_id id = {ORIGIN, "dir/w.bin", "\"abc\"", BLOCK, 7};
+    struct tier_block_id other = id;
+    char *key = NULL, *other_key = NULL;
+    unsigned char *data = pattern(1000, 1);
+    unsigned char *frame = malloc(TIER_HEADER_LEN + 1000);
+
+    assert_int_equal(tier_block_key("p/", &id, &key), 0);
+    assert_int_equal(strncmp(key, "p/" TIER_ROOT, strlen("p/" TIER_ROOT)), 0);
+    assert_string_equal(key + strlen(key) - strlen("/65536-7"), "/65536-7");
+    /* another version, origin, key split, block size: another name */
+    const struct tier_block_id changes[] = {
+        {ORIGIN, "dir/w.bin", "\"abd\"", BLOCK, 7},
+        {"http://127.0.0.1:9001 data", "dir/w.bin", "\"abc\"", BLOCK, 7},
+        {ORIGIN "dir/", "w.bin", "\"abc\"", BLOCK, 7},
+        {ORIGIN, "dir/w.bin", "\"abc\"", 2 * BLOCK, 7},
+        {ORIGIN, "dir/w.bin", "\"abc\"", BLOCK, 8},
+    };
+    for (size_t i = 0; i < sizeof(changes) / sizeof(changes[0]); i++) {
+        assert_int_equal(tier_block_key("p/", &changes[i], &other_key), 0);
+        assert_string_not_equal(key, other_key);
+        free(other_key);
+    }
+
+    /* a frame verifies as itself only */
+    assert_int_equal(tier_frame_header(&id, data, 1000, frame), 0);
+    memcpy(frame + TIER_HEADER_LEN, data, 1000);
+    assert_int_equal(tier_frame_check(&id, frame, TIER_HEADER_LEN + 1000, 1000), 0);
+    assert_int_equal(tier_frame_check(&id, frame, TIER_HEADER_LEN + 999, 1000),
+                     EBADMSG);                           /* truncated */
+    assert_int_equal(tier_frame_check(&id, frame, TIER_HEADER_LEN + 1000, 999),
+                     EBADMSG);                           /* another length */
+    other.index = 8;
+    assert_int_equal(tier_frame_check(&other, frame, TIER_HEADER_LEN + 1000,
+                                      1000), EBADMSG);   /* another block */
+    other = id;
+    other.etag = "\"abd\"";
+    assert_int_equal(tier_frame_check(&other, frame, TIER_HEADER_LEN + 1000,
+                                      1000), EBADMSG);   /* another version */
+    frame[TIER_HEADER_LEN + 500] ^= 1;
+    assert_int_equal(tier_frame_check(&id, frame, TIER_HEADER_LEN + 1000, 1000),
+                     EBADMSG);                           /* a flipped bit */
+    frame[TIER_HEADER_LEN + 500] ^= 1;
+    frame[3] ^= 1;
+    assert_int_equal(tier_frame_check(&id, frame, TIER_HEADER_LEN + 1000, 1000),
+                     EBADMSG);                           /* not a frame */
+    free(key);
+    free(data);
+    free(frame);
+}
+
+/* What node 0 fetched from the origin, node 1 reads from the tier: the
+ * same bytes, no request to the origin; the tier holds each block once. */
+static void test_second_node_reads_from_the_tier(void **state)
+{
+    struct fixture *f = *state;
+    const size_t size = 20 * BLOCK + 777;     /* 21 blocks, the last short */
+    unsigned char *bytes = pattern(size, 3);
+    char etag[S3_ETAG_MAX];
+    char **keys = NULL;
+    size_t count = 0;
+
+    assert_int_equal(fake_s3_put(f->origin, "w.bin", bytes, size, NULL, etag), 0);
+    assert_int_equal(read_all(&f->nodes[0], "w.bin", etag, size, bytes), 0);
+    assert_int_equal(origin_bytes(f), size);
+    tier_flush(f->nodes[0].tier);
+    struct tier_stats first = tier_stats_of(&f->nodes[0]);
+    assert_int_equal(first.puts, 21);
+    assert_int_equal(first.put_bytes, size);
+    assert_int_equal(first.hits, 0);
+    assert_int_equal(fake_s3_keys(f->tier_s3, "shared/" TIER_ROOT, &keys, &count), 0);
+    assert_int_equal(count, 21);
+    fake_s3_keys_free(keys, count);
+
+    unsigned origin_gets = fake_s3_count(f->origin, ON(FAKE_S3_GET, NULL));
+    assert_int_equal(read_all(&f->nodes[1], "w.bin", etag, size, bytes), 0);
+    assert_int_equal(fake_s3_count(f->origin, ON(FAKE_S3_GET, NULL)), origin_gets);
+    assert_int_equal(origin_bytes(f), size);
+    struct tier_stats second = tier_stats_of(&f->nodes[1]);
+    assert_int_equal(second.hits, 21);
+    assert_int_equal(second.hit_bytes, size);
+    assert_int_equal(second.bad + second.errors + second.puts, 0);
+
+    /* a new version is not the old one's blocks */
+    unsigned char *changed = pattern(size, 4);
+    assert_int_equal(fake_s3_put(f->origin, "w.bin", changed, size, NULL, etag), 0);
+    assert_int_equal(read_all(&f->nodes[1], "w.bin", etag, size, changed), 0);
+    assert_int_equal(origin_bytes(f), 2 * size);
+    free(changed);
+    free(bytes);
+}
+
+/* A block damaged in the tier is counted, read from the origin, and the
+ * bytes are right. */
+static void test_damaged_block_is_read_from_the_origin(void **state)
+{
+    struct fixture *f = *state;
+    const size_t size = 8 * BLOCK;
+    unsigned char *bytes = pattern(size, 5);
+    struct tier_block_id id = {ORIGIN, "d.bin", NULL, BLOCK, 5};
+    char etag[S3_ETAG_MAX], *key = NULL;
+    void *stored = NULL;
+    size_t len = 0;
+
+    assert_int_equal(fake_s3_put(f->origin, "d.bin", bytes, size, NULL, etag), 0);
+    assert_int_equal(read_all(&f->nodes[0], "d.bin", etag, size, bytes), 0);
+    tier_flush(f->nodes[0].tier);
+    id.etag = etag;
+    assert_int_equal(tier_block_key("shared/", &id, &key), 0);
+    assert_int_equal(fake_s3_get(f->tier_s3, key, &stored, &len, NULL), 0);
+    assert_int_equal(len, TIER_HEADER_LEN + BLOCK);
+    ((unsigned char *)stored)[TIER_HEADER_LEN + 100] ^= 0x40;
+    assert_int_equal(fake_s3_put(f->tier_s3, key, stored, len, NULL, NULL), 0);
+    free(stored);
+
+    uint64_t before = origin_bytes(f);
+    assert_int_equal(read_all(&f->nodes[1], "d.bin", etag, size, bytes), 0);
+    struct tier_stats stats = tier_stats_of(&f->nodes[1]);
+    assert_int_equal(stats.bad, 1);
+    assert_true(stats.hits >= 5);
+    /* the blocks from the damaged one to the end of its run came from
+     * the origin, the others did not */
+    uint64_t from_origin = origin_bytes(f) - before;
+    assert_true(from_origin >= BLOCK && from_origin <= size - 5 * BLOCK);
+    free(key);
+    free(bytes);
+}
+
+/* A tier that fails is skipped: reads go on from the origin with the
+ * right bytes, and it is not asked again for a while. */
+static void test_failing_tier_is_skipped(void **state)
+{
+    struct fixture *f = *state;
+    const size_t size = 16 * BLOCK;
+    unsigned char *bytes = pattern(size, 6);
+    char etag[S3_ETAG_MAX];
+
+    assert_int_equal(fake_s3_put(f->origin, "s.bin", bytes, size, NULL, etag), 0);
+    assert_int_equal(fake_s3_fail(f->tier_s3, FAKE_S3_ON(0, NULL), FAKE_S3_ALWAYS,
+                                  ECONNREFUSED, false, NULL), 0);
+    assert_int_equal(read_all(&f->nodes[0], "s.bin", etag, size, bytes), 0);
+    assert_int_equal(origin_bytes(f), size);
+    struct tier_stats stats = tier_stats_of(&f->nodes[0]);
+    assert_int_equal(stats.errors, 1);
+    assert_true(stats.skipping);
+    assert_true(stats.skipped > 0);
+    /* one request found it failing; nothing was offered while skipped */
+    assert_int_equal(fake_s3_count(f->tier_s3, NULL), 1);
+    assert_int_equal(stats.puts, 0);
+    free(bytes);
+}
+
+/* Two nodes that miss the same blocks at once both fetch them and
+ * offer them; of their writes the first of each block wins and the other
+ * learns it from the If-None-Match answer. */
+static void test_first_writer_wins(void **state)
+{
+    struct fixture *f = *state;
+    const size_t size = 2 * BLOCK;
+    unsigned char *bytes = pattern(size, 7);
+    char etag[S3_ETAG_MAX];
+    unsigned rule = 0;
+
+    assert_int_equal(fake_s3_put(f->origin, "r.bin", bytes, size, NULL, etag), 0);
+    assert_int_equal(fake_s3_hold(f->tier_s3, UNDER(FAKE_S3_PUT, "shared/"),
+                                  &rule), 0);
+    assert_int_equal(read_all(&f->nodes[0], "r.bin", etag, size, bytes), 0);
+    assert_int_equal(read_all(&f->nodes[1], "r.bin", etag, size, bytes), 0);
+    assert_int_equal(fake_s3_wait_held(f->tier_s3, rule, 4), 0);
+    fake_s3_hold_clear(f->tier_s3, rule);
+    tier_flush(f->nodes[0].tier);
+    tier_flush(f->nodes[1].tier);
+    struct tier_stats a = tier_stats_of(&f->nodes[0]);
+    struct tier_stats b = tier_stats_of(&f->nodes[1]);
+    assert_int_equal(a.puts + b.puts, 2);
+    assert_int_equal(a.put_exists + b.put_exists, 2);
+    assert_int_equal(a.errors + b.errors, 0);
+    free(bytes);
+}
+
+/* A server that refuses If-None-Match on writes (Swift: 501) gets plain
+ * writes: the blocks land, and nothing is counted as failing. */
+static void test_server_without_conditional_writes(void **state)
+{
+    struct fixture *f = *state;
+    const size_t size = 3 * BLOCK;
+    unsigned char *bytes = pattern(size, 8);
+    char etag[S3_ETAG_MAX];
+
+    assert_int_equal(fake_s3_put(f->origin, "n.bin", bytes, size, NULL, etag), 0);
+    assert_int_equal(fake_s3_fail(f->tier_s3, UNDER(FAKE_S3_PUT, "shared/"), 1,
+                                  ENOSYS, false, NULL), 0);
+    assert_int_equal(read_all(&f->nodes[0], "n.bin", etag, size, bytes), 0);
+    tier_flush(f->nodes[0].tier);
+    struct tier_stats stats = tier_stats_of(&f->nodes[0]);
+    assert_int_equal(stats.puts, 3);
+    assert_int_equal(stats.errors + stats.put_dropped, 0);
+    assert_false(stats.skipping);
+    assert_int_equal(fake_s3_count(f->tier_s3, UNDER(FAKE_S3_PUT, "shared/")), 4);
+    assert_int_equal(read_all(&f->nodes[1], "n.bin", etag, size, bytes), 0);
+    assert_int_equal(tier_stats_of(&f->nodes[1]).hits, 3);
+    free(bytes);
+}
+
+/* Offers past the queue's bound are dropped, not held. */
+static void test_full_queue_drops_offers(void **state)
+{
+    struct fixture *f = *state;
+    struct node *node = &f->nodes[1];
+    unsigned rule = 0;
+
+    node_stop(node);
+    node_start(f, node, 2 * BLOCK);
+    assert_int_equal(fake_s3_hold(f->tier_s3, UNDER(FAKE_S3_PUT, "shared/"),
+                                  &rule), 0);
+    for (uint64_t i = 0; i < 6; i++) {
+        char *block = calloc(1, TIER_HEADER_LEN + BLOCK);
+        assert_non_null(block);
+        tier_offer_block(node->tier, "q.bin", "\"e\"", i, block, BLOCK);
+    }
+    struct tier_stats stats = tier_stats_of(node);
+    assert_int_equal(stats.put_dropped, 4);
+    assert_true(stats.queued_bytes <= 2 * BLOCK);
+    assert_false(tier_wants(node->tier, BLOCK));
+    fake_s3_hold_clear(f->tier_s3, rule);
+    tier_flush(node->tier);
+    assert_int_equal(tier_stats_of(node).puts, 2);
+    assert_true(tier_wants(node->tier, BLOCK));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_names_and_frames),
+        cmocka_unit_test_setup_teardown(test_second_node_reads_from_the_tier,
+                                        setup, teardown),
+        cmocka_unit_test_setup_teardown(
+            test_damaged_block_is_read_from_the_origin, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_failing_tier_is_skipped, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_first_writer_wins, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_server_without_conditional_writes,
+                                        setup, teardown),
+        cmocka_unit_test_setup_teardown(test_full_queue_drops_offers, setup,
+                                        teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
