@@ -38,6 +38,7 @@
 #include "s3.h"
 #include "tier.h"
 #include "tier_format.h"
+#include "tier_prune.h"
 #include "unit_cache.h"
 #include "workers.h"
 
@@ -416,10 +417,63 @@ static void test_full_queue_drops_offers(void **state)
     assert_true(tier_wants(node->tier, BLOCK));
 }
 
+/* A prune goes by version: older than the age, then the oldest past the
+ * size; keys of another shape are never chosen. */
+static void test_prune_choice(void **state)
+{
+    (void)state;
+    struct tier_prune prune = {0};
+    char a[80], b[80], c[80];
+
+    memset(a, 'a', 64);
+    memset(b, 'b', 64);
+    memset(c, 'c', 64);
+    strcpy(a + 64, "/1048576-0");
+    strcpy(b + 64, "/1048576-0");
+    strcpy(c + 64, "/1048576-0");
+    assert_int_equal(tier_prune_add(&prune, a, 100, 1000), 0);   /* a: 200 */
+    a[73] = '1';                                               /* block 1 */
+    assert_int_equal(tier_prune_add(&prune, a, 100, 5000), 0);   /* newest 5000 */
+    assert_int_equal(tier_prune_add(&prune, b, 300, 2000), 0);   /* b: 300 */
+    assert_int_equal(tier_prune_add(&prune, c, 50, 3000), 0);    /* c: 50 */
+    const char *odd[] = {"README", "ABAB/1-0", "", "aaaa/1-0"};
+    for (size_t i = 0; i < 4; i++)
+        assert_int_equal(tier_prune_add(&prune, odd[i], 1, 0), 0);
+    char not_block[80];
+    memcpy(not_block, a, 64);
+    strcpy(not_block + 64, "/lease");
+    assert_int_equal(tier_prune_add(&prune, not_block, 1, 0), 0);
+    assert_int_equal(prune.count, 3);
+    assert_int_equal(prune.ignored, 5);
+
+    /* older than 2500 s at 5500: b (2000) only; a's newest block is 5000 */
+    tier_prune_choose(&prune, 5500, 2500, 0);
+    assert_false(tier_prune_chosen(&prune, a));
+    assert_true(tier_prune_chosen(&prune, b));
+    assert_false(tier_prune_chosen(&prune, c));
+    assert_false(tier_prune_chosen(&prune, "README"));
+    assert_false(tier_prune_chosen(&prune, not_block));
+
+    /* at most 200 bytes: the oldest go first (b 2000, c 3000), a stays */
+    tier_prune_choose(&prune, 5500, 0, 200);
+    assert_true(tier_prune_chosen(&prune, b));
+    assert_true(tier_prune_chosen(&prune, c));
+    assert_false(tier_prune_chosen(&prune, a));
+    /* both: b by age, then nothing more (a + c = 250 > 240: c goes) */
+    tier_prune_choose(&prune, 5500, 2500, 240);
+    assert_true(tier_prune_chosen(&prune, b));
+    assert_true(tier_prune_chosen(&prune, c));
+    assert_false(tier_prune_chosen(&prune, a));
+    tier_prune_choose(&prune, 5500, 0, 10000);
+    assert_false(tier_prune_chosen(&prune, b));
+    tier_prune_free(&prune);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_names_and_frames),
+        cmocka_unit_test(test_prune_choice),
         cmocka_unit_test_setup_teardown(test_second_node_reads_from_the_tier,
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(
