@@ -106,6 +106,7 @@ int shared_cache_open(const struct options *opts,
         .max_connections = SHARED_CACHE_CONNECTIONS,
         .max_retries = 1,
         .request_timeout = SHARED_CACHE_TIMEOUT,
+        .min_wire_rate = SHARED_CACHE_MIN_RATE,
     };
     char why[256] = "";
     err = s3_client_create(&conf, &shared->s3, why, sizeof(why));

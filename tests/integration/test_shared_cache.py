@@ -204,6 +204,28 @@ def test_shared_cache_down_never_fails_a_read(server, s3, bucket, mount, home,
     assert stats['tier_hit_blocks'] == 0 and stats['tier_written_blocks'] == 0
 
 
+def test_slow_shared_cache_is_skipped(server, s3, bucket, mount, home,
+                                      origin, tier_server, tier_bucket):
+    """A tier that holds a read past its deadline (5 s and the bytes at
+    8 MiB/s) is left alone: the read goes to the origin, the file reads
+    right, nothing more is asked of the tier."""
+    files = {'w.bin': RNG.randbytes(3 * MiB)}
+    s3.put_object(Bucket=bucket, Key='w.bin', Body=files['w.bin'])
+    tier_profile(home, tier_server)
+    with s3proxy.S3Proxy(tier_server.endpoint) as tier_proxy:
+        tier_proxy.inject('stall', 1, match='GET', seconds=20)
+        node = mount(bucket, endpoint=origin.endpoint,
+                     options=shared_options(tier_server, tier_bucket,
+                                            tier_proxy.endpoint))
+        tier_proxy.reset_counters()
+        read_all(node, files)
+        stats = read_stats(node.path)
+        assert stats['tier_errors'] == 1 and stats['tier_skipping'] == 1
+        assert stats['bytes_from_bucket'] == len(files['w.bin'])
+        assert tier_proxy.counts['GET'] == 1
+        assert tier_proxy.counts['PUT'] == 0
+
+
 def test_shared_cache_refused_fails_the_mount(server, bucket, home, tmp_path,
                                               tier_server):
     """A tier bucket that does not exist, or that refuses the keys, is a
