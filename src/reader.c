@@ -284,36 +284,71 @@ static void log_if_changed(const struct reader_file *file, int err)
                  file->key);
 }
 
-/* Blocks FIRST.. (at most COUNT, registered in flight) from the shared
+/* DATA, block BLOCK of FILE (LEN bytes) from the tier, into the cache;
+ * the block leaves the in-flight table. 0 or the cache's errno. */
+static int fill_block(struct reader_file *file, uint64_t block,
+                      const char *data, uint32_t len)
+{
+    struct cache *cache = file->reader->conf.cache;
+    struct cache_fill *fill = NULL;
+    int err = cache_fill_begin(cache, file->object, block, &fill);
+
+    if (err == 0)
+        err = cache_fill_write(fill, data, len);
+    if (err == 0)
+        err = cache_fill_commit(&fill);
+    cache_fill_abort(&fill);
+    if (err == 0)
+        inflight_remove(file->reader, file->object_id, block, 1);
+    return err;
+}
+
+/*
+ * Blocks FIRST.. (at most COUNT, registered in flight) from the shared
  * cache tier into the cache, as long as it has them: how many were
- * filled (each has left the in-flight table). */
+ * filled (each has left the in-flight table). A block it does not have
+ * is claimed (tier_claim_blocks(), for the rest of the run): when
+ * another node's lease covers it, that node is fetching it from the
+ * origin, and the block is waited for in the tier instead.
+ */
 static uint64_t fill_from_tier(struct reader_file *file, uint64_t first,
                                uint64_t count)
 {
     struct reader *reader = file->reader;
+    struct tier *tier = reader->conf.tier;
     char *scratch = NULL;
-    uint64_t filled = 0;
+    uint64_t filled = 0, covered = 0;
+    double until = 0;
+    bool awaiting = false;
 
-    if (reader->conf.tier == NULL || file->etag == NULL ||
+    if (tier == NULL || file->etag == NULL ||
         (scratch = malloc((size_t)reader->block_size + TIER_HEADER_LEN)) == NULL)
         return 0;
     for (; filled < count; filled++) {
         uint64_t block = first + filled;
         uint32_t len = cache_object_block_len(file->object, block);
-        struct cache_fill *fill = NULL;
         const char *data = NULL;
-        int err = tier_get_block(reader->conf.tier, file->key, file->etag,
-                                 block, len, scratch, &data);
+        int err;
+        if (awaiting && block <= covered) {
+            err = tier_await_block(tier, file->key, file->etag, block, len,
+                                   scratch, &data, until);
+        } else {
+            awaiting = false;
+            err = tier_get_block(tier, file->key, file->etag, block, len,
+                                 scratch, &data);
+            if (err == ENOENT &&
+                tier_claim_blocks(tier, file->key, file->etag, block,
+                                  first + count - 1, &covered, &until) ==
+                    TIER_AWAIT) {
+                awaiting = true;
+                err = tier_await_block(tier, file->key, file->etag, block,
+                                       len, scratch, &data, until);
+            }
+        }
         if (err == 0)
-            err = cache_fill_begin(reader->conf.cache, file->object, block, &fill);
-        if (err == 0)
-            err = cache_fill_write(fill, data, len);
-        if (err == 0)
-            err = cache_fill_commit(&fill);
-        cache_fill_abort(&fill);
+            err = fill_block(file, block, data, len);
         if (err != 0)
             break;
-        inflight_remove(reader, file->object_id, block, 1);
     }
     free(scratch);
     return filled;

@@ -62,6 +62,10 @@ struct tier_stats {
     uint64_t put_bytes;
     uint64_t put_exists;         /* written first by another node */
     uint64_t put_dropped;        /* not written: queue full, tier skipped */
+    uint64_t leases;             /* block groups claimed here */
+    uint64_t lease_waits;        /* blocks waited for (claimed elsewhere) */
+    uint64_t lease_waits_met;    /* of which came in time */
+    int lease_mode;              /* -1 unknown yet, 0 off, 1 on */
     uint64_t queued_bytes;       /* waiting to be written, now */
     bool skipping;               /* the tier is skipped now */
     struct s3_stats s3;          /* the tier client's requests */
@@ -88,6 +92,40 @@ void tier_destroy(struct tier **tier);
 int tier_get_block(struct tier *tier, const char *key, const char *etag,
                    uint64_t index, uint32_t len, char *scratch,
                    const char **data);
+
+/*
+ * Leases, so that nodes that miss the same blocks at the same moment do
+ * not all fetch them from the origin. Blocks are leased in groups of
+ * TIER_LEASE_BLOCKS: before fetching blocks FIRST..LAST (one run) from
+ * the origin, a node claims the group of FIRST, and of LAST if that is
+ * another, each with a conditional write (If-None-Match: *) of a small
+ * object that says which blocks of the group it fetches and until when
+ * (TIER_LEASE_SECONDS).
+ *
+ * TIER_FETCH: fetch them (this node claimed FIRST's group; or the tier
+ * cannot lease, found out once with a probe: a server that refuses or
+ * ignores the condition; or the tier is skipped; or another node's
+ * lease does not cover FIRST). TIER_AWAIT: another node's lease covers
+ * blocks FIRST..*covered (up to *until, monotonic seconds): wait for
+ * them with tier_await_block(). A lease past its time is deleted and
+ * claimed again.
+ */
+#define TIER_LEASE_BLOCKS 8
+#define TIER_LEASE_SECONDS 10.0
+
+enum tier_claim { TIER_FETCH, TIER_AWAIT };
+
+enum tier_claim tier_claim_blocks(struct tier *tier, const char *key,
+                                  const char *etag, uint64_t first,
+                                  uint64_t last, uint64_t *covered,
+                                  double *until);
+
+/* tier_get_block(), asked again (at growing intervals) while the block
+ * is not there, until UNTIL (monotonic seconds): 0 with the block, or
+ * the last answer (ENOENT: it did not come in time). */
+int tier_await_block(struct tier *tier, const char *key, const char *etag,
+                     uint64_t index, uint32_t len, char *scratch,
+                     const char **data, double until);
 
 /* Whether an offer of LEN bytes would be taken now (the tier is not
  * skipped and the queue has room): a caller can spare itself the copy. */

@@ -25,8 +25,11 @@ static bool version_of(const char *key, char *hex)
     }
     hex[i] = '\0';
     const char *name = key + TIER_VERSION_HEX;
-    if (name[0] != '/' || name[1] < '0' || name[1] > '9' ||
-        strchr(name + 1, '/') != NULL)
+    if (name[0] != '/' || strchr(name + 1, '/') != NULL)
+        return false;
+    if (strncmp(name + 1, "lease-", 6) == 0)
+        name += 6;   /* a lease on a group of blocks goes with them */
+    if (name[1] < '0' || name[1] > '9')
         return false;
     size_t digits = strspn(name + 1, "0123456789");
     return name[1 + digits] == '-' && name[2 + digits] >= '0' &&

@@ -43,7 +43,7 @@ struct tier_prune {
 
 /*
  * Count the object KEY (the part after PREFIX TIER_ROOT, e.g.
- * "3fa9.../1048576-7"), SIZE bytes, last modified at MTIME (Unix seconds).
+ * "3fa9.../1048576-7", or a lease "3fa9.../lease-1048576-0"), SIZE bytes, last modified at MTIME (Unix seconds).
  * 0 or ENOMEM; a key of another shape is counted in ->ignored.
  */
 int tier_prune_add(struct tier_prune *prune, const char *key, uint64_t size,

@@ -31,6 +31,8 @@
 #include <cmocka.h>
 
 #include <errno.h>
+#include <pthread.h>
+#include <unistd.h>
 
 #include "cache.h"
 #include "fake_s3.h"
@@ -167,10 +169,13 @@ static int read_all(struct node *node, const char *key, const char *etag,
     return err;
 }
 
+/* What the origin sent, once no GET is under way: a read-ahead GET may
+ * end (and be counted) after the read that needed its blocks. */
 static uint64_t origin_bytes(struct fixture *f)
 {
     struct s3_stats stats;
 
+    assert_int_equal(fake_s3_wait_idle(f->origin), 0);
     s3_client_stats(f->origin, &stats);
     return stats.bytes_received;
 }
@@ -258,7 +263,12 @@ static void test_second_node_reads_from_the_tier(void **state)
     assert_int_equal(first.put_bytes, size);
     assert_int_equal(first.hits, 0);
     assert_int_equal(fake_s3_keys(f->tier_s3, "shared/" TIER_ROOT, &keys, &count), 0);
-    assert_int_equal(count, 21);
+    size_t leases = 0;
+    for (size_t i = 0; i < count; i++)
+        leases += strstr(keys[i], "/lease-") != NULL;
+    assert_int_equal(count - leases, 21);          /* the blocks, once */
+    assert_int_equal(leases, first.leases);        /* (the probe is gone) */
+    assert_true(leases >= 3);                      /* 21 blocks: 3 groups */
     fake_s3_keys_free(keys, count);
 
     unsigned origin_gets = fake_s3_count(f->origin, ON(FAKE_S3_GET, NULL));
@@ -339,31 +349,118 @@ static void test_failing_tier_is_skipped(void **state)
     free(bytes);
 }
 
-/* Two nodes that miss the same blocks at once both fetch them and
- * offer them; of their writes the first of each block wins and the other
- * learns it from the If-None-Match answer. */
+/* The prefix of the block objects of version ETAG of KEY in the tier
+ * (not their leases): "shared/s3cachefs-tier/v1/HEX/6" (65536-...). */
+static void blocks_prefix(const char *key, const char *etag, char *out, size_t len)
+{
+    struct tier_block_id id = {ORIGIN, key, etag, BLOCK, 0};
+    char hex[TIER_VERSION_HEX + 1];
+
+    assert_int_equal(tier_version_hex(&id, hex), 0);
+    snprintf(out, len, "shared/" TIER_ROOT "%s/6", hex);
+}
+
+struct node_read {
+    struct node *node;
+    const char *key, *etag;
+    size_t size;
+    const unsigned char *expected;
+    int result;
+};
+
+static void *node_read_main(void *arg)
+{
+    struct node_read *read = arg;
+
+    read->result = read_all(read->node, read->key, read->etag, read->size,
+                            read->expected);
+    return NULL;
+}
+
+/* Two nodes that miss the same blocks at once: the first claims them
+ * (a lease) and fetches them from the origin; the second sees the lease
+ * and waits for the blocks in the tier: the origin sends them once. */
+static void test_second_node_waits_for_the_first(void **state)
+{
+    struct fixture *f = *state;
+    const size_t size = 6 * BLOCK;
+    unsigned char *bytes = pattern(size, 7);
+    char etag[S3_ETAG_MAX], prefix[160];
+    unsigned rule = 0;
+    pthread_t thread;
+
+    assert_int_equal(fake_s3_put(f->origin, "r.bin", bytes, size, NULL, etag), 0);
+    blocks_prefix("r.bin", etag, prefix, sizeof(prefix));
+    /* node 0's blocks reach the tier only when the test says so */
+    assert_int_equal(fake_s3_hold(f->tier_s3, UNDER(FAKE_S3_PUT, prefix), &rule), 0);
+    assert_int_equal(read_all(&f->nodes[0], "r.bin", etag, size, bytes), 0);
+    assert_int_equal(origin_bytes(f), size);
+    assert_true(tier_stats_of(&f->nodes[0]).leases >= 1);
+    assert_int_equal(tier_stats_of(&f->nodes[0]).lease_mode, 1);
+
+    struct node_read second = {&f->nodes[1], "r.bin", etag, size, bytes, -1};
+    assert_int_equal(pthread_create(&thread, NULL, node_read_main, &second), 0);
+    for (int i = 0; i < 5000 && tier_stats_of(&f->nodes[1]).lease_waits == 0; i++)
+        usleep(1000);                /* (until it waits: no fixed sleep) */
+    assert_true(tier_stats_of(&f->nodes[1]).lease_waits >= 1);
+    fake_s3_hold_clear(f->tier_s3, rule);
+    assert_int_equal(pthread_join(thread, NULL), 0);
+    assert_int_equal(second.result, 0);
+    assert_int_equal(origin_bytes(f), size);      /* not a byte more */
+    struct tier_stats b = tier_stats_of(&f->nodes[1]);
+    assert_int_equal(b.hits, 6);
+    assert_true(b.lease_waits_met >= 1);
+    assert_int_equal(b.leases + b.puts, 0);
+    free(bytes);
+}
+
+/* A lease past its time (its node died) is taken over: the block is
+ * fetched from the origin at once, not waited for. */
+static void test_expired_lease_is_taken_over(void **state)
+{
+    struct fixture *f = *state;
+    const size_t size = 2 * BLOCK;
+    unsigned char *bytes = pattern(size, 9);
+    struct tier_block_id id = {ORIGIN, "x.bin", NULL, BLOCK, 0};
+    char etag[S3_ETAG_MAX], *lease = NULL;
+    const char old[] = "1000.000 0 7\n";       /* expired in 1970 */
+
+    assert_int_equal(fake_s3_put(f->origin, "x.bin", bytes, size, NULL, etag), 0);
+    id.etag = etag;
+    assert_int_equal(tier_lease_key("shared/", &id, TIER_LEASE_BLOCKS, &lease), 0);
+    assert_int_equal(fake_s3_put(f->tier_s3, lease, old, strlen(old), NULL, NULL), 0);
+    assert_int_equal(read_all(&f->nodes[0], "x.bin", etag, size, bytes), 0);
+    struct tier_stats stats = tier_stats_of(&f->nodes[0]);
+    assert_int_equal(stats.leases, 1);
+    assert_int_equal(stats.lease_waits, 0);
+    assert_int_equal(fake_s3_count(f->tier_s3, ON(FAKE_S3_DELETE, lease)), 1);
+    assert_false(fake_s3_holds(f->tier_s3, lease, old, strlen(old)));
+    assert_int_equal(origin_bytes(f), size);
+    free(lease);
+    free(bytes);
+}
+
+/* Of two nodes writing one block, the first wins; the second learns it
+ * from the If-None-Match answer. */
 static void test_first_writer_wins(void **state)
 {
     struct fixture *f = *state;
     const size_t size = 2 * BLOCK;
     unsigned char *bytes = pattern(size, 7);
     char etag[S3_ETAG_MAX];
-    unsigned rule = 0;
 
     assert_int_equal(fake_s3_put(f->origin, "r.bin", bytes, size, NULL, etag), 0);
-    assert_int_equal(fake_s3_hold(f->tier_s3, UNDER(FAKE_S3_PUT, "shared/"),
-                                  &rule), 0);
     assert_int_equal(read_all(&f->nodes[0], "r.bin", etag, size, bytes), 0);
-    assert_int_equal(read_all(&f->nodes[1], "r.bin", etag, size, bytes), 0);
-    assert_int_equal(fake_s3_wait_held(f->tier_s3, rule, 4), 0);
-    fake_s3_hold_clear(f->tier_s3, rule);
     tier_flush(f->nodes[0].tier);
+    assert_int_equal(tier_stats_of(&f->nodes[0]).puts, 2);
+    char *again = malloc(TIER_HEADER_LEN + BLOCK);
+    assert_non_null(again);
+    memcpy(again + TIER_HEADER_LEN, bytes, BLOCK);
+    tier_offer_block(f->nodes[1].tier, "r.bin", etag, 0, again, BLOCK);
     tier_flush(f->nodes[1].tier);
-    struct tier_stats a = tier_stats_of(&f->nodes[0]);
     struct tier_stats b = tier_stats_of(&f->nodes[1]);
-    assert_int_equal(a.puts + b.puts, 2);
-    assert_int_equal(a.put_exists + b.put_exists, 2);
-    assert_int_equal(a.errors + b.errors, 0);
+    assert_int_equal(b.put_exists, 1);
+    assert_int_equal(b.puts + b.errors, 0);
     free(bytes);
 }
 
@@ -377,15 +474,17 @@ static void test_server_without_conditional_writes(void **state)
     char etag[S3_ETAG_MAX];
 
     assert_int_equal(fake_s3_put(f->origin, "n.bin", bytes, size, NULL, etag), 0);
-    assert_int_equal(fake_s3_fail(f->tier_s3, UNDER(FAKE_S3_PUT, "shared/"), 1,
+    /* the lease probe, then the first block's write */
+    assert_int_equal(fake_s3_fail(f->tier_s3, UNDER(FAKE_S3_PUT, "shared/"), 2,
                                   ENOSYS, false, NULL), 0);
     assert_int_equal(read_all(&f->nodes[0], "n.bin", etag, size, bytes), 0);
     tier_flush(f->nodes[0].tier);
     struct tier_stats stats = tier_stats_of(&f->nodes[0]);
     assert_int_equal(stats.puts, 3);
-    assert_int_equal(stats.errors + stats.put_dropped, 0);
+    assert_int_equal(stats.errors + stats.put_dropped + stats.leases, 0);
+    assert_int_equal(stats.lease_mode, 0);
     assert_false(stats.skipping);
-    assert_int_equal(fake_s3_count(f->tier_s3, UNDER(FAKE_S3_PUT, "shared/")), 4);
+    assert_int_equal(fake_s3_count(f->tier_s3, UNDER(FAKE_S3_PUT, "shared/")), 5);
     assert_int_equal(read_all(&f->nodes[1], "n.bin", etag, size, bytes), 0);
     assert_int_equal(tier_stats_of(&f->nodes[1]).hits, 3);
     free(bytes);
@@ -480,6 +579,10 @@ int main(void)
             test_damaged_block_is_read_from_the_origin, setup, teardown),
         cmocka_unit_test_setup_teardown(test_failing_tier_is_skipped, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(test_second_node_waits_for_the_first,
+                                        setup, teardown),
+        cmocka_unit_test_setup_teardown(test_expired_lease_is_taken_over,
+                                        setup, teardown),
         cmocka_unit_test_setup_teardown(test_first_writer_wins, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_server_without_conditional_writes,
