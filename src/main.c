@@ -490,7 +490,7 @@ int main(int argc, char **argv)
 
     /* (its writers are threads: started in the daemon, after the fork) */
     if (shared != NULL &&
-        shared_cache_start(shared, cache_block_size(cache)) != 0) {
+        shared_cache_start(shared, cache) != 0) {
         log_error("cannot start the shared cache: %s", strerror(ENOMEM));
         goto out;
     }

@@ -209,29 +209,15 @@ static bool claimed_by(struct reader_file *file, uint64_t block)
 
 /* ------------------------------------------------------------ fetching */
 
-/* Splits one GET's bytes into consecutive cache blocks (and, with a
- * shared cache tier that takes them, copies of them for it). */
+/* Splits one GET's bytes into consecutive cache blocks (each offered to
+ * the shared cache tier, if there is one, once committed). */
 struct run_sink {
     struct reader_file *file;
     uint64_t block;              /* block being filled */
     uint64_t done_until;         /* blocks below this are committed */
     struct cache_fill *fill;
     uint32_t left;               /* bytes the current block still needs */
-    char *tier_copy;             /* NULL, or the block for the tier: its
-                                    bytes from TIER_HEADER_LEN on */
-    uint32_t tier_len;
 };
-
-/* The block RUN just committed goes to the tier, if it takes it. */
-static void offer_to_tier(struct run_sink *run)
-{
-    struct reader_file *file = run->file;
-
-    if (run->tier_copy != NULL)
-        tier_offer_block(file->reader->conf.tier, file->key, file->etag,
-                         run->block, run->tier_copy, run->tier_len);
-    run->tier_copy = NULL;
-}
 
 static int run_sink_write(void *arg, const void *data, size_t len)
 {
@@ -246,19 +232,11 @@ static int run_sink_write(void *arg, const void *data, size_t len)
             if (err != 0)
                 return err;
             run->left = cache_object_block_len(run->file->object, run->block);
-            struct tier *tier = run->file->reader->conf.tier;
-            if (tier != NULL && tier_wants(tier, run->left)) {
-                run->tier_copy = malloc((size_t)run->left + TIER_HEADER_LEN);
-                run->tier_len = run->left;
-            }
         }
         size_t take = len < run->left ? len : run->left;
         err = cache_fill_write(run->fill, bytes, take);
         if (err != 0)
             return err;
-        if (run->tier_copy != NULL)
-            memcpy(run->tier_copy + TIER_HEADER_LEN + (run->tier_len - run->left),
-                   bytes, take);
         bytes += take;
         len -= take;
         run->left -= (uint32_t)take;
@@ -266,7 +244,10 @@ static int run_sink_write(void *arg, const void *data, size_t len)
             err = cache_fill_commit(&run->fill);
             if (err != 0)
                 return err;
-            offer_to_tier(run);
+            struct reader_file *file = run->file;
+            if (file->reader->conf.tier != NULL && file->etag != NULL)
+                tier_offer_block(file->reader->conf.tier, file->object,
+                                 file->key, file->etag, run->block);
             run->block++;
             run->done_until = run->block;
             /* let waiters of finished blocks go as soon as they are in */
@@ -386,7 +367,6 @@ static int fetch_run_counted(struct reader_file *file, uint64_t first,
     int err = s3_get_object_stream(reader->conf.s3, file->key, offset,
                                    end - offset, file->etag, &sink, NULL, info);
     cache_fill_abort(&run.fill);
-    free(run.tier_copy);
     inflight_remove(reader, file->object_id, run.done_until,
                     first + count - run.done_until);
     if (stored != NULL) {

@@ -135,13 +135,14 @@ int shared_cache_open(const struct options *opts,
     return 0;
 }
 
-int shared_cache_start(struct shared_cache *shared, uint32_t block_size)
+int shared_cache_start(struct shared_cache *shared, struct cache *cache)
 {
     struct tier_conf conf = {
         .s3 = shared->s3,
+        .cache = cache,
         .prefix = shared->prefix,
         .origin = shared->origin,
-        .block_size = block_size,
+        .block_size = cache_block_size(cache),
     };
     return tier_create(&conf, &shared->tier);
 }

@@ -42,9 +42,9 @@ int shared_cache_open(const struct options *opts,
                       struct credentials *origin_creds, const char *ca_bundle,
                       struct shared_cache **out, char *errbuf, size_t errlen);
 
-/* Start the tier over it, for a cache of BLOCK_SIZE blocks (after the
- * daemon forked: it starts threads). 0 or an errno. */
-int shared_cache_start(struct shared_cache *shared, uint32_t block_size);
+/* Start the tier over it, for the local cache CACHE (after the daemon
+ * forked: it starts threads). 0 or an errno. */
+int shared_cache_start(struct shared_cache *shared, struct cache *cache);
 
 /* The tier (NULL before shared_cache_start or without a shared cache). */
 struct tier *shared_cache_tier(struct shared_cache *shared);

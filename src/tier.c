@@ -25,19 +25,21 @@
 
 struct tier_put {
     struct tier_put *next;
+    struct cache_object *object; /* where the block is cached */
     char *key;                   /* the origin's */
     char *etag;
     uint64_t index;
-    char *data;                  /* TIER_HEADER_LEN free bytes, then len */
     uint32_t len;
 };
 
 struct tier {
     struct s3_client *s3;
+    struct cache *cache;
     char *prefix;
     char *origin;
     uint32_t block_size;
-    uint64_t queue_limit;
+    uint64_t queue_limit;        /* blocks */
+    uint64_t queued_blocks;
     double skip_first;
 
     pthread_mutex_t lock;
@@ -346,47 +348,41 @@ int tier_await_block(struct tier *tier, const char *key, const char *etag,
 
 /* ------------------------------------------------------------ writing */
 
-static void put_free(struct tier_put *put)
+static void put_free(struct tier *tier, struct tier_put *put)
 {
     if (put == NULL)
         return;
+    cache_object_close(tier->cache, &put->object);
     free(put->key);
     free(put->etag);
-    free(put->data);
     free(put);
 }
 
-bool tier_wants(struct tier *tier, uint32_t len)
+void tier_offer_block(struct tier *tier, struct cache_object *object,
+                      const char *key, const char *etag, uint64_t index)
 {
     pthread_mutex_lock(&tier->lock);
-    bool wants = !tier->stopping && !skipped_now_locked(tier) &&
-                 tier->queued_bytes + len <= tier->queue_limit;
+    bool room = !tier->stopping && !skipped_now_locked(tier) &&
+                tier->queued_blocks < tier->queue_limit;
     pthread_mutex_unlock(&tier->lock);
-    return wants;
-}
-
-void tier_offer_block(struct tier *tier, const char *key, const char *etag,
-                      uint64_t index, char *buffer, uint32_t len)
-{
-    struct tier_put *put = calloc(1, sizeof(*put));
-
+    struct tier_put *put = room ? calloc(1, sizeof(*put)) : NULL;
     if (put != NULL) {
         put->key = strdup(key);
         put->etag = strdup(etag);
         put->index = index;
-        put->data = buffer;
-        put->len = len;
-    } else {
-        free(buffer);
+        put->len = cache_object_block_len(object, index);
+        put->object = cache_object_ref(tier->cache, object);
     }
-    if (put == NULL || put->key == NULL || put->etag == NULL) {
+    if (put == NULL || put->key == NULL || put->etag == NULL ||
+        put->object == NULL) {
         atomic_fetch_add(&tier->put_dropped, 1);
-        put_free(put);
+        put_free(tier, put);
         return;
     }
+    uint32_t len = put->len;
     pthread_mutex_lock(&tier->lock);
     bool take = !tier->stopping && !skipped_now_locked(tier) &&
-                tier->queued_bytes + len <= tier->queue_limit;
+                tier->queued_blocks < tier->queue_limit;
     if (take) {
         if (tier->tail != NULL)
             tier->tail->next = put;
@@ -394,26 +390,34 @@ void tier_offer_block(struct tier *tier, const char *key, const char *etag,
             tier->head = put;
         tier->tail = put;
         tier->queued_bytes += len;
+        tier->queued_blocks++;
         pthread_cond_signal(&tier->work);
     }
     pthread_mutex_unlock(&tier->lock);
     if (!take) {
         atomic_fetch_add(&tier->put_dropped, 1);
-        put_free(put);
+        put_free(tier, put);
     }
 }
 
-/* Write one queued block: framed, If-None-Match: *. */
-static void write_block(struct tier *tier, struct tier_put *put)
+/* Write one queued block, read back from the local cache into BUFFER
+ * (block_size + TIER_HEADER_LEN bytes): framed, If-None-Match: *. */
+static void write_block(struct tier *tier, struct tier_put *put, char *buffer)
 {
     struct tier_block_id id = {tier->origin, put->key, put->etag,
                                tier->block_size, put->index};
     struct s3_put_meta meta = {.if_none_match = atomic_load(&tier->conditional)};
-    struct s3_body body = {.data = put->data, .fd = -1,
+    struct s3_body body = {.data = buffer, .fd = -1,
                            .length = (uint64_t)put->len + TIER_HEADER_LEN};
     char *tier_key = NULL;
-    int err = tier_frame_header(&id, put->data + TIER_HEADER_LEN, put->len,
-                                (unsigned char *)put->data);
+
+    if (cache_block_read(tier->cache, put->object, put->index, 0, put->len,
+                         buffer + TIER_HEADER_LEN, false) != 0) {
+        atomic_fetch_add(&tier->put_dropped, 1); /* evicted meanwhile */
+        return;
+    }
+    int err = tier_frame_header(&id, buffer + TIER_HEADER_LEN, put->len,
+                                (unsigned char *)buffer);
 
     if (err == 0)
         err = tier_block_key(tier->prefix, &id, &tier_key);
@@ -445,6 +449,7 @@ static void write_block(struct tier *tier, struct tier_put *put)
 static void *writer_main(void *arg)
 {
     struct tier *tier = arg;
+    char *buffer = malloc((size_t)tier->block_size + TIER_HEADER_LEN);
 
     pthread_mutex_lock(&tier->lock);
     for (;;) {
@@ -459,19 +464,21 @@ static void *writer_main(void *arg)
         bool skipped = skipped_now_locked(tier);
         tier->writing++;
         pthread_mutex_unlock(&tier->lock);
-        if (skipped)
+        if (skipped || buffer == NULL)
             atomic_fetch_add(&tier->put_dropped, 1);
         else
-            write_block(tier, put);
+            write_block(tier, put, buffer);
         uint32_t len = put->len;
-        put_free(put);
+        put_free(tier, put);
         pthread_mutex_lock(&tier->lock);
         tier->writing--;
         tier->queued_bytes -= len;
+        tier->queued_blocks--;
         if (tier->head == NULL && tier->writing == 0)
             pthread_cond_broadcast(&tier->idle);
     }
     pthread_mutex_unlock(&tier->lock);
+    free(buffer);
     return NULL;
 }
 
@@ -491,16 +498,18 @@ int tier_create(const struct tier_conf *conf, struct tier **out)
     int err = 0;
 
     *out = NULL;
-    if (conf->s3 == NULL || conf->origin == NULL || conf->block_size == 0)
+    if (conf->s3 == NULL || conf->cache == NULL || conf->origin == NULL ||
+        conf->block_size == 0)
         return EINVAL;
     tier = calloc(1, sizeof(*tier));
     if (tier == NULL)
         return ENOMEM;
     tier->s3 = conf->s3;
+    tier->cache = conf->cache;
     tier->prefix = strdup(conf->prefix != NULL ? conf->prefix : "");
     tier->origin = strdup(conf->origin);
     tier->block_size = conf->block_size;
-    tier->queue_limit = conf->queue_bytes ? conf->queue_bytes : TIER_QUEUE_BYTES;
+    tier->queue_limit = conf->queue_blocks ? conf->queue_blocks : TIER_QUEUE_BLOCKS;
     tier->skip_first = conf->skip_seconds > 0 ? conf->skip_seconds
                                               : TIER_SKIP_SECONDS;
     tier->skip_pause = tier->skip_first;
@@ -541,7 +550,7 @@ void tier_destroy(struct tier **tierp)
     while (tier->head != NULL) {
         struct tier_put *put = tier->head;
         tier->head = put->next;
-        put_free(put);
+        put_free(tier, put);
     }
     pthread_cond_destroy(&tier->idle);
     pthread_cond_destroy(&tier->work);

@@ -78,9 +78,9 @@ S3CACHEFS_CACHE_OPTS = 'cache={cache_dir},cache_size=4G'
 TOOLS = ('s3cachefs', 's3cachefs-wb', 's3fs', 'rclone')
 READ_TOOLS = ('s3cachefs', 's3fs', 'rclone')
 # The cluster rows: nodes are mounts with caches of their own; s3cachefs
-# shares TIER_BUCKET on the same server (-o shared_cache), reached
-# without the proxy (a tier is near the nodes), so the proxy's bytes are
-# the origin's alone.
+# shares TIER_BUCKET on a second server of the same kind (-o
+# shared_cache), reached without the proxy (a tier is near the nodes), so
+# the proxy's bytes are the origin's alone.
 CLUSTER_NODES = 4
 TIER_BUCKET = 'bench-tier'
 CLUSTER_ROWS = {'cluster_seq', 'cluster_par'}
@@ -434,14 +434,14 @@ class S3cachefs(FileSystem):
     name = 's3cachefs'
 
     def __init__(self, env, binary, endpoint, server, options,
-                 writeback=False):
+                 writeback=False, tier_server=None):
         super().__init__(dict(env, AWS_ACCESS_KEY_ID=server.access_key,
                               AWS_SECRET_ACCESS_KEY=server.secret_key))
         self.binary = binary
         self.endpoint = endpoint
         self.options = options
         self.writeback = writeback
-        self.tier_endpoint = server.endpoint
+        self.tier_endpoint = tier_server.endpoint if tier_server else None
         if writeback:
             self.name = 's3cachefs-wb'
             self.completion = 'stats'
@@ -853,6 +853,7 @@ class Bench:
         self.home.mkdir()
         self.local_dir = self.workdir / 'local'
         self.server = None
+        self.tier_server = None  # the cluster rows' shared cache
         self.proxy = None
         self.file_systems = {}
         self.bindfs = None
@@ -880,9 +881,12 @@ class Bench:
         self.server.start()
         self.cleanup.push(self.server.stop)
         self.server.create_bucket(BUCKET)
-        if self.rows & CLUSTER_ROWS:
-            self.server.create_bucket(TIER_BUCKET)
         self.s3 = self.server.client()
+        if self.rows & CLUSTER_ROWS:
+            self.tier_server = server_kind(self.workdir / 'tier-server')
+            self.tier_server.start()
+            self.cleanup.push(self.tier_server.stop)
+            self.tier_server.create_bucket(TIER_BUCKET)
         self._upload()
         self._prepare_writes()
         self.proxy = LatencyProxy(self.server.endpoint, LATENCY)
@@ -984,7 +988,8 @@ class Bench:
                     else ''
         if 's3cachefs' in args.tools:
             made['s3cachefs'] = S3cachefs(env, args.s3cachefs_bin, endpoint,
-                                          self.server, self.s3cachefs_options)
+                                          self.server, self.s3cachefs_options,
+                                          tier_server=self.tier_server)
         if 's3cachefs-wb' in args.tools:
             made['s3cachefs-wb'] = S3cachefs(
                 env, args.s3cachefs_bin, endpoint, self.server,
@@ -1289,11 +1294,14 @@ class Bench:
                              self.cluster_read(file_system, row))
 
     def empty_tier(self):
-        listed = self.s3.get_paginator('list_objects_v2').paginate(
+        if self.tier_server is None:
+            return
+        s3 = self.tier_server.client()
+        listed = s3.get_paginator('list_objects_v2').paginate(
             Bucket=TIER_BUCKET)
         for page in listed:
             for item in page.get('Contents', []):
-                self.s3.delete_object(Bucket=TIER_BUCKET, Key=item['Key'])
+                s3.delete_object(Bucket=TIER_BUCKET, Key=item['Key'])
 
     def cluster_read(self, file_system, row):
         mounts, caches = [], []
@@ -1311,19 +1319,26 @@ class Bench:
             drop_caches()
             started = time.monotonic()
             if row == 'cluster_seq':
+                seconds = 0.0
                 for mount in mounts:
+                    began = time.monotonic()
                     read_sequential(mount.path / BIG_KEY, self.size)
+                    seconds += time.monotonic() - began
                     if file_system.name.startswith('s3cachefs'):
                         # the next node starts once this one's blocks are
-                        # in the tier (nodes come minutes apart)
+                        # in the tier (nodes come minutes apart): not
+                        # counted in the row's time
+                        waited = time.monotonic()
                         wait_until(lambda: read_stats(mount.path)
                                    .get('tier_queued_bytes', 0) == 0,
                                    120, 'the writes to the shared cache')
+                        notes.append(f'waited {time.monotonic() - waited:.1f} s '
+                                     f'for the shared cache writes')
             else:
                 with concurrent.futures.ThreadPoolExecutor(len(mounts)) as pool:
                     list(pool.map(lambda mount: read_sequential(
                         mount.path / BIG_KEY, self.size), mounts))
-            seconds = time.monotonic() - started
+                seconds = time.monotonic() - started
             if file_system.name.startswith('s3cachefs'):
                 tier = sum(read_stats(m.path).get('bytes_from_tier', 0)
                            for m in mounts)

@@ -65,7 +65,7 @@ struct fixture {
     struct node nodes[NODES];
 };
 
-static void node_start(struct fixture *f, struct node *node, uint64_t queue_bytes)
+static void node_start(struct fixture *f, struct node *node, uint64_t queue_blocks)
 {
     struct cache_conf cache_conf = {
         .dir = node->dir,
@@ -78,12 +78,13 @@ static void node_start(struct fixture *f, struct node *node, uint64_t queue_byte
         .prefix = "shared/",
         .origin = ORIGIN,
         .block_size = BLOCK,
-        .queue_bytes = queue_bytes,
+        .queue_blocks = queue_blocks,
     };
 
     snprintf(node->dir, sizeof(node->dir), "/tmp/test_tier.XXXXXX");
     assert_non_null(mkdtemp(node->dir));
     node->cache = unit_cache_open(&cache_conf);
+    tier_conf.cache = node->cache;
     assert_int_equal(workers_create(2, &node->workers), 0);
     assert_int_equal(tier_create(&tier_conf, &node->tier), 0);
     struct reader_conf reader_conf = {
@@ -453,14 +454,17 @@ static void test_first_writer_wins(void **state)
     assert_int_equal(read_all(&f->nodes[0], "r.bin", etag, size, bytes), 0);
     tier_flush(f->nodes[0].tier);
     assert_int_equal(tier_stats_of(&f->nodes[0]).puts, 2);
-    char *again = malloc(TIER_HEADER_LEN + BLOCK);
-    assert_non_null(again);
-    memcpy(again + TIER_HEADER_LEN, bytes, BLOCK);
-    tier_offer_block(f->nodes[1].tier, "r.bin", etag, 0, again, BLOCK);
-    tier_flush(f->nodes[1].tier);
-    struct tier_stats b = tier_stats_of(&f->nodes[1]);
-    assert_int_equal(b.put_exists, 1);
-    assert_int_equal(b.puts + b.errors, 0);
+    /* offered again (as by a node that fetched it too): refused */
+    struct cache_object *object = NULL;
+    assert_int_equal(cache_object_open(f->nodes[0].cache, "r.bin", etag, size,
+                                       &object), 0);
+    tier_offer_block(f->nodes[0].tier, object, "r.bin", etag, 0);
+    cache_object_close(f->nodes[0].cache, &object);
+    tier_flush(f->nodes[0].tier);
+    struct tier_stats a = tier_stats_of(&f->nodes[0]);
+    assert_int_equal(a.put_exists, 1);
+    assert_int_equal(a.puts, 2);
+    assert_int_equal(a.errors, 0);
     free(bytes);
 }
 
@@ -490,30 +494,66 @@ static void test_server_without_conditional_writes(void **state)
     free(bytes);
 }
 
-/* Offers past the queue's bound are dropped, not held. */
+/* Offers past the queue's bound are dropped, not held; the queue holds
+ * references to cached blocks, not their bytes. */
 static void test_full_queue_drops_offers(void **state)
 {
     struct fixture *f = *state;
     struct node *node = &f->nodes[1];
+    const size_t size = 6 * BLOCK;
+    unsigned char *bytes = pattern(size, 10);
+    char etag[S3_ETAG_MAX], prefix[160];
     unsigned rule = 0;
 
     node_stop(node);
-    node_start(f, node, 2 * BLOCK);
-    assert_int_equal(fake_s3_hold(f->tier_s3, UNDER(FAKE_S3_PUT, "shared/"),
-                                  &rule), 0);
-    for (uint64_t i = 0; i < 6; i++) {
-        char *block = calloc(1, TIER_HEADER_LEN + BLOCK);
-        assert_non_null(block);
-        tier_offer_block(node->tier, "q.bin", "\"e\"", i, block, BLOCK);
-    }
+    node_start(f, node, 2);
+    assert_int_equal(fake_s3_put(f->origin, "q.bin", bytes, size, NULL, etag), 0);
+    blocks_prefix("q.bin", etag, prefix, sizeof(prefix));
+    assert_int_equal(fake_s3_hold(f->tier_s3, UNDER(FAKE_S3_PUT, prefix), &rule), 0);
+    assert_int_equal(read_all(node, "q.bin", etag, size, bytes), 0);
     struct tier_stats stats = tier_stats_of(node);
     assert_int_equal(stats.put_dropped, 4);
     assert_true(stats.queued_bytes <= 2 * BLOCK);
-    assert_false(tier_wants(node->tier, BLOCK));
     fake_s3_hold_clear(f->tier_s3, rule);
     tier_flush(node->tier);
-    assert_int_equal(tier_stats_of(node).puts, 2);
-    assert_true(tier_wants(node->tier, BLOCK));
+    stats = tier_stats_of(node);
+    assert_int_equal(stats.puts, 2);
+    assert_int_equal(stats.queued_bytes, 0);
+    free(bytes);
+}
+
+/* A block evicted from the local cache before its turn is not written
+ * (nothing else holds its bytes): the writers are kept busy with another
+ * file's blocks meanwhile. */
+static void test_evicted_before_written(void **state)
+{
+    struct fixture *f = *state;
+    struct node *node = &f->nodes[0];
+    unsigned char *busy = pattern(TIER_WRITERS * BLOCK, 12);
+    unsigned char *bytes = pattern(3 * BLOCK, 11);
+    char busy_etag[S3_ETAG_MAX], etag[S3_ETAG_MAX], prefix[160];
+    unsigned rule = 0;
+    uint64_t freed = 0;
+
+    assert_int_equal(fake_s3_put(f->origin, "busy.bin", busy, TIER_WRITERS * BLOCK,
+                                 NULL, busy_etag), 0);
+    assert_int_equal(fake_s3_put(f->origin, "e.bin", bytes, 3 * BLOCK, NULL,
+                                 etag), 0);
+    blocks_prefix("busy.bin", busy_etag, prefix, sizeof(prefix));
+    assert_int_equal(fake_s3_hold(f->tier_s3, UNDER(FAKE_S3_PUT, prefix), &rule), 0);
+    assert_int_equal(read_all(node, "busy.bin", busy_etag, TIER_WRITERS * BLOCK,
+                              busy), 0);
+    assert_int_equal(fake_s3_wait_held(f->tier_s3, rule, TIER_WRITERS), 0);
+    assert_int_equal(read_all(node, "e.bin", etag, 3 * BLOCK, bytes), 0);
+    assert_int_equal(cache_evict_key(node->cache, "e.bin", &freed), 0);
+    assert_true(freed > 0);
+    fake_s3_hold_clear(f->tier_s3, rule);
+    tier_flush(node->tier);
+    struct tier_stats stats = tier_stats_of(node);
+    assert_int_equal(stats.puts, TIER_WRITERS);
+    assert_int_equal(stats.put_dropped, 3);
+    free(busy);
+    free(bytes);
 }
 
 /* A prune goes by version: older than the age, then the oldest past the
@@ -588,6 +628,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_server_without_conditional_writes,
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(test_full_queue_drops_offers, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_evicted_before_written, setup,
                                         teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
