@@ -412,6 +412,18 @@ static const char lifetime_lines[] =
     "lifetime_upload_failures 0\n"
     "lifetime_upload_retries 0\n"
     "lifetime_copies_on_write 0\n"
+    /* (given by a daemon that knows the shared cache, with or without one) */
+    "lifetime_bytes_from_tier 0\n"
+    "lifetime_bytes_to_tier 0\n"
+    "lifetime_tier_bad_blocks 0\n"
+    "lifetime_tier_errors 0\n"
+    "lifetime_tier_requests_get 0\n"
+    "lifetime_tier_requests_head 0\n"
+    "lifetime_tier_requests_list 0\n"
+    "lifetime_tier_requests_put 0\n"
+    "lifetime_tier_requests_delete 0\n"
+    "lifetime_tier_requests_copy 0\n"
+    "lifetime_tier_requests_multipart 0\n"
     "lifetime_since 1764633600\n";   /* 2025-12-02 00:00 UTC */
 
 static void test_table_lifetime(void **state)
@@ -488,6 +500,8 @@ static void test_table_lifetime(void **state)
      * listed as counters of their own */
     assert_null(strstr(at, "Estimates"));
     assert_null(strstr(text, "lifetime_"));
+    /* nor is a shared cache the mount does not have */
+    assert_null(strstr(text, "shared"));
     free(text);
 
     CAPTURE(text, assert_int_equal(stats_report_json(out, &report, false, -1,
