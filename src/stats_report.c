@@ -102,14 +102,14 @@ static const struct group groups[] = {
         {"tier_hit_blocks", "blocks read from it", SHOW_COUNT},
         {"tier_miss_blocks", "blocks it did not have", SHOW_COUNT},
         {"tier_bad_blocks", "blocks damaged", SHOW_COUNT},
-        {"tier_skipped_blocks", "blocks not asked (paused)", SHOW_COUNT},
+        {"tier_skipped_blocks", "blocks not asked (skipped)", SHOW_COUNT},
         {"bytes_to_tier", "sent to it", SHOW_BYTES},
         {"tier_written_blocks", "blocks written", SHOW_COUNT},
         {"tier_written_first_elsewhere", "written first by others", SHOW_COUNT},
         {"tier_dropped_blocks", "blocks not written", SHOW_COUNT},
         {"tier_queued_bytes", "waiting to be written", SHOW_BYTES},
         {"tier_errors", "requests failed", SHOW_COUNT},
-        {"tier_skipping", "paused after a failure", SHOW_YES_NO},
+        {"tier_skipping", "skipped after a failure", SHOW_YES_NO},
     }},
     {"shared cache requests", {
         {"tier_requests_get", "GET", SHOW_COUNT},
@@ -456,7 +456,9 @@ static void format_net(uint64_t saved, uint64_t cost, unsigned places,
 
     prices_format_money(saved >= cost ? saved - cost : cost - saved, places,
                         grouped, money, sizeof(money));
-    snprintf(buf, len, "%s%s", saved >= cost ? "" : "-", money);
+    /* (no sign on what rounds to zero) */
+    bool zero = money[strspn(money, "0.,")] == '\0';
+    snprintf(buf, len, "%s%s", saved >= cost || zero ? "" : "-", money);
 }
 
 /*

@@ -41,7 +41,8 @@ struct stats_cost_line {
 struct stats_cost {
     struct stats_cost_line items[PRICE_ITEM_COUNT];
     uint64_t total;                 /* nanos: the sum of the items */
-    struct stats_cost_line saved_egress;   /* bytes_from_cache */
+    struct stats_cost_line saved_egress;   /* bytes_from_cache (the tier's:
+                                              bytes_from_tier) */
     struct stats_cost_line saved_gets;     /* GETs they would have needed */
     uint64_t saved_total;           /* nanos */
 };

@@ -655,14 +655,14 @@ static void test_tier_table(void **state)
         "  blocks read from it                        2,048\n"
         "  blocks it did not have                     1,030\n"
         "  blocks damaged                                 1\n"
-        "  blocks not asked (paused)                      5\n"
+        "  blocks not asked (skipped)                     5\n"
         "  sent to it                               1.0 GiB\n"
         "  blocks written                             1,000\n"
         "  written first by others                       24\n"
         "  blocks not written                             6\n"
         "  waiting to be written                    3.0 MiB\n"
         "  requests failed                                2\n"
-        "  paused after a failure                       yes\n"
+        "  skipped after a failure                      yes\n"
         "\n"
         "shared cache requests\n"
         "  GET                                        3,079\n"
@@ -792,6 +792,23 @@ static void test_tier_net(void **state)
     CAPTURE(text, assert_int_equal(stats_report_json(out, &report, false, -1,
                                                      err, sizeof(err)), 0));
     assert_non_null(strstr(text, "\"net\": -0.829907272\n"));
+    free(text);
+
+    /* 100 nanos short: no sign on the 6 places that round it to zero,
+     * the sign in the 9 of JSON. 1024 PUT x 0.0001 = 0.1024, 1 LIST
+     * 0.091692828: 0.194092828 */
+    static const char close_file[] = "put 0.0001 per 1\n"
+                                     "list 0.091692828 per 1\n";
+    assert_int_equal(prices_parse(close_file, strlen(close_file), "close",
+                                  &dear, err, sizeof(err)), 0);
+    CAPTURE(text, assert_int_equal(stats_report_table(out, &report, err,
+                                                      sizeof(err)), 0));
+    assert_non_null(strstr(text, "  net, less the shared cache's cost        "
+                           "                      0.000000 USD\n"));
+    free(text);
+    CAPTURE(text, assert_int_equal(stats_report_json(out, &report, false, -1,
+                                                     err, sizeof(err)), 0));
+    assert_non_null(strstr(text, "\"net\": -0.000000100\n"));
     free(text);
     stats_text_free(&stats);
 }
