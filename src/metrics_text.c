@@ -81,6 +81,14 @@ TIER_STAT(put_exists)
 TIER_STAT(put_dropped)
 TIER_STAT(queued_bytes)
 TIER_STAT(errors)
+TIER_STAT(leases)
+TIER_STAT(lease_waits)
+TIER_STAT(lease_waits_met)
+
+static uint64_t value_tier_leases_available(const struct metrics_snapshot *s)
+{
+    return s->stats->tier.lease_mode > 0 ? 1 : 0;
+}
 
 static uint64_t value_tier_skipping(const struct metrics_snapshot *s)
 {
@@ -181,8 +189,9 @@ static const struct family tier_families[] = {
      "Blocks whose write found the block already written by another node.",
      value_tier_put_exists},
     {"tier_dropped_blocks_total", COUNTER,
-     "Blocks not written to the shared cache: its queue was full or it was "
-     "skipped.", value_tier_put_dropped},
+     "Blocks not written to the shared cache: its queue was full, it was "
+     "skipped, or the block was evicted here before its turn.",
+     value_tier_put_dropped},
     {"tier_queued_bytes", GAUGE,
      "Block data waiting to be written to the shared cache.",
      value_tier_queued_bytes},
@@ -193,6 +202,18 @@ static const struct family tier_families[] = {
     {"tier_skipping", GAUGE,
      "1 while the shared cache is skipped after a failure (neither read nor "
      "written), else 0.", value_tier_skipping},
+    {"tier_leases_available", GAUGE,
+     "1 once the shared cache's server is found to take conditional writes "
+     "(leases work), else 0.", value_tier_leases_available},
+    {"tier_leases_total", COUNTER,
+     "Groups of blocks leased here before fetching them from the bucket.",
+     value_tier_leases},
+    {"tier_lease_waits_total", COUNTER,
+     "Blocks waited for in the shared cache because another node leased "
+     "them.", value_tier_lease_waits},
+    {"tier_lease_waits_met_total", COUNTER,
+     "Blocks waited for that came before the other node's lease ended.",
+     value_tier_lease_waits_met},
 };
 
 static const char *const kind_names[S3_OP_COUNT] = {

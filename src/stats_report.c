@@ -110,6 +110,10 @@ static const struct group groups[] = {
         {"tier_queued_bytes", "waiting to be written", SHOW_BYTES},
         {"tier_errors", "requests failed", SHOW_COUNT},
         {"tier_skipping", "skipped after a failure", SHOW_YES_NO},
+        {"tier_leases_available", "leases (conditional writes)", SHOW_YES_NO},
+        {"tier_leases", "block groups leased", SHOW_COUNT},
+        {"tier_lease_waits", "blocks waited for", SHOW_COUNT},
+        {"tier_lease_waits_met", "of them came in time", SHOW_COUNT},
     }},
     {"shared cache requests", {
         {"tier_requests_get", "GET", SHOW_COUNT},
