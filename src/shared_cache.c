@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "credsource.h"
+#include "log.h"
 #include "s3.h"
 
 struct shared_cache {
@@ -158,6 +159,9 @@ void shared_cache_close(struct shared_cache **sharedp)
 
     if (shared == NULL)
         return;
+    if (shared->tier != NULL &&
+        !tier_flush(shared->tier, SHARED_CACHE_FLUSH_SECONDS))
+        log_warn("shared cache: unmounting with blocks not written to it");
     tier_destroy(&shared->tier);
     s3_client_destroy(&shared->s3);
     credentials_destroy(&shared->own_creds);

@@ -49,7 +49,11 @@ int shared_cache_start(struct shared_cache *shared, struct cache *cache);
 /* The tier (NULL before shared_cache_start or without a shared cache). */
 struct tier *shared_cache_tier(struct shared_cache *shared);
 
-/* Stop the tier and free everything; safe with NULL and twice. */
+/* Stop the tier and free everything; safe with NULL and twice. The
+ * blocks still waiting to be written get SHARED_CACHE_FLUSH_SECONDS at
+ * most (the next node's bytes; a node being torn down cannot wait
+ * long). */
+#define SHARED_CACHE_FLUSH_SECONDS 10.0
 void shared_cache_close(struct shared_cache **shared);
 
 #endif /* S3CFS_SHARED_CACHE_H */

@@ -18,8 +18,9 @@
  * command only when X is the mount point of an s3cachefs mount (its type
  * in /proc/self/mountinfo is fuse.s3cachefs, or it is a FUSE mount whose
  * root answers user.s3cachefs.pid), when the arguments hold one of this
- * command's options (--json, --watch, --prices, --tier-prices, -h, --help: a mount would
- * refuse them), or when there is nothing after "stats" at all. Otherwise
+ * command's options (--json, --watch, --prices, --tier-prices, -h,
+ * --help: a mount would refuse them), or when there is nothing after
+ * "stats" at all. Otherwise
  * it is the mount of the bucket "stats", as before.
  *
  * The daemon is never waited for without a bound: the attributes are read

@@ -482,12 +482,21 @@ static void *writer_main(void *arg)
     return NULL;
 }
 
-void tier_flush(struct tier *tier)
+bool tier_flush(struct tier *tier, double seconds)
 {
+    struct timespec deadline = clock_monotonic_after(seconds > 0 ? seconds : 0);
+
     pthread_mutex_lock(&tier->lock);
-    while (!tier->stopping && (tier->head != NULL || tier->writing > 0))
-        pthread_cond_wait(&tier->idle, &tier->lock);
+    while (!tier->stopping && (tier->head != NULL || tier->writing > 0)) {
+        if (seconds <= 0)
+            pthread_cond_wait(&tier->idle, &tier->lock);
+        else if (pthread_cond_timedwait(&tier->idle, &tier->lock, &deadline) ==
+                 ETIMEDOUT)
+            break;
+    }
+    bool empty = tier->head == NULL && tier->writing == 0;
     pthread_mutex_unlock(&tier->lock);
+    return empty;
 }
 
 /* ------------------------------------------------------------ the rest */
@@ -518,7 +527,11 @@ int tier_create(const struct tier_conf *conf, struct tier **out)
     atomic_init(&tier->probing, false);
     pthread_mutex_init(&tier->lock, NULL);
     pthread_cond_init(&tier->work, NULL);
-    pthread_cond_init(&tier->idle, NULL);
+    pthread_condattr_t idle_attr;       /* (tier_flush waits with a deadline) */
+    pthread_condattr_init(&idle_attr);
+    pthread_condattr_setclock(&idle_attr, CLOCK_MONOTONIC);
+    pthread_cond_init(&tier->idle, &idle_attr);
+    pthread_condattr_destroy(&idle_attr);
     if (tier->prefix == NULL || tier->origin == NULL)
         err = ENOMEM;
     for (unsigned i = 0; err == 0 && i < TIER_WRITERS; i++) {

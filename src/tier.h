@@ -141,9 +141,10 @@ int tier_await_block(struct tier *tier, const char *key, const char *etag,
 void tier_offer_block(struct tier *tier, struct cache_object *object,
                       const char *key, const char *etag, uint64_t index);
 
-/* Wait until nothing is queued or being written (tests, and `sync`-like
- * callers). */
-void tier_flush(struct tier *tier);
+/* Wait until nothing is queued or being written, or SECONDS have passed
+ * (0: no limit): whether the queue emptied. At unmount, a node's last
+ * blocks go to the tier for the next node, within a bound. */
+bool tier_flush(struct tier *tier, double seconds);
 
 void tier_get_stats(struct tier *tier, struct tier_stats *out);
 

@@ -150,6 +150,24 @@ def test_second_node_reads_from_the_shared_cache(server, s3, bucket, mount, home
         assert stats['tier_bad_blocks'] == 0 and stats['tier_errors'] == 0
 
 
+def test_unmount_writes_what_waits(server, s3, bucket, mount, home, origin,
+                                   tier_server, tier_bucket):
+    """A node unmounted right after its reads still writes the blocks that
+    waited for the tier (within a bound): the next node finds them all."""
+    files = put_files(s3, bucket)
+    tier_profile(home, tier_server)
+    options = shared_options(tier_server, tier_bucket)
+    a = mount(bucket, options=options, endpoint=origin.endpoint, name='a')
+    read_all(a, files)
+    a.unmount()
+    blocks = [k for k in tier_keys(tier_server, tier_bucket) if '/lease-' not in k]
+    assert len(blocks) == blocks_of(files)
+    origin.reset_counters()
+    b = mount(bucket, options=options, endpoint=origin.endpoint, name='b')
+    read_all(b, files)
+    assert origin_bytes(origin, bucket) == 0
+
+
 def test_damaged_block_in_the_shared_cache(server, s3, bucket, mount, home,
                                            origin, tier_server, tier_bucket):
     """A block changed in the tier (by anyone) is not served: it is read

@@ -258,7 +258,7 @@ static void test_second_node_reads_from_the_tier(void **state)
     assert_int_equal(fake_s3_put(f->origin, "w.bin", bytes, size, NULL, etag), 0);
     assert_int_equal(read_all(&f->nodes[0], "w.bin", etag, size, bytes), 0);
     assert_int_equal(origin_bytes(f), size);
-    tier_flush(f->nodes[0].tier);
+    tier_flush(f->nodes[0].tier, 0);
     struct tier_stats first = tier_stats_of(&f->nodes[0]);
     assert_int_equal(first.puts, 21);
     assert_int_equal(first.put_bytes, size);
@@ -304,7 +304,7 @@ static void test_damaged_block_is_read_from_the_origin(void **state)
 
     assert_int_equal(fake_s3_put(f->origin, "d.bin", bytes, size, NULL, etag), 0);
     assert_int_equal(read_all(&f->nodes[0], "d.bin", etag, size, bytes), 0);
-    tier_flush(f->nodes[0].tier);
+    tier_flush(f->nodes[0].tier, 0);
     id.etag = etag;
     assert_int_equal(tier_block_key("shared/", &id, &key), 0);
     assert_int_equal(fake_s3_get(f->tier_s3, key, &stored, &len, NULL), 0);
@@ -452,7 +452,7 @@ static void test_first_writer_wins(void **state)
 
     assert_int_equal(fake_s3_put(f->origin, "r.bin", bytes, size, NULL, etag), 0);
     assert_int_equal(read_all(&f->nodes[0], "r.bin", etag, size, bytes), 0);
-    tier_flush(f->nodes[0].tier);
+    tier_flush(f->nodes[0].tier, 0);
     assert_int_equal(tier_stats_of(&f->nodes[0]).puts, 2);
     /* offered again (as by a node that fetched it too): refused */
     struct cache_object *object = NULL;
@@ -460,7 +460,7 @@ static void test_first_writer_wins(void **state)
                                        &object), 0);
     tier_offer_block(f->nodes[0].tier, object, "r.bin", etag, 0);
     cache_object_close(f->nodes[0].cache, &object);
-    tier_flush(f->nodes[0].tier);
+    tier_flush(f->nodes[0].tier, 0);
     struct tier_stats a = tier_stats_of(&f->nodes[0]);
     assert_int_equal(a.put_exists, 1);
     assert_int_equal(a.puts, 2);
@@ -482,7 +482,7 @@ static void test_server_without_conditional_writes(void **state)
     assert_int_equal(fake_s3_fail(f->tier_s3, UNDER(FAKE_S3_PUT, "shared/"), 2,
                                   ENOSYS, false, NULL), 0);
     assert_int_equal(read_all(&f->nodes[0], "n.bin", etag, size, bytes), 0);
-    tier_flush(f->nodes[0].tier);
+    tier_flush(f->nodes[0].tier, 0);
     struct tier_stats stats = tier_stats_of(&f->nodes[0]);
     assert_int_equal(stats.puts, 3);
     assert_int_equal(stats.errors + stats.put_dropped + stats.leases, 0);
@@ -515,7 +515,7 @@ static void test_full_queue_drops_offers(void **state)
     assert_int_equal(stats.put_dropped, 4);
     assert_true(stats.queued_bytes <= 2 * BLOCK);
     fake_s3_hold_clear(f->tier_s3, rule);
-    tier_flush(node->tier);
+    tier_flush(node->tier, 0);
     stats = tier_stats_of(node);
     assert_int_equal(stats.puts, 2);
     assert_int_equal(stats.queued_bytes, 0);
@@ -548,7 +548,7 @@ static void test_evicted_before_written(void **state)
     assert_int_equal(cache_evict_key(node->cache, "e.bin", &freed), 0);
     assert_true(freed > 0);
     fake_s3_hold_clear(f->tier_s3, rule);
-    tier_flush(node->tier);
+    tier_flush(node->tier, 0);
     struct tier_stats stats = tier_stats_of(node);
     assert_int_equal(stats.puts, TIER_WRITERS);
     assert_int_equal(stats.put_dropped, 3);
