@@ -401,7 +401,15 @@ int fs_lookup(struct fs *fs, fuse_ino_t parent_ino, const char *name,
         }
     }
     if (err == ENOENT) {
-        err = 0; /* negative entry */
+        /* negative entry: under -o trust not kept by the kernel at all
+         * (the trusted listing answers it again without a request), so
+         * that a name that appears after `s3cachefs refresh` is seen: the
+         * kernel's negative entries cannot be listed to be forgotten,
+         * and only those below a directory whose entry is forgotten go
+         * with it (not those of the mount's root) */
+        if (fs_trusts(fs, parent_key))
+            out->entry_timeout = 0;
+        err = 0;
         goto out;
     }
     if (err != 0)

@@ -14,6 +14,7 @@ fi
 objects=
 for name in s3 s3_client credentials credsource main unmount stats_cmd \
         stats_report stats_text prices sync_cmd warm_cmd warm_report cmd_mount \
+        refresh_cmd \
         cmd_args; do
     [ -f "$builddir/src/$name.o" ] && objects="$objects $builddir/src/$name.o"
 done
