@@ -359,6 +359,12 @@ int fs_lookup(struct fs *fs, fuse_ino_t parent_ino, const char *name,
             confirm = true;
         }
     }
+    /* the last listing took more pages than a lookup lists: trying would
+     * send RELIST_PAGES_MAX LISTs to end with EFBIG (seen: ls -l of a
+     * directory of 10,000 keys after a remount sent 10 for nothing) */
+    if (parent->listing != NULL && !parent->too_big_to_list &&
+        (parent->listing->count + LIST_PAGE - 1) / LIST_PAGE > RELIST_PAGES_MAX)
+        parent->too_big_to_list = true;
     bool try_listing = listing == NULL && !listed && !parent->too_big_to_list &&
                        ++parent->probes >= PROBES_BEFORE_LISTING;
     inode_table_unlock(fs->inodes);

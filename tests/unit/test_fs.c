@@ -1140,6 +1140,42 @@ static void test_memory_per_key_is_bounded(void **state)
     assert_true(inode_per_key <= 700);
 }
 
+/* How many entries an opendir of DIR shows, "." and ".." left out. */
+static size_t fs_dir_count_of(struct fixture *f, fuse_ino_t dir)
+{
+    struct fs_dir *handle = NULL;
+
+    assert_int_equal(fs_opendir(f->fs, dir, &handle), 0);
+    size_t count = fs_dir_count(handle) - 2;
+    fs_releasedir(f->fs, handle);
+    return count;
+}
+
+/* Lookups in a directory whose last listing took more pages than a
+ * lookup may list (RELIST_PAGES_MAX) probe their names; they never start
+ * a listing that would stop after those pages with nothing to show. */
+static void test_lookups_never_half_list_a_large_directory(void **state)
+{
+    struct fixture *f = *state;
+    enum { KEYS = 10500 };     /* 11 pages of 1000 */
+    char key[32];
+
+    for (int i = 0; i < KEYS; i++) {
+        snprintf(key, sizeof(key), "huge/f%07d", i);
+        other_put(f, key, "k", 1, NULL);
+    }
+    fuse_ino_t huge = lookup(f, ROOT, "huge", NULL);
+    fake_s3_log_clear(f->s3);
+    assert_int_equal(fs_dir_count_of(f, huge), KEYS);
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_LIST, "huge/")), 11);
+    fake_s3_log_clear(f->s3);
+    for (int i = 0; i < 12; i++) {   /* (dir_ttl 0: the listing is old) */
+        snprintf(key, sizeof(key), "f%07d", i * 7);
+        assert_int_not_equal(lookup(f, huge, key, NULL), 0);
+    }
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_LIST, "huge/")), 0);
+}
+
 /* A symbolic link's target is fetched once per version, ever: after the
  * kernel forgot its inode and after a remount on the same cache readlink
  * asks nothing (a Hugging Face snapshot is a tree of links); a link
@@ -2673,6 +2709,7 @@ int main(void)
         FS_TEST(test_trusted_prefix_asks_once, default_fresh),
         FS_TEST(test_refresh_forgets_a_trusted_tree, default_fresh),
         FS_TEST(test_memory_per_key_is_bounded, default_fresh),
+        FS_TEST(test_lookups_never_half_list_a_large_directory, default_fresh),
         FS_TEST(test_link_target_is_fetched_once, default_fresh),
         FS_TEST(test_default_close_puts_the_object, default_cached),
         FS_TEST(test_writeback_close_journals_and_uploads_later, writeback_cached),
