@@ -292,6 +292,40 @@ int fs_warm(struct fs *fs, fuse_ino_t ino, enum fs_warm_op op,
 #define FS_PIN_XATTR "user.s3cachefs.pin"
 #define FS_UNPIN_XATTR "user.s3cachefs.unpin"
 
+/* What fs_refresh() forgot. */
+struct fs_refresh_report {
+    uint64_t inodes;            /* inodes at or under the path */
+    uint64_t listings;          /* listings dropped from memory */
+    uint64_t stored_listings;   /* ... and from the cache index */
+    uint64_t stored_records;    /* attribute records dropped from the index */
+    uint64_t kernel_entries;    /* entries the kernel was told to forget */
+};
+
+/* Tell the kernel to forget the entry NAME of directory PARENT (PARENT
+ * not 0), or the attributes of inode INO (PARENT 0). Called with no lock
+ * held. */
+typedef void (*fs_refresh_inval_fn)(void *arg, fuse_ino_t parent,
+                                    const char *name, fuse_ino_t ino);
+
+/*
+ * `s3cachefs refresh` of inode INO (fs_refresh.c): what this mount
+ * knows of it and, for a directory, of everything under it (listings and
+ * attributes, in memory and in the cache index) is forgotten, and the
+ * kernel told through INVAL (may be NULL) to forget the entries it holds
+ * there; the next use asks the bucket again, also under -o trust. A
+ * file's parent's listing goes too. Staged files keep their attributes.
+ * Returns 0, ENOENT (the inode is gone), ENOMEM or the index's errno.
+ */
+int fs_refresh(struct fs *fs, fuse_ino_t ino, fs_refresh_inval_fn inval,
+               void *arg, struct fs_refresh_report *out);
+
+/* The request of `s3cachefs refresh` (refresh_cmd.h) on a file or
+ * directory, not listed by listxattr: reading it runs fs_refresh() and
+ * answers with "name value" lines (refresh 1, then the counts of struct
+ * fs_refresh_report: inodes, listings, stored_listings, stored_records,
+ * kernel_entries). */
+#define FS_REFRESH_XATTR "user.s3cachefs.refresh"
+
 /* The cache directory's absolute path (owned by the cache). */
 const char *fs_cache_dir(const struct fs *fs);
 

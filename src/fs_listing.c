@@ -208,6 +208,16 @@ static int fetch_listing(struct fs *fs, const char *dir_key, unsigned max_pages,
         builder.entries[kept++] = builder.entries[i];
     }
     builder.count = kept;
+    /* the array grew by doubling: up to half of it unused, kept for as
+     * long as the listing (100 bytes a key of a large directory) */
+    if (builder.count > 0 && builder.count < builder.capacity) {
+        struct inode_dirent *fitted = realloc(builder.entries,
+                                              builder.count * sizeof(*fitted));
+        if (fitted != NULL) {
+            builder.entries = fitted;
+            builder.capacity = builder.count;
+        }
+    }
     *out = calloc(1, sizeof(**out));
     if (*out == NULL) {
         err = ENOMEM;

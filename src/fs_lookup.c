@@ -359,6 +359,12 @@ int fs_lookup(struct fs *fs, fuse_ino_t parent_ino, const char *name,
             confirm = true;
         }
     }
+    /* the last listing took more pages than a lookup lists: trying would
+     * send RELIST_PAGES_MAX LISTs to end with EFBIG (seen: ls -l of a
+     * directory of 10,000 keys after a remount sent 10 for nothing) */
+    if (parent->listing != NULL && !parent->too_big_to_list &&
+        (parent->listing->count + LIST_PAGE - 1) / LIST_PAGE > RELIST_PAGES_MAX)
+        parent->too_big_to_list = true;
     bool try_listing = listing == NULL && !listed && !parent->too_big_to_list &&
                        ++parent->probes >= PROBES_BEFORE_LISTING;
     inode_table_unlock(fs->inodes);
@@ -401,7 +407,15 @@ int fs_lookup(struct fs *fs, fuse_ino_t parent_ino, const char *name,
         }
     }
     if (err == ENOENT) {
-        err = 0; /* negative entry */
+        /* negative entry: under -o trust not kept by the kernel at all
+         * (the trusted listing answers it again without a request), so
+         * that a name that appears after `s3cachefs refresh` is seen: the
+         * kernel's negative entries cannot be listed to be forgotten,
+         * and only those below a directory whose entry is forgotten go
+         * with it (not those of the mount's root) */
+        if (fs_trusts(fs, parent_key))
+            out->entry_timeout = 0;
+        err = 0;
         goto out;
     }
     if (err != 0)

@@ -583,11 +583,52 @@ static void reply_warm(fuse_req_t req, fuse_ino_t ino, enum fs_warm_op op,
         reply_xattr_value(req, text, len, size);
 }
 
+/* fs_refresh()'s INVAL: the kernel forgets an entry or an inode's
+ * attributes (ENOENT, it held none, is no failure). */
+static void refresh_inval(void *arg, fuse_ino_t parent, const char *name,
+                          fuse_ino_t ino)
+{
+    struct fuse_session *se = arg;
+
+    if (parent != 0)
+        fuse_lowlevel_notify_inval_entry(se, parent, name, strlen(name));
+    else
+        fuse_lowlevel_notify_inval_inode(se, ino, -1, 0); /* attributes only */
+}
+
+/* FS_REFRESH_XATTR on INO (`s3cachefs refresh`): forget, answer the
+ * counts. */
+static void reply_refresh(fuse_req_t req, fuse_ino_t ino, size_t size)
+{
+    struct fuse_ops_context *context = fuse_req_userdata(req);
+    struct fs_refresh_report report;
+    char text[256];
+    int err = fs_refresh(context->fs, ino,
+                         context->session != NULL ? refresh_inval : NULL,
+                         context->session, &report);
+
+    if (err != 0) {
+        reply_error(req, err);
+        return;
+    }
+    int len = snprintf(text, sizeof(text),
+                       "refresh 1\ninodes %llu\nlistings %llu\n"
+                       "stored_listings %llu\nstored_records %llu\n"
+                       "kernel_entries %llu\n",
+                       (unsigned long long)report.inodes,
+                       (unsigned long long)report.listings,
+                       (unsigned long long)report.stored_listings,
+                       (unsigned long long)report.stored_records,
+                       (unsigned long long)report.kernel_entries);
+    reply_xattr_value(req, text, (size_t)len, size);
+}
+
 /* The mount root carries the counters (fs.h: FS_STATS_XATTR), the
  * daemon's pid (FS_PID_XATTR) and its cache directory (FS_CACHE_XATTR),
  * and answers the requests of `s3cachefs sync` and `pending`
  * (FS_SYNC_XATTR, FS_PENDING_XATTR); every regular file answers the
- * requests of `s3cachefs warm` (FS_WARM_XATTR...); nothing else has
+ * requests of `s3cachefs warm` (FS_WARM_XATTR...); every inode the
+ * request of `s3cachefs refresh` (FS_REFRESH_XATTR); nothing else has
  * extended attributes. */
 static void op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name,
                         size_t size)
@@ -597,6 +638,10 @@ static void op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name,
 
     if (warm_request(name, &warm_op)) {
         reply_warm(req, ino, warm_op, size);
+        return;
+    }
+    if (strcmp(name, FS_REFRESH_XATTR) == 0) {
+        reply_refresh(req, ino, size);
         return;
     }
     if (ino == FUSE_ROOT_ID && (strcmp(name, FS_SYNC_XATTR) == 0 ||

@@ -24,6 +24,8 @@ struct fuse_ops_context {
     /* set by init: the kernel offered parallel lookups and init wants them */
     bool parallel_dirops;
     uint64_t init_unique;         /* the INIT request read, 0 once answered */
+    struct fuse_session *session; /* for the kernel's notifications (refresh);
+                                     NULL: none sent */
 };
 
 /* The callback table for fuse_session_new(). */

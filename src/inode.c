@@ -375,6 +375,13 @@ void inode_set_listing_locked(struct inode_table *table, struct inode *dir,
     dir->listing = new_listing;
 }
 
+void inode_drop_listing_locked(struct inode_table *table, struct inode *dir)
+{
+    (void)table;
+    release_listing_locked(dir->listing);
+    dir->listing = NULL;
+}
+
 static int compare_dirent(const void *a, const void *b)
 {
     const char *name = a;
@@ -480,6 +487,17 @@ static int find_prefix_locked(struct inode_table *table, const char *prefix,
         return ENOMEM;
     }
     return 0;
+}
+
+int inode_find_prefix_locked(struct inode_table *table, const char *prefix,
+                             struct inode ***found, size_t *count)
+{
+    struct prefix_visit visit;
+    int err = find_prefix_locked(table, prefix, &visit);
+
+    *found = visit.found;
+    *count = err == 0 ? visit.count : 0;
+    return err;
 }
 
 int inode_rekey_prefix_locked(struct inode_table *table, const char *old_prefix,

@@ -186,6 +186,10 @@ void inode_listing_put(struct inode_table *table, struct inode_listing *listing)
 void inode_set_listing_locked(struct inode_table *table, struct inode *dir,
                               struct inode_listing *new_listing);
 
+/* Drop DIR's listing (the next use lists again); its holders keep their
+ * references. Lock held. */
+void inode_drop_listing_locked(struct inode_table *table, struct inode *dir);
+
 /* Find NAME in LISTING (binary search); NULL if absent. */
 const struct inode_dirent *inode_listing_find(const struct inode_listing *listing,
                                               const char *name);
@@ -209,6 +213,12 @@ void inode_unlink_locked(struct inode_table *table, struct inode *inode);
  * ENOMEM. Lock held. */
 int inode_rekey_locked(struct inode_table *table, struct inode *inode,
                        const char *new_key);
+
+/* The inodes whose key starts with PREFIX (not the unlinked ones), in
+ * key order: a new array in *FOUND (caller frees; the inodes are valid
+ * while the lock is held) of *COUNT. ENOMEM. Lock held. */
+int inode_find_prefix_locked(struct inode_table *table, const char *prefix,
+                             struct inode ***found, size_t *count);
 
 /* Rename every inode whose key starts with OLD_PREFIX (a directory and
  * everything under it) to start with NEW_PREFIX. ENOMEM. Lock held. */

@@ -42,6 +42,7 @@
 #include "stats_cmd.h"
 #include "sync_cmd.h"
 #include "warm_cmd.h"
+#include "refresh_cmd.h"
 #include "unmount.h"
 
 #define MULTIPART_THRESHOLD (16ull << 20)  /* larger files go multipart */
@@ -302,6 +303,9 @@ int main(int argc, char **argv)
     /* s3cachefs shared-cache prune BUCKET[:PREFIX] (shared_cache_cmd.h) */
     if (shared_cache_cmd_requested(argc, argv))
         return shared_cache_cmd_main(argc, argv);
+    /* s3cachefs refresh PATH... (refresh_cmd.h): the same rule */
+    if (refresh_cmd_requested(argc, argv))
+        return refresh_cmd_main(argc, argv);
 
     clock_gettime(CLOCK_REALTIME, &started);
     /* the process is about to hold credentials: no core dump of it (and
@@ -345,6 +349,7 @@ int main(int argc, char **argv)
                         "line above and s3cachefs --help)\n");
         goto out;
     }
+    context.session = session; /* (refresh: the kernel's entries) */
 
 
     struct awsconfig_options aws_opts = {

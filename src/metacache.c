@@ -13,6 +13,8 @@
 #include "metacache.h"
 
 #include <errno.h>
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -366,6 +368,118 @@ int metacache_forget_listing(struct cache *cache, const char *dir_key)
             err = db_txn_commit(&txn);
         db_txn_abort(&txn);
     }
+    return err;
+}
+
+/* Delete the record of KEY in TABLE from TXN; *COUNT counts it if it was
+ * there. */
+static int forget_record(struct cache *cache, struct db_txn *txn,
+                         enum db_table table, const char *key, uint64_t *count)
+{
+    unsigned char hash[HASH_LEN];
+    int err = cache_name_hash(cache, key, hash);
+
+    if (err == 0)
+        err = db_del(txn, table, hash, sizeof(hash));
+    if (err == 0)
+        (*count)++;
+    return err == ENOENT ? 0 : err;
+}
+
+/* A stack of directory prefixes still to forget (metacache_forget_tree). */
+struct prefix_stack {
+    char **items;
+    size_t count, capacity;
+};
+
+static int prefix_stack_push(struct prefix_stack *stack, char *prefix)
+{
+    if (prefix == NULL)
+        return ENOMEM;
+    if (stack->count == stack->capacity) {
+        size_t capacity = stack->capacity ? stack->capacity * 2 : 16;
+        char **grown = realloc(stack->items, capacity * sizeof(*grown));
+        if (grown == NULL) {
+            free(prefix);
+            return ENOMEM;
+        }
+        stack->items = grown;
+        stack->capacity = capacity;
+    }
+    stack->items[stack->count++] = prefix;
+    return 0;
+}
+
+/* Forget the listing of directory PREFIX, the attributes of PREFIX and of
+ * every entry it names; push its subdirectories onto STACK. */
+static int forget_directory(struct cache *cache, const char *prefix,
+                            struct prefix_stack *stack, uint64_t *listings,
+                            uint64_t *records)
+{
+    struct inode_listing *listing = NULL;
+    struct db_txn *txn = NULL;
+    /* any age: an old listing may be served again under -o trust */
+    int err = metacache_get_listing(cache, prefix, INFINITY, &listing);
+
+    if (err == ENOENT)
+        err = 0; /* none (or unreadable): the directory's own records still go */
+    if (err == 0)
+        err = db_txn_begin(cache_index(cache), true, &txn);
+    if (err == 0)
+        err = forget_record(cache, txn, DB_DIRS, prefix, listings);
+    if (err == 0)
+        err = forget_record(cache, txn, DB_ATTRS, prefix, records);
+    for (size_t i = 0; err == 0 && listing != NULL && i < listing->count; i++) {
+        const struct inode_dirent *entry = &listing->entries[i];
+        bool is_dir = entry->attrs.kind == INODE_DIR;
+        char *child = NULL;
+        if (asprintf(&child, "%s%s%s", prefix, entry->name, is_dir ? "/" : "") < 0)
+            err = ENOMEM;
+        else if (is_dir)
+            err = prefix_stack_push(stack, child); /* (it owns CHILD) */
+        else
+            err = forget_record(cache, txn, DB_ATTRS, child, records);
+        if (!is_dir)
+            free(child);
+    }
+    if (err == 0)
+        err = db_txn_commit(&txn);
+    db_txn_abort(&txn);
+    inode_listing_free(listing);
+    return err;
+}
+
+int metacache_forget_tree(struct cache *cache, const char *key,
+                          uint64_t *listings, uint64_t *records)
+{
+    struct prefix_stack stack = {0};
+    uint64_t listings_gone = 0, records_gone = 0;
+    size_t len = strlen(key);
+    int err = 0;
+
+    if (len > 0 && key[len - 1] != '/') {
+        struct db_txn *txn = NULL;
+        err = db_txn_begin(cache_index(cache), true, &txn);
+        if (err == 0)
+            err = forget_record(cache, txn, DB_ATTRS, key, &records_gone);
+        if (err == 0)
+            err = db_txn_commit(&txn);
+        db_txn_abort(&txn);
+    } else {
+        err = prefix_stack_push(&stack, strdup(key));
+    }
+    while (err == 0 && stack.count > 0) {
+        char *prefix = stack.items[--stack.count];
+        err = forget_directory(cache, prefix, &stack, &listings_gone, &records_gone);
+        free(prefix);
+    }
+    while (stack.count > 0)
+        free(stack.items[--stack.count]);
+    free(stack.items);
+    if (listings != NULL)
+        *listings = listings_gone;
+    if (records != NULL)
+        *records = records_gone;
     return err;
 }
 

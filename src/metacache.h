@@ -57,6 +57,20 @@ int metacache_get_listing(struct cache *cache, const char *dir_key,
 int metacache_forget_listing(struct cache *cache, const char *dir_key);
 
 /*
+ * Forget what the index holds under KEY (`s3cachefs refresh`): for a
+ * directory prefix (ending in '/', or "" for the bucket's root) its
+ * listing, those of the directories its stored listings name, at any
+ * depth, and the attributes of every file and directory they name and of
+ * the directory itself; for a file, its attributes. Symbolic link targets
+ * stay (kept by ETag: a new target is a new ETag). One write transaction
+ * per directory. *LISTINGS and *RECORDS (may be NULL) get how many
+ * listings and attribute records went. 0, ENOMEM or the index's errno
+ * (what was dropped before a failure stays dropped).
+ */
+int metacache_forget_tree(struct cache *cache, const char *key,
+                          uint64_t *listings, uint64_t *records);
+
+/*
  * Drop the stored listings MAX_AGE or more seconds old (and unreadable
  * ones): nothing uses them any more, since a listing is only served while
  * younger than dir_ttl. Called at mount, so that the index does not keep

@@ -45,9 +45,11 @@ import tempfile
 import threading
 import time
 import urllib.parse
+import urllib.request
 from pathlib import Path
 
 import boto3.s3.transfer
+import botocore.config
 
 BENCH_DIR = Path(__file__).resolve().parent
 SRCDIR = BENCH_DIR.parents[1]
@@ -75,7 +77,7 @@ UNMOUNT_TIMEOUT = 30.0
 LOG_TAIL_LINES = 20
 S3CACHEFS_CACHE_OPTS = 'cache={cache_dir},cache_size=4G'
 # s3cachefs-wb is s3cachefs with -o writeback; it runs the write rows only.
-TOOLS = ('s3cachefs', 's3cachefs-wb', 's3fs', 'rclone')
+TOOLS = ('s3cachefs', 's3cachefs-wb', 's3cachefs-trust', 's3fs', 'rclone')
 READ_TOOLS = ('s3cachefs', 's3fs', 'rclone')
 # The cluster rows: nodes are mounts with caches of their own; s3cachefs
 # shares TIER_BUCKET on a second server of the same kind (-o
@@ -84,6 +86,16 @@ READ_TOOLS = ('s3cachefs', 's3fs', 'rclone')
 CLUSTER_NODES = 4
 TIER_BUCKET = 'bench-tier'
 CLUSTER_ROWS = {'cluster_seq', 'cluster_par'}
+WRITE_TOOLS = ('s3cachefs', 's3cachefs-wb', 's3fs', 'rclone')
+# s3cachefs-trust is s3cachefs with -o trust=KEYS_DIR: the keys rows only
+KEYS_TOOLS = ('s3cachefs', 's3cachefs-trust', 's3fs', 'rclone')
+KEYS_DIR = 'keys'             # the keys rows' directory of --keys objects
+KEYS_DEFAULT = 10000
+KEY_SIZE = 16                 # bytes of each of its objects
+KEYS_PER_TAR = 1000           # objects per Swift bulk upload (extract-archive)
+KEYS_UPLOADS = 8              # bulk uploads or PUT processes at a time
+KEY_OPS = ('ls', 'lsl', 'find', 'du')
+KEY_PHASES = ('cold', 'warm', 'remount')
 PEERS = ('s3fs', 'rclone')
 QUICK = {'size_mib': 256, 'small_files': 500, 'runs': 1, 'hf_mib': 128,
          'tar_files': 300}
@@ -149,12 +161,99 @@ LIMIT_ROWS = (
     Row('raw_mpu', f'limit: multipart upload, {RAW_MPU_PARALLEL} parallel '
         f'parts (curl)', 'seconds', None),
 )
-ALL_ROWS = ROWS + WRITE_ROWS + LIMIT_ROWS
+KEY_OP_TITLES = {'ls': 'ls', 'lsl': 'ls -l', 'find': 'find', 'du': 'du -s'}
+KEY_PHASE_TITLES = {'cold': 'cold', 'warm': 'warm',
+                    'remount': 'after remount'}
+# Not in the default --only: ask for them by name (or --only keys).
+KEYS_ROWS = tuple(
+    Row(f'keys_{op}_{phase}',
+        f'{KEY_OP_TITLES[op]} of {{keys}} keys, {KEY_PHASE_TITLES[phase]}',
+        'seconds', None)
+    for op in KEY_OPS for phase in KEY_PHASES)
+KEYS_ROWS += (Row('keys_refresh', 's3cachefs refresh of {keys} keys',
+                  'seconds', None),)
+KEYS_ROW_NAMES = tuple(row.name for row in KEYS_ROWS)
+ALL_ROWS = ROWS + WRITE_ROWS + LIMIT_ROWS + KEYS_ROWS
 ROWS_BY_NAME = {row.name: row for row in ALL_ROWS}
 WRITE_ROW_NAMES = tuple(row.name for row in WRITE_ROWS)
 BIG_FILE_ROWS = {'cold', 'reread', 'fio', 'remount'}
 MMAP_TENSOR = 64 << 10      # the mmap row's tensors: the file in 64 KiB pieces
 SMALL_FILE_ROWS = {'small_cold', 'small_warm', 'ls_cold', 'ls_warm'}
+
+
+def key_name(index):
+    return f'{KEYS_DIR}/f{index:07d}'
+
+
+def keys_tar(first, end):
+    """A tar of the keys FIRST..END-1 (KEY_SIZE bytes each)."""
+    buffer = io.BytesIO()
+    body = b'k' * KEY_SIZE
+    with tarfile.open(fileobj=buffer, mode='w') as tar:
+        for index in range(first, end):
+            info = tarfile.TarInfo(key_name(index))
+            info.size = KEY_SIZE
+            info.mtime = TAR_MTIME
+            tar.addfile(info, io.BytesIO(body))
+    return buffer.getvalue()
+
+
+def put_keys(endpoint, region, access_key, secret_key, first, end):
+    """PUT the keys FIRST..END-1 with a client of its own (a process of a
+    pool: boto3 in threads is bound by one interpreter lock)."""
+    s3 = boto3.session.Session().client(
+        's3', endpoint_url=endpoint, region_name=region,
+        aws_access_key_id=access_key, aws_secret_access_key=secret_key,
+        config=botocore.config.Config(signature_version='s3v4',
+                                      s3={'addressing_style': 'path'},
+                                      proxies={}))
+    body = b'k' * KEY_SIZE
+    for index in range(first, end):
+        s3.put_object(Bucket=BUCKET, Key=key_name(index), Body=body)
+
+
+def run_counting(argv, expected_lines):
+    """Runs a listing command; its lines of output must be EXPECTED_LINES
+    (None: not checked)."""
+    done = subprocess.run(argv, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+    if done.returncode != 0:
+        raise BenchError(f'{" ".join(argv)}: exit {done.returncode}: '
+                         f'{done.stderr.strip()[:300]}')
+    lines = done.stdout.count('\n')
+    if expected_lines is not None and lines != expected_lines:
+        raise BenchError(f'{" ".join(argv)}: {lines} lines, expected '
+                         f'{expected_lines}')
+
+
+def key_op(op, directory, count):
+    """The workload of a keys row: the command ls, ls -l, find or du -s
+    on DIRECTORY of COUNT files (output to a pipe: ls does not stat)."""
+    if op == 'ls':
+        run_counting(['ls', '-1', str(directory)], count)
+    elif op == 'lsl':
+        run_counting(['ls', '-l', str(directory)], count + 1)  # ("total")
+    elif op == 'find':
+        run_counting(['find', str(directory)], count + 1)
+    else:
+        run_counting(['du', '-s', str(directory)], 1)
+
+
+def allocated_mib(path):
+    """Disk space PATH (a file or a tree) takes, in MiB (st_blocks)."""
+    path = Path(path)
+    if not path.exists():
+        return 0.0
+    if path.is_file():
+        return path.stat().st_blocks * 512 / MiB
+    total = 0
+    for root, dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_blocks * 512
+            except FileNotFoundError:
+                pass
+    return total / MiB
 
 
 class BenchError(RuntimeError):
@@ -434,7 +533,7 @@ class S3cachefs(FileSystem):
     name = 's3cachefs'
 
     def __init__(self, env, binary, endpoint, server, options,
-                 writeback=False, tier_server=None):
+                 writeback=False, tier_server=None, trust=None):
         super().__init__(dict(env, AWS_ACCESS_KEY_ID=server.access_key,
                               AWS_SECRET_ACCESS_KEY=server.secret_key))
         self.binary = binary
@@ -442,9 +541,12 @@ class S3cachefs(FileSystem):
         self.options = options
         self.writeback = writeback
         self.tier_endpoint = tier_server.endpoint if tier_server else None
+        self.trust = trust
         if writeback:
             self.name = 's3cachefs-wb'
             self.completion = 'stats'
+        if trust:
+            self.name = 's3cachefs-trust'
 
     def command(self, mountpoint, cache_dir, row=None):
         options = [f'endpoint={self.endpoint}']
@@ -455,6 +557,8 @@ class S3cachefs(FileSystem):
         if row in CLUSTER_ROWS:
             options += [f'shared_cache={TIER_BUCKET}',
                         f'shared_cache_endpoint={self.tier_endpoint}']
+        if self.trust:
+            options.append(f'trust={self.trust}')
         return [self.binary, '-f', BUCKET, str(mountpoint),
                 '-o', ','.join(options)]
 
@@ -904,7 +1008,8 @@ class Bench:
             'fio': first_line(['fio', '--version']),
             'curl': first_line(['curl', '--version']),
         }
-        if {'s3cachefs', 's3cachefs-wb'} & set(self.file_systems):
+        if {'s3cachefs', 's3cachefs-wb', 's3cachefs-trust'} & \
+                set(self.file_systems):
             self.versions['s3cachefs'] = first_line(
                 [self.args.s3cachefs_bin, '--version'])
 
@@ -916,6 +1021,8 @@ class Bench:
         need_big = self.rows & (BIG_FILE_ROWS | CLUSTER_ROWS |
                                 {'mmap', 'raw_get', 'bindfs'})
         need_small = self.rows & SMALL_FILE_ROWS
+        if self.rows & set(KEYS_ROW_NAMES):
+            self._put_keys()
         if not (need_big or need_small):
             return
         big = self.local_dir / BIG_KEY
@@ -940,6 +1047,57 @@ class Bench:
             with concurrent.futures.ThreadPoolExecutor(UPLOAD_THREADS) as \
                     pool:
                 list(pool.map(put_small, range(self.args.small_files)))
+
+    def _put_keys(self):
+        """The --keys objects of the keys rows, straight to the server,
+        in parallel: on Swift as tars its bulk middleware extracts
+        (extract-archive: one request per KEYS_PER_TAR objects; 98
+        objects/s here against 82 for PUTs from 8 processes: Swift's own
+        work per object is most of it), elsewhere as PUTs from
+        KEYS_UPLOADS processes."""
+        count = self.args.keys
+        started = time.monotonic()
+        ranges = [(first, min(count, first + KEYS_PER_TAR))
+                  for first in range(0, count, KEYS_PER_TAR)]
+        if self.args.server == 'swift':
+            token, storage_url = self._swift_token()
+            opener = urllib.request.build_opener(
+                urllib.request.ProxyHandler({}))
+
+            def bulk(first_end):
+                request = urllib.request.Request(
+                    f'{storage_url}/{BUCKET}?extract-archive=tar',
+                    data=keys_tar(*first_end), method='PUT',
+                    headers={'X-Auth-Token': token,
+                             'Accept': 'application/json'})
+                with opener.open(request, timeout=3600) as answer:
+                    result = json.loads(answer.read())
+                if result.get('Errors') or \
+                        result.get('Number Files Created') != \
+                        first_end[1] - first_end[0]:
+                    raise BenchError(f'bulk upload of keys {first_end}: '
+                                     f'{result}')
+            with concurrent.futures.ThreadPoolExecutor(KEYS_UPLOADS) as pool:
+                list(pool.map(bulk, ranges))
+        else:
+            server = self.server
+            with concurrent.futures.ProcessPoolExecutor(KEYS_UPLOADS) as pool:
+                list(pool.map(put_keys, *zip(*[
+                    (server.endpoint, server.region, server.access_key,
+                     server.secret_key, first, end) for first, end in ranges])))
+        print(f'bench: {count} keys under {KEYS_DIR}/ in '
+              f'{time.monotonic() - started:.0f} s', flush=True)
+
+    def _swift_token(self):
+        """A tempauth token and the storage URL of the Swift account."""
+        request = urllib.request.Request(
+            f'{self.server.endpoint}/auth/v1.0',
+            headers={'X-Auth-User': self.server.access_key,
+                     'X-Auth-Key': self.server.secret_key})
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        with opener.open(request, timeout=60) as answer:
+            return answer.headers['X-Auth-Token'], \
+                answer.headers['X-Storage-Url']
 
     def _prepare_writes(self):
         """The dataset tar for untar and the part files for raw_mpu (the
@@ -975,7 +1133,7 @@ class Bench:
         env = daemon_environment(self.home)
         endpoint = self.proxy.endpoint
         made = {}
-        if 's3cachefs' in args.tools or 's3cachefs-wb' in args.tools:
+        if {'s3cachefs', 's3cachefs-wb', 's3cachefs-trust'} & set(args.tools):
             binary = args.s3cachefs_bin
             help_text = subprocess.run([binary, '--help'], capture_output=True,
                                        text=True)
@@ -994,6 +1152,10 @@ class Bench:
             made['s3cachefs-wb'] = S3cachefs(
                 env, args.s3cachefs_bin, endpoint, self.server,
                 self.s3cachefs_options or '', writeback=True)
+        if 's3cachefs-trust' in args.tools:
+            made['s3cachefs-trust'] = S3cachefs(
+                env, args.s3cachefs_bin, endpoint, self.server,
+                self.s3cachefs_options, trust=KEYS_DIR)
         if 's3fs' in args.tools:
             made['s3fs'] = S3fs(env, endpoint, self.server,
                                 self.workdir / 's3fs.passwd', args.s3fs_opts)
@@ -1028,7 +1190,8 @@ class Bench:
                      file_system.env, mountpoint, log, self.cleanup).start()
 
     # --------------------------------------------------- measuring
-    def measure(self, row, tool, action, pid=None, payload=None):
+    def measure(self, row, tool, action, pid=None, payload=None,
+                disk=None):
         """Runs ACTION as row ROW of TOOL and records a sample: wall
         seconds, the dict ACTION may return, the proxy's counters and,
         with PID, the daemon's peak RSS and CPU time over the row. PAYLOAD
@@ -1057,6 +1220,8 @@ class Bench:
         sample['requests'] = counters['counts']
         sample['mib_fetched'] = counters['bytes'] / MiB
         sample['mib_sent'] = counters.get('bytes_sent', 0) / MiB
+        if disk is not None:
+            sample['disk_mib'] = allocated_mib(disk)
         self.samples.append(sample)
         if self.args.request_log:
             with open(self.args.request_log, 'a') as log:
@@ -1067,6 +1232,9 @@ class Bench:
         if self.run_index == 0 and 0 < self.args.long_row < seconds:
             self.long_rows.add((row, tool))
         extra = ''
+        if 'disk_mib' in sample:
+            extra = (f' RSS {sample.get("peak_rss_mib", 0):.0f} MiB, '
+                     f'disk {sample["disk_mib"]:.1f} MiB')
         if row in WRITE_ROW_NAMES or row == 'raw_mpu':
             extra = f' sent {sample["mib_sent"]:.1f} MiB'
             if 'wait_seconds' in sample:
@@ -1083,11 +1251,11 @@ class Bench:
         for, and its first run was not a long one (see --long-row)."""
         return row in self.rows and (row, tool) not in self.long_rows
 
-    def step(self, row, tool, action, pid=None, payload=None):
+    def step(self, row, tool, action, pid=None, payload=None, disk=None):
         """Measures ROW if it is wanted; otherwise just runs ACTION (it
         prepares a later row)."""
         if self.wanted(row, tool):
-            self.measure(row, tool, action, pid, payload)
+            self.measure(row, tool, action, pid, payload, disk)
         else:
             action()
 
@@ -1109,8 +1277,12 @@ class Bench:
                     self.mmap_row(file_system)
                     self.small_file_rows(file_system)
                     self.listing_rows(file_system)
-                for row in WRITE_ROW_NAMES:
-                    self.write_row(row, file_system)
+                if name in KEYS_TOOLS:
+                    for op in KEY_OPS:
+                        self.keys_rows(file_system, op)
+                if name in WRITE_TOOLS:
+                    for row in WRITE_ROW_NAMES:
+                        self.write_row(row, file_system)
 
     def limit_rows(self):
         if self.wanted('raw_get', 'curl'):
@@ -1408,6 +1580,48 @@ class Bench:
             shutil.rmtree(cache_dir)
 
 
+    def keys_rows(self, file_system, op):
+        """The keys rows of OP: a fresh mount on an empty cache directory
+        runs OP on the directory of --keys objects (cold, caches dropped),
+        then again at once (warm), then after a remount on the same cache
+        directory (caches dropped). Each sample has the daemon's peak RSS
+        and the disk its cache directory takes (s3cachefs: the index of
+        listings and attributes; no data is read)."""
+        name = file_system.name
+        rows = [f'keys_{op}_{phase}' for phase in KEY_PHASES]
+        if not any(self.wanted(row, name) for row in rows):
+            return
+        cache_dir = self.new_cache_dir(name)
+        mount = self.mount(file_system, cache_dir)
+        count = self.args.keys
+
+        def action():
+            key_op(op, mount.path / KEYS_DIR, count)
+        try:
+            drop_caches()
+            self.step(rows[0], name, action, mount.pid, disk=cache_dir)
+            if self.wanted(rows[1], name):
+                self.measure(rows[1], name, action, mount.pid,
+                             disk=cache_dir)
+            if self.wanted(rows[2], name):
+                mount.stop()
+                mount = self.mount(file_system, cache_dir)
+                drop_caches()
+                self.measure(rows[2], name, action, mount.pid,
+                             disk=cache_dir)
+            if op == 'lsl' and name == 's3cachefs-trust' and \
+                    self.wanted('keys_refresh', name):
+                # what the trusted listings and attributes cost to forget
+                self.measure('keys_refresh', name, lambda: run_counting(
+                    [self.args.s3cachefs_bin, 'refresh',
+                     str(mount.path / KEYS_DIR)], 1), mount.pid,
+                    disk=cache_dir)
+        except (BenchError, OSError, subprocess.SubprocessError) as error:
+            self.fail(rows[0], name, error)
+        finally:
+            mount.stop()
+            shutil.rmtree(cache_dir, ignore_errors=True)
+
     # ----------------------------------------------------- write rows
     def write_prefix(self, row, tool):
         return f'{WRITE_PREFIX}/{row}/{tool}-{self.run_index + 1}'
@@ -1593,7 +1807,7 @@ class Bench:
 
 # ------------------------------------------------------------ report
 
-MEDIAN_FIELDS = ('seconds', 'iops', 'mib_per_s', 'mib_fetched', 'mib_sent',
+MEDIAN_FIELDS = ('disk_mib', 'seconds', 'iops', 'mib_per_s', 'mib_fetched', 'mib_sent',
                  'mib_written', 'wait_seconds', 'peak_rss_mib', 'cpu_seconds')
 # Targets of the write path.
 TARGET_BIG_VS_LIMIT = 1.3     # write_big: at most 1.3x the raw multipart time
@@ -1703,36 +1917,41 @@ def format_table(header, lines, left=(0, 1, 6)):
     return '\n'.join(rendered)
 
 
-def report(table, tool_order, failures=(), samples=()):
+def report(table, tool_order, failures=(), samples=(), keys=None):
     header = ('row', 'tool', 'runs', 'median', 'vs peer', 'vs limit',
-              'requests', 'MiB fetched', 'MiB sent', 'RSS MiB', 'CPU s')
+              'requests', 'MiB fetched', 'MiB sent', 'RSS MiB', 'CPU s',
+              'disk MiB')
     failed = collections.Counter((f['row'], f['tool']) for f in failures)
     lines = []
-    for row in ROWS + WRITE_ROWS + LIMIT_ROWS:
+    for row in ROWS + WRITE_ROWS + LIMIT_ROWS + KEYS_ROWS:
+        title = row.title.format(keys=keys) if row in KEYS_ROWS else row.title
         for tool in (*tool_order, 'curl', 'bindfs'):
             median = table.get((row.name, tool))
             failed_runs = failed.get((row.name, tool), 0)
             if median is None and failed_runs:
-                lines.append((row.title, tool, f'0 ({failed_runs} failed)',
-                              'FAILED', *['-'] * 7))
+                lines.append((title, tool, f'0 ({failed_runs} failed)',
+                              'FAILED', *['-'] * 8))
             if median is None:
                 continue
             runs = str(median['runs'])
             if failed_runs:
                 runs += f' ({failed_runs} failed)'
             lines.append((
-                row.title, tool, runs, format_result(row, median),
+                title, tool, runs, format_result(row, median),
                 format_number(median.get('vs_peer'), '.2f'),
                 format_number(median.get('vs_limit'), '.2f'),
                 format_requests(median['requests']),
                 format_number(median.get('mib_fetched'), '.1f'),
                 format_number(median.get('mib_sent'), '.1f'),
                 format_number(median.get('peak_rss_mib'), '.0f'),
-                format_number(median.get('cpu_seconds'), '.2f')))
+                format_number(median.get('cpu_seconds'), '.2f'),
+                format_number(median.get('disk_mib'), '.1f')))
     print(format_table(header, lines))
     print('vs peer: speed against the best of s3fs and rclone in the row; '
           'vs limit: speed against the limit row (above 1 is faster); '
-          'write rows are timed until the data is in the bucket')
+          'write rows are timed until the data is in the bucket; '
+          'disk MiB (keys rows): what the cache directory takes '
+          '(s3cachefs: its index)')
 
     print('\nlimits:')
     for row in LIMIT_ROWS:
@@ -1854,9 +2073,16 @@ def parse_args(argv=None):
                         help='a smoke run: 256 MiB, 500 small files, a '
                              '128 MiB blob, 300 files in the dataset, 1 run')
     row_names = [row.name for row in ALL_ROWS]
-    parser.add_argument('--only', default=','.join(row_names),
+    default_rows = [name for name in row_names if name not in KEYS_ROW_NAMES]
+    parser.add_argument('--only', default=','.join(default_rows),
                         metavar='ROW,...',
-                        help=f'rows to measure, from {",".join(row_names)}')
+                        help=f'rows to measure, from {",".join(row_names)} '
+                             f'("keys": all keys_ rows, which only run when '
+                             f'named)')
+    parser.add_argument('--keys', type=int, default=KEYS_DEFAULT,
+                        metavar='N',
+                        help=f'objects in the directory of the keys rows '
+                             f'(default {KEYS_DEFAULT})')
     parser.add_argument('--tools', default=','.join(TOOLS),
                         metavar='TOOL,...',
                         help='file systems to compare, from '
@@ -1897,7 +2123,10 @@ def parse_args(argv=None):
            args.tar_files) < 1:
         parser.error('--size-mib, --small-files, --hf-mib, --tar-files and '
                      '--runs must be positive')
-    args.only = args.only.split(',')
+    args.only = [name for item in args.only.split(',')
+                 for name in (KEYS_ROW_NAMES if item == 'keys' else (item,))]
+    if args.keys < 1:
+        parser.error('--keys must be positive')
     args.tools = args.tools.split(',')
     unknown = [n for n in args.only if n not in row_names] + \
         [n for n in args.tools if n not in TOOLS]
@@ -1906,7 +2135,7 @@ def parse_args(argv=None):
     if args.s3cachefs_bin is None:
         built = [path for path in DEFAULT_BINARIES if os.access(path, os.X_OK)]
         args.s3cachefs_bin = str(built[0] if built else DEFAULT_BINARIES[0])
-    if ({'s3cachefs', 's3cachefs-wb'} & set(args.tools)
+    if ({'s3cachefs', 's3cachefs-wb', 's3cachefs-trust'} & set(args.tools)
             and not os.access(args.s3cachefs_bin, os.X_OK)):
         parser.error(f'{args.s3cachefs_bin} is not an executable: build '
                      f's3cachefs or pass --s3cachefs-bin')
@@ -1933,6 +2162,7 @@ def write_json(path, args, bench, table):
                        'stats_poll_seconds': STATS_POLL},
             'raw_mpu': {'parallel': RAW_MPU_PARALLEL,
                         'part_mib': RAW_MPU_PART // MiB},
+            'keys': args.keys, 'key_bytes': KEY_SIZE,
             's3cachefs_bin': args.s3cachefs_bin,
             's3cachefs_options': bench.s3cachefs_options,
             's3fs_options': args.s3fs_opts,
@@ -1973,7 +2203,7 @@ def main(argv=None):
         add_ratios(table)
         print()
         report(table, [t for t in TOOLS if t in args.tools], bench.failures,
-               bench.samples)
+               bench.samples, args.keys)
         if args.json:
             write_json(args.json, args, bench, table)
             print(f'\nbench: wrote {args.json}')

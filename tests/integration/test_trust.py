@@ -6,7 +6,9 @@ remount on the same cache and a `find -ls` cost no request at all (the
 listings and attributes stored in the cache index are served); outside
 the trusted directories every TTL applies as before. A change by another
 client under a trusted directory is not seen until a mount without the
-option; bad values are refused before mounting.
+option; bad values are refused before mounting. `s3cachefs refresh PATH`
+makes the mount forget what it trusts under PATH: the next walk lists and
+asks again, once, and what it learns is trusted again, across a remount.
 """
 import os
 import subprocess
@@ -120,6 +122,91 @@ def test_whole_mount_trusted_remount_costs_nothing(s3, bucket, mount, proxy,
     assert find_ls(again.path) == first
     # (the mount's own bucket check is before the reset)
     assert requests(proxy) == 0, dict(proxy.counts)
+
+    # a name missing from the root, then put by another client: seen once
+    # the root is refreshed (the kernel kept no negative entry of it for
+    # the year a trusted listing lasts)
+    late = again.path / 'late.bin'
+    assert not late.exists()
+    s3.put_object(Bucket=bucket, Key='late.bin', Body=b'late')
+    assert not late.exists()
+    done = refresh(again.path)
+    assert done.returncode == 0, done.stderr
+    assert late.read_bytes() == b'late'
+
+
+def refresh(*paths):
+    return subprocess.run([BINARY, 'refresh', *map(str, paths)],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_refresh_lists_again(s3, bucket, mount, proxy, tmp_path):
+    put_tree(s3, bucket)
+    cache = tmp_path / 'cache'
+    # dir_ttl above the test's length: a negative entry the kernel kept
+    # that long would hide the new file after the refresh
+    options = ['trust=data', 'dir_ttl=600']
+    mnt = mount(bucket, options=options, endpoint=proxy.endpoint, cache=cache)
+    changed = mnt.path / 'data/set1/part2/file3.bin'
+    late = mnt.path / 'data/set0/part0/late.bin'
+    first = find_ls(mnt.path / 'data')
+    assert changed.read_bytes() == TREE['data/set1/part2/file3.bin']
+    assert not late.exists()
+    s3.put_object(Bucket=bucket, Key='data/set0/part0/late.bin', Body=b'late')
+    s3.put_object(Bucket=bucket, Key='data/set1/part2/file3.bin', Body=b'changed')
+    proxy.reset_counters()
+    assert find_ls(mnt.path / 'data') == first
+    assert not late.exists()
+    assert asked_inside(proxy) == []
+
+    done = refresh(mnt.path / 'data')
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f'{mnt.path / "data"}: forgot '), done.stdout
+    assert asked_inside(proxy) == []      # the refresh itself asks nothing
+    # by name first (no readdir to replace a negative entry the kernel kept)
+    assert late.read_bytes() == b'late'
+    now = find_ls(mnt.path / 'data')
+    assert now == sorted(
+        [line for line in first if not line.startswith('set1/part2/file3.bin ')]
+        + ['set0/part0/late.bin 4 -rw-r--r--', 'set1/part2/file3.bin 7 -rw-r--r--'])
+    assert changed.read_bytes() == b'changed'
+    assert proxy.counts['LIST'] > 0
+    proxy.reset_counters()
+    assert find_ls(mnt.path / 'data') == now      # trusted again
+    assert asked_inside(proxy) == []
+    mnt.unmount()
+
+    again = mount(bucket, options=options, endpoint=proxy.endpoint,
+                  cache=cache, name='again')
+    os.stat(again.path / 'data')
+    proxy.reset_counters()
+    assert find_ls(again.path / 'data') == now
+    assert asked_inside(proxy) == []
+
+    # one file: asked about again
+    s3.put_object(Bucket=bucket, Key='data/set0/part1/file0.bin', Body=b'12345')
+    one = again.path / 'data/set0/part1/file0.bin'
+    assert one.stat().st_size == 100
+    done = refresh(one)
+    assert done.returncode == 0, done.stderr
+    assert one.stat().st_size == 5
+    assert one.read_bytes() == b'12345'
+
+
+def test_refresh_usage(mount, bucket, tmp_path):
+    mnt = mount(bucket)
+    assert refresh().returncode == 2
+    assert refresh(mnt.path, '--bogus').returncode == 2
+    assert refresh('--help').returncode == 0
+    done = refresh(mnt.path / 'missing', mnt.path)
+    assert done.returncode == 1
+    assert 'missing' in done.stderr
+    assert done.stdout.startswith(f'{mnt.path}: forgot '), done.stdout
+    outside = tmp_path / 'outside'
+    outside.mkdir()
+    done = refresh(mnt.path, outside)
+    assert done.returncode == 1
+    assert 'not inside an s3cachefs mount' in done.stderr
 
 
 @pytest.mark.parametrize('value', ['', 'a::b', ':a', 'a/../b', 'a/./b'])
