@@ -248,7 +248,7 @@ static int rename_dir(struct fs *fs, const char *src_prefix, const char *dst_pre
     struct fs_dir_move move = {src_prefix, dst_prefix, NULL};
     /* directory markers waiting to be sent (writeback mode) go first: the
      * move copies what the bucket holds */
-    int err = writer_marker_flush(fs->writer, src_prefix);
+    int err = fs->writer ? writer_marker_flush(fs->writer, src_prefix) : EROFS;
     if (err == 0)
         err = writer_marker_flush(fs->writer, dst_prefix);
     if (err != 0)

@@ -390,7 +390,8 @@ void fs_keep_parent_dir(struct fs *fs, const char *key)
 
     if (parent_key == NULL || parent_key[0] == '\0' ||
         strcmp(parent_key, fs->conf.root_key) == 0 ||
-        writer_marker_pending(fs->writer, parent_key, NULL)) {
+        (fs->writer != NULL &&
+         writer_marker_pending(fs->writer, parent_key, NULL))) {
         free(parent_key);
         return; /* (a marker waiting to be sent keeps it) */
     }
