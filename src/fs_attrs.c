@@ -34,6 +34,23 @@ void fs_dir_attrs(const struct fs *fs, struct inode_attrs *out)
     };
 }
 
+bool fs_marker_attrs(const struct fs *fs, const char *dir_key,
+                     struct inode_attrs *out)
+{
+    struct writer_meta meta;
+
+    if (fs->writer == NULL || !writer_marker_pending(fs->writer, dir_key, &meta))
+        return false;
+    fs_dir_attrs(fs, out);
+    out->mode = meta.mode & 07777;
+    out->uid = meta.uid;
+    out->gid = meta.gid;
+    out->mtime = meta.mtime;
+    out->atime = meta.atime;
+    out->headers_known = true;
+    return true;
+}
+
 void fs_head_file_attrs(const struct fs *fs, const struct s3_object_info *info,
                         struct inode_attrs *out)
 {

@@ -121,6 +121,11 @@ double fs_dir_ttl(const struct fs *fs, const char *dir_key);
 double fs_entry_ttl(const struct fs *fs, const char *key);
 
 void fs_dir_attrs(const struct fs *fs, struct inode_attrs *out);
+/* A directory whose marker waits to be sent (writeback mode, writer.h's
+ * writer_marker_put): its attributes in *OUT, as the marker will carry
+ * them. False when none waits. Takes no fs lock. */
+bool fs_marker_attrs(const struct fs *fs, const char *dir_key,
+                     struct inode_attrs *out);
 void fs_head_file_attrs(const struct fs *fs, const struct s3_object_info *info,
                         struct inode_attrs *out);
 void fs_attrs_to_stat(const struct fs *fs, fuse_ino_t ino,

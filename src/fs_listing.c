@@ -311,13 +311,46 @@ static void merge_one_locked(void *arg, struct inode *inode)
     inode_listing_patch_locked(merge->fs->inodes, merge->dir, name, &attrs);
 }
 
+/* A directory marker waiting to be sent (writeback mode) under the
+ * directory being merged: the directory it names, or the one of DIR that
+ * holds it, is shown. (The markers' lock is held: no writer call.) */
+static void merge_marker_locked(void *arg, const char *key,
+                                const struct writer_meta *meta)
+{
+    struct staged_merge *merge = arg;
+    const char *name = key + merge->dir_len;
+    const char *slash = strchr(name, '/');
+    struct inode_attrs attrs;
+
+    if (name[0] == '\0' || slash == NULL)
+        return; /* the directory itself */
+    char *dir_name = strndup(name, (size_t)(slash - name));
+    if (dir_name == NULL)
+        return;
+    if (inode_listing_find(merge->dir->listing, dir_name) == NULL) {
+        fs_dir_attrs(merge->fs, &attrs);
+        if (slash[1] == '\0') { /* its own marker: its metadata */
+            attrs.mode = meta->mode & 07777;
+            attrs.uid = meta->uid;
+            attrs.gid = meta->gid;
+            attrs.mtime = meta->mtime;
+        }
+        inode_listing_patch_locked(merge->fs->inodes, merge->dir, dir_name,
+                                   &attrs);
+    }
+    free(dir_name);
+}
+
 /* Files being written or waiting for their upload are not in the bucket
- * yet: add them to DIR's new listing. Lock held. */
+ * yet, nor are directory markers waiting to be sent: add them to DIR's
+ * new listing. Lock held. */
 static void merge_staged_locked(struct fs *fs, struct inode *dir)
 {
     struct staged_merge merge = {fs, dir, strlen(dir->key)};
 
     fs_staged_visit_locked(fs, dir->key, merge_one_locked, &merge);
+    if (fs->writer != NULL)
+        writer_marker_visit(fs->writer, dir->key, merge_marker_locked, &merge);
 }
 
 /* Whether PREFIX starts KEY. */

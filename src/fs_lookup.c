@@ -145,6 +145,7 @@ static void resolve_dir(struct fs *fs, const char *dir_key, struct inode_attrs *
     struct s3_object_info info;
 
     if (fs_known_dir_attrs(fs, dir_key, attrs) ||
+        fs_marker_attrs(fs, dir_key, attrs) ||
         fs_stored_dir_attrs(fs, dir_key, attrs))
         return;
     int err = s3_head_object(fs->s3, dir_key, &info);
@@ -323,6 +324,14 @@ int fs_lookup(struct fs *fs, fuse_ino_t parent_ino, const char *name,
         inode_table_unlock(fs->inodes);
         goto out;
     }
+    inode_table_unlock(fs->inodes);
+    /* So is a directory whose marker waits to be sent (writeback mode);
+     * it wins over a file of the same name, as in the bucket. */
+    if (fs_marker_attrs(fs, dir_key, &attrs)) {
+        is_dir = true;
+        goto found;
+    }
+    inode_table_lock(fs->inodes);
 
     /* A directory listed before is listed again (one LIST per 1000 keys
      * answers every lookup in it for dir_ttl); others are probed. */
@@ -421,6 +430,7 @@ int fs_lookup(struct fs *fs, fuse_ino_t parent_ino, const char *name,
     if (err != 0)
         goto out;
 
+found:
     inode_table_lock(fs->inodes);
     struct inode *child = inode_ref_locked(fs->inodes, is_dir ? dir_key : file_key,
                                            &attrs);

@@ -246,7 +246,13 @@ static int rename_dir(struct fs *fs, const char *src_prefix, const char *dst_pre
 {
     struct staged_rename staged = {src_prefix, dst_prefix, NULL, 0, 0};
     struct fs_dir_move move = {src_prefix, dst_prefix, NULL};
-    int err;
+    /* directory markers waiting to be sent (writeback mode) go first: the
+     * move copies what the bucket holds */
+    int err = fs->writer ? writer_marker_flush(fs->writer, src_prefix) : EROFS;
+    if (err == 0)
+        err = writer_marker_flush(fs->writer, dst_prefix);
+    if (err != 0)
+        return err;
 
     /* files not uploaded yet go to their new names when they are; a
      * listing fetched meanwhile is not kept (fs_get_listing) */

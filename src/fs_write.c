@@ -102,13 +102,40 @@ static bool is_staged_pending_under(struct fs *fs, const char *prefix)
     return found;
 }
 
+struct marker_probe {
+    const char *dir_key;
+    bool found;
+};
+
+static void note_marker(void *arg, const char *key,
+                        const struct writer_meta *meta)
+{
+    struct marker_probe *probe = arg;
+
+    (void)meta;
+    if (strcmp(key, probe->dir_key) != 0)
+        probe->found = true; /* one under it */
+}
+
+/* Whether a directory marker under DIR_KEY (not its own) waits to be
+ * sent: an empty subdirectory made in writeback mode. */
+static bool marker_pending_under(struct fs *fs, const char *dir_key)
+{
+    struct marker_probe probe = {dir_key, false};
+
+    if (fs->writer != NULL)
+        writer_marker_visit(fs->writer, dir_key, note_marker, &probe);
+    return probe.found;
+}
+
 /* ENOTEMPTY when directory DIR_KEY has anything in it (in the bucket, or
  * staged here). */
 int fs_check_empty(struct fs *fs, const char *dir_key)
 {
     struct s3xml_listing page;
 
-    if (is_staged_pending_under(fs, dir_key))
+    if (is_staged_pending_under(fs, dir_key) ||
+        marker_pending_under(fs, dir_key))
         return ENOTEMPTY;
     int err = s3_list_objects(fs->s3, dir_key, NULL, NULL, NULL, 2, &page);
     if (err != 0)
@@ -242,6 +269,8 @@ static int put_marker_with(struct fs *fs, const char *dir_key,
     fs_put_meta_of(meta, DIRECTORY_CONTENT_TYPE, &put_meta);
     if (attrs != NULL)
         fs_put_meta_extras(attrs, &put_meta);
+    if (fs->writer != NULL) /* writeback mode: journaled, sent soon */
+        return writer_marker_put(fs->writer, dir_key, &put_meta);
     return s3_put_object(fs->s3, dir_key, &body, &put_meta, NULL);
 }
 
@@ -331,8 +360,11 @@ int fs_rmdir(struct fs *fs, fuse_ino_t parent, const char *name)
         goto out;
     }
     err = fs_check_empty(fs, key);
-    if (err == 0)
+    if (err == 0) {
+        /* a marker waiting to be sent is not sent now: the delete follows */
+        writer_marker_forget(fs->writer, key);
         err = s3_delete_object(fs->s3, key);
+    }
     if (err != 0)
         goto out;
     inode_table_lock(fs->inodes);
@@ -357,9 +389,11 @@ void fs_keep_parent_dir(struct fs *fs, const char *key)
     bool emptied = false;
 
     if (parent_key == NULL || parent_key[0] == '\0' ||
-        strcmp(parent_key, fs->conf.root_key) == 0) {
+        strcmp(parent_key, fs->conf.root_key) == 0 ||
+        (fs->writer != NULL &&
+         writer_marker_pending(fs->writer, parent_key, NULL))) {
         free(parent_key);
-        return;
+        return; /* (a marker waiting to be sent keeps it) */
     }
     inode_table_lock(fs->inodes);
     struct inode *dir = inode_find_locked(fs->inodes, parent_key);

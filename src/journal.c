@@ -84,6 +84,10 @@ struct journal {
     pthread_cond_t op_done;
     struct journal_op *queue_head, *queue_tail;
     bool leader_active;
+    unsigned queued;              /* operations in the queue */
+    uint64_t commits;             /* transactions committed */
+    bool held;                    /* journal_hold() (tests) */
+    pthread_cond_t changed;       /* queued or held changed */
 };
 
 /* ------------------------------------------------------------ records */
@@ -280,6 +284,7 @@ int journal_open(const char *path, struct journal **out, char *errbuf,
     }
     pthread_mutex_init(&journal->lock, NULL);
     pthread_cond_init(&journal->op_done, NULL);
+    pthread_cond_init(&journal->changed, NULL);
     journal->path = strdup(path);
     if (journal->path == NULL) {
         err = ENOMEM;
@@ -328,6 +333,7 @@ void journal_close(struct journal **journalp)
         return;
     db_close(&journal->db);
     pthread_cond_destroy(&journal->op_done);
+    pthread_cond_destroy(&journal->changed);
     pthread_mutex_destroy(&journal->lock);
     free(journal->path);
     free(journal);
@@ -374,6 +380,11 @@ static int commit_ops(struct journal *journal, struct journal_op *ops,
     if (err == 0)
         err = db_txn_commit(&txn);
     db_txn_abort(&txn);
+    if (err == 0) {
+        pthread_mutex_lock(&journal->lock);
+        journal->commits++;
+        pthread_mutex_unlock(&journal->lock);
+    }
     return err;
 }
 
@@ -407,13 +418,20 @@ static int submit(struct journal *journal, struct journal_op *op)
     else
         journal->queue_head = op;
     journal->queue_tail = op;
+    journal->queued++;
+    pthread_cond_broadcast(&journal->changed);
     while (!op->done) {
         if (journal->leader_active) {
             pthread_cond_wait(&journal->op_done, &journal->lock);
             continue;
         }
+        if (journal->held) {
+            pthread_cond_wait(&journal->changed, &journal->lock);
+            continue;
+        }
         struct journal_op *batch = journal->queue_head;
         journal->queue_head = journal->queue_tail = NULL;
+        journal->queued = 0;
         journal->leader_active = true;
         pthread_mutex_unlock(&journal->lock);
 
@@ -429,6 +447,30 @@ static int submit(struct journal *journal, struct journal_op *op)
     }
     pthread_mutex_unlock(&journal->lock);
     return op->err;
+}
+
+uint64_t journal_commits(struct journal *journal)
+{
+    pthread_mutex_lock(&journal->lock);
+    uint64_t commits = journal->commits;
+    pthread_mutex_unlock(&journal->lock);
+    return commits;
+}
+
+void journal_hold(struct journal *journal, bool hold)
+{
+    pthread_mutex_lock(&journal->lock);
+    journal->held = hold;
+    pthread_cond_broadcast(&journal->changed);
+    pthread_mutex_unlock(&journal->lock);
+}
+
+void journal_wait_queued(struct journal *journal, unsigned count)
+{
+    pthread_mutex_lock(&journal->lock);
+    while (journal->queued < count)
+        pthread_cond_wait(&journal->changed, &journal->lock);
+    pthread_mutex_unlock(&journal->lock);
 }
 
 int journal_update(struct journal *journal, const struct journal_entry *puts,

@@ -87,6 +87,16 @@ bool journal_has(struct journal *journal, uint64_t id);
 /* Number of entries. */
 uint64_t journal_count(struct journal *journal);
 
+/* Write transactions committed since the journal was opened (each one
+ * fsync): with concurrent callers, fewer than their updates. */
+uint64_t journal_commits(struct journal *journal);
+
+/* For tests of the group commit: with HOLD, updates queue up and wait
+ * and no commit begins until journal_hold(false); journal_wait_queued()
+ * returns once COUNT updates are queued. */
+void journal_hold(struct journal *journal, bool hold);
+void journal_wait_queued(struct journal *journal, unsigned count);
+
 /*
  * The record format on its own, no journal needed (tests, fuzzing).
  * journal_record_encode(): ENTRY (its id is the record's key, not part of

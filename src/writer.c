@@ -742,6 +742,8 @@ int writer_create(const struct writer_conf *conf, struct writer **out)
     pthread_condattr_destroy(&monotonic);
     pthread_cond_init(&writer->upload_done, NULL);
     err = staging_dir_open(cache_dir_path(conf->cache), &writer->staging);
+    if (err == 0)
+        err = writer_markers_create(writer, &writer->markers);
     if (err != 0)
         goto out;
     unsigned count = conf->uploaders ? conf->uploaders : 1;
@@ -769,6 +771,7 @@ void writer_destroy(struct writer **writerp)
 
     if (writer == NULL)
         return;
+    writer_markers_destroy(&writer->markers);
     pthread_mutex_lock(&writer->lock);
     writer->stopping = true;
     pthread_cond_broadcast(&writer->work_queued);
@@ -804,6 +807,8 @@ void writer_get_stats(struct writer *writer, struct writer_stats *out)
     for (struct sync_waiter *w = writer->sync_waiters; w != NULL; w = w->next)
         out->syncs_waiting++;
     writer_unlock(writer);
+    /* (the markers' lock is a leaf, not taken under the writer's) */
+    out->uploads_pending += writer_markers_count(writer->markers);
 }
 
 uint64_t writer_drain(struct writer *writer)
@@ -847,6 +852,7 @@ uint64_t writer_drain(struct writer *writer)
                           file->key);
         }
     writer_unlock(writer);
+    left += writer_marker_drain(writer);
     /* (a multipart upload whose abort failed is no loss of data) */
     writer_abort_orphans(writer);
     return left;

@@ -374,4 +374,52 @@ void writer_file_relink(struct writer_file *file);
 /* Whether the object was uploaded and its ETag (S3_ETAG_MAX bytes). */
 bool writer_file_etag(struct writer_file *file, char *etag_out);
 
+/* ------------------------------------------ directory markers
+ * (writer_marker.c; see HACKING.md, "Directory markers in writeback mode") */
+
+/*
+ * The marker of directory DIR_KEY (ends in '/') is to be PUT with
+ * PUT_META (content type and s3fs headers; the mode's file type is set to
+ * S_IFDIR). Default mode: sent now, in this thread; returns its errno.
+ * Writeback mode: journaled (durable when it returns 0) and sent in the
+ * background a moment later, several at a time, coalesced with later
+ * calls for the same key (the last metadata wins: an untarred directory's
+ * mkdir, utimes and chmod cost one PUT). Until it is sent it counts in
+ * uploads_pending, writer_marker_pending() sees it, and writer_drain(),
+ * writer_sync() and the next mount after a crash send it. When the
+ * journal refuses it, it is sent now instead. EINVAL for a key not ending
+ * in '/', or the PUT's errno.
+ */
+int writer_marker_put(struct writer *writer, const char *dir_key,
+                      const struct s3_put_meta *put_meta);
+
+/* Whether the marker of DIR_KEY waits to be sent; its metadata in *META
+ * (may be NULL). */
+bool writer_marker_pending(struct writer *writer, const char *dir_key,
+                           struct writer_meta *meta);
+
+/* VISIT is called for every waiting marker whose key starts with PREFIX,
+ * with the markers' lock held (a leaf: VISIT must not call the writer;
+ * the inode table lock may be held by the caller). KEY is valid during
+ * the call only. */
+typedef void (*writer_marker_visit_fn)(void *arg, const char *key,
+                                       const struct writer_meta *meta);
+void writer_marker_visit(struct writer *writer, const char *prefix,
+                         writer_marker_visit_fn visit, void *arg);
+
+/* Send every marker waiting under PREFIX ("": all) now, in this thread
+ * (or wait for a sender that has it) and return once each is in the
+ * bucket or has failed once: 0, or the errno of a failure (that marker
+ * stays waiting, retried in the background). Before a directory is
+ * renamed: the move must find its markers in the bucket. */
+int writer_marker_flush(struct writer *writer, const char *prefix);
+
+/* The marker of DIR_KEY is no longer owed (rmdir): waits for a send or a
+ * journal write of it under way, then drops it and its journal entry.
+ * The caller deletes the object afterwards. */
+void writer_marker_forget(struct writer *writer, const char *dir_key);
+
+/* Markers PUT in the background or by flushes since the writer began. */
+uint64_t writer_markers_sent(struct writer *writer);
+
 #endif /* S3CFS_WRITER_H */

@@ -11,6 +11,8 @@
  *   writer_journal.c  promises: journal entries written, moved, dropped;
  *                     the last reference of a file
  *   writer_upload.c   uploading a version, write-behind, the uploaders
+ *   writer_marker.c   directory markers owed to the bucket (writeback
+ *                     mode): journaled, sent in the background, coalesced
  *   writer.c          the API of writer.h: files, writes, close, sync,
  *                     rename and unlink, the drain
  *   writer_sync.c     `s3cachefs sync` and `pending`: every pending file
@@ -128,6 +130,7 @@ struct writer {
     struct orphan_upload *orphans; /* multipart uploads whose abort failed */
     struct sync_waiter *sync_waiters; /* writer_sync() calls waiting */
     struct writer_stats stats;
+    struct writer_markers *markers; /* directory markers owed (writer_marker.c) */
 };
 
 /* A writer_sync() waiting (writer_sync.c): the files it may wait for
@@ -457,5 +460,31 @@ void *writer_uploader_main(void *arg);
  */
 void writer_start_writebehind(struct writer *writer, struct writer_file *file);
 
+/* ----------------------------------------------------- writer_marker.c */
+
+struct writer_markers;
+
+/* The markers of WRITER (its conf set): sender threads in writeback mode
+ * only. 0 or an errno. */
+int writer_markers_create(struct writer *writer, struct writer_markers **out);
+
+/* Stop the senders; markers still waiting stay in the journal for the
+ * next mount. *markers = NULL; safe twice. */
+void writer_markers_destroy(struct writer_markers **markers);
+
+/* Markers waiting (sent or not yet). */
+uint64_t writer_markers_count(struct writer_markers *markers);
+
+/* Whether ENTRY (read back from the journal) is a directory marker's. */
+bool writer_marker_entry(const struct journal_entry *entry);
+
+/* Recovery: ENTRY, a marker's, is owed again; sent in the background (in
+ * the default mode: now). */
+void writer_marker_recovered(struct writer *writer,
+                             const struct journal_entry *entry);
+
+/* The drain: every marker sent now; the number left (they stay in the
+ * journal for the next mount), each failure logged. */
+uint64_t writer_marker_drain(struct writer *writer);
 
 #endif /* S3CFS_WRITER_INTERNAL_H */

@@ -38,6 +38,7 @@ struct recovery {
     uint64_t *ids;               /* ids of staging files kept (sorted) */
     size_t id_count;
     unsigned queued;
+    unsigned markers;            /* directory markers owed again */
 };
 
 static int collect_entry(void *arg, const struct journal_entry *entry)
@@ -243,6 +244,12 @@ int writer_recover(struct writer *writer, writer_adopt_fn adopt, void *arg)
                          "next mount tries again", entry->key, strerror(aborted));
             continue;
         }
+        if (writer_marker_entry(entry)) {
+            /* a directory marker owed (writeback mode): no staging file */
+            writer_marker_recovered(writer, entry);
+            recovery.markers++;
+            continue;
+        }
         /* one promise per key: the journal replaces an entry in the same
          * transaction as it writes the next, so two would be a defect;
          * the newest (the last one here) is the one kept */
@@ -262,6 +269,9 @@ int writer_recover(struct writer *writer, writer_adopt_fn adopt, void *arg)
         if (recover_promise(&recovery, entry))
             recovery.ids[recovery.id_count++] = entry->id;
     }
+    if (recovery.markers > 0)
+        log_info("sending %u directory marker%s made before the last mount "
+                 "ended", recovery.markers, recovery.markers == 1 ? "" : "s");
     if (recovery.queued > 0)
         log_info("uploading %u file%s written before the last mount ended",
                  recovery.queued, recovery.queued == 1 ? "" : "s");

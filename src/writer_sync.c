@@ -169,6 +169,10 @@ int writer_sync(struct writer *writer, const atomic_bool *interrupted,
     int err = 0;
 
     *out = (struct writer_sync_report){0};
+    /* directory markers first: they are small, and a failed one stays
+     * waiting, retried in the background (not in the report, which is
+     * about files) */
+    writer_marker_flush(writer, "");
     pthread_mutex_lock(&writer->lock);
     for (struct writer_file *file = writer->all; file != NULL;
          file = file->all_next)

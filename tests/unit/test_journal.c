@@ -487,6 +487,7 @@ struct worker_arg {
     struct journal *journal;
     unsigned thread;
     uint64_t ids[PUTS_PER_THREAD];
+    unsigned count;               /* puts to make; 0: PUTS_PER_THREAD */
     int err;
 };
 
@@ -495,7 +496,9 @@ static void *put_many(void *argp)
     struct worker_arg *arg = argp;
     char key[64];
 
-    for (unsigned i = 0; i < PUTS_PER_THREAD && arg->err == 0; i++) {
+    unsigned count = arg->count ? arg->count : PUTS_PER_THREAD;
+
+    for (unsigned i = 0; i < count && arg->err == 0; i++) {
         uint64_t id = journal_next_id(arg->journal);
         snprintf(key, sizeof(key), "thread%u/file%u", arg->thread, i);
         struct journal_entry entry = make_entry(id, key, i % 2 ? "up" : NULL);
@@ -506,6 +509,40 @@ static void *put_many(void *argp)
             arg->err = journal_del(arg->journal, id);
     }
     return NULL;
+}
+
+/* Group commit: closes that arrive while a commit is under way (here:
+ * held) share the next one, and every one of them is durable when its
+ * call returns (a "crash", closing and reopening, finds them all). */
+static void test_concurrent_puts_share_one_commit(void **state)
+{
+    struct fixture *f = *state;
+    struct journal *journal = open_journal(f);
+    struct worker_arg args[THREADS];
+    pthread_t threads[THREADS];
+
+    journal_hold(journal, true);
+    uint64_t before = journal_commits(journal);
+    for (unsigned t = 0; t < THREADS; t++) {
+        args[t] = (struct worker_arg){.journal = journal, .thread = t,
+                                      .count = 1};
+        assert_int_equal(pthread_create(&threads[t], NULL, put_many, &args[t]), 0);
+    }
+    journal_wait_queued(journal, THREADS);
+    assert_int_equal(journal_commits(journal), before);
+    journal_hold(journal, false);
+    for (unsigned t = 0; t < THREADS; t++) {
+        pthread_join(threads[t], NULL);
+        assert_int_equal(args[t].err, 0);
+    }
+    assert_int_equal(journal_commits(journal), before + 1);
+    journal_close(&journal);
+
+    journal = open_journal(f);
+    assert_int_equal(journal_count(journal), THREADS);
+    for (unsigned t = 0; t < THREADS; t++)
+        assert_true(journal_has(journal, args[t].ids[0]));
+    journal_close(&journal);
 }
 
 static void test_concurrent_puts(void **state)
@@ -633,6 +670,8 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_not_a_journal, setup, teardown),
         cmocka_unit_test_setup_teardown(test_concurrent_puts, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_concurrent_puts_share_one_commit,
+                                        setup, teardown),
         cmocka_unit_test(test_record_codec),
     };
     log_set_level(LOG_LEVEL_ERROR);

@@ -1113,6 +1113,67 @@ static void test_older_upload_begun_after_a_newer_promise(void **state)
     free(v2);
 }
 
+static void *flush_on_thread(void *arg)
+{
+    struct writer_file *file = arg;
+
+    return (void *)(intptr_t)writer_file_flush(file);
+}
+
+/*
+ * Writeback: eight closes that arrive while a journal commit is under way
+ * (held here) share the next one: one commit for all eight promises, and
+ * every close returns only then. A crash right after loses none of them:
+ * the next mount uploads all eight, each as it was closed.
+ */
+static void test_writeback_closes_share_a_commit_and_survive_a_crash(
+    void **state)
+{
+    struct fixture *f = *state;
+    enum { FILES = 8 };
+    struct writer_file *files[FILES];
+    unsigned char *data[FILES];
+    pthread_t threads[FILES];
+    char key[16];
+
+    /* nothing reaches the bucket before the crash */
+    assert_int_equal(fake_s3_fail(f->s3, FAKE_S3_ON(FAKE_S3_UPLOADS, NULL),
+                                  FAKE_S3_ALWAYS, EIO, false, NULL), 0);
+    for (unsigned i = 0; i < FILES; i++) {
+        snprintf(key, sizeof(key), "small%u", i);
+        data[i] = pattern(10 * KIB + i, 60 + i);
+        files[i] = file_open(f, key);
+        file_write(files[i], 0, data[i], 10 * KIB + i, 0);
+    }
+    journal_hold(f->journal, true);
+    uint64_t before = journal_commits(f->journal);
+    for (unsigned i = 0; i < FILES; i++)
+        assert_int_equal(pthread_create(&threads[i], NULL, flush_on_thread,
+                                        files[i]), 0);
+    journal_wait_queued(f->journal, FILES);
+    assert_int_equal(journal_commits(f->journal), before);
+    journal_hold(f->journal, false);
+    for (unsigned i = 0; i < FILES; i++) {
+        void *result = NULL;
+        pthread_join(threads[i], &result);
+        assert_int_equal((intptr_t)result, 0);
+    }
+    assert_int_equal(journal_commits(f->journal), before + 1);
+
+    crash(f, files, FILES);
+    fake_s3_fail_clear(f->s3, 0);
+    journal_start(f);
+    writer_start(f);
+    assert_int_equal(writer_recover(f->writer, on_adopt, f), 0);
+    assert_int_equal(writer_drain(f->writer), 0);
+    for (unsigned i = 0; i < FILES; i++) {
+        snprintf(key, sizeof(key), "small%u", i);
+        assert_true(fake_s3_holds(f->s3, key, data[i], 10 * KIB + i));
+        free(data[i]);
+    }
+    adopted_put(f);
+}
+
 static void test_recovery_uploads_what_was_closed(void **state)
 {
     struct fixture *f = *state;
@@ -1747,6 +1808,9 @@ int main(void)
         cmocka_unit_test_prestate_setup_teardown(
             test_unlink_while_the_upload_is_held, setup, teardown,
             (void *)&writeback_mode),
+        cmocka_unit_test_prestate_setup_teardown(
+            test_writeback_closes_share_a_commit_and_survive_a_crash, setup,
+            teardown, (void *)&writeback_mode),
         cmocka_unit_test_prestate_setup_teardown(
             test_recovery_uploads_what_was_closed, setup, teardown,
             (void *)&default_mode),
