@@ -196,6 +196,23 @@ int cache_block_read(struct cache *cache, struct cache_object *object,
                      bool reuse);
 
 /*
+ * The zero-copy form of cache_block_read(): splice LEN bytes at OFFSET
+ * inside block BLOCK into the pipe PIPE_WRITE (whose read end is
+ * PIPE_READ), without copying them through this process. The pieces
+ * they lie in are verified where they are (a mapping of the data file's
+ * page cache, hashed in place) after the splice took its references to
+ * those pages, and the block's record is read again afterwards: a block
+ * dropped or replaced meanwhile (whose pages the pipe may not share any
+ * more) counts as not cached. On success the pipe holds the verified
+ * bytes, after whatever it held before. On failure the pipe is emptied
+ * (what it held before too) and the result is ENOENT (not cached,
+ * damaged: dropped), ENOBUFS (the pipe is full), or an I/O errno.
+ */
+int cache_block_splice(struct cache *cache, struct cache_object *object,
+                       uint64_t block, uint32_t offset, uint32_t len,
+                       int pipe_write, int pipe_read, bool reuse);
+
+/*
  * Start writing block BLOCK: makes room first (evicting, or ENOSPC when
  * nothing can be evicted). Data then arrives in order through
  * cache_fill_write() and is recorded by cache_fill_commit() once the whole
