@@ -9,7 +9,9 @@
 #include "fuse_ops.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <linux/fuse.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -77,6 +79,9 @@ static void op_init(void *userdata, struct fuse_conn_info *conn)
      * (If-Match), and open() drops the page cache of a changed object
      * (keep_cache only while the ETag is the same). */
     conn->want &= ~(unsigned)FUSE_CAP_AUTO_INVAL_DATA;
+    /* read replies spliced from the cache's files (op_read) */
+    if (conn->capable & FUSE_CAP_SPLICE_WRITE)
+        conn->want |= FUSE_CAP_SPLICE_WRITE;
 }
 
 static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
@@ -254,20 +259,125 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
         fs_release(request_fs(req), file);
 }
 
+/* ------------------------------------------------------------ reading */
+
+/*
+ * Reads are answered without copying their bytes through this process
+ * where the cache holds them: the reader splices them from the cache's
+ * data file into a pipe of this thread (verified where they are, see
+ * cache_block_splice()), and libfuse splices the pipe into /dev/fuse
+ * (FUSE_CAP_SPLICE_WRITE; the kernel copies once, into the file's page
+ * cache). Each thread keeps one pipe, sized for the largest read.
+ */
+#define READ_PIPE_SIZE (2u << 20)   /* a 1 MiB read over 257 pages, and more */
+
+struct read_pipe {
+    int fds[2];
+    size_t capacity;
+};
+
+static pthread_key_t read_pipe_key;
+static pthread_once_t read_pipe_once = PTHREAD_ONCE_INIT;
+
+static void read_pipe_free(void *arg)
+{
+    struct read_pipe *pipe_ = arg;
+    close(pipe_->fds[0]);
+    close(pipe_->fds[1]);
+    free(pipe_);
+}
+
+static void read_pipe_key_create(void)
+{
+    if (pthread_key_create(&read_pipe_key, read_pipe_free) != 0)
+        read_pipe_key = (pthread_key_t)-1;
+}
+
+/* This thread's pipe (empty), or NULL where there is none to be had. */
+static struct read_pipe *read_pipe_get(void)
+{
+    pthread_once(&read_pipe_once, read_pipe_key_create);
+    if (read_pipe_key == (pthread_key_t)-1)
+        return NULL;
+    struct read_pipe *pipe_ = pthread_getspecific(read_pipe_key);
+    if (pipe_ != NULL)
+        return pipe_;
+    pipe_ = calloc(1, sizeof(*pipe_));
+    if (pipe_ == NULL)
+        return NULL;
+    if (pipe2(pipe_->fds, O_CLOEXEC) != 0) {
+        free(pipe_);
+        return NULL;
+    }
+    int size = fcntl(pipe_->fds[1], F_SETPIPE_SZ, READ_PIPE_SIZE);
+    if (size < 0)
+        size = fcntl(pipe_->fds[1], F_SETPIPE_SZ, READ_PIPE_SIZE / 2);
+    if (size < 0)
+        size = fcntl(pipe_->fds[1], F_GETPIPE_SZ);
+    pipe_->capacity = size > 0 ? (size_t)size : 0;
+    if (pthread_setspecific(read_pipe_key, pipe_) != 0) {
+        read_pipe_free(pipe_);
+        return NULL;
+    }
+    return pipe_;
+}
+
+/* Forget this thread's pipe (it may hold bytes of a failed read). */
+static void read_pipe_discard(struct read_pipe *pipe_)
+{
+    pthread_setspecific(read_pipe_key, NULL);
+    read_pipe_free(pipe_);
+}
+
+/* Answer a read through this thread's pipe. Returns true when answered
+ * (with its bytes or an error), false when fs_read() must answer it. */
+static bool read_spliced(fuse_req_t req, struct fs_file *file, size_t size,
+                         off_t offset)
+{
+    struct read_pipe *pipe_ = read_pipe_get();
+    size_t got = 0;
+
+    /* a full pipe would leave the splice waiting for a reader: never ask
+     * for more than it holds, with a page of slack per 1 MiB */
+    if (pipe_ == NULL || size + (size >> 8) + 4096 > pipe_->capacity)
+        return false;
+    int err = fs_read_pipe(request_fs(req), file, (uint64_t)offset, size,
+                           pipe_->fds[1], pipe_->fds[0], &got);
+    if (err != 0) {
+        read_pipe_discard(pipe_);
+        if (err == EOPNOTSUPP || err == ENOSPC || err == ENOBUFS ||
+            err == ENOENT || err == ESTALE)
+            return false;
+        reply_error(req, err);
+        return true;
+    }
+    struct fuse_bufvec data = FUSE_BUFVEC_INIT(got);
+    data.buf[0].flags = FUSE_BUF_IS_FD;
+    data.buf[0].fd = pipe_->fds[0];
+    /* libfuse splices the pipe on to /dev/fuse, or reads it into
+     * memory and writes them (a small read, no splice): either way the
+     * pipe is left empty, unless the reply failed */
+    if (fuse_reply_data(req, &data, 0) != 0)
+        read_pipe_discard(pipe_);
+    return true;
+}
+
 static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset,
                     struct fuse_file_info *fi)
 {
     struct fs_file *file = (struct fs_file *)(uintptr_t)fi->fh;
-    char *buf = malloc(size ? size : 1);
+    char *buf = NULL;
     size_t got = 0;
     int err;
 
     (void)ino;
     if (file == NULL) {
-        free(buf);
         fuse_reply_err(req, EBADF);
         return;
     }
+    if (size > 0 && read_spliced(req, file, size, offset))
+        return;
+    buf = malloc(size ? size : 1);
     if (buf == NULL) {
         fuse_reply_err(req, ENOMEM);
         return;
@@ -740,12 +850,22 @@ static ssize_t io_writev(int fd, struct iovec *iov, int count, void *userdata)
     return writev(fd, patched, 2);
 }
 
+/* libfuse splices a reply (op_read's) to the kernel through this; without
+ * it a session with custom I/O never splices. */
+static ssize_t io_splice_send(int fdin, off_t *offin, int fdout, off_t *offout,
+                              size_t len, unsigned int flags, void *userdata)
+{
+    (void)userdata;
+    return splice(fdin, offin, fdout, offout, len, flags);
+}
+
 int fuse_ops_use_io(struct fuse_session *se)
 {
 #ifdef HAVE_FUSE_SESSION_CUSTOM_IO
     static const struct fuse_custom_io io = {
         .read = io_read,
         .writev = io_writev,
+        .splice_send = io_splice_send,
     };
     int err = fuse_session_custom_io(se, &io, fuse_session_fd(se));
     return err < 0 ? -err : err;
@@ -753,6 +873,7 @@ int fuse_ops_use_io(struct fuse_session *se)
     (void)se;
     (void)io_read;
     (void)io_writev;
+    (void)io_splice_send;
     return ENOSYS;
 #endif
 }
