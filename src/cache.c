@@ -24,7 +24,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -706,20 +705,9 @@ static int block_record_get(struct cache *cache, struct cache_object *object,
     return err;
 }
 
-/* Move whatever PIPE_READ holds to nowhere (a failed splice's bytes). */
-static void drain_pipe(int pipe_read)
-{
-    char sink[4096];
-    int queued = 0;
-
-    while (ioctl(pipe_read, FIONREAD, &queued) == 0 && queued > 0)
-        if (read(pipe_read, sink, sizeof(sink)) <= 0)
-            break;
-}
-
 int cache_block_splice(struct cache *cache, struct cache_object *object,
                        uint64_t block, uint32_t offset, uint32_t len,
-                       int pipe_write, int pipe_read, bool reuse)
+                       int pipe_write, bool reuse)
 {
     struct block_record record, again;
     uint64_t sums[CACHE_MAX_BLOCK_SIZE / CACHE_PIECE_SIZE];
@@ -757,7 +745,7 @@ int cache_block_splice(struct cache *cache, struct cache_object *object,
         ssize_t done = splice(object->fd, &at, pipe_write, NULL, len - moved,
                               SPLICE_F_NONBLOCK);
         if (done <= 0) {
-            err = done == 0 ? ENOENT : errno == EAGAIN ? ENOBUFS : errno;
+            err = done == 0 ? EIO : errno == EAGAIN ? ENOBUFS : errno;
             goto out;
         }
         moved += (size_t)done;
@@ -777,7 +765,7 @@ int cache_block_splice(struct cache *cache, struct cache_object *object,
                                                  : CACHE_PIECE_SIZE;
         if (XXH3_64bits((const char *)map + from, piece_len) != sums[piece]) {
             drop_damaged_block(cache, object, block, record.tick, "checksum mismatch");
-            err = ENOENT;
+            err = EAGAIN;
             goto out;
         }
     }
@@ -787,13 +775,13 @@ int cache_block_splice(struct cache *cache, struct cache_object *object,
     err = block_record_get(cache, object, block, &again, NULL);
     if (err == 0 && again.tick != record.tick)
         err = ENOENT;
+    if (err == ENOENT)
+        err = EAGAIN;
 out:
     if (map != MAP_FAILED)
         munmap(map, map_len);
-    if (err != 0) {
-        drain_pipe(pipe_read);
-        return err;
-    }
+    if (err != 0)
+        return moved > 0 && err != ENOBUFS ? EAGAIN : err;
     atomic_fetch_add(&cache->served_bytes, len);
     if (reuse)
         cache_add_touch(cache, object->id, block, true);

@@ -197,20 +197,22 @@ int cache_block_read(struct cache *cache, struct cache_object *object,
 
 /*
  * The zero-copy form of cache_block_read(): splice LEN bytes at OFFSET
- * inside block BLOCK into the pipe PIPE_WRITE (whose read end is
- * PIPE_READ), without copying them through this process. The pieces
- * they lie in are verified where they are (a mapping of the data file's
- * page cache, hashed in place) after the splice took its references to
- * those pages, and the block's record is read again afterwards: a block
- * dropped or replaced meanwhile (whose pages the pipe may not share any
- * more) counts as not cached. On success the pipe holds the verified
- * bytes, after whatever it held before. On failure the pipe is emptied
- * (what it held before too) and the result is ENOENT (not cached,
- * damaged: dropped), ENOBUFS (the pipe is full), or an I/O errno.
+ * inside block BLOCK into the pipe PIPE_WRITE, after what it holds,
+ * without copying them through this process. The pieces they lie in are
+ * verified where they are (a mapping of the data file's page cache,
+ * hashed in place) after the splice took its references to those pages,
+ * and the block's record is read again afterwards: a block dropped or
+ * replaced meanwhile (whose pages the pipe may not share any more) does
+ * not count. Returns 0; ENOENT (not cached, or damaged and dropped,
+ * with nothing added to the pipe); EAGAIN (bytes were added, and then
+ * the block was found damaged, dropped or replaced: what the pipe holds
+ * is to be discarded, and the read made again); ENOBUFS (the pipe is
+ * full: it holds part of the bytes); or an I/O errno (the pipe may hold
+ * part of them).
  */
 int cache_block_splice(struct cache *cache, struct cache_object *object,
                        uint64_t block, uint32_t offset, uint32_t len,
-                       int pipe_write, int pipe_read, bool reuse);
+                       int pipe_write, bool reuse);
 
 /*
  * Start writing block BLOCK: makes room first (evicting, or ENOSPC when

@@ -342,11 +342,11 @@ static bool read_spliced(fuse_req_t req, struct fs_file *file, size_t size,
     if (pipe_ == NULL || size + (size >> 8) + 4096 > pipe_->capacity)
         return false;
     int err = fs_read_pipe(request_fs(req), file, (uint64_t)offset, size,
-                           pipe_->fds[1], pipe_->fds[0], &got);
+                           pipe_->fds[1], &got);
     if (err != 0) {
         read_pipe_discard(pipe_);
         if (err == EOPNOTSUPP || err == ENOSPC || err == ENOBUFS ||
-            err == ENOENT || err == ESTALE)
+            err == EAGAIN || err == ENOENT || err == ESTALE)
             return false;
         reply_error(req, err);
         return true;

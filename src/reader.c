@@ -457,7 +457,6 @@ static void schedule_read_ahead(struct reader_file *file, uint64_t from,
 struct read_target {
     char *buf;
     int pipe_write;
-    int pipe_read;
 };
 
 /* The bytes of one block, from the cache, fetching the block when it is
@@ -477,8 +476,7 @@ static int read_block(struct reader_file *file, uint64_t block, uint32_t offset,
                       ? cache_block_read(reader->conf.cache, file->object, block,
                                          offset, len, to->buf + at, reuse)
                       : cache_block_splice(reader->conf.cache, file->object, block,
-                                           offset, len, to->pipe_write,
-                                           to->pipe_read, reuse);
+                                           offset, len, to->pipe_write, reuse);
         if (err == 0 && !fetched_here)
             atomic_fetch_add(&reader->hit_bytes, len);
         if (err != ENOENT)
@@ -686,14 +684,14 @@ static int read_into(struct reader_file *file, uint64_t offset, size_t size,
 int reader_read(struct reader_file *file, uint64_t offset, size_t size,
                 char *buf, size_t *got)
 {
-    struct read_target to = {.buf = buf, .pipe_write = -1, .pipe_read = -1};
+    struct read_target to = {.buf = buf, .pipe_write = -1};
     return read_into(file, offset, size, &to, got);
 }
 
 int reader_read_pipe(struct reader_file *file, uint64_t offset, size_t size,
-                     int pipe_write, int pipe_read, size_t *got)
+                     int pipe_write, size_t *got)
 {
-    struct read_target to = {NULL, pipe_write, pipe_read};
+    struct read_target to = {NULL, pipe_write};
     return read_into(file, offset, size, &to, got);
 }
 
