@@ -79,6 +79,8 @@ static void op_init(void *userdata, struct fuse_conn_info *conn)
      * (If-Match), and open() drops the page cache of a changed object
      * (keep_cache only while the ETag is the same). */
     conn->want &= ~(unsigned)FUSE_CAP_AUTO_INVAL_DATA;
+    /* as the max_read mount option says (main.c), or libfuse refuses */
+    conn->max_read = (unsigned)fuse_ops_read_size();
     /* read replies spliced from the cache's files (op_read) */
     if (conn->capable & FUSE_CAP_SPLICE_WRITE)
         conn->want |= FUSE_CAP_SPLICE_WRITE;
@@ -269,7 +271,9 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
  * (FUSE_CAP_SPLICE_WRITE; the kernel copies once, into the file's page
  * cache). Each thread keeps one pipe, sized for the largest read.
  */
-#define READ_PIPE_SIZE (2u << 20)   /* a 1 MiB read over 257 pages, and more */
+#define READ_PIPE_SIZE (2u << 20)   /* a 1 MiB read, and libfuse's headers */
+#define READ_SIZE_MAX (1u << 20)    /* what the kernel sends at most anyway */
+#define READ_SIZE_MIN (128u << 10)
 
 struct read_pipe {
     int fds[2];
@@ -322,6 +326,39 @@ static struct read_pipe *read_pipe_get(void)
     return pipe_;
 }
 
+static size_t read_size_found;  /* fuse_ops_read_size()'s, once asked */
+
+size_t fuse_ops_read_size(void)
+{
+    /* libfuse splices a reply through a pipe of its own holding the data
+     * and a page or three of headers: a pipe as large as the read fails
+     * and libfuse copies instead */
+    int fds[2];
+    size_t read_size = READ_SIZE_MAX;
+
+    if (read_size_found != 0)
+        return read_size_found;
+    if (pipe2(fds, O_CLOEXEC) != 0)
+        return READ_SIZE_MAX;
+    int size = fcntl(fds[1], F_SETPIPE_SZ, READ_PIPE_SIZE);
+    if (size < 0) { /* without CAP_SYS_RESOURCE: pipe-max-size at most */
+        FILE *max_file = fopen("/proc/sys/fs/pipe-max-size", "r");
+        unsigned long max_size = 0;
+        if (max_file != NULL) {
+            if (fscanf(max_file, "%lu", &max_size) != 1)
+                max_size = 0;
+            fclose(max_file);
+        }
+        read_size = READ_SIZE_MAX;
+        while (read_size > READ_SIZE_MIN && read_size + (16u << 10) > max_size)
+            read_size /= 2;
+    }
+    close(fds[0]);
+    close(fds[1]);
+    read_size_found = read_size;
+    return read_size;
+}
+
 /* Forget this thread's pipe (it may hold bytes of a failed read). */
 static void read_pipe_discard(struct read_pipe *pipe_)
 {
@@ -337,9 +374,11 @@ static bool read_spliced(fuse_req_t req, struct fs_file *file, size_t size,
     struct read_pipe *pipe_ = read_pipe_get();
     size_t got = 0;
 
-    /* a full pipe would leave the splice waiting for a reader: never ask
-     * for more than it holds, with a page of slack per 1 MiB */
-    if (pipe_ == NULL || size + (size >> 8) + 4096 > pipe_->capacity)
+    /* the pages the read spans must fit the pipe (it is never waited on:
+     * a full one fails the splice, and the read is copied) */
+    size_t page = 4096;
+    size_t spanned = ((size_t)offset % page + size + page - 1) / page * page;
+    if (pipe_ == NULL || spanned > pipe_->capacity)
         return false;
     int err = fs_read_pipe(request_fs(req), file, (uint64_t)offset, size,
                            pipe_->fds[1], &got);

@@ -26,6 +26,16 @@ struct fuse_ops_context {
     uint64_t init_unique;         /* the INIT request read, 0 once answered */
 };
 
+/*
+ * The largest read the mount should take (its max_read): 1 MiB, or less
+ * where this process cannot make a pipe of more than 1 MiB (no
+ * CAP_SYS_RESOURCE and /proc/sys/fs/pipe-max-size at its default),
+ * since libfuse splices a reply only through a pipe that holds it and
+ * its headers: 512 KiB reads spliced cost the daemon less CPU than 1 MiB
+ * reads copied.
+ */
+size_t fuse_ops_read_size(void);
+
 /* The callback table for fuse_session_new(). */
 const struct fuse_lowlevel_ops *fuse_ops_table(void);
 

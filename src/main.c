@@ -327,8 +327,12 @@ int main(int argc, char **argv)
     char fsname[300];
     snprintf(fsname, sizeof(fsname), "%s%s%s", opts.bucket,
              opts.prefix[0] ? ":" : "", opts.prefix);
+    /* reads no larger than libfuse can splice (fuse_ops.h) */
+    char max_read[24];
+    snprintf(max_read, sizeof(max_read), "%zu", fuse_ops_read_size());
     if (add_fuse_default(&opts.fuse_args, "fsname", fsname) != 0 ||
         add_fuse_default(&opts.fuse_args, "subtype", "s3cachefs") != 0 ||
+        add_fuse_default(&opts.fuse_args, "max_read", max_read) != 0 ||
         add_fuse_default(&opts.fuse_args, "default_permissions", NULL) != 0) {
         fprintf(stderr, "s3cachefs: out of memory\n");
         goto out;
