@@ -29,6 +29,7 @@
 #include "cmd_mount.h"
 #include "credentials.h"
 #include "shared_cache.h"
+#include "shared_cache_cmd.h"
 #include "credsource.h"
 #include "fs.h"
 #include "fuse_ops.h"
@@ -298,6 +299,9 @@ int main(int argc, char **argv)
      * mount */
     if (warm_cmd_requested(argc, argv))
         return warm_cmd_main(argc, argv);
+    /* s3cachefs shared-cache prune BUCKET[:PREFIX] (shared_cache_cmd.h) */
+    if (shared_cache_cmd_requested(argc, argv))
+        return shared_cache_cmd_main(argc, argv);
 
     clock_gettime(CLOCK_REALTIME, &started);
     /* the process is about to hold credentials: no core dump of it (and
@@ -490,7 +494,7 @@ int main(int argc, char **argv)
 
     /* (its writers are threads: started in the daemon, after the fork) */
     if (shared != NULL &&
-        shared_cache_start(shared, cache_block_size(cache)) != 0) {
+        shared_cache_start(shared, cache) != 0) {
         log_error("cannot start the shared cache: %s", strerror(ENOMEM));
         goto out;
     }

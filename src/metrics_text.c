@@ -3,7 +3,9 @@
  * metrics_text.h). One table names every plain family: its name, type,
  * help and where its value is in struct fs_stats; the requests and their
  * latency histograms, labelled by kind, and the info and start-time
- * gauges are written after it.
+ * gauges are written after it. With a shared cache tier (-o shared_cache)
+ * a second table names its families, tier_*, followed by its own requests
+ * and latencies by kind; without one, none of them is written.
  */
 #include "config.h"
 
@@ -40,6 +42,11 @@ struct family {
     {                                                                      \
         return s->stats->cache.field;                                      \
     }
+#define TIER_STAT(field)                                                   \
+    static uint64_t value_tier_##field(const struct metrics_snapshot *s)   \
+    {                                                                      \
+        return s->stats->tier.field;                                       \
+    }
 
 STAT(bytes_read)
 STAT(hit_bytes)
@@ -63,6 +70,30 @@ CACHE_STAT(size_limit)
 CACHE_STAT(blocks)
 CACHE_STAT(evicted_blocks)
 CACHE_STAT(corrupt_blocks)
+TIER_STAT(hit_bytes)
+TIER_STAT(put_bytes)
+TIER_STAT(hits)
+TIER_STAT(misses)
+TIER_STAT(bad)
+TIER_STAT(skipped)
+TIER_STAT(puts)
+TIER_STAT(put_exists)
+TIER_STAT(put_dropped)
+TIER_STAT(queued_bytes)
+TIER_STAT(errors)
+TIER_STAT(leases)
+TIER_STAT(lease_waits)
+TIER_STAT(lease_waits_met)
+
+static uint64_t value_tier_leases_available(const struct metrics_snapshot *s)
+{
+    return s->stats->tier.lease_mode > 0 ? 1 : 0;
+}
+
+static uint64_t value_tier_skipping(const struct metrics_snapshot *s)
+{
+    return s->stats->tier.skipping ? 1 : 0;
+}
 
 static uint64_t value_block_size(const struct metrics_snapshot *s)
 {
@@ -133,6 +164,58 @@ static const struct family families[] = {
      value_copies_on_write},
 };
 
+/* The shared cache tier's, written only when it is configured. */
+static const struct family tier_families[] = {
+    {"tier_received_bytes_total", COUNTER,
+     "Block data received from the shared cache and verified (blocks the "
+     "bucket did not have to send).", value_tier_hit_bytes},
+    {"tier_sent_bytes_total", COUNTER,
+     "Block data written to the shared cache (blocks fetched from the "
+     "bucket, for the other nodes).", value_tier_put_bytes},
+    {"tier_hit_blocks_total", COUNTER,
+     "Blocks read from the shared cache and verified.", value_tier_hits},
+    {"tier_miss_blocks_total", COUNTER,
+     "Blocks asked of the shared cache that it did not have (read from the "
+     "bucket).", value_tier_misses},
+    {"tier_bad_blocks_total", COUNTER,
+     "Blocks of the shared cache that failed their check: damaged, cut "
+     "short or another block (read from the bucket).", value_tier_bad},
+    {"tier_skipped_blocks_total", COUNTER,
+     "Blocks not asked of the shared cache because it was skipped after a "
+     "failure.", value_tier_skipped},
+    {"tier_written_blocks_total", COUNTER,
+     "Blocks written to the shared cache.", value_tier_puts},
+    {"tier_written_first_elsewhere_blocks_total", COUNTER,
+     "Blocks whose write found the block already written by another node.",
+     value_tier_put_exists},
+    {"tier_dropped_blocks_total", COUNTER,
+     "Blocks not written to the shared cache: its queue was full, it was "
+     "skipped, or the block was evicted here before its turn.",
+     value_tier_put_dropped},
+    {"tier_queued_bytes", GAUGE,
+     "Block data waiting to be written to the shared cache.",
+     value_tier_queued_bytes},
+    {"tier_request_failures_total", COUNTER,
+     "Requests to the shared cache that failed (each has it skipped for a "
+     "while).",
+     value_tier_errors},
+    {"tier_skipping", GAUGE,
+     "1 while the shared cache is skipped after a failure (neither read nor "
+     "written), else 0.", value_tier_skipping},
+    {"tier_leases_available", GAUGE,
+     "1 once the shared cache's server is found to take conditional writes "
+     "(leases work), else 0.", value_tier_leases_available},
+    {"tier_leases_total", COUNTER,
+     "Groups of blocks leased here before fetching them from the bucket.",
+     value_tier_leases},
+    {"tier_lease_waits_total", COUNTER,
+     "Blocks waited for in the shared cache because another node leased "
+     "them.", value_tier_lease_waits},
+    {"tier_lease_waits_met_total", COUNTER,
+     "Blocks waited for that came before the other node's lease ended.",
+     value_tier_lease_waits_met},
+};
+
 static const char *const kind_names[S3_OP_COUNT] = {
     [S3_OP_GET] = "get",       [S3_OP_HEAD] = "head",
     [S3_OP_LIST] = "list",     [S3_OP_PUT] = "put",
@@ -160,39 +243,57 @@ static void label_value(FILE *out, const char *value)
     }
 }
 
-static void requests(FILE *out, const struct s3_stats *s3)
+/* The requests of S3 by kind and their latency histograms, as the
+ * families NAME_requests_total and NAME_request_duration_seconds (NAME
+ * "" or "tier_"), to WHERE ("the bucket", "the shared cache"). */
+static void requests(FILE *out, const char *name, const char *where,
+                     const struct s3_stats *s3)
 {
-    header(out, "requests_total", "counter",
-           "Requests sent to the bucket by kind, retries included "
-           "(multipart: create, part, complete; an abort is a delete).");
+    char family[64], help[256];
+
+    snprintf(family, sizeof(family), "%srequests_total", name);
+    snprintf(help, sizeof(help), "Requests sent to %s by kind, retries "
+             "included (multipart: create, part, complete; an abort is a "
+             "delete).", where);
+    header(out, family, "counter", help);
     for (int op = 0; op < S3_OP_COUNT; op++)
-        fprintf(out, PREFIX "requests_total{kind=\"%s\"} %" PRIu64 "\n",
+        fprintf(out, PREFIX "%s{kind=\"%s\"} %" PRIu64 "\n", family,
                 kind_names[op], s3->requests[op]);
 
-    header(out, "request_duration_seconds", "histogram",
-           "Time from the start of a request to the end of its answer (body "
-           "included), each attempt on its own, by kind.");
+    snprintf(family, sizeof(family), "%srequest_duration_seconds", name);
+    snprintf(help, sizeof(help), "Time from the start of a request to %s to "
+             "the end of its answer (body included), each attempt on its own, "
+             "by kind.", where);
+    header(out, family, "histogram", help);
     for (int op = 0; op < S3_OP_COUNT; op++) {
         const struct s3_latency *latency = &s3->latency[op];
         uint64_t cumulative = 0;
         for (unsigned b = 0; b < S3_LATENCY_BUCKETS; b++) {
             cumulative += latency->counts[b];
             fprintf(out,
-                    PREFIX "request_duration_seconds_bucket{kind=\"%s\","
-                           "le=\"%g\"} %" PRIu64 "\n",
-                    kind_names[op], s3_latency_bound(b), cumulative);
+                    PREFIX "%s_bucket{kind=\"%s\",le=\"%g\"} %" PRIu64 "\n",
+                    family, kind_names[op], s3_latency_bound(b), cumulative);
         }
         cumulative += latency->counts[S3_LATENCY_BUCKETS];
         fprintf(out,
-                PREFIX "request_duration_seconds_bucket{kind=\"%s\","
-                       "le=\"+Inf\"} %" PRIu64 "\n"
-                PREFIX "request_duration_seconds_sum{kind=\"%s\"} "
-                       "%" PRIu64 ".%06" PRIu64 "\n"
-                PREFIX "request_duration_seconds_count{kind=\"%s\"} "
-                       "%" PRIu64 "\n",
-                kind_names[op], cumulative, kind_names[op],
-                latency->sum_us / 1000000, latency->sum_us % 1000000,
+                PREFIX "%s_bucket{kind=\"%s\",le=\"+Inf\"} %" PRIu64 "\n"
+                PREFIX "%s_sum{kind=\"%s\"} %" PRIu64 ".%06" PRIu64 "\n"
+                PREFIX "%s_count{kind=\"%s\"} %" PRIu64 "\n",
+                family, kind_names[op], cumulative, family, kind_names[op],
+                latency->sum_us / 1000000, latency->sum_us % 1000000, family,
                 kind_names[op], cumulative);
+    }
+}
+
+/* Each of the N families of TABLE: HELP, TYPE, its one sample. */
+static void plain_families(FILE *out, const struct family *table, size_t n,
+                           const struct metrics_snapshot *snapshot)
+{
+    for (size_t i = 0; i < n; i++) {
+        const struct family *f = &table[i];
+        header(out, f->name, f->type == COUNTER ? "counter" : "gauge",
+               f->help);
+        fprintf(out, PREFIX "%s %" PRIu64 "\n", f->name, f->value(snapshot));
     }
 }
 
@@ -207,13 +308,15 @@ int metrics_text_render(const struct metrics_snapshot *snapshot, char **text,
     *len = 0;
     if (out == NULL)
         return ENOMEM;
-    for (size_t i = 0; i < sizeof(families) / sizeof(families[0]); i++) {
-        const struct family *f = &families[i];
-        header(out, f->name, f->type == COUNTER ? "counter" : "gauge",
-               f->help);
-        fprintf(out, PREFIX "%s %" PRIu64 "\n", f->name, f->value(snapshot));
+    plain_families(out, families, sizeof(families) / sizeof(families[0]),
+                   snapshot);
+    requests(out, "", "the bucket", &snapshot->stats->s3);
+    if (snapshot->stats->tier_on) {
+        plain_families(out, tier_families,
+                       sizeof(tier_families) / sizeof(tier_families[0]),
+                       snapshot);
+        requests(out, "tier_", "the shared cache", &snapshot->stats->tier.s3);
     }
-    requests(out, &snapshot->stats->s3);
     header(out, "build_info", "gauge",
            "Always 1; the version of the daemon in its label.");
     fputs(PREFIX "build_info{version=\"", out);

@@ -209,29 +209,15 @@ static bool claimed_by(struct reader_file *file, uint64_t block)
 
 /* ------------------------------------------------------------ fetching */
 
-/* Splits one GET's bytes into consecutive cache blocks (and, with a
- * shared cache tier that takes them, copies of them for it). */
+/* Splits one GET's bytes into consecutive cache blocks (each offered to
+ * the shared cache tier, if there is one, once committed). */
 struct run_sink {
     struct reader_file *file;
     uint64_t block;              /* block being filled */
     uint64_t done_until;         /* blocks below this are committed */
     struct cache_fill *fill;
     uint32_t left;               /* bytes the current block still needs */
-    char *tier_copy;             /* NULL, or the block for the tier: its
-                                    bytes from TIER_HEADER_LEN on */
-    uint32_t tier_len;
 };
-
-/* The block RUN just committed goes to the tier, if it takes it. */
-static void offer_to_tier(struct run_sink *run)
-{
-    struct reader_file *file = run->file;
-
-    if (run->tier_copy != NULL)
-        tier_offer_block(file->reader->conf.tier, file->key, file->etag,
-                         run->block, run->tier_copy, run->tier_len);
-    run->tier_copy = NULL;
-}
 
 static int run_sink_write(void *arg, const void *data, size_t len)
 {
@@ -246,19 +232,11 @@ static int run_sink_write(void *arg, const void *data, size_t len)
             if (err != 0)
                 return err;
             run->left = cache_object_block_len(run->file->object, run->block);
-            struct tier *tier = run->file->reader->conf.tier;
-            if (tier != NULL && tier_wants(tier, run->left)) {
-                run->tier_copy = malloc((size_t)run->left + TIER_HEADER_LEN);
-                run->tier_len = run->left;
-            }
         }
         size_t take = len < run->left ? len : run->left;
         err = cache_fill_write(run->fill, bytes, take);
         if (err != 0)
             return err;
-        if (run->tier_copy != NULL)
-            memcpy(run->tier_copy + TIER_HEADER_LEN + (run->tier_len - run->left),
-                   bytes, take);
         bytes += take;
         len -= take;
         run->left -= (uint32_t)take;
@@ -266,7 +244,10 @@ static int run_sink_write(void *arg, const void *data, size_t len)
             err = cache_fill_commit(&run->fill);
             if (err != 0)
                 return err;
-            offer_to_tier(run);
+            struct reader_file *file = run->file;
+            if (file->reader->conf.tier != NULL && file->etag != NULL)
+                tier_offer_block(file->reader->conf.tier, file->object,
+                                 file->key, file->etag, run->block);
             run->block++;
             run->done_until = run->block;
             /* let waiters of finished blocks go as soon as they are in */
@@ -284,36 +265,71 @@ static void log_if_changed(const struct reader_file *file, int err)
                  file->key);
 }
 
-/* Blocks FIRST.. (at most COUNT, registered in flight) from the shared
+/* DATA, block BLOCK of FILE (LEN bytes) from the tier, into the cache;
+ * the block leaves the in-flight table. 0 or the cache's errno. */
+static int fill_block(struct reader_file *file, uint64_t block,
+                      const char *data, uint32_t len)
+{
+    struct cache *cache = file->reader->conf.cache;
+    struct cache_fill *fill = NULL;
+    int err = cache_fill_begin(cache, file->object, block, &fill);
+
+    if (err == 0)
+        err = cache_fill_write(fill, data, len);
+    if (err == 0)
+        err = cache_fill_commit(&fill);
+    cache_fill_abort(&fill);
+    if (err == 0)
+        inflight_remove(file->reader, file->object_id, block, 1);
+    return err;
+}
+
+/*
+ * Blocks FIRST.. (at most COUNT, registered in flight) from the shared
  * cache tier into the cache, as long as it has them: how many were
- * filled (each has left the in-flight table). */
+ * filled (each has left the in-flight table). A block it does not have
+ * is claimed (tier_claim_blocks(), for the rest of the run): when
+ * another node's lease covers it, that node is fetching it from the
+ * origin, and the block is waited for in the tier instead.
+ */
 static uint64_t fill_from_tier(struct reader_file *file, uint64_t first,
                                uint64_t count)
 {
     struct reader *reader = file->reader;
+    struct tier *tier = reader->conf.tier;
     char *scratch = NULL;
-    uint64_t filled = 0;
+    uint64_t filled = 0, covered = 0;
+    double until = 0;
+    bool awaiting = false;
 
-    if (reader->conf.tier == NULL || file->etag == NULL ||
+    if (tier == NULL || file->etag == NULL ||
         (scratch = malloc((size_t)reader->block_size + TIER_HEADER_LEN)) == NULL)
         return 0;
     for (; filled < count; filled++) {
         uint64_t block = first + filled;
         uint32_t len = cache_object_block_len(file->object, block);
-        struct cache_fill *fill = NULL;
         const char *data = NULL;
-        int err = tier_get_block(reader->conf.tier, file->key, file->etag,
-                                 block, len, scratch, &data);
+        int err;
+        if (awaiting && block <= covered) {
+            err = tier_await_block(tier, file->key, file->etag, block, len,
+                                   scratch, &data, until);
+        } else {
+            awaiting = false;
+            err = tier_get_block(tier, file->key, file->etag, block, len,
+                                 scratch, &data);
+            if (err == ENOENT &&
+                tier_claim_blocks(tier, file->key, file->etag, block,
+                                  first + count - 1, &covered, &until) ==
+                    TIER_AWAIT) {
+                awaiting = true;
+                err = tier_await_block(tier, file->key, file->etag, block,
+                                       len, scratch, &data, until);
+            }
+        }
         if (err == 0)
-            err = cache_fill_begin(reader->conf.cache, file->object, block, &fill);
-        if (err == 0)
-            err = cache_fill_write(fill, data, len);
-        if (err == 0)
-            err = cache_fill_commit(&fill);
-        cache_fill_abort(&fill);
+            err = fill_block(file, block, data, len);
         if (err != 0)
             break;
-        inflight_remove(reader, file->object_id, block, 1);
     }
     free(scratch);
     return filled;
@@ -351,7 +367,6 @@ static int fetch_run_counted(struct reader_file *file, uint64_t first,
     int err = s3_get_object_stream(reader->conf.s3, file->key, offset,
                                    end - offset, file->etag, &sink, NULL, info);
     cache_fill_abort(&run.fill);
-    free(run.tier_copy);
     inflight_remove(reader, file->object_id, run.done_until,
                     first + count - run.done_until);
     if (stored != NULL) {

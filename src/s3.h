@@ -57,6 +57,9 @@ struct s3_conf {
     unsigned max_retries;       /* retries after the first attempt */
     double request_timeout;     /* seconds, the base deadline of every
                                    request; 0: S3_REQUEST_TIMEOUT_DEFAULT */
+    uint32_t min_wire_rate;     /* bytes/s below which a transfer is too
+                                   slow (added to the deadline); 0 or
+                                   less than the default: the default */
 };
 
 /* Request types, for the counters. */

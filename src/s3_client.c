@@ -473,7 +473,7 @@ static uint64_t request_deadline_ms(const struct s3_client *client,
                                     const struct s3_request *req)
 {
     return client->deadline_base_ms +
-           req->wire_bytes / (DEADLINE_WIRE_RATE / 1000u) +
+           req->wire_bytes / (client->wire_rate / 1000u) +
            req->server_bytes / (DEADLINE_SERVER_RATE / 1000u);
 }
 
@@ -894,6 +894,8 @@ int s3_client_create(const struct s3_conf *conf, struct s3_client **out,
                                                ? conf->request_timeout
                                                : S3_REQUEST_TIMEOUT_DEFAULT) *
                                           1000.0);
+    client->wire_rate = conf->min_wire_rate > DEADLINE_WIRE_RATE
+                            ? conf->min_wire_rate : DEADLINE_WIRE_RATE;
     client->bucket = strdup(conf->bucket);
     client->region = strdup(conf->region ? conf->region : "us-east-1");
     client->ca_bundle = strdup_or_null(conf->ca_bundle);

@@ -57,6 +57,8 @@ struct s3_client {
     struct endpoint endpoint; /* base URL, Host header, path prefix */
     unsigned max_retries;
     uint64_t deadline_base_ms;
+    uint32_t wire_rate;           /* bytes/s: DEADLINE_WIRE_RATE, or the
+                                     conf's higher floor */
 
     CURLSH *share;
     pthread_mutex_t share_lock;

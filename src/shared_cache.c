@@ -106,6 +106,7 @@ int shared_cache_open(const struct options *opts,
         .max_connections = SHARED_CACHE_CONNECTIONS,
         .max_retries = 1,
         .request_timeout = SHARED_CACHE_TIMEOUT,
+        .min_wire_rate = SHARED_CACHE_MIN_RATE,
     };
     char why[256] = "";
     err = s3_client_create(&conf, &shared->s3, why, sizeof(why));
@@ -134,13 +135,14 @@ int shared_cache_open(const struct options *opts,
     return 0;
 }
 
-int shared_cache_start(struct shared_cache *shared, uint32_t block_size)
+int shared_cache_start(struct shared_cache *shared, struct cache *cache)
 {
     struct tier_conf conf = {
         .s3 = shared->s3,
+        .cache = cache,
         .prefix = shared->prefix,
         .origin = shared->origin,
-        .block_size = block_size,
+        .block_size = cache_block_size(cache),
     };
     return tier_create(&conf, &shared->tier);
 }

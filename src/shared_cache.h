@@ -5,9 +5,9 @@
  * The tier's endpoint, region and credentials are its own options
  * (shared_cache_endpoint, shared_cache_region, shared_cache_profile), each
  * falling back to the mounted bucket's. Its requests have a short
- * deadline (SHARED_CACHE_TIMEOUT seconds plus the time of the bytes at the
- * client's floor rate) and one retry: a slow tier costs a read little
- * before it is skipped.
+ * deadline (SHARED_CACHE_TIMEOUT seconds plus the time of the bytes at
+ * SHARED_CACHE_MIN_RATE) and one retry: a slow tier costs a read little
+ * before it is skipped (a tier is near the nodes, or it is no use).
  *
  * At mount the tier's bucket is checked like the origin's: a server that
  * answers that the bucket is missing or refuses the credentials fails the
@@ -26,6 +26,7 @@
 #include "tier.h"
 
 #define SHARED_CACHE_TIMEOUT 5.0
+#define SHARED_CACHE_MIN_RATE (8u << 20)        /* bytes/s */
 #define SHARED_CACHE_CONNECTIONS 16
 
 struct shared_cache;
@@ -41,9 +42,9 @@ int shared_cache_open(const struct options *opts,
                       struct credentials *origin_creds, const char *ca_bundle,
                       struct shared_cache **out, char *errbuf, size_t errlen);
 
-/* Start the tier over it, for a cache of BLOCK_SIZE blocks (after the
- * daemon forked: it starts threads). 0 or an errno. */
-int shared_cache_start(struct shared_cache *shared, uint32_t block_size);
+/* Start the tier over it, for the local cache CACHE (after the daemon
+ * forked: it starts threads). 0 or an errno. */
+int shared_cache_start(struct shared_cache *shared, struct cache *cache);
 
 /* The tier (NULL before shared_cache_start or without a shared cache). */
 struct tier *shared_cache_tier(struct shared_cache *shared);

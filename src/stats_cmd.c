@@ -64,6 +64,8 @@ struct stats_args {
     bool watch;
     double interval;        /* seconds */
     const char *prices;     /* a preset name or a file; NULL: no cost */
+    const char *tier_prices;    /* the shared cache's, the same; NULL: not
+                                   priced */
 };
 
 /* The mount being reported on. */
@@ -216,10 +218,12 @@ static uint32_t block_size_of(const struct stats_text *stats,
 
 /* ------------------------------------------------------------- prices */
 
-/* The price table SPEC names into *OUT: 0, or an exit status after one
- * sentence on stderr. A name without '/' is a preset if there is one;
- * anything else is a file. */
-static int load_prices(const char *spec, struct price_table *out)
+/* The price table SPEC names (the value of OPTION, "--prices" or
+ * "--tier-prices") into *OUT: 0, or an exit status after one sentence on
+ * stderr. A name without '/' is a preset if there is one; anything else
+ * is a file. */
+static int load_prices(const char *option, const char *spec,
+                       struct price_table *out)
 {
     char err[512], *text = NULL;
     struct stat st;
@@ -230,8 +234,8 @@ static int load_prices(const char *spec, struct price_table *out)
         return EXIT_OK;
     fd = open(spec, O_RDONLY | O_CLOEXEC);
     if (fd < 0 && errno == ENOENT && strchr(spec, '/') == NULL) {
-        fprintf(stderr, "s3cachefs stats: --prices=%s: not a preset (%s) nor a "
-                "file\n", spec, prices_preset_names());
+        fprintf(stderr, "s3cachefs stats: %s=%s: not a preset (%s) nor a "
+                "file\n", option, spec, prices_preset_names());
         return EXIT_USAGE;
     }
     if (fd < 0 || fstat(fd, &st) != 0) {
@@ -276,9 +280,10 @@ static void print_usage(FILE *out)
 {
     fprintf(out,
 "usage: s3cachefs stats MOUNTPOINT [--json] [--watch[=SECONDS]] [--prices=NAME|FILE]\n"
+"                       [--tier-prices=NAME|FILE]\n"
 "\n"
 "What the s3cachefs mount at MOUNTPOINT has done since it was mounted: reads\n"
-"(from the cache, from the bucket), the cache, requests to the bucket by\n"
+"(from the cache, the shared cache, the bucket), the cache, requests by\n"
 "kind, writes and uploads, errors.\n"
 "\n"
 "  --json               one JSON object, every counter under its own name\n"
@@ -288,6 +293,10 @@ static void print_usage(FILE *out)
 "                       and what the cache saved (an estimate), at the list\n"
 "                       prices of a preset (%s) or of a file\n"
 "                       (man s3cachefs, STATS)\n"
+"  --tier-prices=NAME|FILE\n"
+"                       with --prices: what the shared cache's requests and\n"
+"                       bytes (-o shared_cache) cost at its own prices, and\n"
+"                       what it saved at the bucket's\n"
 "  -h, --help           this help\n"
 "\n"
 "Exit status: 0 done; 1 not an s3cachefs mount, its daemon not answering,\n"
@@ -304,7 +313,8 @@ static int usage_error(const char *format, ...)
     vfprintf(stderr, format, args);
     va_end(args);
     fprintf(stderr, "\nusage: s3cachefs stats MOUNTPOINT [--json] "
-            "[--watch[=SECONDS]] [--prices=NAME|FILE] (see --help)\n");
+            "[--watch[=SECONDS]] [--prices=NAME|FILE] "
+            "[--tier-prices=NAME|FILE] (see --help)\n");
     return EXIT_USAGE;
 }
 
@@ -318,7 +328,9 @@ static bool is_stats_option(const char *arg)
 {
     return is_help(arg) || strcmp(arg, "--json") == 0 ||
            strcmp(arg, "--watch") == 0 || strncmp(arg, "--watch=", 8) == 0 ||
-           strcmp(arg, "--prices") == 0 || strncmp(arg, "--prices=", 9) == 0;
+           strcmp(arg, "--prices") == 0 || strncmp(arg, "--prices=", 9) == 0 ||
+           strcmp(arg, "--tier-prices") == 0 ||
+           strncmp(arg, "--tier-prices=", 14) == 0;
 }
 
 /* argv after "stats" into *OUT: 0, -1 for --help (printed), or EXIT_USAGE
@@ -352,6 +364,15 @@ static int parse_args(int argc, char **argv, struct stats_args *out)
             if (out->prices == NULL || out->prices[0] == '\0')
                 return usage_error("--prices needs a preset (%s) or a file",
                                    prices_preset_names());
+        } else if (strcmp(arg, "--tier-prices") == 0 ||
+                   strncmp(arg, "--tier-prices=", 14) == 0) {
+            if (arg[13] == '=')
+                out->tier_prices = arg + 14;
+            else if (i + 1 < argc)
+                out->tier_prices = argv[++i];
+            if (out->tier_prices == NULL || out->tier_prices[0] == '\0')
+                return usage_error("--tier-prices needs a preset (%s) or a "
+                                   "file", prices_preset_names());
         } else if (arg[0] == '-' && arg[1] != '\0') {
             return usage_error("unknown option '%s'", arg);
         } else if (out->mountpoint != NULL) {
@@ -363,6 +384,10 @@ static int parse_args(int argc, char **argv, struct stats_args *out)
     }
     if (out->mountpoint == NULL)
         return usage_error("%s", "no mount point");
+    if (out->tier_prices != NULL && out->prices == NULL)
+        return usage_error("%s", "--tier-prices needs --prices too: what the "
+                           "shared cache saved is priced at the bucket's "
+                           "prices");
     return 0;
 }
 
@@ -493,13 +518,18 @@ int stats_cmd_main(int argc, char **argv)
 {
     struct stats_args args;
     struct target target = {0};
-    struct price_table prices;
+    struct price_table prices, tier_prices;
     struct stats_text stats = {0};
     int status = parse_args(argc, argv, &args);
 
     if (status != 0)
         return status < 0 ? EXIT_OK : status;
-    if (args.prices != NULL && (status = load_prices(args.prices, &prices)) != 0)
+    if (args.prices != NULL &&
+        (status = load_prices("--prices", args.prices, &prices)) != 0)
+        return status;
+    if (args.tier_prices != NULL &&
+        (status = load_prices("--tier-prices", args.tier_prices,
+                              &tier_prices)) != 0)
         return status;
     if (args.watch) {
         /* SIGINT and SIGTERM end the watch; they are let in only while it
@@ -534,6 +564,7 @@ int stats_cmd_main(int argc, char **argv)
         .pid = target.pid,
         .stats = &stats,
         .prices = args.prices != NULL ? &prices : NULL,
+        .tier_prices = args.tier_prices != NULL ? &tier_prices : NULL,
     };
     report.block_size = block_size_of(&stats, &report.block_size_from);
     if (args.watch)

@@ -1,7 +1,7 @@
 /*
  * stats_cmd.h - `s3cachefs stats MOUNTPOINT [--json] [--watch[=SECONDS]]
- * [--prices=NAME|FILE]`: what a mount has done since it was mounted, and
- * what its bucket traffic costs.
+ * [--prices=NAME|FILE [--tier-prices=NAME|FILE]]`: what a mount has done
+ * since it was mounted, and what its bucket traffic costs.
  *
  * The command reads the counters the daemon gives in the user.s3cachefs.stats
  * attribute of the mount root (fs.h, FS_STATS_XATTR) and prints them as a
@@ -9,7 +9,8 @@
  * rates every SECONDS (--watch, until SIGINT or SIGTERM, then exit 0).
  * With --prices it adds the cost of the requests and bytes since the mount
  * and what the cache saved, at the prices of a preset or a file
- * (prices.h). It is a client of the daemon, like unmount.h: no lock, no
+ * (prices.h); with --tier-prices also the shared cache's traffic (-o
+ * shared_cache) at its own prices, and what it saved at the bucket's. It is a client of the daemon, like unmount.h: no lock, no
  * state, nothing written anywhere but stdout and stderr.
  *
  * A bucket may be called "stats", and mount.fuse3 runs `s3cachefs BUCKET
@@ -17,7 +18,7 @@
  * command only when X is the mount point of an s3cachefs mount (its type
  * in /proc/self/mountinfo is fuse.s3cachefs, or it is a FUSE mount whose
  * root answers user.s3cachefs.pid), when the arguments hold one of this
- * command's options (--json, --watch, --prices, -h, --help: a mount would
+ * command's options (--json, --watch, --prices, --tier-prices, -h, --help: a mount would
  * refuse them), or when there is nothing after "stats" at all. Otherwise
  * it is the mount of the bucket "stats", as before.
  *

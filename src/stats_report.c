@@ -33,6 +33,18 @@ static const char *const item_counters[PRICE_ITEM_COUNT] = {
     [PRICE_EGRESS] = "bytes_from_bucket", [PRICE_INGRESS] = "bytes_to_bucket",
 };
 
+/* The same for the shared cache tier, priced at --tier-prices. */
+static const char *const tier_item_counters[PRICE_ITEM_COUNT] = {
+    [PRICE_GET] = "tier_requests_get", [PRICE_HEAD] = "tier_requests_head",
+    [PRICE_LIST] = "tier_requests_list", [PRICE_PUT] = "tier_requests_put",
+    [PRICE_DELETE] = "tier_requests_delete", [PRICE_COPY] = "tier_requests_copy",
+    [PRICE_MULTIPART] = "tier_requests_multipart",
+    [PRICE_EGRESS] = "bytes_from_tier", [PRICE_INGRESS] = "bytes_to_tier",
+};
+
+/* The counter that says a shared cache tier is configured. */
+#define TIER_COUNTER "bytes_from_tier"
+
 static const char *const item_labels[PRICE_ITEM_COUNT] = {
     [PRICE_GET] = "GET", [PRICE_HEAD] = "HEAD", [PRICE_LIST] = "LIST",
     [PRICE_PUT] = "PUT", [PRICE_DELETE] = "DELETE", [PRICE_COPY] = "COPY",
@@ -40,7 +52,10 @@ static const char *const item_labels[PRICE_ITEM_COUNT] = {
     [PRICE_INGRESS] = "ingress",
 };
 
-enum show { SHOW_BYTES, SHOW_COUNT, SHOW_PERCENT, SHOW_USED_OF_SIZE };
+enum show {
+    SHOW_BYTES, SHOW_COUNT, SHOW_PERCENT, SHOW_USED_OF_SIZE,
+    SHOW_YES_NO,    /* 0: "no", else "yes" */
+};
 
 struct row {
     const char *counter;
@@ -48,9 +63,11 @@ struct row {
     enum show show;
 };
 
+#define GROUP_ROWS 16     /* at most 15 rows, then the NULL that ends them */
+
 struct group {
     const char *title;
-    struct row rows[10];
+    struct row rows[GROUP_ROWS];
 };
 
 /* What the table shows, in its order; every name here is "known". */
@@ -58,6 +75,7 @@ static const struct group groups[] = {
     {"reads", {
         {"bytes_read", "read by programs", SHOW_BYTES},
         {"bytes_from_cache", "from the cache", SHOW_BYTES},
+        {"bytes_from_tier", "from the shared cache", SHOW_BYTES},
         {"bytes_from_bucket", "from the bucket", SHOW_BYTES},
         {"bytes_read_around_cache", "read around the cache", SHOW_BYTES},
         {"cache_hit_ratio", "cache hit ratio", SHOW_PERCENT},
@@ -79,6 +97,32 @@ static const struct group groups[] = {
         {"requests_delete", "DELETE", SHOW_COUNT},
         {"requests_copy", "COPY", SHOW_COUNT},
         {"requests_multipart", "multipart", SHOW_COUNT},
+    }},
+    {"shared cache", {
+        {"tier_hit_blocks", "blocks read from it", SHOW_COUNT},
+        {"tier_miss_blocks", "blocks it did not have", SHOW_COUNT},
+        {"tier_bad_blocks", "blocks damaged", SHOW_COUNT},
+        {"tier_skipped_blocks", "blocks not asked (skipped)", SHOW_COUNT},
+        {"bytes_to_tier", "sent to it", SHOW_BYTES},
+        {"tier_written_blocks", "blocks written", SHOW_COUNT},
+        {"tier_written_first_elsewhere", "written first by others", SHOW_COUNT},
+        {"tier_dropped_blocks", "blocks not written", SHOW_COUNT},
+        {"tier_queued_bytes", "waiting to be written", SHOW_BYTES},
+        {"tier_errors", "requests failed", SHOW_COUNT},
+        {"tier_skipping", "skipped after a failure", SHOW_YES_NO},
+        {"tier_leases_available", "leases (conditional writes)", SHOW_YES_NO},
+        {"tier_leases", "block groups leased", SHOW_COUNT},
+        {"tier_lease_waits", "blocks waited for", SHOW_COUNT},
+        {"tier_lease_waits_met", "of them came in time", SHOW_COUNT},
+    }},
+    {"shared cache requests", {
+        {"tier_requests_get", "GET", SHOW_COUNT},
+        {"tier_requests_head", "HEAD", SHOW_COUNT},
+        {"tier_requests_list", "LIST", SHOW_COUNT},
+        {"tier_requests_put", "PUT", SHOW_COUNT},
+        {"tier_requests_delete", "DELETE", SHOW_COUNT},
+        {"tier_requests_copy", "COPY", SHOW_COUNT},
+        {"tier_requests_multipart", "multipart", SHOW_COUNT},
     }},
     {"writes", {
         {"bytes_written", "written by programs", SHOW_BYTES},
@@ -148,7 +192,8 @@ static bool known_counter(const char *name)
          known_counter(name + strlen(LIFETIME_PREFIX))))
         return true;
     for (size_t g = 0; g < GROUP_COUNT; g++)
-        for (size_t r = 0; groups[g].rows[r].counter != NULL; r++)
+        for (size_t r = 0;
+             r < GROUP_ROWS && groups[g].rows[r].counter != NULL; r++)
             if (strcmp(groups[g].rows[r].counter, name) == 0)
                 return true;
     for (size_t i = 0; i < sizeof(also_known) / sizeof(also_known[0]); i++)
@@ -177,6 +222,9 @@ static void format_counter(const struct stats_text *stats,
         break;
     case SHOW_PERCENT:
         snprintf(buf, len, "%.1f %%", counter->real * 100);
+        break;
+    case SHOW_YES_NO:
+        snprintf(buf, len, "%s", counter->value != 0 ? "yes" : "no");
         break;
     case SHOW_USED_OF_SIZE: {
         uint64_t size_bytes;
@@ -236,12 +284,16 @@ int stats_report_lifetime(const struct stats_text *stats,
                                                         "cache_block_size_bytes");
     if (block != NULL)
         fprintf(stream, "cache_block_size_bytes %s\n", block->text);
-    uint64_t served = 0, fetched = 0;
+    /* (the daemon's: the shared cache's bytes count as misses of the
+     * local cache, like the bucket's) */
+    uint64_t served = 0, fetched = 0, from_tier = 0;
     stats_text_get(stats, LIFETIME_PREFIX "bytes_from_cache", &served);
     stats_text_get(stats, LIFETIME_PREFIX "bytes_from_bucket", &fetched);
+    stats_text_get(stats, LIFETIME_PREFIX TIER_COUNTER, &from_tier);
+    uint64_t missed = fetched + from_tier;
     fprintf(stream, "cache_hit_ratio %.4f\n",
-            served + fetched > 0 ? (double)served / (double)(served + fetched)
-                                 : 0.0);
+            served + missed > 0 ? (double)served / (double)(served + missed)
+                                : 0.0);
     if (fclose(stream) != 0) {
         free(text);
         return ENOMEM;
@@ -265,19 +317,27 @@ static void format_date(uint64_t since, char *buf, size_t len)
 
 /* ------------------------------------------------------------------- cost */
 
-int stats_report_cost(const struct stats_text *stats,
-                      const struct price_table *prices, uint32_t block_size,
-                      struct stats_cost *out, char *err, size_t errlen)
+/*
+ * The cost of the traffic that COUNTERS (PRICE_ITEM_COUNT names) count in
+ * STATS at PRICES, and what SERVED bytes (the counter of that name) saved
+ * at SAVED_PRICES: their egress and one GET per BLOCK_SIZE. The origin's
+ * and the shared cache's cost are this with other names and prices.
+ */
+static int cost_of(const struct stats_text *stats,
+                   const char *const counters[PRICE_ITEM_COUNT],
+                   const struct price_table *prices, const char *served,
+                   const struct price_table *saved_prices, uint32_t block_size,
+                   struct stats_cost *out, char *err, size_t errlen)
 {
     const char *missing = NULL;
-    uint64_t from_cache;
+    uint64_t served_bytes;
     int result = ERANGE;
 
     memset(out, 0, sizeof(*out));
     for (int item = 0; item < PRICE_ITEM_COUNT; item++) {
         struct stats_cost_line *line = &out->items[item];
-        if (stats_text_get(stats, item_counters[item], &line->quantity) != 0) {
-            missing = item_counters[item];
+        if (stats_text_get(stats, counters[item], &line->quantity) != 0) {
+            missing = counters[item];
             goto out;
         }
         if (prices_cost(&prices->items[item], line->quantity, &line->nanos) != 0 ||
@@ -285,16 +345,16 @@ int stats_report_cost(const struct stats_text *stats,
             goto out;
         out->total += line->nanos;
     }
-    if (stats_text_get(stats, "bytes_from_cache", &from_cache) != 0) {
-        missing = "bytes_from_cache";
+    if (stats_text_get(stats, served, &served_bytes) != 0) {
+        missing = served;
         goto out;
     }
-    out->saved_egress.quantity = from_cache;
-    out->saved_gets.quantity = from_cache / block_size +
-                               (from_cache % block_size != 0);
-    if (prices_cost(&prices->items[PRICE_EGRESS], from_cache,
+    out->saved_egress.quantity = served_bytes;
+    out->saved_gets.quantity = served_bytes / block_size +
+                               (served_bytes % block_size != 0);
+    if (prices_cost(&saved_prices->items[PRICE_EGRESS], served_bytes,
                     &out->saved_egress.nanos) != 0 ||
-        prices_cost(&prices->items[PRICE_GET], out->saved_gets.quantity,
+        prices_cost(&saved_prices->items[PRICE_GET], out->saved_gets.quantity,
                     &out->saved_gets.nanos) != 0 ||
         out->saved_egress.nanos + out->saved_gets.nanos < out->saved_egress.nanos)
         goto out;
@@ -310,6 +370,35 @@ out:
                  "hold: check the prices");
     }
     return result;
+}
+
+int stats_report_cost(const struct stats_text *stats,
+                      const struct price_table *prices, uint32_t block_size,
+                      struct stats_cost *out, char *err, size_t errlen)
+{
+    return cost_of(stats, item_counters, prices, "bytes_from_cache", prices,
+                   block_size, out, err, errlen);
+}
+
+bool stats_report_has_tier(const struct stats_text *stats)
+{
+    return stats_text_find(stats, TIER_COUNTER) != NULL;
+}
+
+int stats_report_tier_cost(const struct stats_text *stats,
+                           const struct price_table *tier_prices,
+                           const struct price_table *origin_prices,
+                           uint32_t block_size, struct stats_cost *out,
+                           char *err, size_t errlen)
+{
+    if (!stats_report_has_tier(stats)) {
+        memset(out, 0, sizeof(*out));
+        snprintf(err, errlen, "%s", "the mount has no shared cache "
+                 "(-o shared_cache): nothing for --tier-prices to price");
+        return ENOENT;
+    }
+    return cost_of(stats, tier_item_counters, tier_prices, TIER_COUNTER,
+                   origin_prices, block_size, out, err, errlen);
 }
 
 /* "519"; "4.295 GB" for bytes priced per GB, in binary units below a
@@ -362,16 +451,37 @@ static void format_block_size(uint32_t bytes, char *buf, size_t len)
         snprintf(buf, len, "%u B", bytes);
 }
 
-/* The cost and the savings SINCE ("mount", or a date); the paragraph
- * about estimates after them with NOTE. */
+/* SAVED less COST (nanos), signed: "0.001234", "-0.000010" (PLACES,
+ * GROUPED as prices_format_money()): negative when it cost more. */
+static void format_net(uint64_t saved, uint64_t cost, unsigned places,
+                       bool grouped, char *buf, size_t len)
+{
+    char money[40];
+
+    prices_format_money(saved >= cost ? saved - cost : cost - saved, places,
+                        grouped, money, sizeof(money));
+    /* (no sign on what rounds to zero) */
+    bool zero = money[strspn(money, "0.,")] == '\0';
+    snprintf(buf, len, "%s%s", saved >= cost || zero ? "" : "-", money);
+}
+
+/*
+ * The cost and the savings SINCE ("mount", or a date): of the bucket at
+ * --prices, or with TIER of the shared cache at --tier-prices, its
+ * savings at the bucket's prices (what its bytes would have cost from
+ * the bucket) and, in one currency, the net of the two.
+ */
 static void table_cost(FILE *out, const struct stats_report *report,
                        const struct stats_cost *cost, const char *since,
-                       bool note)
+                       bool tier)
 {
-    const struct price_table *prices = report->prices;
+    const struct price_table *prices = tier ? report->tier_prices
+                                            : report->prices;
+    const struct price_table *saved_at = report->prices;
+    const char *what = tier ? "shared cache cost" : "cost";
     char block[32], served[32], label[64];
 
-    fprintf(out, "\ncost since %s\n  prices %s: %s", since, prices->name,
+    fprintf(out, "\n%s since %s\n  prices %s: %s", what, since, prices->name,
             prices->title);
     if (prices->read_on[0] != '\0')
         fprintf(out, " (read %s)", prices->read_on);
@@ -383,27 +493,83 @@ static void table_cost(FILE *out, const struct stats_report *report,
 
     format_block_size(report->block_size, block, sizeof(block));
     stats_report_format_bytes(cost->saved_egress.quantity, served, sizeof(served));
-    fprintf(out, "\nsaved by the cache since %s\n  %s read from the cache\n",
-            since, served);
-    cost_row(out, prices, "egress not paid", &prices->items[PRICE_EGRESS],
+    if (tier)
+        fprintf(out, "\nsaved by the shared cache since %s\n  %s read from "
+                "the shared cache, at the bucket's prices (%s)\n", since,
+                served, saved_at->name);
+    else
+        fprintf(out, "\nsaved by the cache since %s\n  %s read from the "
+                "cache\n", since, served);
+    cost_row(out, saved_at, "egress not paid", &saved_at->items[PRICE_EGRESS],
              &cost->saved_egress, true);
     snprintf(label, sizeof(label), "GET, one per %s", block);
-    cost_row(out, prices, label, &prices->items[PRICE_GET], &cost->saved_gets,
-             false);
-    total_row(out, prices, "total", cost->saved_total);
+    cost_row(out, saved_at, label, &saved_at->items[PRICE_GET],
+             &cost->saved_gets, false);
+    total_row(out, saved_at, "total", cost->saved_total);
+    if (tier && strcmp(prices->currency, saved_at->currency) == 0) {
+        char net[48];
+        format_net(cost->saved_total, cost->total, MONEY_PLACES_TABLE, true,
+                   net, sizeof(net));
+        fprintf(out, "  %-58s %12s %s\n", "net, less the shared cache's cost",
+                net, prices->currency);
+    }
+}
 
+/* The paragraph about estimates, once, after the costs. */
+static void table_cost_note(FILE *out, const struct stats_report *report)
+{
     static const char *const from[] = {
         [STATS_BLOCK_SIZE_DEFAULT] = "the default: the daemon does not say",
         [STATS_BLOCK_SIZE_COUNTERS] = "given in the daemon's counters",
     };
-    if (!note)
-        return;
+    char block[32];
+
+    format_block_size(report->block_size, block, sizeof(block));
     fprintf(out,
         "\n  Estimates from list prices, without free allowances or volume\n"
         "  tiers. Requests are counted as sent, retries included; egress is\n"
         "  object data only (not headers or listings). Savings: each byte read\n"
         "  from the cache fetched once instead, in one GET per block of\n"
         "  %s (block_size, %s).\n", block, from[report->block_size_from]);
+    if (report->tier_prices != NULL)
+        fprintf(out,
+            "  The shared cache's savings: each byte read from it fetched from\n"
+            "  the bucket instead, at the bucket's prices, one GET per block.\n");
+}
+
+/* Every cost a report shows. */
+struct report_costs {
+    struct stats_cost mount, lifetime;          /* the bucket's */
+    struct stats_cost tier_mount, tier_lifetime;
+};
+
+/* The costs of REPORT into *OUT (LIFETIME: the totals, when SHOWN): the
+ * bucket's with prices, the shared cache's with tier prices too. 0, or
+ * the errno of the first that failed, with ERR set. */
+static int report_costs(const struct stats_report *report,
+                        const struct stats_text *lifetime, bool shown,
+                        struct report_costs *out, char *err, size_t errlen)
+{
+    int result = 0;
+
+    memset(out, 0, sizeof(*out));
+    if (report->prices == NULL)
+        return 0;
+    result = stats_report_cost(report->stats, report->prices,
+                               report->block_size, &out->mount, err, errlen);
+    if (result == 0 && shown)
+        result = stats_report_cost(lifetime, report->prices,
+                                   report->block_size, &out->lifetime, err,
+                                   errlen);
+    if (result == 0 && report->tier_prices != NULL)
+        result = stats_report_tier_cost(report->stats, report->tier_prices,
+                                        report->prices, report->block_size,
+                                        &out->tier_mount, err, errlen);
+    if (result == 0 && report->tier_prices != NULL && shown)
+        result = stats_report_tier_cost(lifetime, report->tier_prices,
+                                        report->prices, report->block_size,
+                                        &out->tier_lifetime, err, errlen);
+    return result;
 }
 
 int stats_report_table(FILE *out, const struct stats_report *report,
@@ -411,23 +577,17 @@ int stats_report_table(FILE *out, const struct stats_report *report,
 {
     const struct stats_text *stats = report->stats;
     struct stats_text lifetime = {0};
-    struct stats_cost cost, lifetime_cost;
+    struct report_costs costs;
     uint64_t since = 0;
     char value[64], total[64], date[32];
     int result = 0;
 
     bool lifetime_shown = stats_report_lifetime(stats, &lifetime, &since) == 0;
     format_date(since, date, sizeof(date));
-    if (report->prices != NULL) {
-        result = stats_report_cost(stats, report->prices, report->block_size,
-                                   &cost, err, errlen);
-        if (result == 0 && lifetime_shown)
-            result = stats_report_cost(&lifetime, report->prices,
-                                       report->block_size, &lifetime_cost,
-                                       err, errlen);
-        if (result != 0)
-            goto out;
-    }
+    result = report_costs(report, &lifetime, lifetime_shown, &costs, err,
+                          errlen);
+    if (result != 0)
+        goto out;
     fprintf(out, "s3cachefs %s", report->mountpoint);
     if (report->source != NULL)
         fprintf(out, ": %s", report->source);
@@ -443,7 +603,8 @@ int stats_report_table(FILE *out, const struct stats_report *report,
 
     for (size_t g = 0; g < GROUP_COUNT; g++) {
         bool titled = false;
-        for (size_t r = 0; groups[g].rows[r].counter != NULL; r++) {
+        for (size_t r = 0;
+             r < GROUP_ROWS && groups[g].rows[r].counter != NULL; r++) {
             const struct row *row = &groups[g].rows[r];
             const struct stats_counter *counter = stats_text_find(stats, row->counter);
             if (counter == NULL)
@@ -474,9 +635,19 @@ int stats_report_table(FILE *out, const struct stats_report *report,
         }
     }
     if (report->prices != NULL) {
-        table_cost(out, report, &cost, "mount", !lifetime_shown);
+        table_cost(out, report, &costs.mount, "mount", false);
         if (lifetime_shown)
-            table_cost(out, report, &lifetime_cost, date, true);
+            table_cost(out, report, &costs.lifetime, date, false);
+        if (report->tier_prices != NULL) {
+            table_cost(out, report, &costs.tier_mount, "mount", true);
+            if (lifetime_shown)
+                table_cost(out, report, &costs.tier_lifetime, date, true);
+        } else if (stats_report_has_tier(stats)) {
+            fprintf(out, "\nshared cache: not priced (its requests and bytes "
+                    "are not in the cost above;\n  --tier-prices=NAME|FILE "
+                    "prices them)\n");
+        }
+        table_cost_note(out, report);
     }
 out:
     stats_text_free(&lifetime);
@@ -608,10 +779,15 @@ static void json_cost_line(struct json *json, const char *key,
     json_close(json);
 }
 
+/* KEY: COST (the bucket's, or with TIER the shared cache's: its prices
+ * are --tier-prices', its savings at the bucket's, which "saved" names,
+ * with the net of the two in one currency). */
 static void json_cost(struct json *json, const struct stats_report *report,
-                      const struct stats_cost *cost, const char *key)
+                      const struct stats_cost *cost, const char *key, bool tier)
 {
-    const struct price_table *prices = report->prices;
+    const struct price_table *prices = tier ? report->tier_prices
+                                            : report->prices;
+    const struct price_table *saved_at = report->prices;
 
     json_open(json, key);
     json_text(json, "currency", prices->currency);
@@ -631,17 +807,27 @@ static void json_cost(struct json *json, const struct stats_report *report,
     json_close(json);
     json_money(json, "total", cost->total);
     json_open(json, "saved");
+    if (tier) {
+        json_text(json, "currency", saved_at->currency);
+        json_text(json, "prices", saved_at->name);
+    }
     json_integer(json, "block_size", report->block_size);
     static const char *const from[] = {
         [STATS_BLOCK_SIZE_DEFAULT] = "default",
         [STATS_BLOCK_SIZE_COUNTERS] = "counters",
     };
     json_text(json, "block_size_from", from[report->block_size_from]);
-    json_cost_line(json, "egress", &prices->items[PRICE_EGRESS],
+    json_cost_line(json, "egress", &saved_at->items[PRICE_EGRESS],
                    &cost->saved_egress, true);
-    json_cost_line(json, "get", &prices->items[PRICE_GET], &cost->saved_gets,
-                   false);
+    json_cost_line(json, "get", &saved_at->items[PRICE_GET],
+                   &cost->saved_gets, false);
     json_money(json, "total", cost->saved_total);
+    if (tier && strcmp(prices->currency, saved_at->currency) == 0) {
+        char net[48];
+        format_net(cost->saved_total, cost->total, MONEY_PLACES_JSON, false,
+                   net, sizeof(net));
+        json_number(json, "net", net);
+    }
     json_close(json);
     json_close(json);
 }
@@ -651,22 +837,16 @@ int stats_report_json(FILE *out, const struct stats_report *report,
 {
     struct json json = {.out = out, .one_line = one_line};
     struct stats_text lifetime = {0};
-    struct stats_cost cost, lifetime_cost;
+    struct report_costs costs;
     uint64_t since;
 
     bool lifetime_shown =
         stats_report_lifetime(report->stats, &lifetime, &since) == 0;
-    if (report->prices != NULL) {
-        int result = stats_report_cost(report->stats, report->prices,
-                                       report->block_size, &cost, err, errlen);
-        if (result == 0 && lifetime_shown)
-            result = stats_report_cost(&lifetime, report->prices,
-                                       report->block_size, &lifetime_cost,
-                                       err, errlen);
-        if (result != 0) {
-            stats_text_free(&lifetime);
-            return result;
-        }
+    int result = report_costs(report, &lifetime, lifetime_shown, &costs, err,
+                              errlen);
+    if (result != 0) {
+        stats_text_free(&lifetime);
+        return result;
     }
     json_open(&json, NULL);
     if (time >= 0) {
@@ -683,9 +863,15 @@ int stats_report_json(FILE *out, const struct stats_report *report,
         json_number(&json, report->stats->counters[i].name,
                     report->stats->counters[i].text);
     if (report->prices != NULL)
-        json_cost(&json, report, &cost, "cost");
+        json_cost(&json, report, &costs.mount, "cost", false);
     if (report->prices != NULL && lifetime_shown)
-        json_cost(&json, report, &lifetime_cost, "lifetime_cost");
+        json_cost(&json, report, &costs.lifetime, "lifetime_cost", false);
+    if (report->prices != NULL && report->tier_prices != NULL) {
+        json_cost(&json, report, &costs.tier_mount, "tier_cost", true);
+        if (lifetime_shown)
+            json_cost(&json, report, &costs.tier_lifetime,
+                      "lifetime_tier_cost", true);
+    }
     json_close(&json);
     fputc('\n', out);
     stats_text_free(&lifetime);

@@ -13,6 +13,14 @@
  * 10^-9 of the currency, the total their sum. What the cache saved:
  * bytes_from_cache priced as egress, plus the GETs they would have
  * needed, counted as one per block_size (rounded up).
+ *
+ * With a shared cache tier (-o shared_cache: the tier_* counters and
+ * bytes_from_tier, bytes_to_tier) and --tier-prices, the tier is priced
+ * the same way with its own counters: tier_requests_* per kind,
+ * bytes_from_tier as its egress and bytes_to_tier as its ingress. What it
+ * saved is priced at the bucket's prices: bytes_from_tier as the bucket's
+ * egress plus one bucket GET per block_size, the bytes and requests the
+ * bucket would have served without it.
  */
 #ifndef S3CFS_STATS_REPORT_H
 #define S3CFS_STATS_REPORT_H
@@ -33,7 +41,8 @@ struct stats_cost_line {
 struct stats_cost {
     struct stats_cost_line items[PRICE_ITEM_COUNT];
     uint64_t total;                 /* nanos: the sum of the items */
-    struct stats_cost_line saved_egress;   /* bytes_from_cache */
+    struct stats_cost_line saved_egress;   /* bytes_from_cache (the tier's:
+                                              bytes_from_tier) */
     struct stats_cost_line saved_gets;     /* GETs they would have needed */
     uint64_t saved_total;           /* nanos */
 };
@@ -51,6 +60,8 @@ struct stats_report {
     long pid;                       /* the daemon's, or 0 */
     const struct stats_text *stats;
     const struct price_table *prices;   /* NULL: no cost */
+    const struct price_table *tier_prices;  /* the shared cache's; NULL:
+                                           not priced. Used only with PRICES */
     uint32_t block_size;            /* of the cache: for the savings */
     enum stats_block_size_from block_size_from;
 };
@@ -65,10 +76,30 @@ int stats_report_cost(const struct stats_text *stats,
                       const struct price_table *prices, uint32_t block_size,
                       struct stats_cost *out, char *err, size_t errlen);
 
+/* Whether STATS has the counters of a shared cache tier. */
+bool stats_report_has_tier(const struct stats_text *stats);
+
 /*
- * The table for people, grouped (reads, cache, requests, writes, errors,
- * other counters) and, with prices, the cost and the savings. 0, or the
- * errno of stats_report_cost() with ERR set.
+ * The cost of the shared cache tier's traffic that STATS show, at
+ * TIER_PRICES, and what it saved at ORIGIN_PRICES with BLOCK_SIZE (> 0),
+ * into *OUT (the shape of stats_report_cost()'s, its savings in
+ * ORIGIN_PRICES' currency). 0; ENOENT if STATS has no tier or a counter
+ * it needs is missing, ERANGE if a sum passes 2^64 nanos (a sentence in
+ * ERR either way).
+ */
+int stats_report_tier_cost(const struct stats_text *stats,
+                           const struct price_table *tier_prices,
+                           const struct price_table *origin_prices,
+                           uint32_t block_size, struct stats_cost *out,
+                           char *err, size_t errlen);
+
+/*
+ * The table for people, grouped (reads, cache, requests, the shared
+ * cache and its requests when there is one, writes, errors, other
+ * counters) and, with prices, the cost and the savings, then the shared
+ * cache's with tier prices (without them, a line that it is not priced).
+ * 0, or the errno of stats_report_cost() or stats_report_tier_cost() with
+ * ERR set.
  */
 int stats_report_table(FILE *out, const struct stats_report *report,
                        char *err, size_t errlen);
@@ -77,7 +108,11 @@ int stats_report_table(FILE *out, const struct stats_report *report,
  * One JSON object: "mountpoint", "source", "pid", every counter under its
  * own name with its value as a number, and with prices a "cost" object
  * (amounts as decimal numbers with 9 places; "block_size_from" is
- * "default" or "counters"). ONE_LINE: no newlines but
+ * "default" or "counters"), "lifetime_cost" when the daemon gives the
+ * totals, and with tier prices "tier_cost" and "lifetime_tier_cost" of
+ * the same shape (their "saved" names the bucket's "currency" and
+ * "prices", and in one currency has "net": saved less cost, signed).
+ * ONE_LINE: no newlines but
  * the last (for --watch --json); TIME >= 0 adds "time" (Unix seconds).
  * 0, or the errno of stats_report_cost() with ERR set.
  */

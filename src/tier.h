@@ -6,10 +6,13 @@
  *
  * The reader asks the tier for a block its local cache misses
  * (tier_get_block) before it asks the origin; a block fetched from the
- * origin is offered to the tier (tier_offer_block) and written there in
- * the background by TIER_WRITERS threads, with at most queue_bytes of
- * blocks waiting: past that, offers are dropped (counted), so a slow tier
- * never holds memory or a reader.
+ * origin is offered to the tier (tier_offer_block) once it is in the
+ * local cache, and written there in the background by TIER_WRITERS
+ * threads, which read it back from the local cache (verified). The queue
+ * holds references, not bytes (a block evicted meanwhile is not written:
+ * counted as dropped), at most TIER_QUEUE_BLOCKS of them: past that,
+ * offers are dropped too, so a slow tier never holds memory or a reader.
+ * Memory: one block buffer per writer, ~100 bytes per queued block.
  *
  * Blocks are named and framed by tier_format.h: by origin, key, ETag and
  * block size, with a checksum. The tier is not trusted: a block that is
@@ -33,10 +36,11 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "cache.h"
 #include "s3.h"
 
 #define TIER_WRITERS 4
-#define TIER_QUEUE_BYTES (64ull << 20)
+#define TIER_QUEUE_BLOCKS 65536
 #define TIER_SKIP_SECONDS 10.0
 #define TIER_SKIP_MAX 300.0
 
@@ -44,9 +48,11 @@ struct tier_conf {
     struct s3_client *s3;        /* the tier bucket's client, borrowed */
     const char *prefix;          /* "" or "a/b/": where blocks go in it */
     const char *origin;          /* the origin, "ENDPOINT BUCKET" */
+    struct cache *cache;         /* the local cache, where offered blocks
+                                    are read back from */
     uint32_t block_size;         /* the cache's */
-    uint64_t queue_bytes;        /* blocks waiting to be written, at most;
-                                    0: TIER_QUEUE_BYTES */
+    uint64_t queue_blocks;       /* blocks waiting to be written, at most;
+                                    0: TIER_QUEUE_BLOCKS */
     double skip_seconds;         /* first pause after a failure; 0:
                                     TIER_SKIP_SECONDS */
 };
@@ -61,8 +67,14 @@ struct tier_stats {
     uint64_t puts;               /* blocks written */
     uint64_t put_bytes;
     uint64_t put_exists;         /* written first by another node */
-    uint64_t put_dropped;        /* not written: queue full, tier skipped */
-    uint64_t queued_bytes;       /* waiting to be written, now */
+    uint64_t put_dropped;        /* not written: queue full, tier skipped,
+                                    evicted here before its turn */
+    uint64_t leases;             /* block groups claimed here */
+    uint64_t lease_waits;        /* blocks waited for (claimed elsewhere) */
+    uint64_t lease_waits_met;    /* of which came in time */
+    int lease_mode;              /* -1 unknown yet, 0 off, 1 on */
+    uint64_t queued_bytes;       /* waiting to be written (or being
+                                    written), now */
     bool skipping;               /* the tier is skipped now */
     struct s3_stats s3;          /* the tier client's requests */
 };
@@ -89,16 +101,45 @@ int tier_get_block(struct tier *tier, const char *key, const char *etag,
                    uint64_t index, uint32_t len, char *scratch,
                    const char **data);
 
-/* Whether an offer of LEN bytes would be taken now (the tier is not
- * skipped and the queue has room): a caller can spare itself the copy. */
-bool tier_wants(struct tier *tier, uint32_t len);
+/*
+ * Leases, so that nodes that miss the same blocks at the same moment do
+ * not all fetch them from the origin. Blocks are leased in groups of
+ * TIER_LEASE_BLOCKS: before fetching blocks FIRST..LAST (one run) from
+ * the origin, a node claims the group of FIRST, and of LAST if that is
+ * another, each with a conditional write (If-None-Match: *) of a small
+ * object that says which blocks of the group it fetches and until when
+ * (TIER_LEASE_SECONDS).
+ *
+ * TIER_FETCH: fetch them (this node claimed FIRST's group; or the tier
+ * cannot lease, found out once with a probe: a server that refuses or
+ * ignores the condition; or the tier is skipped; or another node's
+ * lease does not cover FIRST). TIER_AWAIT: another node's lease covers
+ * blocks FIRST..*covered (up to *until, monotonic seconds): wait for
+ * them with tier_await_block(). A lease past its time is deleted and
+ * claimed again.
+ */
+#define TIER_LEASE_BLOCKS 8
+#define TIER_LEASE_SECONDS 10.0
 
-/* Offer block INDEX of version ETAG of KEY: LEN bytes at BUFFER +
- * TIER_HEADER_LEN (tier_format.h; the frame's header goes in front, so
- * the bytes are never copied again). BUFFER is malloc'd; the tier takes
- * it (and frees it, written or dropped). */
-void tier_offer_block(struct tier *tier, const char *key, const char *etag,
-                      uint64_t index, char *buffer, uint32_t len);
+enum tier_claim { TIER_FETCH, TIER_AWAIT };
+
+enum tier_claim tier_claim_blocks(struct tier *tier, const char *key,
+                                  const char *etag, uint64_t first,
+                                  uint64_t last, uint64_t *covered,
+                                  double *until);
+
+/* tier_get_block(), asked again (at growing intervals) while the block
+ * is not there, until UNTIL (monotonic seconds): 0 with the block, or
+ * the last answer (ENOENT: it did not come in time). */
+int tier_await_block(struct tier *tier, const char *key, const char *etag,
+                     uint64_t index, uint32_t len, char *scratch,
+                     const char **data, double until);
+
+/* Offer block INDEX of version ETAG of KEY, cached in OBJECT (a
+ * reference is taken while it waits): written to the tier later, if it
+ * is still cached then. */
+void tier_offer_block(struct tier *tier, struct cache_object *object,
+                      const char *key, const char *etag, uint64_t index);
 
 /* Wait until nothing is queued or being written (tests, and `sync`-like
  * callers). */

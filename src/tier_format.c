@@ -108,6 +108,24 @@ int tier_block_key(const char *prefix, const struct tier_block_id *id,
     return 0;
 }
 
+int tier_lease_key(const char *prefix, const struct tier_block_id *id,
+                   uint32_t group_blocks, char **out)
+{
+    char version[TIER_VERSION_HEX + 1];
+    int err = tier_version_hex(id, version);
+
+    *out = NULL;
+    if (err != 0)
+        return err;
+    if (asprintf(out, "%s%s%s/lease-%u-%llu", prefix, TIER_ROOT, version,
+                 (unsigned)id->block_size,
+                 (unsigned long long)(id->index / group_blocks)) < 0) {
+        *out = NULL;
+        return ENOMEM;
+    }
+    return 0;
+}
+
 int tier_frame_header(const struct tier_block_id *id, const void *data,
                       uint32_t len, unsigned char *header)
 {

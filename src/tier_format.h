@@ -59,6 +59,12 @@ int tier_version_hex(const struct tier_block_id *id, char *out);
 int tier_block_key(const char *prefix, const struct tier_block_id *id,
                    char **out);
 
+/* The key of the lease on block ID's group of GROUP_BLOCKS blocks
+ * ("VVVV.../lease-SIZE-GROUP"): a malloc'd string in *out. 0, ENOMEM or
+ * EIO. */
+int tier_lease_key(const char *prefix, const struct tier_block_id *id,
+                   uint32_t group_blocks, char **out);
+
 /* Write the header of block ID holding LEN bytes of DATA into
  * HEADER[TIER_HEADER_LEN]. 0 or EIO. */
 int tier_frame_header(const struct tier_block_id *id, const void *data,

@@ -78,6 +78,13 @@ S3CACHEFS_CACHE_OPTS = 'cache={cache_dir},cache_size=4G'
 # s3cachefs-wb is s3cachefs with -o writeback; it runs the write rows only.
 TOOLS = ('s3cachefs', 's3cachefs-wb', 's3fs', 'rclone')
 READ_TOOLS = ('s3cachefs', 's3fs', 'rclone')
+# The cluster rows: nodes are mounts with caches of their own; s3cachefs
+# shares TIER_BUCKET on a second server of the same kind (-o
+# shared_cache), reached without the proxy (a tier is near the nodes), so
+# the proxy's bytes are the origin's alone.
+CLUSTER_NODES = 4
+TIER_BUCKET = 'bench-tier'
+CLUSTER_ROWS = {'cluster_seq', 'cluster_par'}
 PEERS = ('s3fs', 'rclone')
 QUICK = {'size_mib': 256, 'small_files': 500, 'runs': 1, 'hf_mib': 128,
          'tar_files': 300}
@@ -123,6 +130,10 @@ ROWS = (
         'seconds', None),
     Row('ls_cold', 'ls -l of small/, cold', 'seconds', None),
     Row('ls_warm', 'ls -l of small/, warm', 'seconds', None),
+    Row('cluster_seq', f'{CLUSTER_NODES} nodes read the large file one '
+        'after another', 'seconds', None),
+    Row('cluster_par', f'{CLUSTER_NODES} nodes read the large file at once',
+        'seconds', None),
 )
 WRITE_ROWS = (
     Row('write_big', 'write large file + fsync', 'seconds', 'raw_mpu'),
@@ -426,13 +437,14 @@ class S3cachefs(FileSystem):
     name = 's3cachefs'
 
     def __init__(self, env, binary, endpoint, server, options,
-                 writeback=False):
+                 writeback=False, tier_server=None):
         super().__init__(dict(env, AWS_ACCESS_KEY_ID=server.access_key,
                               AWS_SECRET_ACCESS_KEY=server.secret_key))
         self.binary = binary
         self.endpoint = endpoint
         self.options = options
         self.writeback = writeback
+        self.tier_endpoint = tier_server.endpoint if tier_server else None
         if writeback:
             self.name = 's3cachefs-wb'
             self.completion = 'stats'
@@ -443,6 +455,9 @@ class S3cachefs(FileSystem):
             options.append(self.options.format(cache_dir=cache_dir))
         if self.writeback:
             options.append('writeback')
+        if row in CLUSTER_ROWS:
+            options += [f'shared_cache={TIER_BUCKET}',
+                        f'shared_cache_endpoint={self.tier_endpoint}']
         return [self.binary, '-f', BUCKET, str(mountpoint),
                 '-o', ','.join(options)]
 
@@ -841,6 +856,7 @@ class Bench:
         self.home.mkdir()
         self.local_dir = self.workdir / 'local'
         self.server = None
+        self.tier_server = None  # the cluster rows' shared cache
         self.proxy = None
         self.file_systems = {}
         self.bindfs = None
@@ -869,6 +885,11 @@ class Bench:
         self.cleanup.push(self.server.stop)
         self.server.create_bucket(BUCKET)
         self.s3 = self.server.client()
+        if self.rows & CLUSTER_ROWS:
+            self.tier_server = server_kind(self.workdir / 'tier-server')
+            self.tier_server.start()
+            self.cleanup.push(self.tier_server.stop)
+            self.tier_server.create_bucket(TIER_BUCKET)
         self._upload()
         self._prepare_writes()
         self.proxy = LatencyProxy(self.server.endpoint, LATENCY)
@@ -895,7 +916,8 @@ class Bench:
         straight to the server, not through the proxy; each only if a row
         reads it."""
         self.local_dir.mkdir()
-        need_big = self.rows & (BIG_FILE_ROWS | {'mmap', 'raw_get', 'bindfs'})
+        need_big = self.rows & (BIG_FILE_ROWS | CLUSTER_ROWS |
+                                {'mmap', 'raw_get', 'bindfs'})
         need_small = self.rows & SMALL_FILE_ROWS
         if not (need_big or need_small):
             return
@@ -969,7 +991,8 @@ class Bench:
                     else ''
         if 's3cachefs' in args.tools:
             made['s3cachefs'] = S3cachefs(env, args.s3cachefs_bin, endpoint,
-                                          self.server, self.s3cachefs_options)
+                                          self.server, self.s3cachefs_options,
+                                          tier_server=self.tier_server)
         if 's3cachefs-wb' in args.tools:
             made['s3cachefs-wb'] = S3cachefs(
                 env, args.s3cachefs_bin, endpoint, self.server,
@@ -1087,6 +1110,7 @@ class Bench:
                 file_system = self.file_systems[name]
                 if name in READ_TOOLS:
                     self.big_file_rows(file_system)
+                    self.cluster_rows(file_system)
                     self.mmap_row(file_system)
                     self.small_file_rows(file_system)
                     self.listing_rows(file_system)
@@ -1261,6 +1285,75 @@ class Bench:
         finally:
             mount.stop()
             shutil.rmtree(cache_dir)
+
+    def cluster_rows(self, file_system):
+        """CLUSTER_NODES mounts, each with a cache of its own, read the
+        large file one after another (cluster_seq) and all at once
+        (cluster_par), the shared cache emptied first. The proxy's bytes
+        are what the cluster took from the bucket."""
+        name = file_system.name
+        for row in ('cluster_seq', 'cluster_par'):
+            if self.wanted(row, name):
+                self.empty_tier()
+                self.measure(row, name, lambda row=row:
+                             self.cluster_read(file_system, row))
+
+    def empty_tier(self):
+        if self.tier_server is None:
+            return
+        s3 = self.tier_server.client()
+        listed = s3.get_paginator('list_objects_v2').paginate(
+            Bucket=TIER_BUCKET)
+        for page in listed:
+            for item in page.get('Contents', []):
+                s3.delete_object(Bucket=TIER_BUCKET, Key=item['Key'])
+
+    def cluster_read(self, file_system, row):
+        mounts, caches = [], []
+        notes = []
+        try:
+            for node in range(CLUSTER_NODES):
+                caches.append(self.new_cache_dir(f'{file_system.name}-n{node}'))
+                path = self.workdir / 'mnt' / f'{file_system.name}-n{node}'
+                mounts.append(Mount(
+                    file_system.name,
+                    file_system.command(path, caches[-1], row),
+                    file_system.env, path,
+                    self.workdir / f'{file_system.name}-n{node}.log',
+                    self.cleanup).start())
+            drop_caches()
+            started = time.monotonic()
+            if row == 'cluster_seq':
+                seconds = 0.0
+                for mount in mounts:
+                    began = time.monotonic()
+                    read_sequential(mount.path / BIG_KEY, self.size)
+                    seconds += time.monotonic() - began
+                    if file_system.name.startswith('s3cachefs'):
+                        # the next node starts once this one's blocks are
+                        # in the tier (nodes come minutes apart): not
+                        # counted in the row's time
+                        waited = time.monotonic()
+                        wait_until(lambda: read_stats(mount.path)
+                                   .get('tier_queued_bytes', 0) == 0,
+                                   120, 'the writes to the shared cache')
+                        notes.append(f'waited {time.monotonic() - waited:.1f} s '
+                                     f'for the shared cache writes')
+            else:
+                with concurrent.futures.ThreadPoolExecutor(len(mounts)) as pool:
+                    list(pool.map(lambda mount: read_sequential(
+                        mount.path / BIG_KEY, self.size), mounts))
+                seconds = time.monotonic() - started
+            if file_system.name.startswith('s3cachefs'):
+                tier = sum(read_stats(m.path).get('bytes_from_tier', 0)
+                           for m in mounts)
+                notes.append(f'{tier / MiB:.0f} MiB from the shared cache')
+            return {'seconds': seconds, 'notes': notes}
+        finally:
+            for mount in mounts:
+                mount.stop()
+            for cache in caches:
+                shutil.rmtree(cache, ignore_errors=True)
 
     def mmap_row(self, file_system):
         """The big file mapped and loaded in random order, on a cache of

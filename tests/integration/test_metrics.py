@@ -7,6 +7,10 @@ requests of its kind. `promtool check metrics` (Debian's prometheus)
 passes on the page with nothing to say, and a real Prometheus scrapes the
 endpoint and answers queries on it, a histogram_quantile() included.
 
+With -o shared_cache the tier's families are there too: the bytes and
+blocks a second node read from the tier, and its requests by kind equal
+to what a proxy in front of the tier counted; without it, none.
+
 The endpoint is off unless asked for (the daemon then listens on no TCP
 port at all), listens on 127.0.0.1 when no address is named, and a port
 in use or an address that is not one fails the mount with a sentence
@@ -24,6 +28,9 @@ import pytest
 
 import s3proxy
 from conftest import BINARY, daemon_env, is_fuse_mount, wait_for
+# (the tier's server and bucket, shared with the tier's own tests)
+from test_shared_cache import (shared_options, tier_bucket,  # noqa: F401
+                               tier_profile, tier_server, tier_settled)
 
 MiB = 1 << 20
 HTTP_TIMEOUT = 10
@@ -129,11 +136,7 @@ def test_endpoint_serves_the_counters(s3, bucket, mount, proxy, tmp_path):
     assert samples['s3cachefs_build_info{version="0.1.0"}'] == 1
 
     # promtool, the format's own checker, finds nothing to say
-    done = subprocess.run(['promtool', 'check', 'metrics'], input=text,
-                          capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.strip() == '' and done.stderr.strip() == '', \
-        done.stdout + done.stderr
+    promtool_silent(text)
 
     # what else it answers
     assert fetch(f'http://127.0.0.1:{port}/metrics', 'HEAD')[0] == 200
@@ -143,6 +146,80 @@ def test_endpoint_serves_the_counters(s3, bucket, mount, proxy, tmp_path):
     # and the port is closed with the daemon
     with socket.socket() as probe:
         assert probe.connect_ex(('127.0.0.1', port)) != 0
+
+
+def promtool_silent(text):
+    done = subprocess.run(['promtool', 'check', 'metrics'], input=text,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.strip() == '' and done.stderr.strip() == '', \
+        done.stdout + done.stderr
+
+
+def test_shared_cache_families(s3, bucket, mount, home, proxy, tier_server,
+                               tier_bucket):
+    """Node A fills the tier; node B reads every block from it. B's page
+    has the tier's bytes and blocks, and its requests by kind as a proxy
+    in front of the tier counted them."""
+    body = os.urandom(3 * MiB + 321)
+    blocks = 13                 # of 256 KiB
+    s3.put_object(Bucket=bucket, Key='data.bin', Body=body)
+    tier_profile(home, tier_server)
+    with s3proxy.S3Proxy(tier_server.endpoint) as tier_proxy:
+        options = shared_options(tier_server, tier_bucket,
+                                 endpoint=tier_proxy.endpoint)
+        options.append('block_size=256K')
+        port_a, port_b = free_port(), free_port()
+        a = mount(bucket, options=[*options, f'metrics={port_a}'], name='a',
+                  endpoint=proxy.endpoint)
+        assert (a.path / 'data.bin').read_bytes() == body
+        tier_settled(a)
+        samples = parse(fetch(f'http://127.0.0.1:{port_a}/metrics')[2])
+        assert samples['s3cachefs_tier_sent_bytes_total'] == len(body)
+        assert samples['s3cachefs_tier_written_blocks_total'] == blocks
+        assert samples['s3cachefs_tier_queued_bytes'] == 0
+        a.unmount()
+
+        tier_proxy.reset_counters()
+        proxy.reset_counters()
+        b = mount(bucket, options=[*options, f'metrics={port_b}'], name='b',
+                  endpoint=proxy.endpoint)
+        assert (b.path / 'data.bin').read_bytes() == body
+        tier_settled(b)
+        status, _, text = fetch(f'http://127.0.0.1:{port_b}/metrics')
+        assert status == 200
+        samples = parse(text)
+        assert samples['s3cachefs_tier_received_bytes_total'] == len(body)
+        assert samples['s3cachefs_tier_hit_blocks_total'] == blocks
+        assert samples['s3cachefs_tier_bad_blocks_total'] == 0
+        assert samples['s3cachefs_tier_request_failures_total'] == 0
+        assert samples['s3cachefs_tier_skipping'] == 0
+        assert samples['s3cachefs_tier_written_blocks_total'] == 0
+        assert samples['s3cachefs_bucket_received_bytes_total'] == 0
+        wire = {'get': tier_proxy.counts['GET'],
+                'head': tier_proxy.counts['HEAD'],
+                'list': tier_proxy.counts['LIST'],
+                'put': tier_proxy.counts['PUT'],
+                'delete': tier_proxy.counts['DELETE'],
+                'multipart': tier_proxy.counts['POST']}
+        assert wire['get'] >= blocks
+        for kind, count in wire.items():
+            assert samples[f's3cachefs_tier_requests_total{{kind="{kind}"}}'] == count, kind
+            assert samples[f's3cachefs_tier_request_duration_seconds_count{{kind="{kind}"}}'] == count, kind
+        # the bucket's requests are the bucket's only
+        assert samples['s3cachefs_requests_total{kind="get"}'] == proxy.counts['GET']
+        promtool_silent(text)
+        b.unmount()
+
+
+def test_no_tier_families_without_a_tier(s3, bucket, mount):
+    port = free_port()
+    mnt = mount(bucket, options=[f'metrics={port}'])
+    status, _, text = fetch(f'http://127.0.0.1:{port}/metrics')
+    assert status == 200
+    assert 's3cachefs_requests_total{kind="list"}' in text
+    assert 'tier' not in text
+    mnt.unmount()
 
 
 def test_prometheus_scrapes_it(s3, bucket, mount, tmp_path):

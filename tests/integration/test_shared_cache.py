@@ -204,6 +204,28 @@ def test_shared_cache_down_never_fails_a_read(server, s3, bucket, mount, home,
     assert stats['tier_hit_blocks'] == 0 and stats['tier_written_blocks'] == 0
 
 
+def test_slow_shared_cache_is_skipped(server, s3, bucket, mount, home,
+                                      origin, tier_server, tier_bucket):
+    """A tier that holds a read past its deadline (5 s and the bytes at
+    8 MiB/s) is left alone: the read goes to the origin, the file reads
+    right, nothing more is asked of the tier."""
+    files = {'w.bin': RNG.randbytes(3 * MiB)}
+    s3.put_object(Bucket=bucket, Key='w.bin', Body=files['w.bin'])
+    tier_profile(home, tier_server)
+    with s3proxy.S3Proxy(tier_server.endpoint) as tier_proxy:
+        tier_proxy.inject('stall', 1, match='GET', seconds=20)
+        node = mount(bucket, endpoint=origin.endpoint,
+                     options=shared_options(tier_server, tier_bucket,
+                                            tier_proxy.endpoint))
+        tier_proxy.reset_counters()
+        read_all(node, files)
+        stats = read_stats(node.path)
+        assert stats['tier_errors'] == 1 and stats['tier_skipping'] == 1
+        assert stats['bytes_from_bucket'] == len(files['w.bin'])
+        assert tier_proxy.counts['GET'] == 1
+        assert tier_proxy.counts['PUT'] == 0
+
+
 def test_shared_cache_refused_fails_the_mount(server, bucket, home, tmp_path,
                                               tier_server):
     """A tier bucket that does not exist, or that refuses the keys, is a
@@ -232,3 +254,55 @@ def test_shared_cache_refused_fails_the_mount(server, bucket, home, tmp_path,
         env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode != 0
     assert 'would show inside the mount' in done.stderr
+
+
+def prune(tier_server, tier_bucket, home, *args):
+    env = {k: v for k, v in os.environ.items() if not k.startswith('AWS_')}
+    env['HOME'] = str(home)
+    return subprocess.run(
+        [BINARY, 'shared-cache', 'prune', f'{tier_bucket}:{TIER_PREFIX}',
+         '--endpoint', tier_server.endpoint, '--profile', 'tier', *args],
+        env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_prune_by_age_and_size(server, s3, bucket, mount, home, origin,
+                               tier_server, tier_bucket):
+    """`shared-cache prune` deletes whole versions, oldest first past a
+    size, nothing with --dry-run or an age not reached, never an object
+    that is not a block; nodes then read from the origin again."""
+    files = put_files(s3, bucket)
+    total = sum(len(body) for body in files.values())
+    tier_profile(home, tier_server)
+    options = shared_options(tier_server, tier_bucket)
+    a = mount(bucket, options=options, endpoint=origin.endpoint, name='a')
+    read_all(a, files)
+    tier_settled(a)
+    tier_s3 = tier_server.client()
+    stranger = TIER_PREFIX + 's3cachefs-tier/v1/notes.txt'
+    tier_s3.put_object(Bucket=tier_bucket, Key=stranger, Body=b'kept')
+    before = set(tier_keys(tier_server, tier_bucket))
+    assert len(before) == blocks_of(files) + 1
+
+    done = prune(tier_server, tier_bucket, home, '--older-than', '1d')
+    assert done.returncode == 0, done.stderr
+    assert 'pruning 0 versions' in done.stdout
+    assert f'3 versions, {blocks_of(files)} blocks' in done.stdout
+    done = prune(tier_server, tier_bucket, home, '--max-size', '1', '--dry-run')
+    assert done.returncode == 0, done.stderr
+    assert 'would prune 3 versions' in done.stdout
+    assert set(tier_keys(tier_server, tier_bucket)) == before
+
+    done = prune(tier_server, tier_bucket, home, '--max-size', '1')
+    assert done.returncode == 0, done.stderr
+    assert f'deleted {blocks_of(files)} blocks' in done.stdout
+    assert tier_keys(tier_server, tier_bucket) == [stranger]
+
+    origin.reset_counters()
+    b = mount(bucket, options=options, endpoint=origin.endpoint, name='b')
+    read_all(b, files)
+    assert origin_bytes(origin, bucket) == total
+
+    done = prune(tier_server, tier_bucket, home)
+    assert done.returncode == 2 and '--older-than' in done.stderr
+    done = prune(tier_server, tier_bucket, home, '--older-than', 'soon')
+    assert done.returncode == 2 and "'soon'" in done.stderr

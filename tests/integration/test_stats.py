@@ -10,6 +10,11 @@ savings use the -o block_size the mount was given (the daemon's
 cache_block_size_bytes counter). --watch runs under a pipe (not a terminal) and ends with
 status 0 on SIGINT and on SIGTERM.
 
+With -o shared_cache, a second node that read everything from the tier
+shows it in the table and the JSON object, and --tier-prices prices the
+tier's requests and bytes (computed again here) and what it saved at the
+bucket's prices.
+
 A bucket may be called "stats": `s3cachefs stats MNT -o ...` still mounts
 it when MNT is not an s3cachefs mount.
 """
@@ -28,6 +33,9 @@ import pytest
 
 import s3proxy
 from conftest import BINARY, daemon_env, is_fuse_mount, read_stats, wait_for
+# (the tier's server and bucket, shared with the tier's own tests)
+from test_shared_cache import (shared_options, tier_bucket,  # noqa: F401
+                               tier_profile, tier_server, tier_settled)
 
 MiB = 1 << 20
 BLOCK = 256 << 10           # -o block_size of the mounts here
@@ -51,6 +59,21 @@ copy free
 multipart 0.5 per 10
 egress 0.333 per GiB   # binary
 ingress 0.01 per TB
+"""
+
+
+TIER_COUNTERS = {           # price item -> the tier's counter it prices
+    item: 'tier_' + counter if counter.startswith('requests_') else counter
+    for item, counter in COUNTERS.items()}
+TIER_COUNTERS.update(egress='bytes_from_tier', ingress='bytes_to_tier')
+TIER_PRICE_FILE = """\
+name A bucket near the cluster
+get 0.0001 per 1000
+head 0.0001 per 1000
+list 0.001 per 1000
+put 0.001 per 1000
+egress 0.01 per GB
+ingress 0.002 per GiB
 """
 
 
@@ -101,6 +124,40 @@ def check_cost(report, block_size):
             gets * Decimal(cost['items']['get']['price']) /
             cost['items']['get']['per'])
         assert saved['total'] == saved['egress']['amount'] + saved['get']['amount']
+    assert cost['estimate'] is True
+    return cost
+
+
+def check_tier_cost(report, block_size, key='tier_cost', prefix=''):
+    """The shared cache's cost object KEY of REPORT, computed again from
+    its counters (PREFIX + name): the tier's prices for its traffic, the
+    bucket's ("cost") for what it saved."""
+    cost, bucket = report[key], report['cost']
+    with decimal.localcontext() as context:
+        context.prec = 60
+        total = Decimal(0)
+        for item, counter in TIER_COUNTERS.items():
+            line = cost['items'][item]
+            assert line['quantity'] == report[prefix + counter], item
+            expected = half_up(line['quantity'] * Decimal(line['price']) /
+                               line['per'])
+            assert line['amount'] == expected, (item, line)
+            total += expected
+        assert cost['total'] == total
+        saved = cost['saved']
+        assert saved['currency'] == bucket['currency']
+        assert saved['prices'] == bucket['prices']
+        from_tier = report[prefix + 'bytes_from_tier']
+        egress, get = bucket['items']['egress'], bucket['items']['get']
+        assert saved['egress']['quantity'] == from_tier
+        assert saved['egress']['amount'] == half_up(
+            from_tier * Decimal(egress['price']) / egress['per'])
+        gets = math.ceil(from_tier / block_size)
+        assert saved['get']['quantity'] == gets
+        assert saved['get']['amount'] == half_up(
+            gets * Decimal(get['price']) / get['per'])
+        assert saved['total'] == saved['egress']['amount'] + saved['get']['amount']
+        assert saved['net'] == saved['total'] - cost['total']
     assert cost['estimate'] is True
     return cost
 
@@ -227,6 +284,79 @@ def test_cost_at_presets_and_from_a_file(s3, bucket, mount, tmp_path):
     assert 'prices test.prices: Test provider, eu\n' in done.stdout
     assert ('one GET per block of\n  256 KiB (block_size, given in the '
             "daemon's counters)") in done.stdout
+
+
+def test_shared_cache_counted_and_priced(s3, bucket, mount, home, tier_server,
+                                        tier_bucket, tmp_path):
+    """Node A reads from the bucket and fills the tier; node B reads it all
+    from the tier. B's table and JSON say so, and --tier-prices prices
+    the tier's traffic and what it saved."""
+    body = os.urandom(3 * MiB + 321)
+    blocks = math.ceil(len(body) / BLOCK)
+    s3.put_object(Bucket=bucket, Key='data.bin', Body=body)
+    tier_profile(home, tier_server)
+    options = [*shared_options(tier_server, tier_bucket), 'block_size=256K']
+    prices = tmp_path / 'tier.prices'
+    prices.write_text(TIER_PRICE_FILE)
+
+    a = mount(bucket, options=options, name='a')
+    assert (a.path / 'data.bin').read_bytes() == body
+    tier_settled(a)
+    report = stats_json(a.path, '--prices=aws', f'--tier-prices={prices}')
+    assert report['bytes_to_tier'] == len(body)
+    assert report['tier_written_blocks'] == blocks
+    cost = check_tier_cost(report, BLOCK)
+    assert cost['items']['ingress']['quantity'] == len(body)
+    assert cost['items']['ingress']['amount'] > 0
+    a.unmount()
+
+    b = mount(bucket, options=options, name='b')
+    assert (b.path / 'data.bin').read_bytes() == body
+    tier_settled(b)
+    report = stats_json(b.path, '--prices=aws', f'--tier-prices={prices}')
+    assert report['bytes_from_tier'] == len(body)
+    assert report['tier_hit_blocks'] == blocks
+    assert report['bytes_from_bucket'] == 0
+    check_cost(report, BLOCK)
+    cost = check_tier_cost(report, BLOCK)
+    assert cost['prices'] == 'tier.prices'
+    assert cost['prices_title'] == 'A bucket near the cluster'
+    assert cost['saved']['get']['quantity'] == blocks
+    assert cost['saved']['net'] > 0
+    # since the cache was created: B's cache is new, so the same
+    check_tier_cost(report, BLOCK, 'lifetime_tier_cost', 'lifetime_')
+    assert report['lifetime_tier_cost']['saved']['egress']['quantity'] == len(body)
+
+    done = run_stats(b.path, '--prices=aws', f'--tier-prices={prices}')
+    assert done.returncode == 0, done.stderr
+    table = done.stdout
+    for part in ('\n  from the shared cache ', '\nshared cache\n  blocks read from it ',
+                 '\nshared cache requests\n  GET ',
+                 '\nshared cache cost since mount\n  prices tier.prices: A bucket '
+                 'near the cluster\n',
+                 '\nsaved by the shared cache since mount\n',
+                 '\n  net, less the shared cache\'s cost '):
+        assert part in table, (part, table)
+    saved, currency = table_money(table, '\nsaved by the shared cache since mount\n')
+    assert currency == 'USD'
+    assert saved == report['tier_cost']['saved']['total'].quantize(
+        Decimal('1e-6'), rounding=decimal.ROUND_HALF_UP)
+    assert 'not priced' not in table
+
+    # the bucket priced and the tier not: said, once
+    done = run_stats(b.path, '--prices=aws')
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count('shared cache: not priced') == 1
+    assert 'shared cache cost' not in done.stdout
+    assert 'tier_cost' not in stats_json(b.path, '--prices=aws')
+
+    # --tier-prices on a mount without a tier
+    plain = mount(bucket, name='plain')
+    done = run_stats(plain.path, '--prices=aws', f'--tier-prices={prices}')
+    assert (done.returncode, done.stdout) == (1, ''), done
+    assert done.stderr == (f's3cachefs: {plain.path}: the mount has no shared '
+                           'cache (-o shared_cache): nothing for --tier-prices '
+                           'to price\n')
 
 
 class LineReader:
@@ -394,10 +524,19 @@ def test_errors(tmp_path):
           'directory\n', plain, f'--prices={tmp_path}/missing')
 
     usage = ('usage: s3cachefs stats MOUNTPOINT [--json] [--watch[=SECONDS]] '
-             '[--prices=NAME|FILE] (see --help)\n')
+             '[--prices=NAME|FILE] [--tier-prices=NAME|FILE] (see --help)\n')
     fails(2, 's3cachefs stats: --prices=azure: not a preset (aws, r2, b2, gcs) '
           'nor a file\n', plain, '--prices=azure')
     # (with one of its own options: alone, '--frob' would be a mount's)
+    fails(2, 's3cachefs stats: --tier-prices=azure: not a preset (aws, r2, b2, '
+          'gcs) nor a file\n', plain, '--prices=aws', '--tier-prices=azure')
+    fails(2, 's3cachefs stats: --tier-prices needs --prices too: what the '
+          "shared cache saved is priced at the bucket's prices\n" + usage,
+          plain, '--tier-prices=aws')
+    fails(2, 's3cachefs stats: --tier-prices needs a preset (aws, r2, b2, gcs) '
+          'or a file\n' + usage, plain, '--prices=aws', '--tier-prices=')
+    fails(1, f"s3cachefs: price file {bad}:2: 'get' is given twice (first on "
+          "line 1)\n", plain, '--prices=aws', '--tier-prices', bad)
     fails(2, "s3cachefs stats: unknown option '--frob'\n" + usage, plain,
           '--json', '--frob')
     fails(2, 's3cachefs stats: no mount point\n' + usage, '--json')

@@ -2,7 +2,7 @@
 # make check: the modules of the program call each other without cycles
 # (tests/layers/check-layers.py over libs3cachefs.a and the objects the
 # daemon adds to it: the S3 client, main, unmount, the stats, sync and
-# pending commands, warm).
+# pending commands, warm, the shared cache and its prune command).
 # Needs nm (binutils) and Debian's python3.
 set -eu
 srcdir=${S3CACHEFS_SRCDIR:-$(cd "$(dirname "$0")/../.." && pwd)}
@@ -14,7 +14,7 @@ fi
 objects=
 for name in s3 s3_client credentials credsource main unmount stats_cmd \
         stats_report stats_text prices sync_cmd warm_cmd warm_report cmd_mount \
-        cmd_args; do
+        cmd_args shared_cache shared_cache_cmd; do
     [ -f "$builddir/src/$name.o" ] && objects="$objects $builddir/src/$name.o"
 done
 # shellcheck disable=SC2086 # (the object paths have no spaces)

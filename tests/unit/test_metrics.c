@@ -73,6 +73,36 @@ static struct fs_stats sample_stats(void)
     return st;
 }
 
+/* The same with a shared cache tier whose every counter has its own
+ * value too. */
+static struct fs_stats sample_tier_stats(void)
+{
+    struct fs_stats st = sample_stats();
+
+    st.tier_on = true;
+    st.tier.hit_bytes = 4001;
+    st.tier.put_bytes = 4002;
+    st.tier.hits = 4003;
+    st.tier.misses = 4004;
+    st.tier.bad = 4005;
+    st.tier.skipped = 4006;
+    st.tier.puts = 4007;
+    st.tier.put_exists = 4008;
+    st.tier.put_dropped = 4009;
+    st.tier.queued_bytes = 4010;
+    st.tier.errors = 4011;
+    st.tier.skipping = true;
+    for (int op = 0; op < S3_OP_COUNT; op++)
+        st.tier.s3.requests[op] = 500 + (uint64_t)op;
+    /* tier GETs: 4 at most 5 ms, 1 in (1, 2.5]: 5 in 1.500002 s */
+    st.tier.s3.latency[S3_OP_GET].counts[2] = 4;
+    st.tier.s3.latency[S3_OP_GET].counts[10] = 1;
+    st.tier.s3.latency[S3_OP_GET].sum_us = 1500002;
+    /* (the tier's own byte counts are framed blocks: not shown) */
+    st.tier.s3.bytes_received = 9999;
+    return st;
+}
+
 static char *render(const struct fs_stats *st, const char *version)
 {
     struct metrics_snapshot snapshot = {
@@ -176,12 +206,10 @@ static void test_text_histogram(void **state)
     free(text);
 }
 
-/* Every sample's family has HELP and TYPE lines before it, once. */
-static void test_text_every_family_described(void **state)
+/* Every sample's family in TEXT has HELP and TYPE lines before it, once;
+ * at least MIN_FAMILIES of them. */
+static void every_family_described(const char *text, size_t min_families)
 {
-    (void)state;
-    struct fs_stats st = sample_stats();
-    char *text = render(&st, "0.1.0");
     char *copy = strdup(text);
     char described[64][96];
     size_t count = 0;
@@ -223,8 +251,80 @@ static void test_text_every_family_described(void **state)
         if (!found)
             fail_msg("sample '%s' before its HELP line", line);
     }
-    assert_true(count >= 25);
+    assert_true(count >= min_families);
     free(copy);
+}
+
+static void test_text_every_family_described(void **state)
+{
+    (void)state;
+    struct fs_stats st = sample_stats();
+    char *text = render(&st, "0.1.0");
+    every_family_described(text, 25);
+    free(text);
+    st = sample_tier_stats();
+    text = render(&st, "0.1.0");
+    every_family_described(text, 25 + 14);
+    free(text);
+}
+
+/* The shared cache's families, with their values, only with a tier. */
+static void test_text_tier(void **state)
+{
+    (void)state;
+    struct fs_stats st = sample_stats();
+    char *text = render(&st, "0.1.0");
+    assert_null(strstr(text, "tier"));
+    free(text);
+
+    st = sample_tier_stats();
+    text = render(&st, "0.1.0");
+    static const char *const lines[] = {
+        "s3cachefs_tier_received_bytes_total 4001",
+        "s3cachefs_tier_sent_bytes_total 4002",
+        "s3cachefs_tier_hit_blocks_total 4003",
+        "s3cachefs_tier_miss_blocks_total 4004",
+        "s3cachefs_tier_bad_blocks_total 4005",
+        "s3cachefs_tier_skipped_blocks_total 4006",
+        "s3cachefs_tier_written_blocks_total 4007",
+        "s3cachefs_tier_written_first_elsewhere_blocks_total 4008",
+        "s3cachefs_tier_dropped_blocks_total 4009",
+        "s3cachefs_tier_queued_bytes 4010",
+        "s3cachefs_tier_request_failures_total 4011",
+        "s3cachefs_tier_skipping 1",
+        "# TYPE s3cachefs_tier_received_bytes_total counter",
+        "# TYPE s3cachefs_tier_queued_bytes gauge",
+        "# TYPE s3cachefs_tier_skipping gauge",
+        "# TYPE s3cachefs_tier_requests_total counter",
+        "# TYPE s3cachefs_tier_request_duration_seconds histogram",
+        "s3cachefs_tier_requests_total{kind=\"get\"} 500",
+        "s3cachefs_tier_requests_total{kind=\"head\"} 501",
+        "s3cachefs_tier_requests_total{kind=\"list\"} 502",
+        "s3cachefs_tier_requests_total{kind=\"put\"} 503",
+        "s3cachefs_tier_requests_total{kind=\"delete\"} 504",
+        "s3cachefs_tier_requests_total{kind=\"copy\"} 505",
+        "s3cachefs_tier_requests_total{kind=\"multipart\"} 506",
+        "s3cachefs_tier_request_duration_seconds_bucket{kind=\"get\",le=\"0.001\"} 0",
+        "s3cachefs_tier_request_duration_seconds_bucket{kind=\"get\",le=\"0.005\"} 4",
+        "s3cachefs_tier_request_duration_seconds_bucket{kind=\"get\",le=\"1\"} 4",
+        "s3cachefs_tier_request_duration_seconds_bucket{kind=\"get\",le=\"2.5\"} 5",
+        "s3cachefs_tier_request_duration_seconds_bucket{kind=\"get\",le=\"+Inf\"} 5",
+        "s3cachefs_tier_request_duration_seconds_count{kind=\"get\"} 5",
+        "s3cachefs_tier_request_duration_seconds_sum{kind=\"get\"} 1.500002",
+        "s3cachefs_tier_request_duration_seconds_count{kind=\"put\"} 0",
+        /* the bucket's are the bucket's still */
+        "s3cachefs_requests_total{kind=\"get\"} 100",
+        "s3cachefs_bucket_received_bytes_total 2001",
+        "s3cachefs_request_duration_seconds_count{kind=\"get\"} 6",
+    };
+    for (size_t i = 0; i < ARRAY_LEN(lines); i++)
+        has_line(text, lines[i]);
+    assert_null(strstr(text, "9999"));
+    /* one bucket line per bound and +Inf, for each kind, bucket and tier */
+    size_t buckets = 0;
+    for (const char *p = text; (p = strstr(p, "_bucket{")) != NULL; p++)
+        buckets++;
+    assert_int_equal(buckets, 2 * S3_OP_COUNT * (S3_LATENCY_BUCKETS + 1));
     free(text);
 }
 
@@ -473,6 +573,7 @@ int main(void)
         cmocka_unit_test(test_text_values),
         cmocka_unit_test(test_text_histogram),
         cmocka_unit_test(test_text_every_family_described),
+        cmocka_unit_test(test_text_tier),
         cmocka_unit_test(test_text_label_escaped),
         cmocka_unit_test(test_address_accepted),
         cmocka_unit_test(test_address_refused),

@@ -412,6 +412,18 @@ static const char lifetime_lines[] =
     "lifetime_upload_failures 0\n"
     "lifetime_upload_retries 0\n"
     "lifetime_copies_on_write 0\n"
+    /* (given by a daemon that knows the shared cache, with or without one) */
+    "lifetime_bytes_from_tier 0\n"
+    "lifetime_bytes_to_tier 0\n"
+    "lifetime_tier_bad_blocks 0\n"
+    "lifetime_tier_errors 0\n"
+    "lifetime_tier_requests_get 0\n"
+    "lifetime_tier_requests_head 0\n"
+    "lifetime_tier_requests_list 0\n"
+    "lifetime_tier_requests_put 0\n"
+    "lifetime_tier_requests_delete 0\n"
+    "lifetime_tier_requests_copy 0\n"
+    "lifetime_tier_requests_multipart 0\n"
     "lifetime_since 1764633600\n";   /* 2025-12-02 00:00 UTC */
 
 static void test_table_lifetime(void **state)
@@ -488,6 +500,8 @@ static void test_table_lifetime(void **state)
      * listed as counters of their own */
     assert_null(strstr(at, "Estimates"));
     assert_null(strstr(text, "lifetime_"));
+    /* nor is a shared cache the mount does not have */
+    assert_null(strstr(text, "shared"));
     free(text);
 
     CAPTURE(text, assert_int_equal(stats_report_json(out, &report, false, -1,
@@ -499,6 +513,422 @@ static void test_table_lifetime(void **state)
     assert_true(lifetime_cost > strstr(text, "\"cost\": {"));
     assert_non_null(strstr(lifetime_cost, "\"quantity\": 262144,"));
     free(text);
+    stats_text_free(&stats);
+}
+
+/* ---------------------------------------------------------- shared cache */
+
+/* The man page's example on a node of a cluster with -o shared_cache: of
+ * 6 GiB fetched, 2 GiB came from the shared cache (2048 blocks of 1 MiB),
+ * and 1 GiB fetched from the bucket was written to it. */
+static const char tier_lines[] =
+    "bytes_from_tier 2147483648\n"
+    "bytes_to_tier 1073741824\n"
+    "tier_hit_blocks 2048\n"
+    "tier_miss_blocks 1030\n"
+    "tier_bad_blocks 1\n"
+    "tier_skipped_blocks 5\n"
+    "tier_written_blocks 1000\n"
+    "tier_written_first_elsewhere 24\n"
+    "tier_dropped_blocks 6\n"
+    "tier_queued_bytes 3145728\n"
+    "tier_errors 2\n"
+    "tier_skipping 1\n"
+    "tier_requests_get 3079\n"
+    "tier_requests_head 0\n"
+    "tier_requests_list 1\n"
+    "tier_requests_put 1024\n"
+    "tier_requests_delete 0\n"
+    "tier_requests_copy 0\n"
+    "tier_requests_multipart 0\n";
+
+/* A price table for the shared cache: a bucket in the cluster's region. */
+static const char tier_price_file[] =
+    "name In-region bucket\n"
+    "get 0.0001 per 1000\n"
+    "list 0.001 per 1000\n"
+    "put 0.001 per 1000\n"
+    "egress 0.01 per GB\n";
+
+static void tier_prices(struct price_table *out)
+{
+    char err[200];
+    if (prices_parse(tier_price_file, strlen(tier_price_file), "near", out,
+                     err, sizeof(err)) != 0)
+        fail_msg("tier prices: %s", err);
+}
+
+/* The sample with the tier's counters after copies_on_write (where the
+ * daemon writes them), then EXTRA. */
+static void parse_with_tier(const char *extra, struct stats_text *stats)
+{
+    char *input = NULL;
+    const char *cut = strstr(sample, "new_counter");
+    assert_non_null(cut);
+    assert_true(asprintf(&input, "%.*s%s%s%s", (int)(cut - sample), sample,
+                         tier_lines, cut, extra) > 0);
+    parse(input, stats);
+    free(input);
+}
+
+static void test_tier_cost(void **state)
+{
+    struct stats_text stats = {0};
+    struct price_table aws, near;
+    struct stats_cost cost;
+    char err[200];
+    (void)state;
+    parse_with_tier("", &stats);
+    assert_int_equal(prices_preset("aws", &aws), 0);
+    tier_prices(&near);
+    assert_true(stats_report_has_tier(&stats));
+    assert_int_equal(stats_report_tier_cost(&stats, &near, &aws, 1 << 20,
+                                            &cost, err, sizeof(err)), 0);
+    /* at the tier's prices: 3079 GET x 0.0001 / 1000 = 307,900 nanos; 1
+     * LIST 1,000; 1024 PUT x 0.001 / 1000 = 1,024,000; 2^31 bytes x 0.01 /
+     * 10^9 = 21,474,836.48 -> 21,474,836; ingress free */
+    assert_int_equal(cost.items[PRICE_GET].quantity, 3079);
+    assert_int_equal(cost.items[PRICE_GET].nanos, 307900);
+    assert_int_equal(cost.items[PRICE_LIST].nanos, 1000);
+    assert_int_equal(cost.items[PRICE_PUT].quantity, 1024);
+    assert_int_equal(cost.items[PRICE_PUT].nanos, 1024000);
+    assert_int_equal(cost.items[PRICE_HEAD].nanos, 0);
+    assert_int_equal(cost.items[PRICE_EGRESS].quantity, 2147483648ull);
+    assert_int_equal(cost.items[PRICE_EGRESS].nanos, 21474836);
+    assert_int_equal(cost.items[PRICE_INGRESS].quantity, 1073741824ull);
+    assert_int_equal(cost.items[PRICE_INGRESS].nanos, 0);
+    assert_int_equal(cost.total, 307900 + 1000 + 1024000 + 21474836);
+    /* saved, at the bucket's (aws) prices: 2^31 bytes x 0.09 / 10^9 =
+     * 193,273,528.32 -> 193,273,528, and 2048 GETs x 0.0004 / 1000 */
+    assert_int_equal(cost.saved_egress.quantity, 2147483648ull);
+    assert_int_equal(cost.saved_egress.nanos, 193273528);
+    assert_int_equal(cost.saved_gets.quantity, 2048);
+    assert_int_equal(cost.saved_gets.nanos, 819200);
+    assert_int_equal(cost.saved_total, 193273528 + 819200);
+
+    /* the bucket's own cost is unchanged by the tier's counters */
+    assert_int_equal(stats_report_cost(&stats, &aws, 1 << 20, &cost, err,
+                                       sizeof(err)), 0);
+    assert_int_equal(cost.items[PRICE_GET].quantity, 519);
+    assert_int_equal(cost.total, 207600 + 800 + 15000 + 386547057);
+
+    /* no tier: a sentence that says so; a tier counter missing */
+    parse(sample, &stats);
+    assert_false(stats_report_has_tier(&stats));
+    assert_int_equal(stats_report_tier_cost(&stats, &near, &aws, 1 << 20,
+                                            &cost, err, sizeof(err)), ENOENT);
+    assert_string_equal(err, "the mount has no shared cache (-o shared_cache): "
+                        "nothing for --tier-prices to price");
+    parse("bytes_from_tier 1\nbytes_from_cache 0\n", &stats);
+    assert_int_equal(stats_report_tier_cost(&stats, &near, &aws, 1 << 20,
+                                            &cost, err, sizeof(err)), ENOENT);
+    assert_string_equal(err, "the daemon does not count 'tier_requests_get': "
+                        "no cost without it");
+    stats_text_free(&stats);
+}
+
+static void test_tier_table(void **state)
+{
+    struct stats_text stats = {0};
+    struct price_table aws, near;
+    char *text = NULL, err[200];
+    (void)state;
+    parse_with_tier("", &stats);
+    assert_int_equal(prices_preset("aws", &aws), 0);
+    tier_prices(&near);
+    struct stats_report report = {
+        .mountpoint = "/data", .source = "my-bucket:datasets", .pid = 4242,
+        .stats = &stats, .prices = &aws, .tier_prices = &near,
+        .block_size = 1 << 20, .block_size_from = STATS_BLOCK_SIZE_COUNTERS,
+    };
+    CAPTURE(text, assert_int_equal(stats_report_table(out, &report, err,
+                                                      sizeof(err)), 0));
+    static const char *const expected_parts[] = {
+        "reads\n"
+        "  read by programs                         8.0 GiB\n"
+        "  from the cache                           4.0 GiB\n"
+        "  from the shared cache                    2.0 GiB\n"
+        "  from the bucket                          4.0 GiB\n",
+        "requests\n"
+        "  GET                                          519\n",
+        "shared cache\n"
+        "  blocks read from it                        2,048\n"
+        "  blocks it did not have                     1,030\n"
+        "  blocks damaged                                 1\n"
+        "  blocks not asked (skipped)                     5\n"
+        "  sent to it                               1.0 GiB\n"
+        "  blocks written                             1,000\n"
+        "  written first by others                       24\n"
+        "  blocks not written                             6\n"
+        "  waiting to be written                    3.0 MiB\n"
+        "  requests failed                                2\n"
+        "  skipped after a failure                      yes\n"
+        "\n"
+        "shared cache requests\n"
+        "  GET                                        3,079\n"
+        "  HEAD                                           0\n"
+        "  LIST                                           1\n"
+        "  PUT                                        1,024\n"
+        "  DELETE                                         0\n"
+        "  COPY                                           0\n"
+        "  multipart                                      0\n"
+        "\n"
+        "writes\n",
+        "other\n"
+        "  inodes in use                                  4\n"
+        "  new_counter                               12,345\n"
+        "\n"
+        "cost since mount\n",
+        "  GET                           519 x 0.0004 USD per 1,000       0.000208 USD\n",
+        "saved by the cache since mount\n",
+        "  total                                                          0.388185 USD\n"
+        "\n"
+        "shared cache cost since mount\n"
+        "  prices near: In-region bucket\n"
+        "  GET                         3,079 x 0.0001 USD per 1,000       0.000308 USD\n"
+        "  HEAD                            0   free                       0.000000 USD\n"
+        "  LIST                            1 x 0.001 USD per 1,000        0.000001 USD\n"
+        "  PUT                         1,024 x 0.001 USD per 1,000        0.001024 USD\n"
+        "  DELETE                          0   free                       0.000000 USD\n"
+        "  COPY                            0   free                       0.000000 USD\n"
+        "  multipart                       0   free                       0.000000 USD\n"
+        "  egress                   2.147 GB x 0.01 USD per GB            0.021475 USD\n"
+        "  ingress                   1.0 GiB   free                       0.000000 USD\n"
+        "  total                                                          0.022808 USD\n"
+        "\n"
+        "saved by the shared cache since mount\n"
+        "  2.0 GiB read from the shared cache, at the bucket's prices (aws)\n"
+        "  egress not paid          2.147 GB x 0.09 USD per GB            0.193274 USD\n"
+        "  GET, one per 1 MiB          2,048 x 0.0004 USD per 1,000       0.000819 USD\n"
+        "  total                                                          0.194093 USD\n"
+        "  net, less the shared cache's cost                              0.171285 USD\n"
+        "\n"
+        "  Estimates from list prices",
+        "  The shared cache's savings: each byte read from it fetched from\n"
+        "  the bucket instead, at the bucket's prices, one GET per block.\n",
+    };
+    const char *at = text;
+    for (size_t i = 0; i < ARRAY_LEN(expected_parts); i++) {
+        const char *found = strstr(at, expected_parts[i]);
+        if (found == NULL)
+            fail_msg("table, no\n%s\nafter\n%s", expected_parts[i], at);
+        at = found + strlen(expected_parts[i]);
+    }
+    /* the tier's counters are known: none under "other" by its name */
+    assert_null(strstr(text, "tier_"));
+    assert_null(strstr(text, "not priced"));
+    free(text);
+
+    /* the bucket priced, the tier not: said once, after the costs */
+    report.tier_prices = NULL;
+    CAPTURE(text, assert_int_equal(stats_report_table(out, &report, err,
+                                                      sizeof(err)), 0));
+    static const char not_priced[] =
+        "\nshared cache: not priced (its requests and bytes are not in the "
+        "cost above;\n  --tier-prices=NAME|FILE prices them)\n";
+    const char *said = strstr(text, not_priced);
+    assert_non_null(said);
+    assert_true(said > strstr(text, "saved by the cache since mount"));
+    assert_null(strstr(said + strlen(not_priced), "not priced"));
+    assert_null(strstr(text, "shared cache cost"));
+    assert_null(strstr(text, "The shared cache's savings"));
+    free(text);
+
+    /* without a tier: neither the groups nor the line */
+    parse(sample, &stats);
+    CAPTURE(text, assert_int_equal(stats_report_table(out, &report, err,
+                                                      sizeof(err)), 0));
+    assert_null(strstr(text, "shared"));
+    free(text);
+    /* tier prices for a mount without a tier: the error, nothing printed */
+    report.tier_prices = &near;
+    CAPTURE(text, assert_int_equal(stats_report_table(out, &report, err,
+                                                      sizeof(err)), ENOENT));
+    assert_string_equal(text, "");
+    assert_non_null(strstr(err, "no shared cache"));
+    free(text);
+    stats_text_free(&stats);
+}
+
+/* The shared cache dearer than what it saved: the net is negative; and
+ * in another currency than the bucket's, there is no net. */
+static void test_tier_net(void **state)
+{
+    struct stats_text stats = {0};
+    struct price_table aws, dear;
+    char *text = NULL, err[200];
+    static const char dear_file[] = "currency EUR\nput 1 per 1000\n";
+    (void)state;
+    parse_with_tier("", &stats);
+    assert_int_equal(prices_preset("aws", &aws), 0);
+    assert_int_equal(prices_parse(dear_file, strlen(dear_file), "dear", &dear,
+                                  err, sizeof(err)), 0);
+    struct stats_report report = {
+        .mountpoint = "/data", .stats = &stats, .prices = &aws,
+        .tier_prices = &dear, .block_size = 1 << 20,
+        .block_size_from = STATS_BLOCK_SIZE_COUNTERS,
+    };
+    /* 1024 PUT x 1 EUR / 1000 = 1.024 EUR; saved 0.194092728 USD */
+    CAPTURE(text, assert_int_equal(stats_report_table(out, &report, err,
+                                                      sizeof(err)), 0));
+    assert_non_null(strstr(text, "  total                                    "
+                           "                      1.024000 EUR\n"));
+    assert_non_null(strstr(text, "  total                                    "
+                           "                      0.194093 USD\n"));
+    assert_null(strstr(text, "net, less"));
+    free(text);
+    CAPTURE(text, assert_int_equal(stats_report_json(out, &report, false, -1,
+                                                     err, sizeof(err)), 0));
+    assert_null(strstr(text, "\"net\""));
+    free(text);
+
+    memcpy(dear.currency, "USD", 4);
+    CAPTURE(text, assert_int_equal(stats_report_table(out, &report, err,
+                                                      sizeof(err)), 0));
+    /* 0.194092728 - 1.024 = -0.829907272 */
+    assert_non_null(strstr(text, "  net, less the shared cache's cost        "
+                           "                     -0.829907 USD\n"));
+    free(text);
+    CAPTURE(text, assert_int_equal(stats_report_json(out, &report, false, -1,
+                                                     err, sizeof(err)), 0));
+    assert_non_null(strstr(text, "\"net\": -0.829907272\n"));
+    free(text);
+
+    /* 100 nanos short: no sign on the 6 places that round it to zero,
+     * the sign in the 9 of JSON. 1024 PUT x 0.0001 = 0.1024, 1 LIST
+     * 0.091692828: 0.194092828 */
+    static const char close_file[] = "put 0.0001 per 1\n"
+                                     "list 0.091692828 per 1\n";
+    assert_int_equal(prices_parse(close_file, strlen(close_file), "close",
+                                  &dear, err, sizeof(err)), 0);
+    CAPTURE(text, assert_int_equal(stats_report_table(out, &report, err,
+                                                      sizeof(err)), 0));
+    assert_non_null(strstr(text, "  net, less the shared cache's cost        "
+                           "                      0.000000 USD\n"));
+    free(text);
+    CAPTURE(text, assert_int_equal(stats_report_json(out, &report, false, -1,
+                                                     err, sizeof(err)), 0));
+    assert_non_null(strstr(text, "\"net\": -0.000000100\n"));
+    free(text);
+    stats_text_free(&stats);
+}
+
+/* The JSON object: the tier's counters as they are, "tier_cost" shaped
+ * like "cost", and the totals since the cache was created. */
+static void test_tier_json(void **state)
+{
+    struct stats_text stats = {0};
+    struct price_table aws, near;
+    char *text = NULL, err[200];
+    (void)state;
+    parse_with_tier("lifetime_bytes_from_cache 4294967296\n"
+                    "lifetime_bytes_from_bucket 4294967296\n"
+                    "lifetime_bytes_to_bucket 0\n"
+                    "lifetime_requests_get 519\n"
+                    "lifetime_requests_head 2\n"
+                    "lifetime_requests_list 3\n"
+                    "lifetime_requests_put 0\n"
+                    "lifetime_requests_delete 0\n"
+                    "lifetime_requests_copy 0\n"
+                    "lifetime_requests_multipart 0\n"
+                    "lifetime_bytes_from_tier 12884901888\n"
+                    "lifetime_bytes_to_tier 1073741824\n"
+                    "lifetime_tier_bad_blocks 1\n"
+                    "lifetime_tier_errors 2\n"
+                    "lifetime_tier_requests_get 12289\n"
+                    "lifetime_tier_requests_head 0\n"
+                    "lifetime_tier_requests_list 1\n"
+                    "lifetime_tier_requests_put 1024\n"
+                    "lifetime_tier_requests_delete 0\n"
+                    "lifetime_tier_requests_copy 0\n"
+                    "lifetime_tier_requests_multipart 0\n"
+                    "lifetime_since 1764633600\n", &stats);
+    assert_int_equal(prices_preset("aws", &aws), 0);
+    tier_prices(&near);
+    struct stats_report report = {
+        .mountpoint = "/data", .stats = &stats, .prices = &aws,
+        .tier_prices = &near, .block_size = 1 << 20,
+        .block_size_from = STATS_BLOCK_SIZE_COUNTERS,
+    };
+    CAPTURE(text, assert_int_equal(stats_report_json(out, &report, false, -1,
+                                                     err, sizeof(err)), 0));
+    assert_non_null(strstr(text, "\n  \"bytes_from_tier\": 2147483648,\n"));
+    assert_non_null(strstr(text, "\n  \"tier_skipping\": 1,\n"));
+    assert_non_null(strstr(text, "\n  \"tier_requests_put\": 1024,\n"));
+    assert_non_null(strstr(text, "\n  \"lifetime_tier_requests_get\": 12289,\n"));
+    const char *cost = strstr(text, "\n  \"cost\": {");
+    const char *tier = strstr(text, "\n  \"tier_cost\": {");
+    const char *lifetime = strstr(text, "\n  \"lifetime_tier_cost\": {");
+    assert_non_null(cost);
+    assert_non_null(tier);
+    assert_non_null(lifetime);
+    assert_true(cost < tier && tier < lifetime);
+    assert_non_null(strstr(tier,
+        "\"tier_cost\": {\n"
+        "    \"currency\": \"USD\",\n"
+        "    \"prices\": \"near\",\n"
+        "    \"prices_title\": \"In-region bucket\",\n"
+        "    \"estimate\": true,\n"
+        "    \"items\": {\n"
+        "      \"get\": {\n"
+        "        \"quantity\": 3079,\n"
+        "        \"unit\": \"requests\",\n"
+        "        \"price\": 0.0001,\n"
+        "        \"per\": 1000,\n"
+        "        \"amount\": 0.000307900\n"
+        "      },\n"));
+    assert_non_null(strstr(tier,
+        "      \"egress\": {\n"
+        "        \"quantity\": 2147483648,\n"
+        "        \"unit\": \"bytes\",\n"
+        "        \"price\": 0.01,\n"
+        "        \"per\": 1000000000,\n"
+        "        \"amount\": 0.021474836\n"
+        "      },\n"));
+    assert_non_null(strstr(tier,
+        "    \"total\": 0.022807736,\n"
+        "    \"saved\": {\n"
+        "      \"currency\": \"USD\",\n"
+        "      \"prices\": \"aws\",\n"
+        "      \"block_size\": 1048576,\n"
+        "      \"block_size_from\": \"counters\",\n"
+        "      \"egress\": {\n"
+        "        \"quantity\": 2147483648,\n"
+        "        \"unit\": \"bytes\",\n"
+        "        \"price\": 0.09,\n"
+        "        \"per\": 1000000000,\n"
+        "        \"amount\": 0.193273528\n"
+        "      },\n"
+        "      \"get\": {\n"
+        "        \"quantity\": 2048,\n"
+        "        \"unit\": \"requests\",\n"
+        "        \"price\": 0.0004,\n"
+        "        \"per\": 1000,\n"
+        "        \"amount\": 0.000819200\n"
+        "      },\n"
+        "      \"total\": 0.194092728,\n"
+        "      \"net\": 0.171284992\n"
+        "    }\n"
+        "  }"));
+    /* since the cache was created: 12 GiB from the tier, 12289 GETs
+     * (1,228,900 nanos), 2^33 + 2^32 bytes x 0.01 = 128,849,018.88 ->
+     * 128,849,019; saved 12288 GETs at 0.0004 / 1000 */
+    assert_non_null(strstr(lifetime, "\"amount\": 0.001228900\n"));
+    assert_non_null(strstr(lifetime, "\"amount\": 0.128849019\n"));
+    assert_non_null(strstr(lifetime, "\"quantity\": 12288,"));
+    assert_non_null(strstr(lifetime,
+        "    \"total\": 0.131102919,\n"));   /* + 1,000 LIST + 1,024,000 PUT */
+    /* the saved "currency" and "prices" are the tier's only */
+    assert_true(strstr(text, "\"saved\": {\n      \"currency\"") > tier);
+    free(text);
+
+    /* the lifetime ratio counts the tier's bytes as misses: 4 / (4+4+12) */
+    struct stats_text totals = {0};
+    uint64_t since;
+    assert_int_equal(stats_report_lifetime(&stats, &totals, &since), 0);
+    assert_string_equal(stats_text_find(&totals, "cache_hit_ratio")->text,
+                        "0.2000");
+    stats_text_free(&totals);
     stats_text_free(&stats);
 }
 
@@ -613,6 +1043,10 @@ int main(void)
         cmocka_unit_test(test_table),
         cmocka_unit_test(test_table_lifetime),
         cmocka_unit_test(test_json),
+        cmocka_unit_test(test_tier_cost),
+        cmocka_unit_test(test_tier_table),
+        cmocka_unit_test(test_tier_net),
+        cmocka_unit_test(test_tier_json),
         cmocka_unit_test(test_watch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -31,6 +31,8 @@
 #include <cmocka.h>
 
 #include <errno.h>
+#include <pthread.h>
+#include <unistd.h>
 
 #include "cache.h"
 #include "fake_s3.h"
@@ -38,6 +40,7 @@
 #include "s3.h"
 #include "tier.h"
 #include "tier_format.h"
+#include "tier_prune.h"
 #include "unit_cache.h"
 #include "workers.h"
 
@@ -62,7 +65,7 @@ struct fixture {
     struct node nodes[NODES];
 };
 
-static void node_start(struct fixture *f, struct node *node, uint64_t queue_bytes)
+static void node_start(struct fixture *f, struct node *node, uint64_t queue_blocks)
 {
     struct cache_conf cache_conf = {
         .dir = node->dir,
@@ -75,12 +78,13 @@ static void node_start(struct fixture *f, struct node *node, uint64_t queue_byte
         .prefix = "shared/",
         .origin = ORIGIN,
         .block_size = BLOCK,
-        .queue_bytes = queue_bytes,
+        .queue_blocks = queue_blocks,
     };
 
     snprintf(node->dir, sizeof(node->dir), "/tmp/test_tier.XXXXXX");
     assert_non_null(mkdtemp(node->dir));
     node->cache = unit_cache_open(&cache_conf);
+    tier_conf.cache = node->cache;
     assert_int_equal(workers_create(2, &node->workers), 0);
     assert_int_equal(tier_create(&tier_conf, &node->tier), 0);
     struct reader_conf reader_conf = {
@@ -166,10 +170,13 @@ static int read_all(struct node *node, const char *key, const char *etag,
     return err;
 }
 
+/* What the origin sent, once no GET is under way: a read-ahead GET may
+ * end (and be counted) after the read that needed its blocks. */
 static uint64_t origin_bytes(struct fixture *f)
 {
     struct s3_stats stats;
 
+    assert_int_equal(fake_s3_wait_idle(f->origin), 0);
     s3_client_stats(f->origin, &stats);
     return stats.bytes_received;
 }
@@ -257,7 +264,12 @@ static void test_second_node_reads_from_the_tier(void **state)
     assert_int_equal(first.put_bytes, size);
     assert_int_equal(first.hits, 0);
     assert_int_equal(fake_s3_keys(f->tier_s3, "shared/" TIER_ROOT, &keys, &count), 0);
-    assert_int_equal(count, 21);
+    size_t leases = 0;
+    for (size_t i = 0; i < count; i++)
+        leases += strstr(keys[i], "/lease-") != NULL;
+    assert_int_equal(count - leases, 21);          /* the blocks, once */
+    assert_int_equal(leases, first.leases);        /* (the probe is gone) */
+    assert_true(leases >= 3);                      /* 21 blocks: 3 groups */
     fake_s3_keys_free(keys, count);
 
     unsigned origin_gets = fake_s3_count(f->origin, ON(FAKE_S3_GET, NULL));
@@ -338,31 +350,121 @@ static void test_failing_tier_is_skipped(void **state)
     free(bytes);
 }
 
-/* Two nodes that miss the same blocks at once both fetch them and
- * offer them; of their writes the first of each block wins and the other
- * learns it from the If-None-Match answer. */
+/* The prefix of the block objects of version ETAG of KEY in the tier
+ * (not their leases): "shared/s3cachefs-tier/v1/HEX/6" (65536-...). */
+static void blocks_prefix(const char *key, const char *etag, char *out, size_t len)
+{
+    struct tier_block_id id = {ORIGIN, key, etag, BLOCK, 0};
+    char hex[TIER_VERSION_HEX + 1];
+
+    assert_int_equal(tier_version_hex(&id, hex), 0);
+    snprintf(out, len, "shared/" TIER_ROOT "%s/6", hex);
+}
+
+struct node_read {
+    struct node *node;
+    const char *key, *etag;
+    size_t size;
+    const unsigned char *expected;
+    int result;
+};
+
+static void *node_read_main(void *arg)
+{
+    struct node_read *read = arg;
+
+    read->result = read_all(read->node, read->key, read->etag, read->size,
+                            read->expected);
+    return NULL;
+}
+
+/* Two nodes that miss the same blocks at once: the first claims them
+ * (a lease) and fetches them from the origin; the second sees the lease
+ * and waits for the blocks in the tier: the origin sends them once. */
+static void test_second_node_waits_for_the_first(void **state)
+{
+    struct fixture *f = *state;
+    const size_t size = 6 * BLOCK;
+    unsigned char *bytes = pattern(size, 7);
+    char etag[S3_ETAG_MAX], prefix[160];
+    unsigned rule = 0;
+    pthread_t thread;
+
+    assert_int_equal(fake_s3_put(f->origin, "r.bin", bytes, size, NULL, etag), 0);
+    blocks_prefix("r.bin", etag, prefix, sizeof(prefix));
+    /* node 0's blocks reach the tier only when the test says so */
+    assert_int_equal(fake_s3_hold(f->tier_s3, UNDER(FAKE_S3_PUT, prefix), &rule), 0);
+    assert_int_equal(read_all(&f->nodes[0], "r.bin", etag, size, bytes), 0);
+    assert_int_equal(origin_bytes(f), size);
+    assert_true(tier_stats_of(&f->nodes[0]).leases >= 1);
+    assert_int_equal(tier_stats_of(&f->nodes[0]).lease_mode, 1);
+
+    struct node_read second = {&f->nodes[1], "r.bin", etag, size, bytes, -1};
+    assert_int_equal(pthread_create(&thread, NULL, node_read_main, &second), 0);
+    for (int i = 0; i < 5000 && tier_stats_of(&f->nodes[1]).lease_waits == 0; i++)
+        usleep(1000);                /* (until it waits: no fixed sleep) */
+    assert_true(tier_stats_of(&f->nodes[1]).lease_waits >= 1);
+    fake_s3_hold_clear(f->tier_s3, rule);
+    assert_int_equal(pthread_join(thread, NULL), 0);
+    assert_int_equal(second.result, 0);
+    assert_int_equal(origin_bytes(f), size);      /* not a byte more */
+    struct tier_stats b = tier_stats_of(&f->nodes[1]);
+    assert_int_equal(b.hits, 6);
+    assert_true(b.lease_waits_met >= 1);
+    assert_int_equal(b.leases + b.puts, 0);
+    free(bytes);
+}
+
+/* A lease past its time (its node died) is taken over: the block is
+ * fetched from the origin at once, not waited for. */
+static void test_expired_lease_is_taken_over(void **state)
+{
+    struct fixture *f = *state;
+    const size_t size = 2 * BLOCK;
+    unsigned char *bytes = pattern(size, 9);
+    struct tier_block_id id = {ORIGIN, "x.bin", NULL, BLOCK, 0};
+    char etag[S3_ETAG_MAX], *lease = NULL;
+    const char old[] = "1000.000 0 7\n";       /* expired in 1970 */
+
+    assert_int_equal(fake_s3_put(f->origin, "x.bin", bytes, size, NULL, etag), 0);
+    id.etag = etag;
+    assert_int_equal(tier_lease_key("shared/", &id, TIER_LEASE_BLOCKS, &lease), 0);
+    assert_int_equal(fake_s3_put(f->tier_s3, lease, old, strlen(old), NULL, NULL), 0);
+    assert_int_equal(read_all(&f->nodes[0], "x.bin", etag, size, bytes), 0);
+    struct tier_stats stats = tier_stats_of(&f->nodes[0]);
+    assert_int_equal(stats.leases, 1);
+    assert_int_equal(stats.lease_waits, 0);
+    assert_int_equal(fake_s3_count(f->tier_s3, ON(FAKE_S3_DELETE, lease)), 1);
+    assert_false(fake_s3_holds(f->tier_s3, lease, old, strlen(old)));
+    assert_int_equal(origin_bytes(f), size);
+    free(lease);
+    free(bytes);
+}
+
+/* Of two nodes writing one block, the first wins; the second learns it
+ * from the If-None-Match answer. */
 static void test_first_writer_wins(void **state)
 {
     struct fixture *f = *state;
     const size_t size = 2 * BLOCK;
     unsigned char *bytes = pattern(size, 7);
     char etag[S3_ETAG_MAX];
-    unsigned rule = 0;
 
     assert_int_equal(fake_s3_put(f->origin, "r.bin", bytes, size, NULL, etag), 0);
-    assert_int_equal(fake_s3_hold(f->tier_s3, UNDER(FAKE_S3_PUT, "shared/"),
-                                  &rule), 0);
     assert_int_equal(read_all(&f->nodes[0], "r.bin", etag, size, bytes), 0);
-    assert_int_equal(read_all(&f->nodes[1], "r.bin", etag, size, bytes), 0);
-    assert_int_equal(fake_s3_wait_held(f->tier_s3, rule, 4), 0);
-    fake_s3_hold_clear(f->tier_s3, rule);
     tier_flush(f->nodes[0].tier);
-    tier_flush(f->nodes[1].tier);
+    assert_int_equal(tier_stats_of(&f->nodes[0]).puts, 2);
+    /* offered again (as by a node that fetched it too): refused */
+    struct cache_object *object = NULL;
+    assert_int_equal(cache_object_open(f->nodes[0].cache, "r.bin", etag, size,
+                                       &object), 0);
+    tier_offer_block(f->nodes[0].tier, object, "r.bin", etag, 0);
+    cache_object_close(f->nodes[0].cache, &object);
+    tier_flush(f->nodes[0].tier);
     struct tier_stats a = tier_stats_of(&f->nodes[0]);
-    struct tier_stats b = tier_stats_of(&f->nodes[1]);
-    assert_int_equal(a.puts + b.puts, 2);
-    assert_int_equal(a.put_exists + b.put_exists, 2);
-    assert_int_equal(a.errors + b.errors, 0);
+    assert_int_equal(a.put_exists, 1);
+    assert_int_equal(a.puts, 2);
+    assert_int_equal(a.errors, 0);
     free(bytes);
 }
 
@@ -376,61 +478,158 @@ static void test_server_without_conditional_writes(void **state)
     char etag[S3_ETAG_MAX];
 
     assert_int_equal(fake_s3_put(f->origin, "n.bin", bytes, size, NULL, etag), 0);
-    assert_int_equal(fake_s3_fail(f->tier_s3, UNDER(FAKE_S3_PUT, "shared/"), 1,
+    /* the lease probe, then the first block's write */
+    assert_int_equal(fake_s3_fail(f->tier_s3, UNDER(FAKE_S3_PUT, "shared/"), 2,
                                   ENOSYS, false, NULL), 0);
     assert_int_equal(read_all(&f->nodes[0], "n.bin", etag, size, bytes), 0);
     tier_flush(f->nodes[0].tier);
     struct tier_stats stats = tier_stats_of(&f->nodes[0]);
     assert_int_equal(stats.puts, 3);
-    assert_int_equal(stats.errors + stats.put_dropped, 0);
+    assert_int_equal(stats.errors + stats.put_dropped + stats.leases, 0);
+    assert_int_equal(stats.lease_mode, 0);
     assert_false(stats.skipping);
-    assert_int_equal(fake_s3_count(f->tier_s3, UNDER(FAKE_S3_PUT, "shared/")), 4);
+    assert_int_equal(fake_s3_count(f->tier_s3, UNDER(FAKE_S3_PUT, "shared/")), 5);
     assert_int_equal(read_all(&f->nodes[1], "n.bin", etag, size, bytes), 0);
     assert_int_equal(tier_stats_of(&f->nodes[1]).hits, 3);
     free(bytes);
 }
 
-/* Offers past the queue's bound are dropped, not held. */
+/* Offers past the queue's bound are dropped, not held; the queue holds
+ * references to cached blocks, not their bytes. */
 static void test_full_queue_drops_offers(void **state)
 {
     struct fixture *f = *state;
     struct node *node = &f->nodes[1];
+    const size_t size = 6 * BLOCK;
+    unsigned char *bytes = pattern(size, 10);
+    char etag[S3_ETAG_MAX], prefix[160];
     unsigned rule = 0;
 
     node_stop(node);
-    node_start(f, node, 2 * BLOCK);
-    assert_int_equal(fake_s3_hold(f->tier_s3, UNDER(FAKE_S3_PUT, "shared/"),
-                                  &rule), 0);
-    for (uint64_t i = 0; i < 6; i++) {
-        char *block = calloc(1, TIER_HEADER_LEN + BLOCK);
-        assert_non_null(block);
-        tier_offer_block(node->tier, "q.bin", "\"e\"", i, block, BLOCK);
-    }
+    node_start(f, node, 2);
+    assert_int_equal(fake_s3_put(f->origin, "q.bin", bytes, size, NULL, etag), 0);
+    blocks_prefix("q.bin", etag, prefix, sizeof(prefix));
+    assert_int_equal(fake_s3_hold(f->tier_s3, UNDER(FAKE_S3_PUT, prefix), &rule), 0);
+    assert_int_equal(read_all(node, "q.bin", etag, size, bytes), 0);
     struct tier_stats stats = tier_stats_of(node);
     assert_int_equal(stats.put_dropped, 4);
     assert_true(stats.queued_bytes <= 2 * BLOCK);
-    assert_false(tier_wants(node->tier, BLOCK));
     fake_s3_hold_clear(f->tier_s3, rule);
     tier_flush(node->tier);
-    assert_int_equal(tier_stats_of(node).puts, 2);
-    assert_true(tier_wants(node->tier, BLOCK));
+    stats = tier_stats_of(node);
+    assert_int_equal(stats.puts, 2);
+    assert_int_equal(stats.queued_bytes, 0);
+    free(bytes);
+}
+
+/* A block evicted from the local cache before its turn is not written
+ * (nothing else holds its bytes): the writers are kept busy with another
+ * file's blocks meanwhile. */
+static void test_evicted_before_written(void **state)
+{
+    struct fixture *f = *state;
+    struct node *node = &f->nodes[0];
+    unsigned char *busy = pattern(TIER_WRITERS * BLOCK, 12);
+    unsigned char *bytes = pattern(3 * BLOCK, 11);
+    char busy_etag[S3_ETAG_MAX], etag[S3_ETAG_MAX], prefix[160];
+    unsigned rule = 0;
+    uint64_t freed = 0;
+
+    assert_int_equal(fake_s3_put(f->origin, "busy.bin", busy, TIER_WRITERS * BLOCK,
+                                 NULL, busy_etag), 0);
+    assert_int_equal(fake_s3_put(f->origin, "e.bin", bytes, 3 * BLOCK, NULL,
+                                 etag), 0);
+    blocks_prefix("busy.bin", busy_etag, prefix, sizeof(prefix));
+    assert_int_equal(fake_s3_hold(f->tier_s3, UNDER(FAKE_S3_PUT, prefix), &rule), 0);
+    assert_int_equal(read_all(node, "busy.bin", busy_etag, TIER_WRITERS * BLOCK,
+                              busy), 0);
+    assert_int_equal(fake_s3_wait_held(f->tier_s3, rule, TIER_WRITERS), 0);
+    assert_int_equal(read_all(node, "e.bin", etag, 3 * BLOCK, bytes), 0);
+    assert_int_equal(cache_evict_key(node->cache, "e.bin", &freed), 0);
+    assert_true(freed > 0);
+    fake_s3_hold_clear(f->tier_s3, rule);
+    tier_flush(node->tier);
+    struct tier_stats stats = tier_stats_of(node);
+    assert_int_equal(stats.puts, TIER_WRITERS);
+    assert_int_equal(stats.put_dropped, 3);
+    free(busy);
+    free(bytes);
+}
+
+/* A prune goes by version: older than the age, then the oldest past the
+ * size; keys of another shape are never chosen. */
+static void test_prune_choice(void **state)
+{
+    (void)state;
+    struct tier_prune prune = {0};
+    char a[80], b[80], c[80];
+
+    memset(a, 'a', 64);
+    memset(b, 'b', 64);
+    memset(c, 'c', 64);
+    strcpy(a + 64, "/1048576-0");
+    strcpy(b + 64, "/1048576-0");
+    strcpy(c + 64, "/1048576-0");
+    assert_int_equal(tier_prune_add(&prune, a, 100, 1000), 0);   /* a: 200 */
+    a[73] = '1';                                               /* block 1 */
+    assert_int_equal(tier_prune_add(&prune, a, 100, 5000), 0);   /* newest 5000 */
+    assert_int_equal(tier_prune_add(&prune, b, 300, 2000), 0);   /* b: 300 */
+    assert_int_equal(tier_prune_add(&prune, c, 50, 3000), 0);    /* c: 50 */
+    const char *odd[] = {"README", "ABAB/1-0", "", "aaaa/1-0"};
+    for (size_t i = 0; i < 4; i++)
+        assert_int_equal(tier_prune_add(&prune, odd[i], 1, 0), 0);
+    char not_block[80];
+    memcpy(not_block, a, 64);
+    strcpy(not_block + 64, "/lease");
+    assert_int_equal(tier_prune_add(&prune, not_block, 1, 0), 0);
+    assert_int_equal(prune.count, 3);
+    assert_int_equal(prune.ignored, 5);
+
+    /* older than 2500 s at 5500: b (2000) only; a's newest block is 5000 */
+    tier_prune_choose(&prune, 5500, 2500, 0);
+    assert_false(tier_prune_chosen(&prune, a));
+    assert_true(tier_prune_chosen(&prune, b));
+    assert_false(tier_prune_chosen(&prune, c));
+    assert_false(tier_prune_chosen(&prune, "README"));
+    assert_false(tier_prune_chosen(&prune, not_block));
+
+    /* at most 200 bytes: the oldest go first (b 2000, c 3000), a stays */
+    tier_prune_choose(&prune, 5500, 0, 200);
+    assert_true(tier_prune_chosen(&prune, b));
+    assert_true(tier_prune_chosen(&prune, c));
+    assert_false(tier_prune_chosen(&prune, a));
+    /* both: b by age, then nothing more (a + c = 250 > 240: c goes) */
+    tier_prune_choose(&prune, 5500, 2500, 240);
+    assert_true(tier_prune_chosen(&prune, b));
+    assert_true(tier_prune_chosen(&prune, c));
+    assert_false(tier_prune_chosen(&prune, a));
+    tier_prune_choose(&prune, 5500, 0, 10000);
+    assert_false(tier_prune_chosen(&prune, b));
+    tier_prune_free(&prune);
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_names_and_frames),
+        cmocka_unit_test(test_prune_choice),
         cmocka_unit_test_setup_teardown(test_second_node_reads_from_the_tier,
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(
             test_damaged_block_is_read_from_the_origin, setup, teardown),
         cmocka_unit_test_setup_teardown(test_failing_tier_is_skipped, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(test_second_node_waits_for_the_first,
+                                        setup, teardown),
+        cmocka_unit_test_setup_teardown(test_expired_lease_is_taken_over,
+                                        setup, teardown),
         cmocka_unit_test_setup_teardown(test_first_writer_wins, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_server_without_conditional_writes,
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(test_full_queue_drops_offers, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_evicted_before_written, setup,
                                         teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
