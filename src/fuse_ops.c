@@ -326,7 +326,13 @@ static struct read_pipe *read_pipe_get(void)
     return pipe_;
 }
 
-static size_t read_size_found;  /* fuse_ops_read_size()'s, once asked */
+static size_t read_size_found;  /* fuse_ops_read_size()'s once asked, or
+                                   the user's ((size_t)-1 for 0) */
+
+void fuse_ops_set_read_size(size_t size)
+{
+    read_size_found = size == 0 ? (size_t)-1 : size;  /* 0: no limit */
+}
 
 size_t fuse_ops_read_size(void)
 {
@@ -337,7 +343,7 @@ size_t fuse_ops_read_size(void)
     size_t read_size = READ_SIZE_MAX;
 
     if (read_size_found != 0)
-        return read_size_found;
+        return read_size_found == (size_t)-1 ? 0 : read_size_found;
     if (pipe2(fds, O_CLOEXEC) != 0)
         return READ_SIZE_MAX;
     int size = fcntl(fds[1], F_SETPIPE_SZ, READ_PIPE_SIZE);

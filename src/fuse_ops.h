@@ -36,6 +36,10 @@ struct fuse_ops_context {
  */
 size_t fuse_ops_read_size(void);
 
+/* The max_read the user gave instead (what init must ask for too); 0
+ * for none. */
+void fuse_ops_set_read_size(size_t size);
+
 /* The callback table for fuse_session_new(). */
 const struct fuse_lowlevel_ops *fuse_ops_table(void);
 

@@ -200,6 +200,14 @@ def test_spliced_reads_are_verified_while_mounted(server, s3, bucket, mount,
     proxy.reset_counters()
     assert sha(path.read_bytes()) == sha(body)
     assert object_gets(proxy, bucket, 'spliced.bin') == []
+    mnt.unmount()
+
+    # a max_read of the user's is the mount's (init asks for the same)
+    small = mount(bucket, options=['max_read=131072'], endpoint=proxy.endpoint,
+                  cache=cache, name='small')
+    assert 'max_read=131072' in mount_options(small.path)
+    drop_caches()
+    assert sha((small.path / 'spliced.bin').read_bytes()) == sha(body)
 
 
 def test_cache_stays_bounded(server, s3, bucket, mount, proxy, tmp_path):
