@@ -1,7 +1,7 @@
 /*
  * fs_file.c - open files: open (a version to read, or the staged data of a
- * file being written; a version opened is told to the access log), read,
- * release, and readlink.
+ * file being written; a version opened is told to the access log), read
+ * (into a buffer, or into a pipe without a copy), release, and readlink.
  */
 #include "config.h"
 

@@ -2,7 +2,9 @@
  * fuse_ops.c - libfuse low-level callbacks (see fuse_ops.h).
  *
  * Every function replies exactly once on every path. Open files and
- * directories travel in fi->fh as pointers to fs-layer handles.
+ * directories travel in fi->fh as pointers to fs-layer handles. Reads of
+ * cached bytes are answered by splice from a pipe each FUSE thread keeps
+ * (thread-specific, emptied by every reply, dropped after a failure).
  */
 #include "config.h"
 
