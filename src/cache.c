@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -662,6 +663,125 @@ int cache_block_read(struct cache *cache, struct cache_object *object,
     }
     if (!direct)
         memcpy(buf, bounce + (offset - span_start), len);
+    atomic_fetch_add(&cache->served_bytes, len);
+    if (reuse)
+        cache_add_touch(cache, object->id, block, true);
+    return 0;
+}
+
+/* The block record of BLOCK (its pieces' sums into SUMS): 0, ENOENT
+ * (none, or a damaged one, dropped), or the index's errno. */
+static int block_record_get(struct cache *cache, struct cache_object *object,
+                            uint64_t block, struct block_record *record,
+                            uint64_t *sums)
+{
+    struct db_txn *txn = NULL;
+    struct block_key key = block_key(object->id, block);
+    const void *value;
+    size_t value_len;
+    bool damaged = false;
+    int err = db_txn_begin(cache->db, false, &txn);
+
+    if (err != 0)
+        return err;
+    err = db_get(txn, DB_BLOCKS, key.bytes, sizeof(key.bytes), &value, &value_len);
+    memset(record, 0, sizeof(*record));
+    if (err == 0 && value_len >= sizeof(*record)) {
+        memcpy(record, value, sizeof(*record));
+        uint32_t pieces = pieces_of(record->len);
+        damaged = value_len != sizeof(*record) + pieces * sizeof(uint64_t) ||
+                  record->len != cache_object_block_len(object, block);
+        if (!damaged && sums != NULL)
+            memcpy(sums, (const char *)value + sizeof(*record),
+                   pieces * sizeof(uint64_t));
+    } else if (err == 0) {
+        damaged = true;
+    }
+    db_txn_abort(&txn);
+    if (damaged) {
+        drop_damaged_block(cache, object, block, record->tick, "bad index record");
+        return ENOENT;
+    }
+    return err;
+}
+
+int cache_block_splice(struct cache *cache, struct cache_object *object,
+                       uint64_t block, uint32_t offset, uint32_t len,
+                       int pipe_write, bool reuse)
+{
+    struct block_record record, again;
+    uint64_t sums[CACHE_MAX_BLOCK_SIZE / CACHE_PIECE_SIZE];
+    off_t block_start = (off_t)(block * cache->block_size);
+    void *map = MAP_FAILED;
+    size_t map_len = 0;
+    int err;
+
+    if (len == 0)
+        return 0;
+    err = block_record_get(cache, object, block, &record, sums);
+    if (err != 0)
+        return err;
+    if ((uint64_t)offset + len > record.len)
+        return EINVAL;
+    uint32_t first_piece = offset / CACHE_PIECE_SIZE;
+    uint32_t last_piece = (offset + len - 1) / CACHE_PIECE_SIZE;
+    uint32_t span_start = first_piece * CACHE_PIECE_SIZE;
+    uint32_t span_end = (last_piece + 1) * CACHE_PIECE_SIZE;
+    if (span_end > record.len)
+        span_end = record.len;
+    struct stat st;
+    if (fstat(object->fd, &st) != 0)
+        return errno;
+    if ((uint64_t)st.st_size < (uint64_t)block_start + span_end) {
+        drop_damaged_block(cache, object, block, record.tick, "data file too short");
+        return ENOENT;
+    }
+
+    /* 1. the bytes into the pipe: references to the data file's pages,
+     * no copy (their page cache pages stay what the pipe holds) */
+    loff_t at = block_start + offset;
+    size_t moved = 0;
+    while (moved < len) {
+        ssize_t done = splice(object->fd, &at, pipe_write, NULL, len - moved,
+                              SPLICE_F_NONBLOCK);
+        if (done <= 0) {
+            err = done == 0 ? EIO : errno == EAGAIN ? ENOBUFS : errno;
+            goto out;
+        }
+        moved += (size_t)done;
+    }
+    /* 2. the pieces they lie in, hashed where they are (a mapping of the
+     * page cache: no copy) */
+    map_len = span_end - span_start;
+    map = mmap(NULL, map_len, PROT_READ, MAP_SHARED | MAP_POPULATE, object->fd,
+               block_start + span_start);
+    if (map == MAP_FAILED) {
+        err = errno;
+        goto out;
+    }
+    for (uint32_t piece = first_piece; piece <= last_piece; piece++) {
+        uint32_t from = piece * CACHE_PIECE_SIZE - span_start;
+        uint32_t piece_len = piece == last_piece ? span_end - span_start - from
+                                                 : CACHE_PIECE_SIZE;
+        if (XXH3_64bits((const char *)map + from, piece_len) != sums[piece]) {
+            drop_damaged_block(cache, object, block, record.tick, "checksum mismatch");
+            err = EAGAIN;
+            goto out;
+        }
+    }
+    /* 3. still the same record: nothing dropped or punched the block
+     * between the splice and the hash, so the pages in the pipe are the
+     * pages hashed (a punch comes only after its record is gone) */
+    err = block_record_get(cache, object, block, &again, NULL);
+    if (err == 0 && again.tick != record.tick)
+        err = ENOENT;
+    if (err == ENOENT)
+        err = EAGAIN;
+out:
+    if (map != MAP_FAILED)
+        munmap(map, map_len);
+    if (err != 0)
+        return moved > 0 && err != ENOBUFS ? EAGAIN : err;
     atomic_fetch_add(&cache->served_bytes, len);
     if (reuse)
         cache_add_touch(cache, object->id, block, true);

@@ -196,6 +196,25 @@ int cache_block_read(struct cache *cache, struct cache_object *object,
                      bool reuse);
 
 /*
+ * The zero-copy form of cache_block_read(): splice LEN bytes at OFFSET
+ * inside block BLOCK into the pipe PIPE_WRITE, after what it holds,
+ * without copying them through this process. The pieces they lie in are
+ * verified where they are (a mapping of the data file's page cache,
+ * hashed in place) after the splice took its references to those pages,
+ * and the block's record is read again afterwards: a block dropped or
+ * replaced meanwhile (whose pages the pipe may not share any more) does
+ * not count. Returns 0; ENOENT (not cached, or damaged and dropped,
+ * with nothing added to the pipe); EAGAIN (bytes were added, and then
+ * the block was found damaged, dropped or replaced: what the pipe holds
+ * is to be discarded, and the read made again); ENOBUFS (the pipe is
+ * full: it holds part of the bytes); or an I/O errno (the pipe may hold
+ * part of them).
+ */
+int cache_block_splice(struct cache *cache, struct cache_object *object,
+                       uint64_t block, uint32_t offset, uint32_t len,
+                       int pipe_write, bool reuse);
+
+/*
  * Start writing block BLOCK: makes room first (evicting, or ENOSPC when
  * nothing can be evicted). Data then arrives in order through
  * cache_fill_write() and is recorded by cache_fill_commit() once the whole

@@ -157,6 +157,14 @@ int fs_open(struct fs *fs, fuse_ino_t ino, int flags, struct fs_file **out,
 int fs_read(struct fs *fs, struct fs_file *file, uint64_t offset, size_t size,
             char *buf, size_t *got);
 
+/* fs_read() into the pipe PIPE_WRITE without a copy (reader_read_pipe()):
+ * EOPNOTSUPP for staged data, and reader_read_pipe()'s errno values;
+ * after an error the pipe holds anything, and EOPNOTSUPP, ENOSPC,
+ * ENOBUFS, EAGAIN, ENOENT and ESTALE ask for fs_read() instead (which
+ * also reads a file unlinked or replaced while open). */
+int fs_read_pipe(struct fs *fs, struct fs_file *file, uint64_t offset,
+                 size_t size, int pipe_write, size_t *got);
+
 void fs_release(struct fs *fs, struct fs_file *file);
 
 /* The target of symlink INO, malloc'd into *target. EINVAL if INO is not a

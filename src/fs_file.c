@@ -1,7 +1,7 @@
 /*
  * fs_file.c - open files: open (a version to read, or the staged data of a
- * file being written; a version opened is told to the access log), read,
- * release, and readlink.
+ * file being written; a version opened is told to the access log), read
+ * (into a buffer, or into a pipe without a copy), release, and readlink.
  */
 #include "config.h"
 
@@ -169,6 +169,17 @@ int fs_read(struct fs *fs, struct fs_file *file, uint64_t offset, size_t size,
             inode_put(fs->inodes, inode);
     }
     return err;
+}
+
+int fs_read_pipe(struct fs *fs, struct fs_file *file, uint64_t offset,
+                 size_t size, int pipe_write, size_t *got)
+{
+    (void)fs;
+    *got = 0;
+    if (__atomic_load_n(&file->wfile, __ATOMIC_ACQUIRE) != NULL ||
+        file->reader_file == NULL)
+        return EOPNOTSUPP; /* staged data: fs_read() */
+    return reader_read_pipe(file->reader_file, offset, size, pipe_write, got);
 }
 
 void fs_release(struct fs *fs, struct fs_file *file)

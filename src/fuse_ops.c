@@ -2,14 +2,18 @@
  * fuse_ops.c - libfuse low-level callbacks (see fuse_ops.h).
  *
  * Every function replies exactly once on every path. Open files and
- * directories travel in fi->fh as pointers to fs-layer handles.
+ * directories travel in fi->fh as pointers to fs-layer handles. Reads of
+ * cached bytes are answered by splice from a pipe each FUSE thread keeps
+ * (thread-specific, emptied by every reply, dropped after a failure).
  */
 #include "config.h"
 
 #include "fuse_ops.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <linux/fuse.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -77,6 +81,11 @@ static void op_init(void *userdata, struct fuse_conn_info *conn)
      * (If-Match), and open() drops the page cache of a changed object
      * (keep_cache only while the ETag is the same). */
     conn->want &= ~(unsigned)FUSE_CAP_AUTO_INVAL_DATA;
+    /* as the max_read mount option says (main.c), or libfuse refuses */
+    conn->max_read = (unsigned)fuse_ops_read_size();
+    /* read replies spliced from the cache's files (op_read) */
+    if (conn->capable & FUSE_CAP_SPLICE_WRITE)
+        conn->want |= FUSE_CAP_SPLICE_WRITE;
 }
 
 static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
@@ -254,20 +263,168 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
         fs_release(request_fs(req), file);
 }
 
+/* ------------------------------------------------------------ reading */
+
+/*
+ * Reads are answered without copying their bytes through this process
+ * where the cache holds them: the reader splices them from the cache's
+ * data file into a pipe of this thread (verified where they are, see
+ * cache_block_splice()), and libfuse splices the pipe into /dev/fuse
+ * (FUSE_CAP_SPLICE_WRITE; the kernel copies once, into the file's page
+ * cache). Each thread keeps one pipe, sized for the largest read.
+ */
+#define READ_PIPE_SIZE (2u << 20)   /* a 1 MiB read, and libfuse's headers */
+#define READ_SIZE_MAX (1u << 20)    /* what the kernel sends at most anyway */
+#define READ_SIZE_MIN (128u << 10)
+
+struct read_pipe {
+    int fds[2];
+    size_t capacity;
+};
+
+static pthread_key_t read_pipe_key;
+static pthread_once_t read_pipe_once = PTHREAD_ONCE_INIT;
+
+static void read_pipe_free(void *arg)
+{
+    struct read_pipe *pipe_ = arg;
+    close(pipe_->fds[0]);
+    close(pipe_->fds[1]);
+    free(pipe_);
+}
+
+static void read_pipe_key_create(void)
+{
+    if (pthread_key_create(&read_pipe_key, read_pipe_free) != 0)
+        read_pipe_key = (pthread_key_t)-1;
+}
+
+/* This thread's pipe (empty), or NULL where there is none to be had. */
+static struct read_pipe *read_pipe_get(void)
+{
+    pthread_once(&read_pipe_once, read_pipe_key_create);
+    if (read_pipe_key == (pthread_key_t)-1)
+        return NULL;
+    struct read_pipe *pipe_ = pthread_getspecific(read_pipe_key);
+    if (pipe_ != NULL)
+        return pipe_;
+    pipe_ = calloc(1, sizeof(*pipe_));
+    if (pipe_ == NULL)
+        return NULL;
+    if (pipe2(pipe_->fds, O_CLOEXEC) != 0) {
+        free(pipe_);
+        return NULL;
+    }
+    int size = fcntl(pipe_->fds[1], F_SETPIPE_SZ, READ_PIPE_SIZE);
+    if (size < 0)
+        size = fcntl(pipe_->fds[1], F_SETPIPE_SZ, READ_PIPE_SIZE / 2);
+    if (size < 0)
+        size = fcntl(pipe_->fds[1], F_GETPIPE_SZ);
+    pipe_->capacity = size > 0 ? (size_t)size : 0;
+    if (pthread_setspecific(read_pipe_key, pipe_) != 0) {
+        read_pipe_free(pipe_);
+        return NULL;
+    }
+    return pipe_;
+}
+
+static size_t read_size_found;  /* fuse_ops_read_size()'s once asked, or
+                                   the user's ((size_t)-1 for 0) */
+
+void fuse_ops_set_read_size(size_t size)
+{
+    read_size_found = size == 0 ? (size_t)-1 : size;  /* 0: no limit */
+}
+
+size_t fuse_ops_read_size(void)
+{
+    /* libfuse splices a reply through a pipe of its own holding the data
+     * and a page or three of headers: a pipe as large as the read fails
+     * and libfuse copies instead */
+    int fds[2];
+    size_t read_size = READ_SIZE_MAX;
+
+    if (read_size_found != 0)
+        return read_size_found == (size_t)-1 ? 0 : read_size_found;
+    if (pipe2(fds, O_CLOEXEC) != 0)
+        return READ_SIZE_MAX;
+    int size = fcntl(fds[1], F_SETPIPE_SZ, READ_PIPE_SIZE);
+    if (size < 0) { /* without CAP_SYS_RESOURCE: pipe-max-size at most */
+        FILE *max_file = fopen("/proc/sys/fs/pipe-max-size", "r");
+        unsigned long max_size = 0;
+        if (max_file != NULL) {
+            if (fscanf(max_file, "%lu", &max_size) != 1)
+                max_size = 0;
+            fclose(max_file);
+        }
+        read_size = READ_SIZE_MAX;
+        while (read_size > READ_SIZE_MIN && read_size + (16u << 10) > max_size)
+            read_size /= 2;
+    }
+    close(fds[0]);
+    close(fds[1]);
+    read_size_found = read_size;
+    return read_size;
+}
+
+/* Forget this thread's pipe (it may hold bytes of a failed read). */
+static void read_pipe_discard(struct read_pipe *pipe_)
+{
+    pthread_setspecific(read_pipe_key, NULL);
+    read_pipe_free(pipe_);
+}
+
+/* Answer a read through this thread's pipe. Returns true when answered
+ * (with its bytes or an error), false when fs_read() must answer it. */
+static bool read_spliced(fuse_req_t req, struct fs_file *file, size_t size,
+                         off_t offset)
+{
+    struct read_pipe *pipe_ = read_pipe_get();
+    size_t got = 0;
+
+    /* the pages the read spans must fit the pipe (it is never waited on:
+     * a full one fails the splice, and the read is copied) */
+    size_t page = 4096;
+    size_t spanned = ((size_t)offset % page + size + page - 1) / page * page;
+    if (pipe_ == NULL || spanned > pipe_->capacity)
+        return false;
+    int err = fs_read_pipe(request_fs(req), file, (uint64_t)offset, size,
+                           pipe_->fds[1], &got);
+    if (err != 0) {
+        read_pipe_discard(pipe_);
+        if (err == EOPNOTSUPP || err == ENOSPC || err == ENOBUFS ||
+            err == EAGAIN || err == ENOENT || err == ESTALE)
+            return false;
+        reply_error(req, err);
+        return true;
+    }
+    struct fuse_bufvec data = FUSE_BUFVEC_INIT(got);
+    data.buf[0].flags = FUSE_BUF_IS_FD;
+    data.buf[0].fd = pipe_->fds[0];
+    /* libfuse splices the pipe on to /dev/fuse, or reads it into
+     * memory and writes them (a small read, no splice): either way the
+     * pipe is left empty, unless the reply failed */
+    if (fuse_reply_data(req, &data, 0) != 0)
+        read_pipe_discard(pipe_);
+    return true;
+}
+
 static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset,
                     struct fuse_file_info *fi)
 {
     struct fs_file *file = (struct fs_file *)(uintptr_t)fi->fh;
-    char *buf = malloc(size ? size : 1);
+    char *buf = NULL;
     size_t got = 0;
     int err;
 
     (void)ino;
     if (file == NULL) {
-        free(buf);
         fuse_reply_err(req, EBADF);
         return;
     }
+    if (size > 0 && read_spliced(req, file, size, offset))
+        return;
+    buf = malloc(size ? size : 1);
     if (buf == NULL) {
         fuse_reply_err(req, ENOMEM);
         return;
@@ -785,12 +942,22 @@ static ssize_t io_writev(int fd, struct iovec *iov, int count, void *userdata)
     return writev(fd, patched, 2);
 }
 
+/* libfuse splices a reply (op_read's) to the kernel through this; without
+ * it a session with custom I/O never splices. */
+static ssize_t io_splice_send(int fdin, off_t *offin, int fdout, off_t *offout,
+                              size_t len, unsigned int flags, void *userdata)
+{
+    (void)userdata;
+    return splice(fdin, offin, fdout, offout, len, flags);
+}
+
 int fuse_ops_use_io(struct fuse_session *se)
 {
 #ifdef HAVE_FUSE_SESSION_CUSTOM_IO
     static const struct fuse_custom_io io = {
         .read = io_read,
         .writev = io_writev,
+        .splice_send = io_splice_send,
     };
     int err = fuse_session_custom_io(se, &io, fuse_session_fd(se));
     return err < 0 ? -err : err;
@@ -798,6 +965,7 @@ int fuse_ops_use_io(struct fuse_session *se)
     (void)se;
     (void)io_read;
     (void)io_writev;
+    (void)io_splice_send;
     return ENOSYS;
 #endif
 }

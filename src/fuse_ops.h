@@ -28,6 +28,20 @@ struct fuse_ops_context {
                                      NULL: none sent */
 };
 
+/*
+ * The largest read the mount should take (its max_read): 1 MiB, or less
+ * where this process cannot make a pipe of more than 1 MiB (no
+ * CAP_SYS_RESOURCE and /proc/sys/fs/pipe-max-size at its default),
+ * since libfuse splices a reply only through a pipe that holds it and
+ * its headers: 512 KiB reads spliced cost the daemon less CPU than 1 MiB
+ * reads copied.
+ */
+size_t fuse_ops_read_size(void);
+
+/* The max_read the user gave instead (what init must ask for too); 0
+ * for none. */
+void fuse_ops_set_read_size(size_t size);
+
 /* The callback table for fuse_session_new(). */
 const struct fuse_lowlevel_ops *fuse_ops_table(void);
 

@@ -48,8 +48,11 @@
 #define MULTIPART_THRESHOLD (16ull << 20)  /* larger files go multipart */
 #define PART_SIZE (8ull << 20)             /* smallest part */
 
-/* Whether the user gave FUSE option NAME (as "-oNAME..." or "-o" "NAME..."). */
-static bool has_fuse_option(const struct fuse_args *args, const char *name)
+/* Whether the user gave FUSE option NAME (as "-oNAME..." or "-o" "NAME..."),
+ * and where its value starts (after '=', up to ',' or the end) into
+ * *VALUE (may be NULL; NULL when the option has none). */
+static bool find_fuse_option(const struct fuse_args *args, const char *name,
+                             const char **value)
 {
     size_t name_len = strlen(name);
 
@@ -64,11 +67,19 @@ static bool has_fuse_option(const struct fuse_args *args, const char *name)
             bool starts = at == opts || at[-1] == ',';
             bool ends = at[name_len] == '\0' || at[name_len] == '=' ||
                         at[name_len] == ',';
-            if (starts && ends)
+            if (starts && ends) {
+                if (value != NULL)
+                    *value = at[name_len] == '=' ? at + name_len + 1 : NULL;
                 return true;
+            }
         }
     }
     return false;
+}
+
+static bool has_fuse_option(const struct fuse_args *args, const char *name)
+{
+    return find_fuse_option(args, name, NULL);
 }
 
 /* Add NAME[=VALUE] to the FUSE arguments unless the user gave NAME; VALUE
@@ -335,8 +346,17 @@ int main(int argc, char **argv)
     char fsname[300];
     snprintf(fsname, sizeof(fsname), "%s%s%s", opts.bucket,
              opts.prefix[0] ? ":" : "", opts.prefix);
+    /* reads no larger than libfuse can splice (fuse_ops.h), unless the
+     * user says otherwise (init must then ask for the same) */
+    char max_read[24];
+    const char *user_max_read = NULL;
+    if (find_fuse_option(&opts.fuse_args, "max_read", &user_max_read) &&
+        user_max_read != NULL)
+        fuse_ops_set_read_size((size_t)strtoul(user_max_read, NULL, 10));
+    snprintf(max_read, sizeof(max_read), "%zu", fuse_ops_read_size());
     if (add_fuse_default(&opts.fuse_args, "fsname", fsname) != 0 ||
         add_fuse_default(&opts.fuse_args, "subtype", "s3cachefs") != 0 ||
+        add_fuse_default(&opts.fuse_args, "max_read", max_read) != 0 ||
         add_fuse_default(&opts.fuse_args, "default_permissions", NULL) != 0) {
         fprintf(stderr, "s3cachefs: out of memory\n");
         goto out;

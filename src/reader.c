@@ -468,18 +468,30 @@ static void schedule_read_ahead(struct reader_file *file, uint64_t from,
 
 /* ------------------------------------------------------------- reading */
 
+/* Where a read's bytes go: a buffer, or (buf NULL) a pipe. */
+struct read_target {
+    char *buf;
+    int pipe_write;
+};
+
 /* The bytes of one block, from the cache, fetching the block when it is
- * missing (or waiting for whoever fetches it). */
+ * missing (or waiting for whoever fetches it), into TO->buf + AT or the
+ * pipe of TO. */
 static int read_block(struct reader_file *file, uint64_t block, uint32_t offset,
-                      uint32_t len, char *buf, bool first_touch)
+                      uint32_t len, const struct read_target *to, size_t at,
+                      bool first_touch)
 {
     struct reader *reader = file->reader;
     unsigned fetches = 0;
 
     for (;;) {
         bool fetched_here = claimed_by(file, block);
-        int err = cache_block_read(reader->conf.cache, file->object, block,
-                                   offset, len, buf, first_touch && !fetched_here);
+        bool reuse = first_touch && !fetched_here;
+        int err = to->buf != NULL
+                      ? cache_block_read(reader->conf.cache, file->object, block,
+                                         offset, len, to->buf + at, reuse)
+                      : cache_block_splice(reader->conf.cache, file->object, block,
+                                           offset, len, to->pipe_write, reuse);
         if (err == 0 && !fetched_here)
             atomic_fetch_add(&reader->hit_bytes, len);
         if (err != ENOENT)
@@ -627,8 +639,8 @@ static void scatter_fetch(struct reader_file *file)
         schedule_read_ahead(file, from, until);
 }
 
-int reader_read(struct reader_file *file, uint64_t offset, size_t size,
-                char *buf, size_t *got)
+static int read_into(struct reader_file *file, uint64_t offset, size_t size,
+                     const struct read_target *to, size_t *got)
 {
     struct reader *reader = file->reader;
     uint64_t block_size = reader->block_size;
@@ -642,7 +654,9 @@ int reader_read(struct reader_file *file, uint64_t offset, size_t size,
         size = (size_t)(file->size - offset);
 
     if (file->object == NULL) { /* not cached: see reader_open() */
-        err = read_direct(file, offset, size, buf, got);
+        if (to->buf == NULL)
+            return EOPNOTSUPP;
+        err = read_direct(file, offset, size, to->buf, got);
         if (err == 0)
             atomic_fetch_add(&reader->bytes_read, *got);
         return err;
@@ -663,11 +677,11 @@ int reader_read(struct reader_file *file, uint64_t offset, size_t size,
         uint32_t len = (uint32_t)(block_size - in_block);
         if (len > size - *got)
             len = (uint32_t)(size - *got);
-        err = read_block(file, block, in_block, len, buf + *got,
+        err = read_block(file, block, in_block, len, to, *got,
                          block + 1 != previous_block);
-        if (err == ENOSPC) {
+        if (err == ENOSPC && to->buf != NULL) {
             size_t direct = 0;
-            err = read_direct(file, at, size - *got, buf + *got, &direct);
+            err = read_direct(file, at, size - *got, to->buf + *got, &direct);
             if (err == 0)
                 *got += direct;
             break;
@@ -680,6 +694,20 @@ int reader_read(struct reader_file *file, uint64_t offset, size_t size,
     if (err == 0)
         atomic_fetch_add(&reader->bytes_read, *got);
     return err;
+}
+
+int reader_read(struct reader_file *file, uint64_t offset, size_t size,
+                char *buf, size_t *got)
+{
+    struct read_target to = {.buf = buf, .pipe_write = -1};
+    return read_into(file, offset, size, &to, got);
+}
+
+int reader_read_pipe(struct reader_file *file, uint64_t offset, size_t size,
+                     int pipe_write, size_t *got)
+{
+    struct read_target to = {NULL, pipe_write};
+    return read_into(file, offset, size, &to, got);
 }
 
 /* ----------------------------------------------------------- lifecycle */

@@ -58,6 +58,7 @@ import servers  # noqa: E402
 
 SYSTEM_PYTHON = '/usr/bin/python3'
 MiB = 1 << 20
+GiB = 1 << 30
 BUCKET = 'bench'
 BIG_KEY = 'big.bin'
 SMALL_DIR = 'small'
@@ -177,6 +178,8 @@ ALL_ROWS = ROWS + WRITE_ROWS + LIMIT_ROWS + KEYS_ROWS
 ROWS_BY_NAME = {row.name: row for row in ALL_ROWS}
 WRITE_ROW_NAMES = tuple(row.name for row in WRITE_ROWS)
 BIG_FILE_ROWS = {'cold', 'reread', 'fio', 'remount'}
+# Rows whose daemon CPU is also reported per GiB read (report_cpu()).
+CPU_ROWS = ('cold', 'reread')
 MMAP_TENSOR = 64 << 10      # the mmap row's tensors: the file in 64 KiB pieces
 SMALL_FILE_ROWS = {'small_cold', 'small_warm', 'ls_cold', 'ls_warm'}
 
@@ -1216,6 +1219,8 @@ class Bench:
             sample.update(stats.end())
         elif row in ('raw_get', 'raw_mpu'):  # curl's CPU time
             sample['cpu_seconds'] = children_cpu_seconds() - children_cpu
+        if payload and 'cpu_seconds' in sample and row in (*CPU_ROWS, 'bindfs'):
+            sample['cpu_s_per_gib'] = sample['cpu_seconds'] / (payload / GiB)
         counters = self.proxy.counters()
         sample['requests'] = counters['counts']
         sample['mib_fetched'] = counters['bytes'] / MiB
@@ -1807,8 +1812,9 @@ class Bench:
 
 # ------------------------------------------------------------ report
 
-MEDIAN_FIELDS = ('disk_mib', 'seconds', 'iops', 'mib_per_s', 'mib_fetched', 'mib_sent',
-                 'mib_written', 'wait_seconds', 'peak_rss_mib', 'cpu_seconds')
+MEDIAN_FIELDS = ('disk_mib', 'seconds', 'iops', 'mib_per_s', 'mib_fetched',
+                 'mib_sent', 'mib_written', 'wait_seconds', 'peak_rss_mib',
+                 'cpu_seconds', 'cpu_s_per_gib')
 # Targets of the write path.
 TARGET_BIG_VS_LIMIT = 1.3     # write_big: at most 1.3x the raw multipart time
 TARGET_SMALL_VS_S3FS = 2.0    # write_small, default mode: 2x s3fs's speed
@@ -1959,6 +1965,7 @@ def report(table, tool_order, failures=(), samples=(), keys=None):
         if median:
             print(f'  {row.title.removeprefix("limit: ")}: '
                   f'{format_result(row, median)}')
+    report_cpu(table, tool_order)
     checks = (('cold', 'cold read vs raw GET limit'),
               ('reread', 're-read vs FUSE ceiling'),
               ('remount', 'remount re-read vs FUSE ceiling'),
@@ -1983,6 +1990,44 @@ def report(table, tool_order, failures=(), samples=(), keys=None):
         for failure in failures:
             print(f'  run {failure["run"]}: {failure["tool"]} '
                   f'{failure["row"]}: {failure["error"]}')
+
+
+def report_cpu(table, tool_order):
+    """Daemon CPU seconds (user + system, all threads) per GiB read: the
+    cold sequential read and the re-read with the page cache dropped
+    (warm: from the tool's own cache), beside bindfs's read of the local
+    copy (a FUSE daemon that only passes bytes: it has no cold read, so
+    its one figure shows in both columns, and the cold verdict leaves it
+    out)."""
+    lines = []
+    for tool in (*tool_order, 'bindfs'):
+        cells = []
+        for row in (('bindfs',) * 2 if tool == 'bindfs' else CPU_ROWS):
+            median = table.get((row, tool))
+            cells.append(format_number(median and median.get('cpu_s_per_gib'),
+                                       '.2f'))
+        if any(cell != '-' for cell in cells):
+            lines.append((tool, *cells))
+    if not lines:
+        return
+    print('\ndaemon CPU s per GiB read (user + system, medians):')
+    print(format_table(('tool', 'cold', 'warm'), lines, left=(0,)))
+    mine = table.get(('cold', 's3cachefs')), table.get(('reread', 's3cachefs'))
+    for label, median, row in (('cold', mine[0], 'cold'),
+                               ('warm', mine[1], 'reread')):
+        others = [table[row, t]['cpu_s_per_gib'] for t in PEERS
+                  if (row, t) in table and 'cpu_s_per_gib' in table[row, t]]
+        # bindfs reads a local file: a floor for a read from a cache,
+        # not for one that fetches
+        if row == 'reread' and ('bindfs', 'bindfs') in table:
+            others.append(table['bindfs', 'bindfs'].get('cpu_s_per_gib'))
+        others = [value for value in others if value is not None]
+        if median is None or 'cpu_s_per_gib' not in median or not others:
+            continue
+        print(f'  s3cachefs {label}: {median["cpu_s_per_gib"]:.2f} CPU s/GiB, '
+              f'below every peer ({min(others):.2f}'
+              f'{", bindfs included" if row == "reread" else ""}): '
+              f'{verdict(median["cpu_s_per_gib"] < min(others))}')
 
 
 def verdict(met):

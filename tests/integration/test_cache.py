@@ -151,6 +151,65 @@ def test_damaged_cache_never_serves_wrong_bytes(server, s3, bucket, mount, proxy
     assert read_stats(again.path)['cache_corrupt_blocks'] >= 1
 
 
+def mount_options(path):
+    """The super options of the FUSE mount at PATH (/proc/self/mountinfo)."""
+    for line in Path('/proc/self/mountinfo').read_text().splitlines():
+        fields = line.split()
+        if fields[4] == str(path):
+            return fields[-1].split(',')
+    raise AssertionError(f'{path} is not mounted')
+
+
+def test_spliced_reads_are_verified_while_mounted(server, s3, bucket, mount,
+                                                  proxy, tmp_path):
+    """Reads answered by splice from the cache's files (fuse_ops.c) give
+    the object's bytes, in large reads and in single pages; a block
+    damaged on disk while mounted is found by the next read from disk,
+    fetched again (exactly that block) and never passed on."""
+    body = RNG.randbytes(6 * MiB + 4321)
+    s3.put_object(Bucket=bucket, Key='spliced.bin', Body=body)
+    cache = tmp_path / 'cache'
+    mnt = mount(bucket, endpoint=proxy.endpoint, cache=cache)
+    max_read = [o for o in mount_options(mnt.path) if o.startswith('max_read=')]
+    assert max_read and 128 << 10 <= int(max_read[0].split('=')[1]) <= MiB
+    path = mnt.path / 'spliced.bin'
+    assert sha(path.read_bytes()) == sha(body)
+    drop_caches()
+    assert sha(path.read_bytes()) == sha(body)
+
+    # single pages (no read-ahead): libfuse copies replies under 2 pages
+    drop_caches()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        for offset in (0, 4096 * 3 + 17, 2 * MiB - 5, len(body) - 100):
+            assert os.pread(fd, 100, offset) == body[offset:offset + 100]
+    finally:
+        os.close(fd)
+
+    [data_file] = data_files(cache)
+    corrupt(data_file, 4 * MiB + 777)       # inside block 4
+    drop_caches()
+    proxy.reset_counters()
+    assert sha(path.read_bytes()) == sha(body)
+    assert fetched_bytes(proxy, bucket, 'spliced.bin') == MiB
+    assert 'is damaged' in mnt.log()
+    assert read_stats(mnt.path)['cache_corrupt_blocks'] >= 1
+    # and from then on from the cache again
+    drop_caches()
+    proxy.reset_counters()
+    assert sha(path.read_bytes()) == sha(body)
+    assert object_gets(proxy, bucket, 'spliced.bin') == []
+    mnt.unmount()
+
+    # a max_read of the user's is the mount's (init asks for the same)
+    small = mount(bucket, options=['max_read=131072'], endpoint=proxy.endpoint,
+                  cache=cache, name='small')
+    assert 'max_read=131072' in mount_options(small.path)
+    drop_caches()
+    assert sha((small.path / 'spliced.bin').read_bytes()) == sha(body)
+
+
 def test_cache_stays_bounded(server, s3, bucket, mount, proxy, tmp_path):
     """Reading three times the cache's size: it works, and the cache never
     holds more than its size plus a block or two."""

@@ -20,7 +20,8 @@
  * and the read after it none; a version change behind the reader's back
  * (the next GET with If-Match gets ESTALE, also read-ahead GETs in
  * flight) never returns or caches bytes of the new version for the old
- * one; a GET whose answer breaks off leaves no partial block behind.
+ * one; a GET whose answer breaks off leaves no partial block behind;
+ * reads into a pipe (reader_read_pipe) give the same bytes, verified.
  */
 #ifdef HAVE_CONFIG_H
 #include "config.h"
@@ -39,6 +40,8 @@
 #include <cmocka.h>
 
 #include <errno.h>
+#include <fcntl.h>
+#include <glob.h>
 #include <pthread.h>
 #include <unistd.h>
 
@@ -463,6 +466,127 @@ static void test_second_read_from_the_cache(void **state)
     free(bytes);
 }
 
+/* [OFFSET, OFFSET + LEN) of FILE through reader_read_pipe() into PIPE,
+ * read back and compared with EXPECTED. Returns its errno. */
+static int pipe_read_check(struct reader_file *file, const int pipe_fds[2],
+                           uint64_t offset, size_t len,
+                           const unsigned char *expected)
+{
+    char *buf = malloc(len);
+    size_t got = 0, drained = 0;
+
+    assert_non_null(buf);
+    int err = reader_read_pipe(file, offset, len, pipe_fds[1], &got);
+    if (err == 0) {
+        assert_int_equal(got, len);
+        while (drained < got) {
+            ssize_t n = read(pipe_fds[0], buf + drained, got - drained);
+            assert_true(n > 0);
+            drained += (size_t)n;
+        }
+        assert_memory_equal(buf, expected + offset, len);
+    }
+    free(buf);
+    return err;
+}
+
+/* The one data file of the cache (tests with one version cached). */
+static int data_file_open(struct fixture *f)
+{
+    char pattern_[128];
+    glob_t found;
+    int fd = -1;
+
+    snprintf(pattern_, sizeof(pattern_), "%s/data/*/*", f->dir);
+    if (glob(pattern_, 0, NULL, &found) == 0) {
+        if (found.gl_pathc == 1)
+            fd = open(found.gl_pathv[0], O_RDWR);
+        globfree(&found);
+    }
+    return fd;
+}
+
+/* reader_read_pipe() gives the bytes reader_read() gives, from the cache
+ * without a GET once cached, checks them as it does (a block damaged on
+ * disk is fetched again, never passed on), and says ENOBUFS when the
+ * pipe cannot take the read. */
+static void test_pipe_read(void **state)
+{
+    struct fixture *f = *state;
+    const size_t size = 20 * BLOCK + 5;
+    char etag[S3_ETAG_MAX];
+    unsigned char *bytes = object_put(f, "piped", size, 5, etag);
+    struct reader_file *file = NULL;
+    int fds[2];
+
+    assert_int_equal(pipe(fds), 0);
+    assert_true(fcntl(fds[1], F_SETPIPE_SZ, 1 << 20) >= (1 << 20));
+    open_file(f, "piped", etag, size, &file);
+    /* cold, sequential, in reads that straddle blocks */
+    for (uint64_t at = 0; at < size; at += 96 * KIB) {
+        size_t len = size - at < 96 * KIB ? size - at : 96 * KIB;
+        assert_int_equal(pipe_read_check(file, fds, at, len, bytes), 0);
+    }
+    reader_close(&file);
+    assert_int_equal(fake_s3_wait_idle(f->s3), 0);
+    unsigned cold = fake_s3_count(f->s3, NULL);
+
+    /* warm: no request; past the end: nothing */
+    open_file(f, "piped", etag, size, &file);
+    assert_int_equal(pipe_read_check(file, fds, 0, 10 * BLOCK, bytes), 0);
+    assert_int_equal(pipe_read_check(file, fds, 10 * BLOCK, size - 10 * BLOCK,
+                                     bytes), 0);
+    assert_int_equal(pipe_read_check(file, fds, 3 * BLOCK + 7, 1000, bytes), 0);
+    size_t got = 1;
+    assert_int_equal(reader_read_pipe(file, size, 100, fds[1], &got), 0);
+    assert_int_equal(got, 0);
+    assert_int_equal(fake_s3_count(f->s3, NULL), cold);
+
+    /* a byte flipped on disk in block 3, part of block 5 zeroed: a pipe
+     * read that meets one says EAGAIN (its bytes were in the pipe before
+     * the check: the caller discards the pipe and reads again, as
+     * fuse_ops.c does through reader_read()), the block is dropped and
+     * the read again fetches it; never a wrong byte */
+    int fd = data_file_open(f);
+    assert_true(fd >= 0);
+    char byte, zeros[512] = {0};
+    assert_int_equal(pread(fd, &byte, 1, 3 * BLOCK + 100), 1);
+    byte ^= 0x5a;
+    assert_int_equal(pwrite(fd, &byte, 1, 3 * BLOCK + 100), 1);
+    assert_int_equal(pwrite(fd, zeros, sizeof(zeros), 5 * BLOCK + 4096),
+                     (ssize_t)sizeof(zeros));
+    close(fd);
+    struct cache_stats before, after;
+    cache_get_stats(f->cache, &before);
+    assert_int_equal(reader_read_pipe(file, 2 * BLOCK, 3 * BLOCK, fds[1], &got),
+                     EAGAIN);
+    assert_int_equal(reader_read_pipe(file, 5 * BLOCK, BLOCK, fds[1], &got),
+                     EAGAIN);
+    cache_get_stats(f->cache, &after);
+    assert_int_equal(after.corrupt_blocks - before.corrupt_blocks, 2);
+    assert_int_equal(read_check(file, 2 * BLOCK, 4 * BLOCK, bytes), 0);
+    assert_int_equal(fake_s3_count(f->s3, NULL), cold + 2);
+    close(fds[0]);
+    close(fds[1]);
+    assert_int_equal(pipe(fds), 0);
+    assert_true(fcntl(fds[1], F_SETPIPE_SZ, 1 << 20) >= (1 << 20));
+    assert_int_equal(pipe_read_check(file, fds, 2 * BLOCK, 4 * BLOCK, bytes), 0);
+    assert_int_equal(fake_s3_count(f->s3, NULL), cold + 2);
+
+    /* more than the pipe holds: ENOBUFS (the caller reads into memory) */
+    int small[2];
+    assert_int_equal(pipe(small), 0);
+    assert_true(fcntl(small[1], F_SETPIPE_SZ, 4096) > 0);
+    assert_int_equal(reader_read_pipe(file, 0, 4 * BLOCK, small[1], &got),
+                     ENOBUFS);
+    close(small[0]);
+    close(small[1]);
+    reader_close(&file);
+    close(fds[0]);
+    close(fds[1]);
+    free(bytes);
+}
+
 /* Sequential reads of a whole file in a thread of their own, each
  * compared with one version: the read stops at its first error. */
 struct reading {
@@ -610,6 +734,7 @@ int main(void)
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(test_sampled_file_is_not_swept,
                                         setup, teardown),
+        cmocka_unit_test_setup_teardown(test_pipe_read, setup, teardown),
         cmocka_unit_test_setup_teardown(test_second_read_from_the_cache, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_version_change_mid_read, setup,
