@@ -169,10 +169,6 @@ int writer_sync(struct writer *writer, const atomic_bool *interrupted,
     int err = 0;
 
     *out = (struct writer_sync_report){0};
-    /* directory markers first: they are small, and a failed one stays
-     * waiting, retried in the background (not in the report, which is
-     * about files) */
-    writer_marker_flush(writer, "");
     pthread_mutex_lock(&writer->lock);
     for (struct writer_file *file = writer->all; file != NULL;
          file = file->all_next)
@@ -218,6 +214,17 @@ int writer_sync(struct writer *writer, const atomic_bool *interrupted,
     waiter.next = writer->sync_waiters;
     writer->sync_waiters = &waiter;
     waiter.overflow = true; /* (the first pass looks at every file) */
+    /* directory markers are sent now too, after the files were taken (what
+     * was pending when the sync began is what it reports, whatever lands
+     * while the markers go) and while their uploads run. A failed marker
+     * stays waiting, retried in the background, and is not in the
+     * report, which is about files. */
+    if (wake)
+        pthread_cond_broadcast(&writer->work_queued);
+    wake = false;
+    writer_unlock(writer);
+    writer_marker_flush(writer, "");
+    pthread_mutex_lock(&writer->lock);
     for (;;) {
         if (waiter.overflow) {
             waiter.overflow = false;

@@ -1477,6 +1477,42 @@ static void test_sync_uploads_every_pending_file(void **state)
 }
 
 /*
+ * Writeback: a directory marker waiting to be sent, whose PUT is held,
+ * and two files closed in it. A sync takes its files when it begins:
+ * they are in its report even though their uploads land while it is
+ * still sending the marker (before, it sent the markers first and took
+ * the files afterwards: a sync begun then reported none of them).
+ */
+static void test_sync_takes_its_files_before_the_markers(void **state)
+{
+    struct fixture *f = *state;
+    const struct s3_put_meta dir_meta = {.content_type = "application/x-directory"};
+    unsigned char *x_bytes, *y_bytes;
+    struct sync_thread sync;
+    unsigned rule = 0;
+
+    assert_int_equal(fake_s3_hold(f->s3, ON(FAKE_S3_PUT, "d/"), &rule), 0);
+    assert_int_equal(writer_marker_put(f->writer, "d/", &dir_meta), 0);
+    struct writer_file *x = closed_file(f, "d/x", 10 * KIB, 50, &x_bytes, 0);
+    struct writer_file *y = closed_file(f, "d/y", 20 * KIB, 51, &y_bytes, 0);
+    sync_start(&sync, f->writer);
+    assert_int_equal(wait_uploads(f, 2), 0);
+    assert_int_equal(fake_s3_wait_held(f->s3, rule, 1), 0);
+    assert_false(atomic_load(&sync.done));          /* the marker is held */
+    fake_s3_hold_clear(f->s3, rule);
+    sync_join(&sync);
+    assert_int_equal(sync.report.count, 2);
+    assert_int_equal(synced_of(&sync.report, "d/x")->outcome, WRITER_SYNC_UPLOADED);
+    assert_int_equal(synced_of(&sync.report, "d/y")->outcome, WRITER_SYNC_UPLOADED);
+    assert_true(fake_s3_holds(f->s3, "d/", "", 0));
+    writer_sync_report_free(&sync.report);
+    writer_file_put(&x);
+    writer_file_put(&y);
+    free(x_bytes);
+    free(y_bytes);
+}
+
+/*
  * Default mode: "good" failed once at close and waits for its retry's
  * backoff (about a second), "bad" is refused for good. writer_sync()
  * sends both now: "good" is uploaded without waiting for the backoff,
@@ -1825,6 +1861,9 @@ int main(void)
             (void *)&writeback_mode),
         cmocka_unit_test_prestate_setup_teardown(
             test_sync_interrupted, setup, teardown, (void *)&writeback_mode),
+        cmocka_unit_test_prestate_setup_teardown(
+            test_sync_takes_its_files_before_the_markers, setup, teardown,
+            (void *)&writeback_mode),
         cmocka_unit_test_prestate_setup_teardown(
             test_two_syncs_of_many_files, setup, teardown,
             (void *)&writeback_mode),
