@@ -771,9 +771,16 @@ int cache_block_splice(struct cache *cache, struct cache_object *object,
     }
     /* 3. still the same record: nothing dropped or punched the block
      * between the splice and the hash, so the pages in the pipe are the
-     * pages hashed (a punch comes only after its record is gone) */
-    err = block_record_get(cache, object, block, &again, NULL);
-    if (err == 0 && again.tick != record.tick)
+     * pages hashed (a punch comes only after its record is gone). The
+     * same length and checksums, not the same tick: a read of the block
+     * by another thread moves its tick (recency), and that is no change
+     * of its bytes (taking it for one sent a GET for a cached block) */
+    uint64_t sums_again[CACHE_MAX_BLOCK_SIZE / CACHE_PIECE_SIZE];
+    err = block_record_get(cache, object, block, &again, sums_again);
+    if (err == 0 &&
+        (again.len != record.len ||
+         memcmp(sums_again + first_piece, sums + first_piece,
+                (size_t)(last_piece - first_piece + 1) * sizeof(sums[0])) != 0))
         err = ENOENT;
     if (err == ENOENT)
         err = EAGAIN;
