@@ -419,7 +419,4 @@ int writer_marker_flush(struct writer *writer, const char *prefix);
  * The caller deletes the object afterwards. */
 void writer_marker_forget(struct writer *writer, const char *dir_key);
 
-/* Markers PUT in the background or by flushes since the writer began. */
-uint64_t writer_markers_sent(struct writer *writer);
-
 #endif /* S3CFS_WRITER_H */

@@ -83,7 +83,6 @@ struct writer_markers {
     bool stopping;
     pthread_t threads[MARKER_SENDERS_MAX];
     unsigned thread_count;
-    uint64_t sent;                /* markers PUT (statistics, tests) */
 };
 
 static void marker_unref_locked(struct marker *marker)
@@ -202,10 +201,8 @@ static void send_taken_locked(struct writer_markers *markers,
     marker->sending = false;
     marker->attempts++;
     marker->last_error = err;
-    if (err == 0) {
-        markers->sent++;
+    if (err == 0)
         marker->retries = 0;
-    }
     bool done = err == 0 && !marker->forgotten && marker->gen == gen &&
                 marker->journaling == 0;
     if (done) {
@@ -336,16 +333,6 @@ uint64_t writer_markers_count(struct writer_markers *markers)
     uint64_t count = markers->count;
     pthread_mutex_unlock(&markers->lock);
     return count;
-}
-
-uint64_t writer_markers_sent(struct writer *writer)
-{
-    struct writer_markers *markers = writer->markers;
-
-    pthread_mutex_lock(&markers->lock);
-    uint64_t sent = markers->sent;
-    pthread_mutex_unlock(&markers->lock);
-    return sent;
 }
 
 /* Add (or update) the waiting marker KEY with PUT and journal it; ID is
