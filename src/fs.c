@@ -316,7 +316,7 @@ static void tier_counters_text(const struct tier_stats *tier,
         "tier_leases %llu\n"
         "tier_lease_waits %llu\n"
         "tier_lease_waits_met %llu\n"
-        "tier_leases_available %d\n",
+        "tier_lease_mode %d\n",
         (unsigned long long)tier->hit_bytes, (unsigned long long)tier->put_bytes,
         (unsigned long long)tier->hits, (unsigned long long)tier->misses,
         (unsigned long long)tier->bad, (unsigned long long)tier->skipped,
@@ -326,7 +326,7 @@ static void tier_counters_text(const struct tier_stats *tier,
         (unsigned long long)tier->errors, tier->skipping ? 1 : 0,
         (unsigned long long)tier->leases, (unsigned long long)tier->lease_waits,
         (unsigned long long)tier->lease_waits_met,
-        tier->lease_mode > 0 ? 1 : 0);
+        tier->lease_mode > 0 ? tier->lease_mode : 0);
     for (int op = 0; op < S3_OP_COUNT && used > 0 && (size_t)used < len; op++)
         used += snprintf(buf + used, len - (size_t)used,
                          "tier_requests_%s %llu\n", op_names[op],

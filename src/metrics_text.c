@@ -85,9 +85,10 @@ TIER_STAT(leases)
 TIER_STAT(lease_waits)
 TIER_STAT(lease_waits_met)
 
-static uint64_t value_tier_leases_available(const struct metrics_snapshot *s)
+static uint64_t value_tier_lease_mode(const struct metrics_snapshot *s)
 {
-    return s->stats->tier.lease_mode > 0 ? 1 : 0;
+    int mode = s->stats->tier.lease_mode;
+    return mode > 0 ? (uint64_t)mode : 0;
 }
 
 static uint64_t value_tier_skipping(const struct metrics_snapshot *s)
@@ -202,9 +203,10 @@ static const struct family tier_families[] = {
     {"tier_skipping", GAUGE,
      "1 while the shared cache is skipped after a failure (neither read nor "
      "written), else 0.", value_tier_skipping},
-    {"tier_leases_available", GAUGE,
-     "1 once the shared cache's server is found to take conditional writes "
-     "(leases work), else 0.", value_tier_leases_available},
+    {"tier_lease_mode", GAUGE,
+     "How the shared cache's server takes leases: 0 not known yet, 1 by "
+     "conditional writes, 2 written and read back (it has none).",
+     value_tier_lease_mode},
     {"tier_leases_total", COUNTER,
      "Groups of blocks leased here before fetching them from the bucket.",
      value_tier_leases},

@@ -287,13 +287,18 @@ static int fill_block(struct reader_file *file, uint64_t block,
 /*
  * Blocks FIRST.. (at most COUNT, registered in flight) from the shared
  * cache tier into the cache, as long as it has them: how many were
- * filled (each has left the in-flight table). A block it does not have
- * is claimed (tier_claim_blocks(), for the rest of the run): when
- * another node's lease covers it, that node is fetching it from the
- * origin, and the block is waited for in the tier instead.
+ * filled (each has left the in-flight table). *FETCH gets how many of
+ * the blocks after them to fetch from the origin before asking the tier
+ * again: a block it does not have is claimed (tier_claim_blocks(), for
+ * the rest of the run): when another node's lease covers it, that node
+ * is fetching it from the origin, and the block is waited for in the
+ * tier instead; this node fetches what it claimed, up to blocks another
+ * node's lease covers. READING_ON: the run is read-ahead (the reader
+ * means to go on past it).
  */
 static uint64_t fill_from_tier(struct reader_file *file, uint64_t first,
-                               uint64_t count)
+                               uint64_t count, bool reading_on,
+                               uint64_t *fetch)
 {
     struct reader *reader = file->reader;
     struct tier *tier = reader->conf.tier;
@@ -302,6 +307,7 @@ static uint64_t fill_from_tier(struct reader_file *file, uint64_t first,
     double until = 0;
     bool awaiting = false;
 
+    *fetch = count;
     if (tier == NULL || file->etag == NULL ||
         (scratch = malloc((size_t)reader->block_size + TIER_HEADER_LEN)) == NULL)
         return 0;
@@ -317,10 +323,14 @@ static uint64_t fill_from_tier(struct reader_file *file, uint64_t first,
             awaiting = false;
             err = tier_get_block(tier, file->key, file->etag, block, len,
                                  scratch, &data);
-            if (err == ENOENT &&
-                tier_claim_blocks(tier, file->key, file->etag, block,
-                                  first + count - 1, &covered, &until) ==
-                    TIER_AWAIT) {
+            if (err == ENOENT) {
+                uint64_t last = first + count - 1;
+                if (tier_claim_blocks(tier, file->key, file->etag, block,
+                                      last, reading_on, &covered,
+                                      &until) == TIER_FETCH) {
+                    *fetch = covered - block + 1;
+                    break;
+                }
                 awaiting = true;
                 err = tier_await_block(tier, file->key, file->etag, block,
                                        len, scratch, &data, until);
@@ -328,40 +338,28 @@ static uint64_t fill_from_tier(struct reader_file *file, uint64_t first,
         }
         if (err == 0)
             err = fill_block(file, block, data, len);
-        if (err != 0)
+        if (err != 0) {
+            *fetch = count - filled;
             break;
+        }
     }
     free(scratch);
     return filled;
 }
 
-/* Blocks FIRST..FIRST+COUNT-1 (registered in flight by the caller) into
- * the cache: from the shared cache tier while it has them, the rest with
- * one GET from the bucket; every one leaves the in-flight table, fetched
- * or not. INFO (may be NULL) receives the object's headers (then the
- * tier is not asked: only the bucket has them); STORED (may be NULL) the
- * bytes committed to the cache, also when the GET failed part way. */
-static int fetch_run_counted(struct reader_file *file, uint64_t first,
+/* Blocks FIRST..FIRST+COUNT-1 (registered in flight) with one GET from
+ * the bucket; every one leaves the in-flight table, fetched or not.
+ * *DONE_UNTIL gets the block below which all were committed. */
+static int fetch_from_origin(struct reader_file *file, uint64_t first,
                              uint64_t count, struct s3_object_info *info,
-                             uint64_t *stored)
+                             uint64_t *done_until)
 {
     struct reader *reader = file->reader;
-    uint32_t block_size = reader->block_size;
-    uint64_t start = first * block_size;
-    uint64_t end = (first + count) * block_size;
+    uint64_t offset = first * reader->block_size;
+    uint64_t end = (first + count) * reader->block_size;
 
     if (end > file->size)
         end = file->size;
-    uint64_t from_tier = info == NULL ? fill_from_tier(file, first, count) : 0;
-    first += from_tier;
-    count -= from_tier;
-    if (count == 0) {
-        if (stored != NULL)
-            *stored = end - start;
-        return 0;
-    }
-
-    uint64_t offset = first * block_size;
     struct run_sink run = {.file = file, .block = first, .done_until = first};
     struct s3_sink sink = {run_sink_write, &run};
     int err = s3_get_object_stream(reader->conf.s3, file->key, offset,
@@ -369,9 +367,46 @@ static int fetch_run_counted(struct reader_file *file, uint64_t first,
     cache_fill_abort(&run.fill);
     inflight_remove(reader, file->object_id, run.done_until,
                     first + count - run.done_until);
+    *done_until = run.done_until;
+    return err;
+}
+
+/* Blocks FIRST..FIRST+COUNT-1 (registered in flight by the caller) into
+ * the cache: from the shared cache tier while it has them, the others
+ * with a GET from the bucket each time the tier has not; every one
+ * leaves the in-flight table, fetched or not. INFO (may be NULL)
+ * receives the object's headers (then the tier is not asked: only the
+ * bucket has them); STORED (may be NULL) the bytes committed to the
+ * cache, also when a GET failed part way. READING_ON: the run is
+ * read-ahead or warming (more of the file is to come). */
+static int fetch_run_counted(struct reader_file *file, uint64_t first,
+                             uint64_t count, struct s3_object_info *info,
+                             uint64_t *stored, bool reading_on)
+{
+    uint32_t block_size = file->reader->block_size;
+    uint64_t end = first + count;
+    uint64_t done = first;        /* blocks below are in the cache */
+    int err = 0;
+
+    while (done < end) {
+        uint64_t fetch = end - done;
+        if (info == NULL)
+            done += fill_from_tier(file, done, end - done, reading_on, &fetch);
+        if (done == end)
+            break;
+        uint64_t done_until = done;
+        err = fetch_from_origin(file, done, fetch, info, &done_until);
+        if (err != 0 && done + fetch < end)
+            inflight_remove(file->reader, file->object_id, done + fetch,
+                            end - (done + fetch));
+        done = err == 0 ? done + fetch : done_until;
+        if (err != 0)
+            break;
+    }
     if (stored != NULL) {
-        uint64_t done_end = run.done_until * block_size;
-        *stored = (done_end < end ? done_end : end) - start;
+        uint64_t stored_end = done * block_size;
+        *stored = (stored_end < file->size ? stored_end : file->size) -
+                  first * block_size;
     }
     return err;
 }
@@ -379,7 +414,7 @@ static int fetch_run_counted(struct reader_file *file, uint64_t first,
 static int fetch_run(struct reader_file *file, uint64_t first, uint64_t count,
                      struct s3_object_info *info)
 {
-    return fetch_run_counted(file, first, count, info, NULL);
+    return fetch_run_counted(file, first, count, info, NULL, false);
 }
 
 struct prefetch_job {
@@ -399,7 +434,9 @@ static void prefetch_job_main(void *arg)
     if (stopping)
         inflight_remove(reader, job->file->object_id, job->first, job->count);
     else
-        log_if_changed(job->file, fetch_run(job->file, job->first, job->count, NULL));
+        log_if_changed(job->file, fetch_run_counted(job->file, job->first,
+                                                    job->count, NULL, NULL,
+                                                    true));
     reader_close(&job->file);
     free(job);
 }
@@ -940,7 +977,8 @@ static void warm_job_main(void *arg)
         inflight_remove(reader, job->file->object_id, job->first, job->count);
         err = ECANCELED;
     } else {
-        err = fetch_run_counted(job->file, job->first, job->count, NULL, &stored);
+        err = fetch_run_counted(job->file, job->first, job->count, NULL,
+                                &stored, true);
         log_if_changed(job->file, err);
     }
     pthread_mutex_lock(&batch->lock);

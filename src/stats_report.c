@@ -55,6 +55,7 @@ static const char *const item_labels[PRICE_ITEM_COUNT] = {
 enum show {
     SHOW_BYTES, SHOW_COUNT, SHOW_PERCENT, SHOW_USED_OF_SIZE,
     SHOW_YES_NO,    /* 0: "no", else "yes" */
+    SHOW_LEASE_MODE, /* enum tier_lease_mode, 0 while not known */
 };
 
 struct row {
@@ -110,7 +111,7 @@ static const struct group groups[] = {
         {"tier_queued_bytes", "waiting to be written", SHOW_BYTES},
         {"tier_errors", "requests failed", SHOW_COUNT},
         {"tier_skipping", "skipped after a failure", SHOW_YES_NO},
-        {"tier_leases_available", "leases (conditional writes)", SHOW_YES_NO},
+        {"tier_lease_mode", "leases", SHOW_LEASE_MODE},
         {"tier_leases", "block groups leased", SHOW_COUNT},
         {"tier_lease_waits", "blocks waited for", SHOW_COUNT},
         {"tier_lease_waits_met", "of them came in time", SHOW_COUNT},
@@ -225,6 +226,12 @@ static void format_counter(const struct stats_text *stats,
         break;
     case SHOW_YES_NO:
         snprintf(buf, len, "%s", counter->value != 0 ? "yes" : "no");
+        break;
+    case SHOW_LEASE_MODE:
+        snprintf(buf, len, "%s",
+                 counter->value == 1   ? "conditional writes"
+                 : counter->value == 2 ? "written and read back"
+                                       : "not known yet");
         break;
     case SHOW_USED_OF_SIZE: {
         uint64_t size_bytes;

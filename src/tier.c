@@ -3,8 +3,9 @@
  *
  * tier->lock guards the write queue (a FIFO of offered blocks and the
  * bytes it holds), the writers' state and the skip state (skip_until, the
- * current pause). The counters are atomics. No lock is held during a
- * request.
+ * current pause), and whether a thread probes for the lease mode. The
+ * counters are atomics. No lock is held during a request but
+ * claim_lock, which makes this node's lease claims go one at a time.
  */
 #include "config.h"
 
@@ -16,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -31,6 +33,19 @@ struct tier_put {
     uint64_t index;
     uint32_t len;
 };
+
+/* A lease object's text: "EXPIRES FIRST LAST NODE INTENDS\n" (wall
+ * seconds, the blocks of the group its node fetches, the node's random
+ * token, the last block of the group it means to fetch: LAST, or the
+ * group's last when it reads on). */
+struct lease {
+    double expires;
+    uint64_t first, last;
+    uint64_t node;
+    uint64_t intends;
+};
+
+#define TIER_OWN_LEASES 64            /* this node's leases remembered */
 
 struct tier {
     struct s3_client *s3;
@@ -56,8 +71,17 @@ struct tier {
 
     atomic_bool conditional;     /* writes carry If-None-Match: * (until
                                     the server refuses it) */
-    atomic_int lease_mode;       /* -1 not known yet, 0 off, 1 on */
-    atomic_bool probing;         /* a thread is finding lease_mode out */
+    atomic_int lease_mode;       /* enum tier_lease_mode */
+    uint64_t node;               /* this node's token, in its leases */
+    pthread_mutex_t claim_lock;  /* one claim at a time (held during its
+                                    requests), and own[] */
+    struct own_lease {
+        char *key;
+        struct lease lease;
+    } own[TIER_OWN_LEASES];      /* this node's latest leases */
+    unsigned own_next;
+    bool probing;                /* a thread is finding lease_mode out */
+    pthread_cond_t probed;       /* it did */
     _Atomic uint64_t leases, lease_waits, lease_waits_met;
     _Atomic uint64_t hits, hit_bytes, misses, bad, errors, skipped;
     _Atomic uint64_t puts, put_bytes, put_exists, put_dropped;
@@ -133,6 +157,9 @@ static int get_block(struct tier *tier, const char *key, const char *etag,
     err = s3_get_object_range(tier->s3, tier_key, 0,
                               (size_t)len + TIER_HEADER_LEN, NULL, scratch,
                               &got, NULL);
+    if (err == 0 && got < (size_t)len + TIER_HEADER_LEN)
+        err = ENOENT;   /* short: a server that writes in place (s3rver)
+                           shows a block being written part way */
     if (err == ENOENT || err == EINVAL) {
         /* (EINVAL: a range past the end, an empty object) */
         if (count_miss)
@@ -167,11 +194,126 @@ int tier_get_block(struct tier *tier, const char *key, const char *etag,
 
 #define LEASE_POLL_FIRST 0.02         /* seconds between GETs while waiting, */
 #define LEASE_POLL_MAX 0.25           /* doubling up to this */
-#define LEASE_TEXT_MAX 64
+#define LEASE_WIDEN_WAIT 0.15         /* seconds a lease on earlier blocks
+                                         is watched for growing */
+#define LEASE_TEXT_MAX 80
+#define READ_BACK_PAUSE_MIN 0.005     /* seconds between a lease's write */
+#define READ_BACK_PAUSE_MAX 0.5       /* and its read back */
+
+static void sleep_seconds(double seconds)
+{
+    struct timespec nap = {.tv_sec = (time_t)seconds,
+                           .tv_nsec = (long)((seconds - (double)(time_t)seconds) * 1e9)};
+    nanosleep(&nap, NULL);
+}
+
+/* Whether LEASE runs now (one past its time, or too far ahead to be
+ * believed, is not). */
+static bool lease_runs(const struct lease *lease)
+{
+    double left = lease->expires - clock_wall_seconds();
+    return left > 0 && left <= TIER_LEASE_SECONDS + 1;
+}
+
+/* Read the lease at LEASE_KEY: 0 (an unreadable text reads as a lease
+ * long past, of no node), ENOENT, or the client's errno. */
+static int read_lease(struct tier *tier, const char *lease_key,
+                      struct lease *lease)
+{
+    char text[LEASE_TEXT_MAX];
+    unsigned long long first = 0, last = 0, node = 0, intends = 0;
+    size_t got = 0;
+    int err = s3_get_object_range(tier->s3, lease_key, 0, sizeof(text) - 2,
+                                  NULL, text, &got, NULL);
+
+    memset(lease, 0, sizeof(*lease));
+    if (err != 0)
+        return err == EINVAL ? ENOENT : err;   /* (EINVAL: empty) */
+    text[got] = '\0';
+    int fields = sscanf(text, "%lf %llu %llu %llx %llu", &lease->expires,
+                        &first, &last, &node, &intends);
+    if (fields < 3)
+        lease->expires = 0;
+    lease->first = first;
+    lease->last = last;
+    lease->node = node;
+    lease->intends = fields == 5 && intends > last ? intends : last;
+    return 0;
+}
+
+/* Write WANT (its blocks; this node's, from now) to LEASE_KEY,
+ * conditionally or not; what was written in *WRITTEN. */
+static int write_lease(struct tier *tier, const char *lease_key,
+                       const struct lease *want, bool conditional,
+                       struct lease *written)
+{
+    struct s3_put_meta meta = {.if_none_match = conditional};
+    struct lease lease = {clock_wall_seconds() + TIER_LEASE_SECONDS,
+                          want->first, want->last, tier->node,
+                          want->intends > want->last ? want->intends
+                                                     : want->last};
+    char text[LEASE_TEXT_MAX];
+    int len = snprintf(text, sizeof(text), "%.3f %llu %llu %016llx %llu\n",
+                       lease.expires, (unsigned long long)lease.first,
+                       (unsigned long long)lease.last,
+                       (unsigned long long)lease.node,
+                       (unsigned long long)lease.intends);
+    struct s3_body body = {.data = text, .fd = -1, .length = (uint64_t)len};
+    int err = s3_put_object(tier->s3, lease_key, &body, &meta, NULL);
+
+    if (err == 0)
+        *written = lease;
+    return err;
+}
+
+/* This node's lease at LEASE_KEY, as remembered (claim_lock held); NULL
+ * when it is not. */
+static struct lease *own_find(struct tier *tier, const char *lease_key)
+{
+    for (unsigned i = 0; i < TIER_OWN_LEASES; i++)
+        if (tier->own[i].key != NULL && strcmp(tier->own[i].key, lease_key) == 0)
+            return &tier->own[i].lease;
+    return NULL;
+}
+
+/* Remember LEASE, this node's at LEASE_KEY (claim_lock held), in place of
+ * the oldest remembered (a forgotten one is read from the tier). */
+static void own_remember(struct tier *tier, const char *lease_key,
+                         const struct lease *lease)
+{
+    struct lease *known = own_find(tier, lease_key);
+    char *key;
+
+    if (known != NULL) {
+        *known = *lease;
+        return;
+    }
+    if ((key = strdup(lease_key)) == NULL)
+        return;
+    struct own_lease *slot = &tier->own[tier->own_next];
+    tier->own_next = (tier->own_next + 1) % TIER_OWN_LEASES;
+    free(slot->key);
+    slot->key = key;
+    slot->lease = *lease;
+}
+
+/* This node's random token, which its leases carry. */
+static uint64_t node_token(void)
+{
+    uint64_t token = 0;
+    struct timespec now;
+
+    if (getrandom(&token, sizeof(token), 0) != (ssize_t)sizeof(token)) {
+        clock_gettime(CLOCK_REALTIME, &now);
+        token = ((uint64_t)getpid() << 40) ^ (uint64_t)now.tv_sec * 1000000007u ^
+                (uint64_t)now.tv_nsec;
+    }
+    return token != 0 ? token : 1;
+}
 
 /* Whether the server refuses a second conditional write of one key: two
- * writes of a probe object, then its delete. 1 (leases work), 0 (it
- * ignores or refuses the condition), -1 (the tier failed: ask later). */
+ * writes of a probe object, then its delete. The lease mode, or
+ * TIER_LEASES_UNKNOWN when the tier failed (ask later). */
 static int probe_leases(struct tier *tier)
 {
     struct s3_put_meta meta = {.if_none_match = true};
@@ -182,7 +324,7 @@ static int probe_leases(struct tier *tier)
     clock_gettime(CLOCK_REALTIME, &now);
     if (asprintf(&key, "%s%sprobe-%ld-%ld%09ld", tier->prefix, TIER_ROOT,
                  (long)getpid(), (long)now.tv_sec, now.tv_nsec) < 0)
-        return -1;
+        return TIER_LEASES_UNKNOWN;
     int first = s3_put_object(tier->s3, key, &body, &meta, NULL);
     int second = first == 0 ? s3_put_object(tier->s3, key, &body, &meta, NULL)
                             : first;
@@ -190,133 +332,309 @@ static int probe_leases(struct tier *tier)
         s3_delete_object(tier->s3, key);
     free(key);
     if (first == 0 && second == ESTALE)
-        return 1;
+        return TIER_LEASES_CONDITIONAL;
     if (first == ENOSYS || second == ENOSYS || (first == 0 && second == 0)) {
-        log_info("shared cache: the server has no conditional writes, so no "
-                 "leases: nodes that miss a block at the same moment each "
-                 "fetch it from the origin");
-        return 0;
+        log_info("shared cache: the server has no conditional writes; "
+                 "leases are written, then read back (two nodes that miss "
+                 "a block at the same moment may still both fetch it)");
+        return TIER_LEASES_READ_BACK;
     }
     note_failure(tier, "a write", first != 0 ? first : second);
-    return -1;
+    return TIER_LEASES_UNKNOWN;
 }
 
-/* 1 when leases work (found out on first use), else 0. */
-static int leases_on(struct tier *tier)
+/* The lease mode, found out on first use (threads that need it
+ * meanwhile wait for the probe: the first reads of nodes started
+ * together are the ones leases are for); TIER_LEASES_UNKNOWN when the
+ * probe failed. */
+static int lease_mode(struct tier *tier)
 {
     int mode = atomic_load(&tier->lease_mode);
+    bool waited = false;
 
-    if (mode >= 0)
+    if (mode != TIER_LEASES_UNKNOWN)
         return mode;
-    if (atomic_exchange(&tier->probing, true))
-        return 0;   /* another thread asks: fetch meanwhile */
+    pthread_mutex_lock(&tier->lock);
+    while (tier->probing) {
+        waited = true;
+        pthread_cond_wait(&tier->probed, &tier->lock);
+    }
+    mode = atomic_load(&tier->lease_mode);
+    if (mode != TIER_LEASES_UNKNOWN || waited) {
+        pthread_mutex_unlock(&tier->lock);
+        return mode;            /* (a failed probe is tried again later) */
+    }
+    tier->probing = true;
+    pthread_mutex_unlock(&tier->lock);
     mode = probe_leases(tier);
-    if (mode >= 0)
-        atomic_store(&tier->lease_mode, mode);
-    atomic_store(&tier->probing, false);
-    return mode > 0;
+    pthread_mutex_lock(&tier->lock);
+    atomic_store(&tier->lease_mode, mode);
+    tier->probing = false;
+    pthread_cond_broadcast(&tier->probed);
+    pthread_mutex_unlock(&tier->lock);
+    return mode;
 }
 
-/* Claim blocks FIRST..LAST of their group (all in one group) for
- * TIER_LEASE_SECONDS: 0, ESTALE (another node holds the lease: its text
- * in HELD, HELD_LEN bytes), or the client's errno. */
-static int put_lease(struct tier *tier, const char *lease_key, uint64_t first,
-                     uint64_t last, char *held, size_t held_len)
+/* Claim the blocks of WANT at LEASE_KEY by a conditional write: 0,
+ * ESTALE (a lease is there: it in HELD), or the client's errno. */
+static int claim_conditional(struct tier *tier, const char *lease_key,
+                             const struct lease *want, struct lease *held)
 {
-    struct s3_put_meta meta = {.if_none_match = true};
-    char text[LEASE_TEXT_MAX];
-    size_t got = 0;
-    int len = snprintf(text, sizeof(text), "%.3f %llu %llu\n",
-                       clock_wall_seconds() + TIER_LEASE_SECONDS,
-                       (unsigned long long)first, (unsigned long long)last);
-    struct s3_body body = {.data = text, .fd = -1, .length = (uint64_t)len};
-    int err = s3_put_object(tier->s3, lease_key, &body, &meta, NULL);
+    int err = write_lease(tier, lease_key, want, true, held);
 
     if (err != ESTALE)
         return err;
-    err = s3_get_object_range(tier->s3, lease_key, 0, held_len - 1, NULL, held,
-                              &got, NULL);
-    held[err == 0 ? got : 0] = '\0';
-    return err == 0 ? ESTALE : err;
+    err = read_lease(tier, lease_key, held);
+    return err == 0 ? ESTALE : err == ENOENT ? EAGAIN : err;
 }
 
-/* Claim FIRST..LAST of the group of FIRST (LAST within it); on ESTALE,
- * *expires (wall seconds), *from and *to say what the other lease
- * covers (an unreadable one: expired). 0, ESTALE or an errno. */
-static int claim_group(struct tier *tier, const struct tier_block_id *id,
-                       uint64_t first, uint64_t last, double *expires,
-                       uint64_t *from, uint64_t *to)
+/* This node claims a group again, for a later run of it: its lease OWN
+ * (running or not) is rewritten to cover WANT's blocks as well as what
+ * it covers while it runs (other nodes may be waiting for those), with
+ * no read back (other nodes do not write over a running lease), unless
+ * it covers them already for a while yet. 0 (OWN is what the tier holds
+ * now) or the client's errno. */
+static int renew_own(struct tier *tier, const char *lease_key,
+                     struct lease *own, const struct lease *want)
 {
-    char held[LEASE_TEXT_MAX];
+    struct lease wider = *want;
+
+    if (lease_runs(own) && own->first <= own->last) {
+        if (own->first <= want->first && want->last <= own->last &&
+            want->intends <= own->intends &&
+            own->expires - clock_wall_seconds() > TIER_LEASE_SECONDS / 2)
+            return 0;           /* covered already */
+        if (own->first < wider.first)
+            wider.first = own->first;
+        if (own->last > wider.last)
+            wider.last = own->last;
+        if (own->intends > wider.intends)
+            wider.intends = own->intends;
+    }
+    return write_lease(tier, lease_key, &wider, false, own);
+}
+
+/* Claim the blocks of WANT at LEASE_KEY without conditional writes: a
+ * running lease of another node there already wins; else this node's is
+ * written, and read back after a pause as long as the write took, the
+ * time another node's write begun meanwhile needs to land. 0, ESTALE
+ * (another node's lease is there: it in HELD) or the client's errno;
+ * *RENEWED says the lease was this node's already. */
+static int claim_read_back(struct tier *tier, const char *lease_key,
+                           const struct lease *want, struct lease *held,
+                           bool *renewed)
+{
+    int err = read_lease(tier, lease_key, held);
+
+    if (err == 0 && held->node != tier->node && lease_runs(held))
+        return ESTALE;
+    if (err != 0 && err != ENOENT)
+        return err;
+    if (err == 0 && held->node == tier->node) {
+        *renewed = true;
+        return renew_own(tier, lease_key, held, want);
+    }
+    double began = clock_monotonic_seconds();
+    err = write_lease(tier, lease_key, want, false, held);
+    if (err != 0)
+        return err;
+    double pause = clock_monotonic_seconds() - began;
+    sleep_seconds(pause < READ_BACK_PAUSE_MIN   ? READ_BACK_PAUSE_MIN
+                  : pause > READ_BACK_PAUSE_MAX ? READ_BACK_PAUSE_MAX
+                                                : pause);
+    err = read_lease(tier, lease_key, held);
+    if (err == ENOENT)
+        return 0;       /* pruned meanwhile: fetch, as the holder */
+    if (err != 0)
+        return err;
+    return held->node == tier->node ? 0 : ESTALE;
+}
+
+/* Claim WANT's blocks of the group of its first (all within it): 0 (this
+ * node's lease in HELD), ESTALE (another node's lease: it in HELD; one
+ * that does not run covers no block), or an errno. *RENEWED says the
+ * group was this node's already (its lease now covers WANT's too).
+ * The node's claims go one at a time (claim_lock), so that two threads
+ * renewing one lease do not each write over the other's blocks. */
+static int claim_group(struct tier *tier, int mode,
+                       const struct tier_block_id *id,
+                       const struct lease *want, struct lease *held,
+                       bool *renewed)
+{
     char *lease_key = NULL;
     struct tier_block_id group = *id;
     int err;
 
-    group.index = first;
+    *renewed = false;
+    group.index = want->first;
     err = tier_lease_key(tier->prefix, &group, TIER_LEASE_BLOCKS, &lease_key);
+    if (err != 0)
+        return err;
+    pthread_mutex_lock(&tier->claim_lock);
+    struct lease *own = own_find(tier, lease_key);
+    if (own != NULL && lease_runs(own)) {
+        *renewed = true;
+        err = renew_own(tier, lease_key, own, want);
+        *held = *own;
+        goto out;
+    }
     for (int attempt = 0; err == 0; attempt++) {
-        err = put_lease(tier, lease_key, first, last, held, sizeof(held));
-        if (err != ESTALE)
+        if (mode == TIER_LEASES_READ_BACK) {
+            err = claim_read_back(tier, lease_key, want, held, renewed);
             break;
-        unsigned long long a = 0, b = 0;
-        *expires = 0;
-        if (sscanf(held, "%lf %llu %llu", expires, &a, &b) != 3)
-            *expires = 0;
-        *from = a;
-        *to = b;
-        double left = *expires - clock_wall_seconds();
-        if ((left > 0 && left <= TIER_LEASE_SECONDS + 1) || attempt == 1)
+        }
+        err = claim_conditional(tier, lease_key, want, held);
+        bool gone = err == EAGAIN;  /* deleted between the write and read */
+        bool past = err == ESTALE && !lease_runs(held) &&
+                    held->node != tier->node;
+        if ((!gone && !past) || attempt == 1)
             break;
         /* past its time (its node died or is stuck): take it over */
-        err = s3_delete_object(tier->s3, lease_key);
+        err = gone ? 0 : s3_delete_object(tier->s3, lease_key);
+    }
+    if (err == EAGAIN) {
+        memset(held, 0, sizeof(*held));
+        err = ESTALE;       /* (twice: fetch without a lease) */
+    }
+    if (err == ESTALE && held->node == tier->node) {
+        *renewed = true;    /* (one this node no longer remembered) */
+        err = renew_own(tier, lease_key, held, want);
+    }
+    if (err == 0)
+        own_remember(tier, lease_key, held);
+out:
+    pthread_mutex_unlock(&tier->claim_lock);
+    free(lease_key);
+    if (err == ESTALE && !lease_runs(held))
+        held->first = 1, held->last = 0;     /* covers nothing: fetch */
+    return err;
+}
+
+/* Another node's running lease HELD on the group of ID (at FIRST) is on
+ * blocks before FIRST: that node, reading the group in order, may be
+ * about to take FIRST in. Look at the lease again for a moment
+ * (LEASE_WIDEN_WAIT; TIER_LEASE_INTENT_WAIT when it says it reads on to
+ * FIRST): whether it came to cover FIRST (then it is in HELD). */
+static bool lease_widens(struct tier *tier, const struct tier_block_id *id,
+                         uint64_t first, struct lease *held)
+{
+    struct lease again;
+    char *lease_key = NULL;
+    double pause = LEASE_POLL_FIRST;
+    double patience = first <= held->intends ? TIER_LEASE_INTENT_WAIT
+                                             : LEASE_WIDEN_WAIT;
+    bool widened = false;
+
+    if (held->last >= first || !lease_runs(held) ||
+        tier_lease_key(tier->prefix, id, TIER_LEASE_BLOCKS, &lease_key) != 0)
+        return false;
+    for (double waited = 0; !widened && waited < patience; waited += pause) {
+        sleep_seconds(pause);
+        pause = pause * 2 < LEASE_POLL_MAX ? pause * 2 : LEASE_POLL_MAX;
+        if (read_lease(tier, lease_key, &again) != 0 ||
+            again.node != held->node || !lease_runs(&again))
+            break;
+        widened = again.first <= first && first <= again.last;
+        if (widened)
+            *held = again;
     }
     free(lease_key);
-    if (err == ESTALE) {
-        /* (a lease taken over by someone else at once counts as theirs
-         * only while it runs) */
-        double left = *expires - clock_wall_seconds();
-        if (!(left > 0 && left <= TIER_LEASE_SECONDS + 1))
-            *from = 1, *to = 0;     /* covers nothing: fetch */
-    }
-    return err;
+    return widened;
+}
+
+/* Of a run to LAST that this node fetches from a block before HELD's
+ * lease (another node's), the last block it fetches: the one before the
+ * lease's first, or LAST. */
+static uint64_t stop_before(const struct lease *held, uint64_t from,
+                            uint64_t last)
+{
+    return held->first > from && held->first <= held->last &&
+                   held->first <= last
+               ? held->first - 1
+               : last;
+}
+
+/* What this node leases of a run FROM..LAST in the group of FROM (which
+ * ends at GROUP_LAST): the run's part there, and the rest of the group
+ * too when it READS_ON. */
+static struct lease lease_wanted(uint64_t from, uint64_t last,
+                                 uint64_t group_last, bool reading_on)
+{
+    struct lease want = {0};
+
+    want.first = from;
+    want.last = last < group_last ? last : group_last;
+    want.intends = reading_on ? group_last : want.last;
+    return want;
+}
+
+/* Claim the part of a run up to LAST in the group after the one that
+ * ends at GROUP_LAST: the last block of the run this node fetches (LAST,
+ * or the block before another node's lease there). */
+static uint64_t claim_next_group(struct tier *tier, int mode,
+                                 const struct tier_block_id *id,
+                                 uint64_t group_last, uint64_t last,
+                                 bool reading_on)
+{
+    struct tier_block_id next = *id;
+    struct lease held = {0};
+    bool renewed = false;
+
+    if (last <= group_last)
+        return last;
+    next.index = group_last + 1;
+    struct lease want = lease_wanted(next.index, last,
+                                     group_last + TIER_LEASE_BLOCKS, reading_on);
+    int err = claim_group(tier, mode, &next, &want, &held, &renewed);
+    if (err == 0 && !renewed)
+        atomic_fetch_add(&tier->leases, 1);
+    if (err != ESTALE)
+        return last;
+    if (held.first <= next.index && next.index <= held.last)
+        return group_last;   /* the tier is asked for those again */
+    return stop_before(&held, next.index, last);
 }
 
 enum tier_claim tier_claim_blocks(struct tier *tier, const char *key,
                                   const char *etag, uint64_t first,
-                                  uint64_t last, uint64_t *covered,
-                                  double *until)
+                                  uint64_t last, bool reading_on,
+                                  uint64_t *covered, double *until)
 {
     struct tier_block_id id = {tier->origin, key, etag, tier->block_size, first};
     uint64_t group_last = first - first % TIER_LEASE_BLOCKS + TIER_LEASE_BLOCKS - 1;
-    double expires = 0;
-    uint64_t from = 0, to = 0;
+    struct lease want = lease_wanted(first, last, group_last, reading_on);
+    struct lease held = {0};
+    bool renewed = false;
+    int mode;
 
-    if (skipped_now(tier) || !leases_on(tier))
+    *covered = last;
+    if (skipped_now(tier) ||
+        (mode = lease_mode(tier)) == TIER_LEASES_UNKNOWN)
         return TIER_FETCH;
-    int err = claim_group(tier, &id, first, last < group_last ? last : group_last,
-                          &expires, &from, &to);
+    int err = claim_group(tier, mode, &id, &want, &held, &renewed);
     if (err == 0) {
-        atomic_fetch_add(&tier->leases, 1);
+        if (!renewed)
+            atomic_fetch_add(&tier->leases, 1);
         note_success(tier);
-        if (last > group_last) {
-            /* the run goes on into the next group: claim that part too
-             * (if another node has it, the overlap is fetched twice) */
-            double ignored_expires;
-            uint64_t ignored_from, ignored_to;
-            if (claim_group(tier, &id, group_last + 1, last, &ignored_expires,
-                            &ignored_from, &ignored_to) == 0)
-                atomic_fetch_add(&tier->leases, 1);
-        }
+        *covered = claim_next_group(tier, mode, &id, group_last, last,
+                                    reading_on);
         return TIER_FETCH;
     }
     if (err != ESTALE) {
         note_failure(tier, "a lease", err);
         return TIER_FETCH;
     }
-    if (first < from || first > to)
-        return TIER_FETCH;  /* its lease is on other blocks of the group */
-    *covered = to;
-    *until = clock_monotonic_seconds() + (expires - clock_wall_seconds());
+    if ((first < held.first || first > held.last) &&
+        !lease_widens(tier, &id, first, &held)) {
+        /* its lease is on other blocks of the group: fetch up to them */
+        *covered = stop_before(&held, first, last);
+        if (*covered == last)
+            *covered = claim_next_group(tier, mode, &id, group_last, last,
+                                        reading_on);
+        return TIER_FETCH;
+    }
+    *covered = held.last;
+    *until = clock_monotonic_seconds() + (held.expires - clock_wall_seconds());
     return TIER_AWAIT;
 }
 
@@ -335,10 +653,7 @@ int tier_await_block(struct tier *tier, const char *key, const char *etag,
         double left = until - clock_monotonic_seconds();
         if (left <= 0)
             break;
-        double wait = pause < left ? pause : left;
-        struct timespec nap = {.tv_sec = (time_t)wait,
-                               .tv_nsec = (long)((wait - (double)(time_t)wait) * 1e9)};
-        nanosleep(&nap, NULL);
+        sleep_seconds(pause < left ? pause : left);
         pause = pause * 2 < LEASE_POLL_MAX ? pause * 2 : LEASE_POLL_MAX;
     }
     if (err == 0)
@@ -523,10 +838,12 @@ int tier_create(const struct tier_conf *conf, struct tier **out)
                                               : TIER_SKIP_SECONDS;
     tier->skip_pause = tier->skip_first;
     atomic_init(&tier->conditional, true);
-    atomic_init(&tier->lease_mode, -1);
-    atomic_init(&tier->probing, false);
+    atomic_init(&tier->lease_mode, TIER_LEASES_UNKNOWN);
+    tier->node = node_token();
     pthread_mutex_init(&tier->lock, NULL);
+    pthread_mutex_init(&tier->claim_lock, NULL);
     pthread_cond_init(&tier->work, NULL);
+    pthread_cond_init(&tier->probed, NULL);
     pthread_condattr_t idle_attr;       /* (tier_flush waits with a deadline) */
     pthread_condattr_init(&idle_attr);
     pthread_condattr_setclock(&idle_attr, CLOCK_MONOTONIC);
@@ -567,7 +884,11 @@ void tier_destroy(struct tier **tierp)
     }
     pthread_cond_destroy(&tier->idle);
     pthread_cond_destroy(&tier->work);
+    pthread_cond_destroy(&tier->probed);
     pthread_mutex_destroy(&tier->lock);
+    pthread_mutex_destroy(&tier->claim_lock);
+    for (unsigned i = 0; i < TIER_OWN_LEASES; i++)
+        free(tier->own[i].key);
     free(tier->prefix);
     free(tier->origin);
     free(tier);

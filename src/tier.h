@@ -57,6 +57,15 @@ struct tier_conf {
                                     TIER_SKIP_SECONDS */
 };
 
+/* How this tier's server lets nodes lease blocks (found out once, by a
+ * probe: tier_claim_blocks()). */
+enum tier_lease_mode {
+    TIER_LEASES_UNKNOWN = -1,    /* not probed yet */
+    TIER_LEASES_CONDITIONAL = 1, /* If-None-Match: * on writes */
+    TIER_LEASES_READ_BACK = 2,   /* no conditional writes: written, then
+                                    read back after a pause */
+};
+
 struct tier_stats {
     uint64_t hits;               /* blocks read from the tier, verified */
     uint64_t hit_bytes;
@@ -72,7 +81,7 @@ struct tier_stats {
     uint64_t leases;             /* block groups claimed here */
     uint64_t lease_waits;        /* blocks waited for (claimed elsewhere) */
     uint64_t lease_waits_met;    /* of which came in time */
-    int lease_mode;              /* -1 unknown yet, 0 off, 1 on */
+    int lease_mode;              /* enum tier_lease_mode */
     uint64_t queued_bytes;       /* waiting to be written (or being
                                     written), now */
     bool skipping;               /* the tier is skipped now */
@@ -93,8 +102,9 @@ void tier_destroy(struct tier **tier);
  * Block INDEX of version ETAG of KEY, LEN bytes (the block's length in
  * the object), into DATA. SCRATCH is the caller's buffer of LEN +
  * TIER_HEADER_LEN bytes (tier_format.h). 0; ENOENT when the tier has no
- * such block or is being skipped; EBADMSG when what it has does not
- * verify; the client's errno when the request failed (the tier is
+ * such block, or only part of it (a server that writes in place shows a
+ * block being written part way), or is being skipped; EBADMSG when what
+ * it has does not verify; the client's errno when the request failed (the tier is
  * skipped from now).
  */
 int tier_get_block(struct tier *tier, const char *key, const char *etag,
@@ -110,23 +120,40 @@ int tier_get_block(struct tier *tier, const char *key, const char *etag,
  * object that says which blocks of the group it fetches and until when
  * (TIER_LEASE_SECONDS).
  *
- * TIER_FETCH: fetch them (this node claimed FIRST's group; or the tier
- * cannot lease, found out once with a probe: a server that refuses or
- * ignores the condition; or the tier is skipped; or another node's
- * lease does not cover FIRST). TIER_AWAIT: another node's lease covers
- * blocks FIRST..*covered (up to *until, monotonic seconds): wait for
- * them with tier_await_block(). A lease past its time is deleted and
- * claimed again.
+ * Where the server has no conditional writes (it ignores the header, as
+ * s3rver does, or refuses it, as Swift does), a lease is read first (one
+ * that runs and is another node's is waited on), written plainly, and
+ * read back after a pause as long as the write took: the node whose
+ * lease is there holds it. Two nodes that miss the group at once agree
+ * on the last write, unless one write lands after the other node read
+ * back (writes that take more than twice as long as each other): then
+ * both fetch the group, as without leases. A lease never changes what
+ * a read returns, only who fetches from the origin.
+ *
+ * READING_ON: the run is read-ahead, and the node will go on to the
+ * rest of the group: its lease says so, and a node that misses a block
+ * there waits a while (TIER_LEASE_INTENT_WAIT) for the lease to take it
+ * in rather than fetching it too.
+ *
+ * TIER_FETCH: fetch blocks FIRST..*covered from the origin, then ask the
+ * tier again for the rest of the run (this node claimed FIRST's group,
+ * or another node's lease there is on other blocks: *covered stops
+ * before blocks another node's lease covers; or the tier is skipped:
+ * *covered is LAST). TIER_AWAIT: another node's lease covers blocks
+ * FIRST..*covered (up to *until, monotonic seconds): wait for them with
+ * tier_await_block(). A lease past its time is claimed again (deleted
+ * first where writes are conditional).
  */
 #define TIER_LEASE_BLOCKS 8
 #define TIER_LEASE_SECONDS 10.0
+#define TIER_LEASE_INTENT_WAIT 1.0
 
 enum tier_claim { TIER_FETCH, TIER_AWAIT };
 
 enum tier_claim tier_claim_blocks(struct tier *tier, const char *key,
                                   const char *etag, uint64_t first,
-                                  uint64_t last, uint64_t *covered,
-                                  double *until);
+                                  uint64_t last, bool reading_on,
+                                  uint64_t *covered, double *until);
 
 /* tier_get_block(), asked again (at growing intervals) while the block
  * is not there, until UNTIL (monotonic seconds): 0 with the block, or

@@ -13,6 +13,7 @@ import os
 import random
 import socket
 import subprocess
+import threading
 
 import pytest
 
@@ -114,6 +115,11 @@ def tier_keys(tier_server, tier_bucket):
     return keys
 
 
+def tier_blocks(tier_server, tier_bucket):
+    """The keys of the blocks in the tier (not the leases)."""
+    return [k for k in tier_keys(tier_server, tier_bucket) if '/lease-' not in k]
+
+
 def test_second_node_reads_from_the_shared_cache(server, s3, bucket, mount, home,
                                                  origin, tier_server,
                                                  tier_bucket):
@@ -133,7 +139,7 @@ def test_second_node_reads_from_the_shared_cache(server, s3, bucket, mount, home
     assert stats['tier_written_blocks'] == blocks_of(files)
     assert stats['bytes_to_tier'] == total
     assert stats['tier_hit_blocks'] == 0
-    keys = tier_keys(tier_server, tier_bucket)
+    keys = tier_blocks(tier_server, tier_bucket)
     assert len(keys) == blocks_of(files)
     assert all(k.startswith(TIER_PREFIX + 's3cachefs-tier/v1/') for k in keys)
 
@@ -150,6 +156,45 @@ def test_second_node_reads_from_the_shared_cache(server, s3, bucket, mount, home
         assert stats['tier_bad_blocks'] == 0 and stats['tier_errors'] == 0
 
 
+def test_nodes_reading_at_once_fetch_once(server, s3, bucket, mount, home,
+                                         origin, tier_server, tier_bucket):
+    """Three nodes that read the same file at the same moment: neither
+    server has conditional writes, so leases are written and read back;
+    the origin sends the file about once (at most 1.25 times), not three
+    times, and every node reads the same bytes."""
+    size = 48 * MiB
+    body = RNG.randbytes(size)
+    s3.put_object(Bucket=bucket, Key='weights.bin', Body=body)
+    tier_profile(home, tier_server)
+    options = shared_options(tier_server, tier_bucket)
+    nodes = [mount(bucket, options=options, endpoint=origin.endpoint, name=n)
+             for n in ('a', 'b', 'c')]
+    origin.reset_counters()
+    start = threading.Barrier(len(nodes))
+    digests = {}
+
+    def read(node):
+        start.wait()
+        digests[node.path] = sha((node.path / 'weights.bin').read_bytes())
+
+    threads = [threading.Thread(target=read, args=(n,)) for n in nodes]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert list(digests.values()) == [sha(body)] * len(nodes)
+    fetched = origin_bytes(origin, bucket)
+    stats = [read_stats(n.path) for n in nodes]
+    assert size <= fetched <= size * 5 // 4, (fetched / size, [
+        {k: v for k, v in s.items() if k.startswith('tier_') and
+         'requests' not in k or k == 'bytes_from_bucket'} for s in stats])
+    assert sum(s['bytes_from_bucket'] for s in stats) == fetched
+    assert all(s['tier_lease_mode'] == 2 for s in stats)
+    assert sum(s['tier_leases'] for s in stats) >= size // (8 * BLOCK)
+    assert sum(s['tier_lease_waits_met'] for s in stats) > 0
+    assert sum(s['bytes_from_tier'] for s in stats) >= 3 * size - fetched
+
+
 def test_unmount_writes_what_waits(server, s3, bucket, mount, home, origin,
                                    tier_server, tier_bucket):
     """A node unmounted right after its reads still writes the blocks that
@@ -160,7 +205,7 @@ def test_unmount_writes_what_waits(server, s3, bucket, mount, home, origin,
     a = mount(bucket, options=options, endpoint=origin.endpoint, name='a')
     read_all(a, files)
     a.unmount()
-    blocks = [k for k in tier_keys(tier_server, tier_bucket) if '/lease-' not in k]
+    blocks = tier_blocks(tier_server, tier_bucket)
     assert len(blocks) == blocks_of(files)
     origin.reset_counters()
     b = mount(bucket, options=options, endpoint=origin.endpoint, name='b')
@@ -181,7 +226,7 @@ def test_damaged_block_in_the_shared_cache(server, s3, bucket, mount, home,
     tier_settled(a)
 
     tier_s3 = tier_server.client()
-    keys = sorted(tier_keys(tier_server, tier_bucket))
+    keys = sorted(tier_blocks(tier_server, tier_bucket))
     assert len(keys) == 4
     damaged = next(k for k in keys if k.endswith('-2'))
     body = bytearray(tier_s3.get_object(Bucket=tier_bucket, Key=damaged)['Body'].read())
@@ -299,12 +344,15 @@ def test_prune_by_age_and_size(server, s3, bucket, mount, home, origin,
     stranger = TIER_PREFIX + 's3cachefs-tier/v1/notes.txt'
     tier_s3.put_object(Bucket=tier_bucket, Key=stranger, Body=b'kept')
     before = set(tier_keys(tier_server, tier_bucket))
-    assert len(before) == blocks_of(files) + 1
+    leases = len(before) - len(tier_blocks(tier_server, tier_bucket))
+    assert leases >= 3           # (a file's lease goes with its blocks)
+    objects = blocks_of(files) + leases
+    assert len(before) == objects + 1
 
     done = prune(tier_server, tier_bucket, home, '--older-than', '1d')
     assert done.returncode == 0, done.stderr
     assert 'pruning 0 versions' in done.stdout
-    assert f'3 versions, {blocks_of(files)} blocks' in done.stdout
+    assert f'3 versions, {objects} blocks' in done.stdout
     done = prune(tier_server, tier_bucket, home, '--max-size', '1', '--dry-run')
     assert done.returncode == 0, done.stderr
     assert 'would prune 3 versions' in done.stdout
@@ -312,7 +360,7 @@ def test_prune_by_age_and_size(server, s3, bucket, mount, home, origin,
 
     done = prune(tier_server, tier_bucket, home, '--max-size', '1')
     assert done.returncode == 0, done.stderr
-    assert f'deleted {blocks_of(files)} blocks' in done.stdout
+    assert f'deleted {objects} blocks' in done.stdout
     assert tier_keys(tier_server, tier_bucket) == [stranger]
 
     origin.reset_counters()

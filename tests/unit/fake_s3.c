@@ -123,6 +123,7 @@ struct s3_client {
     uint64_t seq;
     unsigned under_way;             /* requests begun and not ended */
     time_t clock;
+    enum fake_s3_conditions conditions;  /* what If-None-Match does */
     struct s3_stats stats;
 };
 
@@ -166,6 +167,14 @@ static const char *const call_names[FAKE_S3_CALL_COUNT] = {
     [FAKE_S3_MP_COMPLETE] = "MP_COMPLETE",
     [FAKE_S3_MP_ABORT] = "MP_ABORT",
 };
+
+void fake_s3_set_conditions(struct s3_client *s3,
+                            enum fake_s3_conditions conditions)
+{
+    pthread_mutex_lock(&s3->lock);
+    s3->conditions = conditions;
+    pthread_mutex_unlock(&s3->lock);
+}
 
 const char *fake_s3_call_name(enum fake_s3_call call)
 {
@@ -1123,8 +1132,12 @@ int s3_put_object(struct s3_client *client, const char *key,
         meta_store(meta, &stored);
         quoted_md5(blob->md5, request.etag);
         pthread_mutex_lock(&client->lock);
-        if (meta != NULL && meta->if_none_match &&
-            object_find_locked(client, key) != NULL)
+        bool conditional = meta != NULL && meta->if_none_match;
+        if (conditional && client->conditions == FAKE_S3_CONDITIONS_REFUSED)
+            err = ENOSYS; /* 501, as Swift answers */
+        else if (conditional &&
+                 client->conditions == FAKE_S3_CONDITIONS_HONOURED &&
+                 object_find_locked(client, key) != NULL)
             err = ESTALE; /* If-None-Match: * and the key is taken */
         else
             err = object_store_locked(client, key, blob, &stored, request.etag);

@@ -133,6 +133,17 @@ struct fake_s3_request {
  * ENOMEM. (s3_client_create() does the same, ignoring its conf.) */
 int fake_s3_create(struct s3_client **out);
 
+/* What a write with If-None-Match: * (s3_put_meta.if_none_match) does. */
+enum fake_s3_conditions {
+    FAKE_S3_CONDITIONS_HONOURED,   /* ESTALE when the key is taken, as AWS
+                                      (the default) */
+    FAKE_S3_CONDITIONS_IGNORED,    /* written anyway, as s3rver */
+    FAKE_S3_CONDITIONS_REFUSED,    /* ENOSYS (501), as Swift's s3api */
+};
+
+void fake_s3_set_conditions(struct s3_client *s3,
+                            enum fake_s3_conditions conditions);
+
 /* The name of CALL ("PUT", "MP_COMPLETE"...), for messages. Static. */
 const char *fake_s3_call_name(enum fake_s3_call call);
 
