@@ -196,7 +196,7 @@ int tier_get_block(struct tier *tier, const char *key, const char *etag,
 #define LEASE_POLL_MAX 0.25           /* doubling up to this */
 #define LEASE_WIDEN_WAIT 0.15         /* seconds a lease on earlier blocks
                                          is watched for growing */
-#define LEASE_TEXT_MAX 80
+#define LEASE_TEXT_MAX 128
 #define READ_BACK_PAUSE_MIN 0.005     /* seconds between a lease's write */
 #define READ_BACK_PAUSE_MAX 0.5       /* and its read back */
 
@@ -216,7 +216,8 @@ static bool lease_runs(const struct lease *lease)
 }
 
 /* Read the lease at LEASE_KEY: 0 (an unreadable text reads as a lease
- * long past, of no node), ENOENT, or the client's errno. */
+ * long past, of no node), ENOENT (also for a text without its newline:
+ * one being written), or the client's errno. */
 static int read_lease(struct tier *tier, const char *lease_key,
                       struct lease *lease)
 {
@@ -229,6 +230,8 @@ static int read_lease(struct tier *tier, const char *lease_key,
     memset(lease, 0, sizeof(*lease));
     if (err != 0)
         return err == EINVAL ? ENOENT : err;   /* (EINVAL: empty) */
+    if (got == 0 || text[got - 1] != '\n')
+        return ENOENT;  /* part written (a server that writes in place) */
     text[got] = '\0';
     int fields = sscanf(text, "%lf %llu %llu %llx %llu", &lease->expires,
                         &first, &last, &node, &intends);
