@@ -30,6 +30,7 @@
 #include <xxhash.h>
 
 #include "log.h"
+#include "sigbus.h"
 
 /* ------------------------------------------------------------ accessors */
 
@@ -759,15 +760,24 @@ int cache_block_splice(struct cache *cache, struct cache_object *object,
         err = errno;
         goto out;
     }
-    for (uint32_t piece = first_piece; piece <= last_piece; piece++) {
+    /* (a page the kernel cannot give, as a hole of a full tmpfs, a file
+     * cut short meanwhile or a disk's read error, reads as zeros here
+     * instead of killing the daemon with SIGBUS: sigbus.h) */
+    struct sigbus_guard guard;
+    bool matches = true;
+    sigbus_guard_begin(&guard, map, map_len);
+    for (uint32_t piece = first_piece; matches && piece <= last_piece; piece++) {
         uint32_t from = piece * CACHE_PIECE_SIZE - span_start;
         uint32_t piece_len = piece == last_piece ? span_end - span_start - from
                                                  : CACHE_PIECE_SIZE;
-        if (XXH3_64bits((const char *)map + from, piece_len) != sums[piece]) {
-            drop_damaged_block(cache, object, block, record.tick, "checksum mismatch");
-            err = EAGAIN;
-            goto out;
-        }
+        matches = XXH3_64bits((const char *)map + from, piece_len) == sums[piece];
+    }
+    bool faulted = sigbus_guard_end(&guard);
+    if (faulted || !matches) {
+        drop_damaged_block(cache, object, block, record.tick,
+                           faulted ? "unreadable (SIGBUS)" : "checksum mismatch");
+        err = EAGAIN;
+        goto out;
     }
     /* 3. still the same record: nothing dropped or punched the block
      * between the splice and the hash, so the pages in the pipe are the

@@ -32,6 +32,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "sigbus.h"
 
 /* ------------------------------------------------------------- emptying */
 
@@ -424,6 +425,12 @@ int cache_open(const struct cache_conf *conf, int lock_fd, struct cache **out,
     *out = NULL;
     if (cache == NULL)
         return ENOMEM;
+    /* reads of the data files by mapping (cache_block_splice) */
+    if ((err = sigbus_install()) != 0) {
+        snprintf(errbuf, errlen, "cannot handle SIGBUS: %s", strerror(err));
+        free(cache);
+        return err;
+    }
     cache->lock_fd = lock_fd;
     cache->size_limit = conf->size_limit;
     cache->min_free_bytes = conf->min_free_bytes;
