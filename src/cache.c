@@ -589,86 +589,6 @@ static char *bounce_buffer(struct cache *cache, size_t len)
     return fresh->data;
 }
 
-int cache_block_read(struct cache *cache, struct cache_object *object,
-                     uint64_t block, uint32_t offset, uint32_t len, char *buf,
-                     bool reuse)
-{
-    struct db_txn *txn = NULL;
-    struct block_key key = block_key(object->id, block);
-    struct block_record record;
-    uint64_t sums[CACHE_MAX_BLOCK_SIZE / CACHE_PIECE_SIZE];
-    const void *value;
-    size_t value_len;
-    char *bounce = NULL;
-    int err;
-
-    if (len == 0)
-        return 0;
-    err = db_txn_begin(cache->db, false, &txn);
-    if (err != 0)
-        return err;
-    err = db_get(txn, DB_BLOCKS, key.bytes, sizeof(key.bytes), &value, &value_len);
-    memset(&record, 0, sizeof(record));
-    bool damaged = false;
-    if (err == 0 && value_len >= sizeof(record)) {
-        memcpy(&record, value, sizeof(record));
-        uint32_t pieces = pieces_of(record.len);
-        damaged = value_len != sizeof(record) + pieces * sizeof(uint64_t) ||
-                  record.len != cache_object_block_len(object, block);
-        if (!damaged)
-            memcpy(sums, (const char *)value + sizeof(record),
-                   pieces * sizeof(uint64_t));
-    } else if (err == 0) {
-        damaged = true;
-    }
-    db_txn_abort(&txn);
-    if (damaged) {
-        drop_damaged_block(cache, object, block, record.tick, "bad index record");
-        return ENOENT;
-    }
-    if (err != 0)
-        return err;
-    if ((uint64_t)offset + len > record.len)
-        return EINVAL;
-
-    /* read and verify the pieces the range touches */
-    uint32_t first_piece = offset / CACHE_PIECE_SIZE;
-    uint32_t last_piece = (offset + len - 1) / CACHE_PIECE_SIZE;
-    uint32_t span_start = first_piece * CACHE_PIECE_SIZE;
-    uint32_t span_end = (last_piece + 1) * CACHE_PIECE_SIZE;
-    if (span_end > record.len)
-        span_end = record.len;
-    /* whole pieces are read and checked in the caller's buffer (it gets
-     * nothing unless they all match); others go through the bounce buffer */
-    bool direct = span_start == offset && span_end == offset + len;
-    bounce = direct ? buf : bounce_buffer(cache, span_end - span_start);
-    if (bounce == NULL)
-        return ENOMEM;
-    ssize_t got = pread(object->fd, bounce, span_end - span_start,
-                        (off_t)(block * cache->block_size + span_start));
-    if (got < 0)
-        return errno;
-    if ((uint32_t)got != span_end - span_start) {
-        drop_damaged_block(cache, object, block, record.tick, "data file too short");
-        return ENOENT;
-    }
-    for (uint32_t piece = first_piece; piece <= last_piece; piece++) {
-        uint32_t from = piece * CACHE_PIECE_SIZE - span_start;
-        uint32_t piece_len = piece == last_piece ? span_end - span_start - from
-                                                 : CACHE_PIECE_SIZE;
-        if (XXH3_64bits(bounce + from, piece_len) != sums[piece]) {
-            drop_damaged_block(cache, object, block, record.tick, "checksum mismatch");
-            return ENOENT;
-        }
-    }
-    if (!direct)
-        memcpy(buf, bounce + (offset - span_start), len);
-    atomic_fetch_add(&cache->served_bytes, len);
-    if (reuse)
-        cache_add_touch(cache, object->id, block, true);
-    return 0;
-}
-
 /* The block record of BLOCK (its pieces' sums into SUMS): 0, ENOENT
  * (none, or a damaged one, dropped), or the index's errno. */
 static int block_record_get(struct cache *cache, struct cache_object *object,
@@ -705,6 +625,90 @@ static int block_record_get(struct cache *cache, struct cache_object *object,
     return err;
 }
 
+/* The whole pieces that bytes [OFFSET, OFFSET+LEN) of a block of
+ * BLOCK_LEN bytes lie in (LEN > 0, OFFSET + LEN <= BLOCK_LEN): the
+ * bytes a read checks. */
+struct piece_span {
+    uint32_t first;              /* first piece */
+    uint32_t last;               /* last piece */
+    uint32_t start;              /* their bytes in the block: [start, end) */
+    uint32_t end;
+};
+
+static struct piece_span piece_span(uint32_t offset, uint32_t len,
+                                    uint32_t block_len)
+{
+    struct piece_span span;
+
+    span.first = offset / CACHE_PIECE_SIZE;
+    span.last = (offset + len - 1) / CACHE_PIECE_SIZE;
+    span.start = span.first * CACHE_PIECE_SIZE;
+    span.end = (span.last + 1) * CACHE_PIECE_SIZE;
+    if (span.end > block_len)
+        span.end = block_len;
+    return span;
+}
+
+/* Whether BYTES, the bytes of SPAN, hash to the pieces' SUMS. */
+static bool piece_span_matches(const struct piece_span *span, const char *bytes,
+                               const uint64_t *sums)
+{
+    for (uint32_t piece = span->first; piece <= span->last; piece++) {
+        uint32_t from = piece * CACHE_PIECE_SIZE - span->start;
+        uint32_t piece_len = piece == span->last ? span->end - span->start - from
+                                                 : CACHE_PIECE_SIZE;
+        if (XXH3_64bits(bytes + from, piece_len) != sums[piece])
+            return false;
+    }
+    return true;
+}
+
+int cache_block_read(struct cache *cache, struct cache_object *object,
+                     uint64_t block, uint32_t offset, uint32_t len, char *buf,
+                     bool reuse)
+{
+    struct block_record record;
+    uint64_t sums[CACHE_MAX_BLOCK_SIZE / CACHE_PIECE_SIZE];
+    char *bounce = NULL;
+    int err;
+
+    if (len == 0)
+        return 0;
+    err = block_record_get(cache, object, block, &record, sums);
+    if (err != 0)
+        return err;
+    if ((uint64_t)offset + len > record.len)
+        return EINVAL;
+
+    /* read and verify the pieces the range touches */
+    struct piece_span span = piece_span(offset, len, record.len);
+    uint32_t span_len = span.end - span.start;
+    /* whole pieces are read and checked in the caller's buffer (it gets
+     * nothing unless they all match); others go through the bounce buffer */
+    bool direct = span.start == offset && span.end == offset + len;
+    bounce = direct ? buf : bounce_buffer(cache, span_len);
+    if (bounce == NULL)
+        return ENOMEM;
+    ssize_t got = pread(object->fd, bounce, span_len,
+                        (off_t)(block * cache->block_size + span.start));
+    if (got < 0)
+        return errno;
+    if ((uint32_t)got != span_len) {
+        drop_damaged_block(cache, object, block, record.tick, "data file too short");
+        return ENOENT;
+    }
+    if (!piece_span_matches(&span, bounce, sums)) {
+        drop_damaged_block(cache, object, block, record.tick, "checksum mismatch");
+        return ENOENT;
+    }
+    if (!direct)
+        memcpy(buf, bounce + (offset - span.start), len);
+    atomic_fetch_add(&cache->served_bytes, len);
+    if (reuse)
+        cache_add_touch(cache, object->id, block, true);
+    return 0;
+}
+
 int cache_block_splice(struct cache *cache, struct cache_object *object,
                        uint64_t block, uint32_t offset, uint32_t len,
                        int pipe_write, bool reuse)
@@ -723,16 +727,11 @@ int cache_block_splice(struct cache *cache, struct cache_object *object,
         return err;
     if ((uint64_t)offset + len > record.len)
         return EINVAL;
-    uint32_t first_piece = offset / CACHE_PIECE_SIZE;
-    uint32_t last_piece = (offset + len - 1) / CACHE_PIECE_SIZE;
-    uint32_t span_start = first_piece * CACHE_PIECE_SIZE;
-    uint32_t span_end = (last_piece + 1) * CACHE_PIECE_SIZE;
-    if (span_end > record.len)
-        span_end = record.len;
+    struct piece_span span = piece_span(offset, len, record.len);
     struct stat st;
     if (fstat(object->fd, &st) != 0)
         return errno;
-    if ((uint64_t)st.st_size < (uint64_t)block_start + span_end) {
+    if ((uint64_t)st.st_size < (uint64_t)block_start + span.end) {
         drop_damaged_block(cache, object, block, record.tick, "data file too short");
         return ENOENT;
     }
@@ -752,22 +751,17 @@ int cache_block_splice(struct cache *cache, struct cache_object *object,
     }
     /* 2. the pieces they lie in, hashed where they are (a mapping of the
      * page cache: no copy) */
-    map_len = span_end - span_start;
+    map_len = span.end - span.start;
     map = mmap(NULL, map_len, PROT_READ, MAP_SHARED | MAP_POPULATE, object->fd,
-               block_start + span_start);
+               block_start + span.start);
     if (map == MAP_FAILED) {
         err = errno;
         goto out;
     }
-    for (uint32_t piece = first_piece; piece <= last_piece; piece++) {
-        uint32_t from = piece * CACHE_PIECE_SIZE - span_start;
-        uint32_t piece_len = piece == last_piece ? span_end - span_start - from
-                                                 : CACHE_PIECE_SIZE;
-        if (XXH3_64bits((const char *)map + from, piece_len) != sums[piece]) {
-            drop_damaged_block(cache, object, block, record.tick, "checksum mismatch");
-            err = EAGAIN;
-            goto out;
-        }
+    if (!piece_span_matches(&span, map, sums)) {
+        drop_damaged_block(cache, object, block, record.tick, "checksum mismatch");
+        err = EAGAIN;
+        goto out;
     }
     /* 3. still the same record: nothing dropped or punched the block
      * between the splice and the hash, so the pages in the pipe are the
@@ -779,8 +773,8 @@ int cache_block_splice(struct cache *cache, struct cache_object *object,
     err = block_record_get(cache, object, block, &again, sums_again);
     if (err == 0 &&
         (again.len != record.len ||
-         memcmp(sums_again + first_piece, sums + first_piece,
-                (size_t)(last_piece - first_piece + 1) * sizeof(sums[0])) != 0))
+         memcmp(sums_again + span.first, sums + span.first,
+                (size_t)(span.last - span.first + 1) * sizeof(sums[0])) != 0))
         err = ENOENT;
     if (err == ENOENT)
         err = EAGAIN;
