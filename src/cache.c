@@ -26,6 +26,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -49,6 +50,7 @@ void cache_get_stats(struct cache *cache, struct cache_stats *out)
     db_txn_abort(&txn);
     out->size_limit = cache->size_limit;
     out->served_bytes = atomic_load(&cache->served_bytes);
+    out->unhashed_bytes = atomic_load(&cache->unhashed_bytes);
     out->stored_bytes = atomic_load(&cache->stored_bytes);
     out->evicted_blocks = atomic_load(&cache->evicted_blocks);
     out->corrupt_blocks = atomic_load(&cache->corrupt_blocks);
@@ -709,6 +711,98 @@ int cache_block_read(struct cache *cache, struct cache_object *object,
     return 0;
 }
 
+/* ------------------------------------------------- blocks just filled */
+
+/*
+ * A spliced read checks its pieces where they lie in the page cache, a
+ * second hash of bytes already hashed as they arrived. It is what finds
+ * a block damaged on the disk, and a page that has never been written
+ * back and read again cannot be: it holds what write(2) put there. So a
+ * block this process filled (its commit noted here, with the tick its
+ * record got) whose record still has that tick, and whose pages are all
+ * dirty or under writeback (cachestat(2), asked after the splice took
+ * its references), is served without that hash. A clean page may have
+ * been dropped and read back from the disk since: it is hashed, as are
+ * blocks the table forgot (a slot per block, the last filler wins),
+ * blocks of an earlier mount, and every block where the kernel has no
+ * cachestat (before Linux 6.5) or will not answer.
+ */
+static unsigned fresh_slot(uint64_t id, uint64_t block)
+{
+    return (unsigned)((id * 0x9e3779b97f4a7c15ull + block) % FRESH_SLOTS);
+}
+
+/* BLOCK of object ID was just committed with TICK by this process. */
+static void fresh_block_note(struct cache *cache, uint64_t id, uint64_t block,
+                             uint64_t tick)
+{
+    struct fresh_block *slot = &cache->fresh[fresh_slot(id, block)];
+
+    pthread_mutex_lock(&cache->fresh_lock);
+    *slot = (struct fresh_block){id, block, tick, true};
+    pthread_mutex_unlock(&cache->fresh_lock);
+}
+
+/* Whether this process committed BLOCK of object ID with TICK, and has
+ * not forgotten it. */
+static bool fresh_block_is(struct cache *cache, uint64_t id, uint64_t block,
+                           uint64_t tick)
+{
+    const struct fresh_block *slot = &cache->fresh[fresh_slot(id, block)];
+    bool found;
+
+    pthread_mutex_lock(&cache->fresh_lock);
+    found = slot->used && slot->id == id && slot->block == block &&
+            slot->tick == tick;
+    pthread_mutex_unlock(&cache->fresh_lock);
+    return found;
+}
+
+/* cachestat(2) (Linux 6.5) has the same number on the architectures
+ * below; glibc has no wrapper and older headers no number. */
+#if !defined(__NR_cachestat) &&                                          \
+    (defined(__x86_64__) || defined(__i386__) || defined(__aarch64__) || \
+     defined(__arm__) || defined(__riscv))
+#define __NR_cachestat 451
+#endif
+
+/* Whether every page of [OFFSET, OFFSET + LEN) of FD is in the page
+ * cache dirty, or every one under writeback: not clean, so not read back
+ * from the disk since it was last written. False when the kernel cannot
+ * say (then it is never asked again). A folio that is dirty and under
+ * writeback at once counts in both figures, so a mix of the two is not
+ * trusted (hashed instead). */
+static bool pages_unwritten(int fd, uint64_t offset, uint64_t len)
+{
+#ifdef __NR_cachestat
+    static atomic_bool unsupported;
+    struct {
+        uint64_t off, len;
+    } range = {offset, len};
+    struct {
+        uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted,
+            nr_recently_evicted;
+    } counts;
+    uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+
+    if (len == 0 || atomic_load_explicit(&unsupported, memory_order_relaxed))
+        return false;
+    if (syscall(__NR_cachestat, (unsigned)fd, &range, &counts, 0u) != 0) {
+        if (errno == ENOSYS || errno == EPERM)
+            atomic_store_explicit(&unsupported, true, memory_order_relaxed);
+        return false;
+    }
+    uint64_t pages = (offset + len - 1) / page - offset / page + 1;
+    return counts.nr_cache == pages &&
+           (counts.nr_dirty == pages || counts.nr_writeback == pages);
+#else
+    (void)fd;
+    (void)offset;
+    (void)len;
+    return false;
+#endif
+}
+
 int cache_block_splice(struct cache *cache, struct cache_object *object,
                        uint64_t block, uint32_t offset, uint32_t len,
                        int pipe_write, bool reuse)
@@ -718,6 +812,7 @@ int cache_block_splice(struct cache *cache, struct cache_object *object,
     off_t block_start = (off_t)(block * cache->block_size);
     void *map = MAP_FAILED;
     size_t map_len = 0;
+    bool fresh = false;
     int err;
 
     if (len == 0)
@@ -750,18 +845,25 @@ int cache_block_splice(struct cache *cache, struct cache_object *object,
         moved += (size_t)done;
     }
     /* 2. the pieces they lie in, hashed where they are (a mapping of the
-     * page cache: no copy) */
-    map_len = span.end - span.start;
-    map = mmap(NULL, map_len, PROT_READ, MAP_SHARED | MAP_POPULATE, object->fd,
-               block_start + span.start);
-    if (map == MAP_FAILED) {
-        err = errno;
-        goto out;
-    }
-    if (!piece_span_matches(&span, map, sums)) {
-        drop_damaged_block(cache, object, block, record.tick, "checksum mismatch");
-        err = EAGAIN;
-        goto out;
+     * page cache: no copy), unless they are the bytes this process just
+     * wrote, still as written (see "blocks just filled" above) */
+    fresh = fresh_block_is(cache, object->id, block, record.tick) &&
+            pages_unwritten(object->fd, (uint64_t)block_start + span.start,
+                            span.end - span.start);
+    if (!fresh) {
+        map_len = span.end - span.start;
+        map = mmap(NULL, map_len, PROT_READ, MAP_SHARED | MAP_POPULATE,
+                   object->fd, block_start + span.start);
+        if (map == MAP_FAILED) {
+            err = errno;
+            goto out;
+        }
+        if (!piece_span_matches(&span, map, sums)) {
+            drop_damaged_block(cache, object, block, record.tick,
+                               "checksum mismatch");
+            err = EAGAIN;
+            goto out;
+        }
     }
     /* 3. still the same record: nothing dropped or punched the block
      * between the splice and the hash, so the pages in the pipe are the
@@ -776,6 +878,11 @@ int cache_block_splice(struct cache *cache, struct cache_object *object,
          memcmp(sums_again + span.first, sums + span.first,
                 (size_t)(span.last - span.first + 1) * sizeof(sums[0])) != 0))
         err = ENOENT;
+    /* unhashed bytes need the very record whose fill wrote them: another
+     * tick is a touch (rare in the read right after a fetch) or a drop
+     * and a refill, whose pages the pipe may not hold; read again */
+    if (err == 0 && fresh && again.tick != record.tick)
+        err = ENOENT;
     if (err == ENOENT)
         err = EAGAIN;
 out:
@@ -784,6 +891,8 @@ out:
     if (err != 0)
         return moved > 0 && err != ENOBUFS ? EAGAIN : err;
     atomic_fetch_add(&cache->served_bytes, len);
+    if (fresh)
+        atomic_fetch_add(&cache->unhashed_bytes, len);
     if (reuse)
         cache_add_touch(cache, object->id, block, true);
     return 0;
@@ -961,6 +1070,7 @@ int cache_fill_commit(struct cache_fill **fillp)
     if (err == 0) {
         cache_usage_mirror(cache, &before, &usage);
         atomic_fetch_add(&cache->stored_bytes, fill->len);
+        fresh_block_note(cache, id, fill->block, tick);
     }
 out:
     db_txn_abort(&txn);

@@ -146,6 +146,19 @@ struct bounce {
     char data[];
 };
 
+/* A block this process filled: its record's tick when it was committed. */
+struct fresh_block {
+    uint64_t id;
+    uint64_t block;
+    uint64_t tick;
+    bool used;
+};
+/* How many blocks struct cache remembers filling (a slot per block,
+ * chosen by id and block: a run of consecutive blocks takes consecutive
+ * slots). 4096: 4 GiB of 1 MiB blocks, far more than the read-ahead keeps
+ * ahead of a reader. */
+#define FRESH_SLOTS 4096
+
 struct cache {
     char *dir;
     bool left_open;           /* the last mount did not close it (crash) */
@@ -172,7 +185,13 @@ struct cache {
     pthread_key_t bounce_key; /* per-thread read buffer (struct bounce) */
     struct bounce *bounces;   /* under lock: every live one */
 
+    /* the blocks this process filled last (see fresh_block_note() in
+     * cache.c); fresh_lock guards them and is a leaf */
+    pthread_mutex_t fresh_lock;
+    struct fresh_block fresh[FRESH_SLOTS];
+
     _Atomic uint64_t served_bytes;
+    _Atomic uint64_t unhashed_bytes;
     _Atomic uint64_t stored_bytes;
     _Atomic uint64_t evicted_blocks;
     _Atomic uint64_t corrupt_blocks;
