@@ -725,7 +725,9 @@ int cache_block_read(struct cache *cache, struct cache_object *object,
  * been dropped and read back from the disk since: it is hashed, as are
  * blocks the table forgot (a slot per block, the last filler wins),
  * blocks of an earlier mount, and every block where the kernel has no
- * cachestat (before Linux 6.5) or will not answer.
+ * cachestat (before Linux 6.5) or will not answer. A block once found
+ * with a clean page is forgotten (fresh_block_forget()): its pages may be
+ * read back from the disk from then on, whatever they look like later.
  */
 static unsigned fresh_slot(uint64_t id, uint64_t block)
 {
@@ -756,6 +758,21 @@ static bool fresh_block_is(struct cache *cache, uint64_t id, uint64_t block,
             slot->tick == tick;
     pthread_mutex_unlock(&cache->fresh_lock);
     return found;
+}
+
+/* BLOCK of object ID, committed with TICK, has pages that are clean: it
+ * is never taken for fresh again (until filled again), and its next
+ * reads ask nothing of the kernel. */
+static void fresh_block_forget(struct cache *cache, uint64_t id,
+                               uint64_t block, uint64_t tick)
+{
+    struct fresh_block *slot = &cache->fresh[fresh_slot(id, block)];
+
+    pthread_mutex_lock(&cache->fresh_lock);
+    if (slot->used && slot->id == id && slot->block == block &&
+        slot->tick == tick)
+        slot->used = false;
+    pthread_mutex_unlock(&cache->fresh_lock);
 }
 
 /* cachestat(2) (Linux 6.5) has the same number on the architectures
@@ -847,9 +864,12 @@ int cache_block_splice(struct cache *cache, struct cache_object *object,
     /* 2. the pieces they lie in, hashed where they are (a mapping of the
      * page cache: no copy), unless they are the bytes this process just
      * wrote, still as written (see "blocks just filled" above) */
-    fresh = fresh_block_is(cache, object->id, block, record.tick) &&
-            pages_unwritten(object->fd, (uint64_t)block_start + span.start,
-                            span.end - span.start);
+    if (fresh_block_is(cache, object->id, block, record.tick)) {
+        fresh = pages_unwritten(object->fd, (uint64_t)block_start + span.start,
+                                span.end - span.start);
+        if (!fresh)
+            fresh_block_forget(cache, object->id, block, record.tick);
+    }
     if (!fresh) {
         map_len = span.end - span.start;
         map = mmap(NULL, map_len, PROT_READ, MAP_SHARED | MAP_POPULATE,

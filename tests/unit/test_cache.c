@@ -771,7 +771,9 @@ static bool pages_dirty(int fd, uint64_t offset, uint64_t len)
  * still dirty, are served without the second hash (unhashed_bytes); once
  * the pages were written back, or the cache was reopened, they are
  * hashed again, and a byte damaged on the disk is found and the block
- * dropped. Without cachestat(2) nothing is unhashed, and the rest holds.
+ * dropped; a block once read with clean pages is hashed from then on,
+ * even with dirty ones. Without cachestat(2) nothing is unhashed, and
+ * the rest holds.
  * Skipped on tmpfs, whose pages are never written back. */
 static void test_splice_fresh_block(void **state)
 {
@@ -826,6 +828,22 @@ static void test_splice_fresh_block(void **state)
     assert_int_equal(after.unhashed_bytes, before.unhashed_bytes);
     assert_int_equal(after.corrupt_blocks - before.corrupt_blocks, 1);
     assert_false(cache_block_present(f->cache, o, 2));
+
+    /* a block once found clean is not trusted again, though its pages be
+     * dirty once more: a byte flipped in memory (block 0, read above
+     * after the write-back) is found */
+    fd = open(path, O_RDWR);
+    assert_true(fd >= 0);
+    assert_int_equal(pread(fd, f->scratch, bs, 0), (ssize_t)bs);
+    f->scratch[100] ^= 0x01;
+    assert_int_equal(pwrite(fd, f->scratch, bs, 0), (ssize_t)bs); /* all dirty */
+    close(fd);
+    before = stats(f);
+    assert_int_equal(splice_check(f, o, 0, 0, bs, 51), EAGAIN);
+    after = stats(f);
+    assert_int_equal(after.unhashed_bytes, before.unhashed_bytes);
+    assert_int_equal(after.corrupt_blocks - before.corrupt_blocks, 1);
+    store(f, o, 0, 51);
 
     /* filled again: fresh again, and right */
     store(f, o, 2, 51);
