@@ -960,39 +960,90 @@ int cache_fill_begin(struct cache *cache, struct cache_object *object,
     return 0;
 }
 
-int cache_fill_write(struct cache_fill *fill, const void *data, size_t len)
+/* Write LEN bytes at the block's byte AT from BYTES: 0 or an errno. */
+static int fill_pwrite(struct cache_fill *fill, const char *bytes, size_t len,
+                       uint32_t at)
 {
-    const char *bytes = data;
-    uint64_t base = fill->block * fill->cache->block_size;
+    off_t base = (off_t)(fill->block * fill->cache->block_size);
 
-    if (len > fill->len - fill->written)
-        return EINVAL; /* more than the block holds */
     while (len > 0) {
-        /* one write for all the caller has (few system calls), then the
-         * checksums of the pieces it spans */
-        ssize_t done = pwrite(fill->object->fd, bytes, len,
-                              (off_t)(base + fill->written));
+        ssize_t done = pwrite(fill->object->fd, bytes, len, base + at);
         if (done < 0)
             return errno;
         if (done == 0)
             return EIO;
-        size_t hashed = 0;
-        while (hashed < (size_t)done) {
-            uint32_t in_piece = fill->written % CACHE_PIECE_SIZE;
-            size_t take = CACHE_PIECE_SIZE - in_piece;
-            if (take > (size_t)done - hashed)
-                take = (size_t)done - hashed;
-            XXH3_64bits_update(fill->piece_state, bytes + hashed, take);
-            fill->written += (uint32_t)take;
-            hashed += take;
-            if (fill->written % CACHE_PIECE_SIZE == 0 || fill->written == fill->len) {
-                fill->sums[(fill->written - 1) / CACHE_PIECE_SIZE] =
-                    XXH3_64bits_digest(fill->piece_state);
-                XXH3_64bits_reset(fill->piece_state);
-            }
-        }
         bytes += done;
         len -= (size_t)done;
+        at += (uint32_t)done;
+    }
+    return 0;
+}
+
+/* The pending bytes to the file. */
+static int fill_flush(struct cache_fill *fill)
+{
+    int err = 0;
+
+    if (fill->pending_len > 0)
+        err = fill_pwrite(fill, fill->pending, fill->pending_len,
+                          fill->written - fill->pending_len);
+    fill->pending_len = 0;
+    return err;
+}
+
+/* The checksums of LEN more bytes of the block. */
+static void fill_hash(struct cache_fill *fill, const char *bytes, size_t len)
+{
+    size_t hashed = 0;
+
+    while (hashed < len) {
+        uint32_t in_piece = fill->written % CACHE_PIECE_SIZE;
+        size_t take = CACHE_PIECE_SIZE - in_piece;
+        if (take > len - hashed)
+            take = len - hashed;
+        XXH3_64bits_update(fill->piece_state, bytes + hashed, take);
+        fill->written += (uint32_t)take;
+        hashed += take;
+        if (fill->written % CACHE_PIECE_SIZE == 0 || fill->written == fill->len) {
+            fill->sums[(fill->written - 1) / CACHE_PIECE_SIZE] =
+                XXH3_64bits_digest(fill->piece_state);
+            XXH3_64bits_reset(fill->piece_state);
+        }
+    }
+}
+
+int cache_fill_write(struct cache_fill *fill, const void *data, size_t len)
+{
+    const char *bytes = data;
+    int err = 0;
+
+    if (len > fill->len - fill->written)
+        return EINVAL; /* more than the block holds */
+    if (fill->pending_len == 0 && len >= FILL_WRITE_SIZE) {
+        /* large enough already: written from the caller's memory */
+        err = fill_pwrite(fill, bytes, len, fill->written);
+        if (err == 0)
+            fill_hash(fill, bytes, len);
+        return err;
+    }
+    if (fill->pending == NULL && (fill->pending = malloc(FILL_WRITE_SIZE)) == NULL)
+        return ENOMEM;
+    /* gathered (hashed as they come, while in the CPU's cache), written
+     * when FILL_WRITE_SIZE are pending or the block is complete */
+    while (len > 0) {
+        size_t take = FILL_WRITE_SIZE - fill->pending_len;
+        if (take > len)
+            take = len;
+        memcpy(fill->pending + fill->pending_len, bytes, take);
+        fill->pending_len += (uint32_t)take;
+        fill_hash(fill, bytes, take);
+        bytes += take;
+        len -= take;
+        if (fill->pending_len == FILL_WRITE_SIZE || fill->written == fill->len) {
+            err = fill_flush(fill);
+            if (err != 0)
+                return err;
+        }
     }
     return 0;
 }
@@ -1003,6 +1054,7 @@ static void fill_free(struct cache_fill *fill)
     cache_object_close(fill->cache, &fill->object);
     XXH3_freeState(fill->piece_state);
     free(fill->sums);
+    free(fill->pending);
     free(fill);
 }
 
@@ -1032,7 +1084,7 @@ int cache_fill_commit(struct cache_fill **fillp)
     int err = 0;
 
     *fillp = NULL;
-    if (fill->written != fill->len) {
+    if (fill->written != fill->len || fill->pending_len != 0) {
         err = EINVAL;
         goto out;
     }

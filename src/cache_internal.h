@@ -131,11 +131,20 @@ struct cache_fill {
     struct cache_object *object;
     uint64_t block;
     uint32_t len;             /* the block's full length */
-    uint32_t written;
+    uint32_t written;         /* bytes taken (hashed), in order */
     uint32_t reserved;        /* bytes of room reserved */
     XXH3_state_t *piece_state;
     uint64_t *sums;
+    char *pending;            /* FILL_WRITE_SIZE bytes, or NULL: taken
+                                 bytes not yet written to the file */
+    uint32_t pending_len;     /* the last pending_len of `written` */
 };
+
+/* A fill gathers what it is given into writes of up to this many bytes:
+ * curl hands a GET's body over 16 KiB at a time (CURL_MAX_WRITE_SIZE,
+ * whatever CURLOPT_BUFFERSIZE), and a pwrite each was 64 Ki calls per
+ * GiB, each paying the syscall and ext4's per-call work. */
+#define FILL_WRITE_SIZE (256u << 10)
 
 /* A block-sized read buffer per reading thread, listed in the cache so
  * that cache_close() frees those of threads still alive. */

@@ -629,6 +629,64 @@ static void test_integrity_flipped_byte(void **state)
     cache_object_close(f->cache, &o);
 }
 
+/* This thread's write system calls so far (/proc/thread-self/io). */
+static uint64_t thread_write_calls(void)
+{
+    FILE *io = fopen("/proc/thread-self/io", "r");
+    char line[128];
+    unsigned long long calls = 0;
+
+    assert_non_null(io);
+    while (fgets(line, sizeof(line), io) != NULL)
+        if (sscanf(line, "syscw: %llu", &calls) == 1)
+            break;
+    fclose(io);
+    return calls;
+}
+
+/* A fill gathers small writes (curl hands 16 KiB at a time) into writes
+ * of FILL_WRITE_SIZE (256 KiB), takes a large one as it is, and gives
+ * back what it gathered when aborted; the bytes are right either way. */
+static void test_fill_gathers_writes(void **state)
+{
+    struct fixture *f = *state;
+    uint32_t bs = f->conf.block_size; /* 256 KiB */
+    struct cache_object *o = open_object(f, "gathered", ETAG, 3ull * bs);
+    struct cache_fill *fill = NULL;
+
+    /* 16 KiB pieces: one write, when the last one completes the block */
+    make_bytes(f->scratch, 61, 0, bs);
+    assert_int_equal(cache_fill_begin(f->cache, o, 0, &fill), 0);
+    uint64_t calls = thread_write_calls();
+    for (uint32_t at = 0; at < bs; at += 16 * KIB) {
+        assert_int_equal(cache_fill_write(fill, f->scratch + at, 16 * KIB), 0);
+        assert_int_equal(thread_write_calls() - calls, at + 16 * KIB < bs ? 0 : 1);
+    }
+    assert_int_equal(cache_fill_commit(&fill), 0);
+    expect_read(f, o, 0, 0, bs, 61);
+
+    /* the whole block at once: one write, from the caller's memory */
+    make_bytes(f->scratch, 61, bs, bs);
+    assert_int_equal(cache_fill_begin(f->cache, o, 1, &fill), 0);
+    calls = thread_write_calls();
+    assert_int_equal(cache_fill_write(fill, f->scratch, bs), 0);
+    assert_int_equal(thread_write_calls() - calls, 1);
+    assert_int_equal(cache_fill_commit(&fill), 0);
+    expect_read(f, o, 1, 0, bs, 61);
+
+    /* aborted with bytes gathered and not written: nothing stays */
+    make_bytes(f->scratch, 61, 2ull * bs, bs);
+    assert_int_equal(cache_fill_begin(f->cache, o, 2, &fill), 0);
+    assert_int_equal(cache_fill_write(fill, f->scratch, 1000), 0);
+    cache_fill_abort(&fill);
+    assert_null(fill);
+    expect_missing(f, o, 2);
+    store(f, o, 2, 61);
+    expect_read(f, o, 2, 0, bs, 61);
+    assert_int_equal(stats(f).blocks, 3);
+    cache_object_close(f->cache, &o);
+}
+
 /* A data file cut short under an open object. */
 static void test_integrity_truncated(void **state)
 {
@@ -2443,6 +2501,9 @@ int main(void)
                                                  setup, teardown,
                                                  (void *)&large_block),
         cmocka_unit_test_prestate_setup_teardown(test_splice_fresh_block,
+                                                 setup, teardown,
+                                                 (void *)&large_block),
+        cmocka_unit_test_prestate_setup_teardown(test_fill_gathers_writes,
                                                  setup, teardown,
                                                  (void *)&large_block),
         cmocka_unit_test_setup_teardown(test_integrity_truncated, setup,
