@@ -26,6 +26,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -50,6 +51,7 @@ void cache_get_stats(struct cache *cache, struct cache_stats *out)
     db_txn_abort(&txn);
     out->size_limit = cache->size_limit;
     out->served_bytes = atomic_load(&cache->served_bytes);
+    out->unhashed_bytes = atomic_load(&cache->unhashed_bytes);
     out->stored_bytes = atomic_load(&cache->stored_bytes);
     out->evicted_blocks = atomic_load(&cache->evicted_blocks);
     out->corrupt_blocks = atomic_load(&cache->corrupt_blocks);
@@ -590,86 +592,6 @@ static char *bounce_buffer(struct cache *cache, size_t len)
     return fresh->data;
 }
 
-int cache_block_read(struct cache *cache, struct cache_object *object,
-                     uint64_t block, uint32_t offset, uint32_t len, char *buf,
-                     bool reuse)
-{
-    struct db_txn *txn = NULL;
-    struct block_key key = block_key(object->id, block);
-    struct block_record record;
-    uint64_t sums[CACHE_MAX_BLOCK_SIZE / CACHE_PIECE_SIZE];
-    const void *value;
-    size_t value_len;
-    char *bounce = NULL;
-    int err;
-
-    if (len == 0)
-        return 0;
-    err = db_txn_begin(cache->db, false, &txn);
-    if (err != 0)
-        return err;
-    err = db_get(txn, DB_BLOCKS, key.bytes, sizeof(key.bytes), &value, &value_len);
-    memset(&record, 0, sizeof(record));
-    bool damaged = false;
-    if (err == 0 && value_len >= sizeof(record)) {
-        memcpy(&record, value, sizeof(record));
-        uint32_t pieces = pieces_of(record.len);
-        damaged = value_len != sizeof(record) + pieces * sizeof(uint64_t) ||
-                  record.len != cache_object_block_len(object, block);
-        if (!damaged)
-            memcpy(sums, (const char *)value + sizeof(record),
-                   pieces * sizeof(uint64_t));
-    } else if (err == 0) {
-        damaged = true;
-    }
-    db_txn_abort(&txn);
-    if (damaged) {
-        drop_damaged_block(cache, object, block, record.tick, "bad index record");
-        return ENOENT;
-    }
-    if (err != 0)
-        return err;
-    if ((uint64_t)offset + len > record.len)
-        return EINVAL;
-
-    /* read and verify the pieces the range touches */
-    uint32_t first_piece = offset / CACHE_PIECE_SIZE;
-    uint32_t last_piece = (offset + len - 1) / CACHE_PIECE_SIZE;
-    uint32_t span_start = first_piece * CACHE_PIECE_SIZE;
-    uint32_t span_end = (last_piece + 1) * CACHE_PIECE_SIZE;
-    if (span_end > record.len)
-        span_end = record.len;
-    /* whole pieces are read and checked in the caller's buffer (it gets
-     * nothing unless they all match); others go through the bounce buffer */
-    bool direct = span_start == offset && span_end == offset + len;
-    bounce = direct ? buf : bounce_buffer(cache, span_end - span_start);
-    if (bounce == NULL)
-        return ENOMEM;
-    ssize_t got = pread(object->fd, bounce, span_end - span_start,
-                        (off_t)(block * cache->block_size + span_start));
-    if (got < 0)
-        return errno;
-    if ((uint32_t)got != span_end - span_start) {
-        drop_damaged_block(cache, object, block, record.tick, "data file too short");
-        return ENOENT;
-    }
-    for (uint32_t piece = first_piece; piece <= last_piece; piece++) {
-        uint32_t from = piece * CACHE_PIECE_SIZE - span_start;
-        uint32_t piece_len = piece == last_piece ? span_end - span_start - from
-                                                 : CACHE_PIECE_SIZE;
-        if (XXH3_64bits(bounce + from, piece_len) != sums[piece]) {
-            drop_damaged_block(cache, object, block, record.tick, "checksum mismatch");
-            return ENOENT;
-        }
-    }
-    if (!direct)
-        memcpy(buf, bounce + (offset - span_start), len);
-    atomic_fetch_add(&cache->served_bytes, len);
-    if (reuse)
-        cache_add_touch(cache, object->id, block, true);
-    return 0;
-}
-
 /* The block record of BLOCK (its pieces' sums into SUMS): 0, ENOENT
  * (none, or a damaged one, dropped), or the index's errno. */
 static int block_record_get(struct cache *cache, struct cache_object *object,
@@ -706,15 +628,51 @@ static int block_record_get(struct cache *cache, struct cache_object *object,
     return err;
 }
 
-int cache_block_splice(struct cache *cache, struct cache_object *object,
-                       uint64_t block, uint32_t offset, uint32_t len,
-                       int pipe_write, bool reuse)
+/* The whole pieces that bytes [OFFSET, OFFSET+LEN) of a block of
+ * BLOCK_LEN bytes lie in (LEN > 0, OFFSET + LEN <= BLOCK_LEN): the
+ * bytes a read checks. */
+struct piece_span {
+    uint32_t first;              /* first piece */
+    uint32_t last;               /* last piece */
+    uint32_t start;              /* their bytes in the block: [start, end) */
+    uint32_t end;
+};
+
+static struct piece_span piece_span(uint32_t offset, uint32_t len,
+                                    uint32_t block_len)
 {
-    struct block_record record, again;
+    struct piece_span span;
+
+    span.first = offset / CACHE_PIECE_SIZE;
+    span.last = (offset + len - 1) / CACHE_PIECE_SIZE;
+    span.start = span.first * CACHE_PIECE_SIZE;
+    span.end = (span.last + 1) * CACHE_PIECE_SIZE;
+    if (span.end > block_len)
+        span.end = block_len;
+    return span;
+}
+
+/* Whether BYTES, the bytes of SPAN, hash to the pieces' SUMS. */
+static bool piece_span_matches(const struct piece_span *span, const char *bytes,
+                               const uint64_t *sums)
+{
+    for (uint32_t piece = span->first; piece <= span->last; piece++) {
+        uint32_t from = piece * CACHE_PIECE_SIZE - span->start;
+        uint32_t piece_len = piece == span->last ? span->end - span->start - from
+                                                 : CACHE_PIECE_SIZE;
+        if (XXH3_64bits(bytes + from, piece_len) != sums[piece])
+            return false;
+    }
+    return true;
+}
+
+int cache_block_read(struct cache *cache, struct cache_object *object,
+                     uint64_t block, uint32_t offset, uint32_t len, char *buf,
+                     bool reuse)
+{
+    struct block_record record;
     uint64_t sums[CACHE_MAX_BLOCK_SIZE / CACHE_PIECE_SIZE];
-    off_t block_start = (off_t)(block * cache->block_size);
-    void *map = MAP_FAILED;
-    size_t map_len = 0;
+    char *bounce = NULL;
     int err;
 
     if (len == 0)
@@ -724,16 +682,169 @@ int cache_block_splice(struct cache *cache, struct cache_object *object,
         return err;
     if ((uint64_t)offset + len > record.len)
         return EINVAL;
-    uint32_t first_piece = offset / CACHE_PIECE_SIZE;
-    uint32_t last_piece = (offset + len - 1) / CACHE_PIECE_SIZE;
-    uint32_t span_start = first_piece * CACHE_PIECE_SIZE;
-    uint32_t span_end = (last_piece + 1) * CACHE_PIECE_SIZE;
-    if (span_end > record.len)
-        span_end = record.len;
+
+    /* read and verify the pieces the range touches */
+    struct piece_span span = piece_span(offset, len, record.len);
+    uint32_t span_len = span.end - span.start;
+    /* whole pieces are read and checked in the caller's buffer (it gets
+     * nothing unless they all match); others go through the bounce buffer */
+    bool direct = span.start == offset && span.end == offset + len;
+    bounce = direct ? buf : bounce_buffer(cache, span_len);
+    if (bounce == NULL)
+        return ENOMEM;
+    ssize_t got = pread(object->fd, bounce, span_len,
+                        (off_t)(block * cache->block_size + span.start));
+    if (got < 0)
+        return errno;
+    if ((uint32_t)got != span_len) {
+        drop_damaged_block(cache, object, block, record.tick, "data file too short");
+        return ENOENT;
+    }
+    if (!piece_span_matches(&span, bounce, sums)) {
+        drop_damaged_block(cache, object, block, record.tick, "checksum mismatch");
+        return ENOENT;
+    }
+    if (!direct)
+        memcpy(buf, bounce + (offset - span.start), len);
+    atomic_fetch_add(&cache->served_bytes, len);
+    if (reuse)
+        cache_add_touch(cache, object->id, block, true);
+    return 0;
+}
+
+/* ------------------------------------------------- blocks just filled */
+
+/*
+ * A spliced read checks its pieces where they lie in the page cache, a
+ * second hash of bytes already hashed as they arrived. It is what finds
+ * a block damaged on the disk, and a page that has never been written
+ * back and read again cannot be: it holds what write(2) put there. So a
+ * block this process filled (its commit noted here, with the tick its
+ * record got) whose record still has that tick, and whose pages are all
+ * dirty or under writeback (cachestat(2), asked after the splice took
+ * its references), is served without that hash. A clean page may have
+ * been dropped and read back from the disk since: it is hashed, as are
+ * blocks the table forgot (a slot per block, the last filler wins),
+ * blocks of an earlier mount, and every block where the kernel has no
+ * cachestat (before Linux 6.5) or will not answer. A block once found
+ * with a clean page is forgotten (fresh_block_forget()): its pages may be
+ * read back from the disk from then on, whatever they look like later.
+ */
+static unsigned fresh_slot(uint64_t id, uint64_t block)
+{
+    return (unsigned)((id * 0x9e3779b97f4a7c15ull + block) % FRESH_SLOTS);
+}
+
+/* BLOCK of object ID was just committed with TICK by this process. */
+static void fresh_block_note(struct cache *cache, uint64_t id, uint64_t block,
+                             uint64_t tick)
+{
+    struct fresh_block *slot = &cache->fresh[fresh_slot(id, block)];
+
+    pthread_mutex_lock(&cache->fresh_lock);
+    *slot = (struct fresh_block){id, block, tick, true};
+    pthread_mutex_unlock(&cache->fresh_lock);
+}
+
+/* Whether this process committed BLOCK of object ID with TICK, and has
+ * not forgotten it. */
+static bool fresh_block_is(struct cache *cache, uint64_t id, uint64_t block,
+                           uint64_t tick)
+{
+    const struct fresh_block *slot = &cache->fresh[fresh_slot(id, block)];
+    bool found;
+
+    pthread_mutex_lock(&cache->fresh_lock);
+    found = slot->used && slot->id == id && slot->block == block &&
+            slot->tick == tick;
+    pthread_mutex_unlock(&cache->fresh_lock);
+    return found;
+}
+
+/* BLOCK of object ID, committed with TICK, has pages that are clean: it
+ * is never taken for fresh again (until filled again), and its next
+ * reads ask nothing of the kernel. */
+static void fresh_block_forget(struct cache *cache, uint64_t id,
+                               uint64_t block, uint64_t tick)
+{
+    struct fresh_block *slot = &cache->fresh[fresh_slot(id, block)];
+
+    pthread_mutex_lock(&cache->fresh_lock);
+    if (slot->used && slot->id == id && slot->block == block &&
+        slot->tick == tick)
+        slot->used = false;
+    pthread_mutex_unlock(&cache->fresh_lock);
+}
+
+/* cachestat(2) (Linux 6.5) has the same number on the architectures
+ * below; glibc has no wrapper and older headers no number. */
+#if !defined(__NR_cachestat) &&                                          \
+    (defined(__x86_64__) || defined(__i386__) || defined(__aarch64__) || \
+     defined(__arm__) || defined(__riscv))
+#define __NR_cachestat 451
+#endif
+
+/* Whether every page of [OFFSET, OFFSET + LEN) of FD is in the page
+ * cache dirty, or every one under writeback: not clean, so not read back
+ * from the disk since it was last written. False when the kernel cannot
+ * say (then it is never asked again). A folio that is dirty and under
+ * writeback at once counts in both figures, so a mix of the two is not
+ * trusted (hashed instead). */
+static bool pages_unwritten(int fd, uint64_t offset, uint64_t len)
+{
+#ifdef __NR_cachestat
+    static atomic_bool unsupported;
+    struct {
+        uint64_t off, len;
+    } range = {offset, len};
+    struct {
+        uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted,
+            nr_recently_evicted;
+    } counts;
+    uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+
+    if (len == 0 || atomic_load_explicit(&unsupported, memory_order_relaxed))
+        return false;
+    if (syscall(__NR_cachestat, (unsigned)fd, &range, &counts, 0u) != 0) {
+        if (errno == ENOSYS || errno == EPERM)
+            atomic_store_explicit(&unsupported, true, memory_order_relaxed);
+        return false;
+    }
+    uint64_t pages = (offset + len - 1) / page - offset / page + 1;
+    return counts.nr_cache == pages &&
+           (counts.nr_dirty == pages || counts.nr_writeback == pages);
+#else
+    (void)fd;
+    (void)offset;
+    (void)len;
+    return false;
+#endif
+}
+
+int cache_block_splice(struct cache *cache, struct cache_object *object,
+                       uint64_t block, uint32_t offset, uint32_t len,
+                       int pipe_write, bool reuse)
+{
+    struct block_record record, again;
+    uint64_t sums[CACHE_MAX_BLOCK_SIZE / CACHE_PIECE_SIZE];
+    off_t block_start = (off_t)(block * cache->block_size);
+    void *map = MAP_FAILED;
+    size_t map_len = 0;
+    bool fresh = false;
+    int err;
+
+    if (len == 0)
+        return 0;
+    err = block_record_get(cache, object, block, &record, sums);
+    if (err != 0)
+        return err;
+    if ((uint64_t)offset + len > record.len)
+        return EINVAL;
+    struct piece_span span = piece_span(offset, len, record.len);
     struct stat st;
     if (fstat(object->fd, &st) != 0)
         return errno;
-    if ((uint64_t)st.st_size < (uint64_t)block_start + span_end) {
+    if ((uint64_t)st.st_size < (uint64_t)block_start + span.end) {
         drop_damaged_block(cache, object, block, record.tick, "data file too short");
         return ENOENT;
     }
@@ -752,32 +863,36 @@ int cache_block_splice(struct cache *cache, struct cache_object *object,
         moved += (size_t)done;
     }
     /* 2. the pieces they lie in, hashed where they are (a mapping of the
-     * page cache: no copy) */
-    map_len = span_end - span_start;
-    map = mmap(NULL, map_len, PROT_READ, MAP_SHARED | MAP_POPULATE, object->fd,
-               block_start + span_start);
-    if (map == MAP_FAILED) {
-        err = errno;
-        goto out;
+     * page cache: no copy), unless they are the bytes this process just
+     * wrote, still as written (see "blocks just filled" above) */
+    if (fresh_block_is(cache, object->id, block, record.tick)) {
+        fresh = pages_unwritten(object->fd, (uint64_t)block_start + span.start,
+                                span.end - span.start);
+        if (!fresh)
+            fresh_block_forget(cache, object->id, block, record.tick);
     }
-    /* (a page the kernel cannot give, as a hole of a full tmpfs, a file
-     * cut short meanwhile or a disk's read error, reads as zeros here
-     * instead of killing the daemon with SIGBUS: sigbus.h) */
-    struct sigbus_guard guard;
-    bool matches = true;
-    sigbus_guard_begin(&guard, map, map_len);
-    for (uint32_t piece = first_piece; matches && piece <= last_piece; piece++) {
-        uint32_t from = piece * CACHE_PIECE_SIZE - span_start;
-        uint32_t piece_len = piece == last_piece ? span_end - span_start - from
-                                                 : CACHE_PIECE_SIZE;
-        matches = XXH3_64bits((const char *)map + from, piece_len) == sums[piece];
-    }
-    bool faulted = sigbus_guard_end(&guard);
-    if (faulted || !matches) {
-        drop_damaged_block(cache, object, block, record.tick,
-                           faulted ? "unreadable (SIGBUS)" : "checksum mismatch");
-        err = EAGAIN;
-        goto out;
+    if (!fresh) {
+        map_len = span.end - span.start;
+        map = mmap(NULL, map_len, PROT_READ, MAP_SHARED | MAP_POPULATE,
+                   object->fd, block_start + span.start);
+        if (map == MAP_FAILED) {
+            err = errno;
+            goto out;
+        }
+        /* (a page the kernel cannot give, as a file cut short meanwhile
+         * or a disk's read error, reads as zeros here instead of killing
+         * the daemon with SIGBUS: sigbus.h) */
+        struct sigbus_guard guard;
+        sigbus_guard_begin(&guard, map, map_len);
+        bool matches = piece_span_matches(&span, map, sums);
+        bool faulted = sigbus_guard_end(&guard);
+        if (faulted || !matches) {
+            drop_damaged_block(cache, object, block, record.tick,
+                               faulted ? "unreadable (SIGBUS)"
+                                       : "checksum mismatch");
+            err = EAGAIN;
+            goto out;
+        }
     }
     /* 3. still the same record: nothing dropped or punched the block
      * between the splice and the hash, so the pages in the pipe are the
@@ -789,8 +904,13 @@ int cache_block_splice(struct cache *cache, struct cache_object *object,
     err = block_record_get(cache, object, block, &again, sums_again);
     if (err == 0 &&
         (again.len != record.len ||
-         memcmp(sums_again + first_piece, sums + first_piece,
-                (size_t)(last_piece - first_piece + 1) * sizeof(sums[0])) != 0))
+         memcmp(sums_again + span.first, sums + span.first,
+                (size_t)(span.last - span.first + 1) * sizeof(sums[0])) != 0))
+        err = ENOENT;
+    /* unhashed bytes need the very record whose fill wrote them: another
+     * tick is a touch (rare in the read right after a fetch) or a drop
+     * and a refill, whose pages the pipe may not hold; read again */
+    if (err == 0 && fresh && again.tick != record.tick)
         err = ENOENT;
     if (err == ENOENT)
         err = EAGAIN;
@@ -800,6 +920,8 @@ out:
     if (err != 0)
         return moved > 0 && err != ENOBUFS ? EAGAIN : err;
     atomic_fetch_add(&cache->served_bytes, len);
+    if (fresh)
+        atomic_fetch_add(&cache->unhashed_bytes, len);
     if (reuse)
         cache_add_touch(cache, object->id, block, true);
     return 0;
@@ -847,39 +969,90 @@ int cache_fill_begin(struct cache *cache, struct cache_object *object,
     return 0;
 }
 
-int cache_fill_write(struct cache_fill *fill, const void *data, size_t len)
+/* Write LEN bytes at the block's byte AT from BYTES: 0 or an errno. */
+static int fill_pwrite(struct cache_fill *fill, const char *bytes, size_t len,
+                       uint32_t at)
 {
-    const char *bytes = data;
-    uint64_t base = fill->block * fill->cache->block_size;
+    off_t base = (off_t)(fill->block * fill->cache->block_size);
 
-    if (len > fill->len - fill->written)
-        return EINVAL; /* more than the block holds */
     while (len > 0) {
-        /* one write for all the caller has (few system calls), then the
-         * checksums of the pieces it spans */
-        ssize_t done = pwrite(fill->object->fd, bytes, len,
-                              (off_t)(base + fill->written));
+        ssize_t done = pwrite(fill->object->fd, bytes, len, base + at);
         if (done < 0)
             return errno;
         if (done == 0)
             return EIO;
-        size_t hashed = 0;
-        while (hashed < (size_t)done) {
-            uint32_t in_piece = fill->written % CACHE_PIECE_SIZE;
-            size_t take = CACHE_PIECE_SIZE - in_piece;
-            if (take > (size_t)done - hashed)
-                take = (size_t)done - hashed;
-            XXH3_64bits_update(fill->piece_state, bytes + hashed, take);
-            fill->written += (uint32_t)take;
-            hashed += take;
-            if (fill->written % CACHE_PIECE_SIZE == 0 || fill->written == fill->len) {
-                fill->sums[(fill->written - 1) / CACHE_PIECE_SIZE] =
-                    XXH3_64bits_digest(fill->piece_state);
-                XXH3_64bits_reset(fill->piece_state);
-            }
-        }
         bytes += done;
         len -= (size_t)done;
+        at += (uint32_t)done;
+    }
+    return 0;
+}
+
+/* The pending bytes to the file. */
+static int fill_flush(struct cache_fill *fill)
+{
+    int err = 0;
+
+    if (fill->pending_len > 0)
+        err = fill_pwrite(fill, fill->pending, fill->pending_len,
+                          fill->written - fill->pending_len);
+    fill->pending_len = 0;
+    return err;
+}
+
+/* The checksums of LEN more bytes of the block. */
+static void fill_hash(struct cache_fill *fill, const char *bytes, size_t len)
+{
+    size_t hashed = 0;
+
+    while (hashed < len) {
+        uint32_t in_piece = fill->written % CACHE_PIECE_SIZE;
+        size_t take = CACHE_PIECE_SIZE - in_piece;
+        if (take > len - hashed)
+            take = len - hashed;
+        XXH3_64bits_update(fill->piece_state, bytes + hashed, take);
+        fill->written += (uint32_t)take;
+        hashed += take;
+        if (fill->written % CACHE_PIECE_SIZE == 0 || fill->written == fill->len) {
+            fill->sums[(fill->written - 1) / CACHE_PIECE_SIZE] =
+                XXH3_64bits_digest(fill->piece_state);
+            XXH3_64bits_reset(fill->piece_state);
+        }
+    }
+}
+
+int cache_fill_write(struct cache_fill *fill, const void *data, size_t len)
+{
+    const char *bytes = data;
+    int err = 0;
+
+    if (len > fill->len - fill->written)
+        return EINVAL; /* more than the block holds */
+    if (fill->pending_len == 0 && len >= FILL_WRITE_SIZE) {
+        /* large enough already: written from the caller's memory */
+        err = fill_pwrite(fill, bytes, len, fill->written);
+        if (err == 0)
+            fill_hash(fill, bytes, len);
+        return err;
+    }
+    if (fill->pending == NULL && (fill->pending = malloc(FILL_WRITE_SIZE)) == NULL)
+        return ENOMEM;
+    /* gathered (hashed as they come, while in the CPU's cache), written
+     * when FILL_WRITE_SIZE are pending or the block is complete */
+    while (len > 0) {
+        size_t take = FILL_WRITE_SIZE - fill->pending_len;
+        if (take > len)
+            take = len;
+        memcpy(fill->pending + fill->pending_len, bytes, take);
+        fill->pending_len += (uint32_t)take;
+        fill_hash(fill, bytes, take);
+        bytes += take;
+        len -= take;
+        if (fill->pending_len == FILL_WRITE_SIZE || fill->written == fill->len) {
+            err = fill_flush(fill);
+            if (err != 0)
+                return err;
+        }
     }
     return 0;
 }
@@ -890,6 +1063,7 @@ static void fill_free(struct cache_fill *fill)
     cache_object_close(fill->cache, &fill->object);
     XXH3_freeState(fill->piece_state);
     free(fill->sums);
+    free(fill->pending);
     free(fill);
 }
 
@@ -919,7 +1093,7 @@ int cache_fill_commit(struct cache_fill **fillp)
     int err = 0;
 
     *fillp = NULL;
-    if (fill->written != fill->len) {
+    if (fill->written != fill->len || fill->pending_len != 0) {
         err = EINVAL;
         goto out;
     }
@@ -977,6 +1151,7 @@ int cache_fill_commit(struct cache_fill **fillp)
     if (err == 0) {
         cache_usage_mirror(cache, &before, &usage);
         atomic_fetch_add(&cache->stored_bytes, fill->len);
+        fresh_block_note(cache, id, fill->block, tick);
     }
 out:
     db_txn_abort(&txn);

@@ -73,6 +73,10 @@ struct cache_stats {
     uint64_t blocks;              /* blocks recorded */
     uint64_t served_bytes;        /* bytes read from the cache (fetched
                                      ones included) */
+    uint64_t unhashed_bytes;      /* of served_bytes, those spliced
+                                     without a second hash: the bytes this
+                                     process had just written, not yet
+                                     written back (cache_block_splice()) */
     uint64_t stored_bytes;        /* bytes written into the cache */
     uint64_t evicted_blocks;
     uint64_t corrupt_blocks;      /* failed a checksum or short read */
@@ -203,7 +207,11 @@ int cache_block_read(struct cache *cache, struct cache_object *object,
  * hashed in place) after the splice took its references to those pages,
  * and the block's record is read again afterwards: a block dropped or
  * replaced meanwhile (whose pages the pipe may not share any more) does
- * not count. Returns 0; ENOENT (not cached, or damaged and dropped,
+ * not count. They are not hashed a second time when they provably are
+ * the bytes this process wrote: the block is one of the last it filled,
+ * its record unchanged since, and every page of the pieces is still
+ * dirty or under writeback (cachestat(2): never read back from the disk
+ * since it was written); those bytes count in unhashed_bytes. Returns 0; ENOENT (not cached, or damaged and dropped,
  * with nothing added to the pipe); EAGAIN (bytes were added, and then
  * the block was found damaged, dropped or replaced: what the pipe holds
  * is to be discarded, and the read made again); ENOBUFS (the pipe is

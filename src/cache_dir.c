@@ -438,6 +438,7 @@ int cache_open(const struct cache_conf *conf, int lock_fd, struct cache **out,
     cache->block_size = conf->block_size;
     pthread_mutex_init(&cache->lock, NULL);
     pthread_mutex_init(&cache->evict_lock, NULL);
+    pthread_mutex_init(&cache->fresh_lock, NULL);
     /* the flusher's timed waits measure intervals: a clock that setting
      * the date does not move */
     pthread_condattr_t wake_attr;
@@ -547,6 +548,7 @@ void cache_close(struct cache **cachep)
     }
     pthread_mutex_destroy(&cache->lock);
     pthread_mutex_destroy(&cache->evict_lock);
+    pthread_mutex_destroy(&cache->fresh_lock);
     pthread_cond_destroy(&cache->flusher_wake);
     free(cache->touches);
     free(cache->dir);

@@ -131,11 +131,20 @@ struct cache_fill {
     struct cache_object *object;
     uint64_t block;
     uint32_t len;             /* the block's full length */
-    uint32_t written;
+    uint32_t written;         /* bytes taken (hashed), in order */
     uint32_t reserved;        /* bytes of room reserved */
     XXH3_state_t *piece_state;
     uint64_t *sums;
+    char *pending;            /* FILL_WRITE_SIZE bytes, or NULL: taken
+                                 bytes not yet written to the file */
+    uint32_t pending_len;     /* the last pending_len of `written` */
 };
+
+/* A fill gathers what it is given into writes of up to this many bytes:
+ * curl hands a GET's body over 16 KiB at a time (CURL_MAX_WRITE_SIZE,
+ * whatever CURLOPT_BUFFERSIZE), and a pwrite each was 64 Ki calls per
+ * GiB, each paying the syscall and ext4's per-call work. */
+#define FILL_WRITE_SIZE (256u << 10)
 
 /* A block-sized read buffer per reading thread, listed in the cache so
  * that cache_close() frees those of threads still alive. */
@@ -145,6 +154,19 @@ struct bounce {
     size_t size;
     char data[];
 };
+
+/* A block this process filled: its record's tick when it was committed. */
+struct fresh_block {
+    uint64_t id;
+    uint64_t block;
+    uint64_t tick;
+    bool used;
+};
+/* How many blocks struct cache remembers filling (a slot per block,
+ * chosen by id and block: a run of consecutive blocks takes consecutive
+ * slots). 4096: 4 GiB of 1 MiB blocks, far more than the read-ahead keeps
+ * ahead of a reader. */
+#define FRESH_SLOTS 4096
 
 struct cache {
     char *dir;
@@ -172,7 +194,13 @@ struct cache {
     pthread_key_t bounce_key; /* per-thread read buffer (struct bounce) */
     struct bounce *bounces;   /* under lock: every live one */
 
+    /* the blocks this process filled last (see fresh_block_note() in
+     * cache.c); fresh_lock guards them and is a leaf */
+    pthread_mutex_t fresh_lock;
+    struct fresh_block fresh[FRESH_SLOTS];
+
     _Atomic uint64_t served_bytes;
+    _Atomic uint64_t unhashed_bytes;
     _Atomic uint64_t stored_bytes;
     _Atomic uint64_t evicted_blocks;
     _Atomic uint64_t corrupt_blocks;

@@ -209,15 +209,39 @@ static bool claimed_by(struct reader_file *file, uint64_t block)
 
 /* ------------------------------------------------------------ fetching */
 
-/* Splits one GET's bytes into consecutive cache blocks (each offered to
- * the shared cache tier, if there is one, once committed). */
+/* Splits one GET's bytes (or a block from the tier) into consecutive
+ * cache blocks, each committed and out of the in-flight table as soon as
+ * its last byte is in (and offered to the shared cache tier, if there is
+ * one and the bytes did not come from it). */
 struct run_sink {
     struct reader_file *file;
     uint64_t block;              /* block being filled */
     uint64_t done_until;         /* blocks below this are committed */
     struct cache_fill *fill;
     uint32_t left;               /* bytes the current block still needs */
+    bool from_tier;              /* the bytes are the tier's: not offered */
 };
+
+/* RUN's current block, all its bytes written: committed, offered to the
+ * tier, out of the in-flight table; RUN moves to the next block. 0 or
+ * the cache's errno (then the block stays in flight: the caller removes
+ * what it did not commit). */
+static int run_sink_commit(struct run_sink *run)
+{
+    struct reader_file *file = run->file;
+    int err = cache_fill_commit(&run->fill);
+
+    if (err != 0)
+        return err;
+    if (!run->from_tier && file->reader->conf.tier != NULL && file->etag != NULL)
+        tier_offer_block(file->reader->conf.tier, file->object, file->key,
+                         file->etag, run->block);
+    run->block++;
+    run->done_until = run->block;
+    /* let waiters of finished blocks go as soon as they are in */
+    inflight_remove(file->reader, file->object_id, run->block - 1, 1);
+    return 0;
+}
 
 static int run_sink_write(void *arg, const void *data, size_t len)
 {
@@ -241,18 +265,9 @@ static int run_sink_write(void *arg, const void *data, size_t len)
         len -= take;
         run->left -= (uint32_t)take;
         if (run->left == 0) {
-            err = cache_fill_commit(&run->fill);
+            err = run_sink_commit(run);
             if (err != 0)
                 return err;
-            struct reader_file *file = run->file;
-            if (file->reader->conf.tier != NULL && file->etag != NULL)
-                tier_offer_block(file->reader->conf.tier, file->object,
-                                 file->key, file->etag, run->block);
-            run->block++;
-            run->done_until = run->block;
-            /* let waiters of finished blocks go as soon as they are in */
-            inflight_remove(run->file->reader, run->file->object_id,
-                            run->block - 1, 1);
         }
     }
     return 0;
@@ -265,22 +280,20 @@ static void log_if_changed(const struct reader_file *file, int err)
                  file->key);
 }
 
-/* DATA, block BLOCK of FILE (LEN bytes) from the tier, into the cache;
- * the block leaves the in-flight table. 0 or the cache's errno. */
+/* DATA, block BLOCK of FILE (LEN bytes, the whole block) from the tier,
+ * into the cache through the run sink; the block leaves the in-flight
+ * table. 0 or the cache's errno. */
 static int fill_block(struct reader_file *file, uint64_t block,
                       const char *data, uint32_t len)
 {
-    struct cache *cache = file->reader->conf.cache;
-    struct cache_fill *fill = NULL;
-    int err = cache_fill_begin(cache, file->object, block, &fill);
+    struct run_sink run = {.file = file, .block = block, .done_until = block,
+                           .from_tier = true};
+    int err;
 
-    if (err == 0)
-        err = cache_fill_write(fill, data, len);
-    if (err == 0)
-        err = cache_fill_commit(&fill);
-    cache_fill_abort(&fill);
-    if (err == 0)
-        inflight_remove(file->reader, file->object_id, block, 1);
+    if (len != cache_object_block_len(file->object, block))
+        return EINVAL;
+    err = run_sink_write(&run, data, len);
+    cache_fill_abort(&run.fill);
     return err;
 }
 

@@ -43,7 +43,10 @@
 #include <pthread.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
+#include <linux/magic.h>
+#include <sys/statfs.h>
 #include <sys/statvfs.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -628,6 +631,64 @@ static void test_integrity_flipped_byte(void **state)
     cache_object_close(f->cache, &o);
 }
 
+/* This thread's write system calls so far (/proc/thread-self/io). */
+static uint64_t thread_write_calls(void)
+{
+    FILE *io = fopen("/proc/thread-self/io", "r");
+    char line[128];
+    unsigned long long calls = 0;
+
+    assert_non_null(io);
+    while (fgets(line, sizeof(line), io) != NULL)
+        if (sscanf(line, "syscw: %llu", &calls) == 1)
+            break;
+    fclose(io);
+    return calls;
+}
+
+/* A fill gathers small writes (curl hands 16 KiB at a time) into writes
+ * of FILL_WRITE_SIZE (256 KiB), takes a large one as it is, and gives
+ * back what it gathered when aborted; the bytes are right either way. */
+static void test_fill_gathers_writes(void **state)
+{
+    struct fixture *f = *state;
+    uint32_t bs = f->conf.block_size; /* 256 KiB */
+    struct cache_object *o = open_object(f, "gathered", ETAG, 3ull * bs);
+    struct cache_fill *fill = NULL;
+
+    /* 16 KiB pieces: one write, when the last one completes the block */
+    make_bytes(f->scratch, 61, 0, bs);
+    assert_int_equal(cache_fill_begin(f->cache, o, 0, &fill), 0);
+    uint64_t calls = thread_write_calls();
+    for (uint32_t at = 0; at < bs; at += 16 * KIB) {
+        assert_int_equal(cache_fill_write(fill, f->scratch + at, 16 * KIB), 0);
+        assert_int_equal(thread_write_calls() - calls, at + 16 * KIB < bs ? 0 : 1);
+    }
+    assert_int_equal(cache_fill_commit(&fill), 0);
+    expect_read(f, o, 0, 0, bs, 61);
+
+    /* the whole block at once: one write, from the caller's memory */
+    make_bytes(f->scratch, 61, bs, bs);
+    assert_int_equal(cache_fill_begin(f->cache, o, 1, &fill), 0);
+    calls = thread_write_calls();
+    assert_int_equal(cache_fill_write(fill, f->scratch, bs), 0);
+    assert_int_equal(thread_write_calls() - calls, 1);
+    assert_int_equal(cache_fill_commit(&fill), 0);
+    expect_read(f, o, 1, 0, bs, 61);
+
+    /* aborted with bytes gathered and not written: nothing stays */
+    make_bytes(f->scratch, 61, 2ull * bs, bs);
+    assert_int_equal(cache_fill_begin(f->cache, o, 2, &fill), 0);
+    assert_int_equal(cache_fill_write(fill, f->scratch, 1000), 0);
+    cache_fill_abort(&fill);
+    assert_null(fill);
+    expect_missing(f, o, 2);
+    store(f, o, 2, 61);
+    expect_read(f, o, 2, 0, bs, 61);
+    assert_int_equal(stats(f).blocks, 3);
+    cache_object_close(f->cache, &o);
+}
+
 /* A data file cut short under an open object. */
 static void test_integrity_truncated(void **state)
 {
@@ -745,6 +806,184 @@ static void test_integrity_deleted(void **state)
     /* and the cache heals */
     store(f, o, 1, 41);
     expect_read(f, o, 1, 0, bs, 41);
+    cache_object_close(f->cache, &o);
+}
+
+/* LEN bytes at OFF in BLOCK of O spliced into a fresh pipe, read back and
+ * compared with the contents SEED. Returns cache_block_splice's result,
+ * or -1 when it reported success with wrong bytes. */
+static int splice_check(struct fixture *f, struct cache_object *o,
+                        uint64_t block, uint32_t off, uint32_t len,
+                        uint32_t seed)
+{
+    int fds[2];
+    size_t got = 0;
+
+    assert_int_equal(pipe(fds), 0);
+    assert_true(fcntl(fds[1], F_SETPIPE_SZ, 1 << 20) >= (int)len);
+    int rc = cache_block_splice(f->cache, o, block, off, len, fds[1], false);
+    if (rc == 0) {
+        while (got < len) {
+            ssize_t n = read(fds[0], f->buf + got, len - got);
+            assert_true(n > 0);
+            got += (size_t)n;
+        }
+        make_bytes(f->expect, seed, block * cache_block_size(f->cache) + off,
+                   len);
+        if (memcmp(f->buf, f->expect, len) != 0)
+            rc = -1;
+    }
+    close(fds[0]);
+    close(fds[1]);
+    return rc;
+}
+
+/* The data file's pages written to the disk and dropped from memory: the
+ * next read of them comes from the disk. */
+static void pages_to_disk(const char *path)
+{
+    int fd = open(path, O_RDWR);
+
+    assert_true(fd >= 0);
+    assert_int_equal(fdatasync(fd), 0);
+    assert_int_equal(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+    close(fd);
+}
+
+/* Whether this kernel has cachestat(2) (Linux 6.5): a bad descriptor is
+ * EBADF there, ENOSYS before. */
+#ifdef __NR_cachestat
+#define CACHESTAT_NR __NR_cachestat
+#elif defined(__x86_64__) || defined(__aarch64__)
+#define CACHESTAT_NR 451
+#else
+#define CACHESTAT_NR (-1) /* ENOSYS */
+#endif
+
+static bool kernel_has_cachestat(void)
+{
+    return syscall(CACHESTAT_NR, -1, NULL, NULL, 0) != 0 && errno == EBADF;
+}
+
+/* Whether every page of [OFFSET, OFFSET + LEN) of FD is dirty now
+ * (cachestat(2); false without it). A page dirty now was dirty at any
+ * earlier moment since the last write to it: a read made then found it
+ * so, whatever a sync run by anyone on the machine does afterwards. */
+static bool pages_dirty(int fd, uint64_t offset, uint64_t len)
+{
+    struct {
+        uint64_t off, len;
+    } range = {offset, len};
+    struct {
+        uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted,
+            nr_recently_evicted;
+    } counts;
+    uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+
+    if (!kernel_has_cachestat() ||
+        syscall(CACHESTAT_NR, (unsigned)fd, &range, &counts, 0u) != 0)
+        return false;
+    return counts.nr_dirty == (offset + len - 1) / page - offset / page + 1;
+}
+
+/* Spliced reads of a block this process just filled, whose pages are
+ * still dirty, are served without the second hash (unhashed_bytes); once
+ * the pages were written back, or the cache was reopened, they are
+ * hashed again, and a byte damaged on the disk is found and the block
+ * dropped; a block once read with clean pages is hashed from then on,
+ * even with dirty ones. Without cachestat(2) nothing is unhashed, and
+ * the rest holds.
+ * Skipped on tmpfs, whose pages are never written back. */
+static void test_splice_fresh_block(void **state)
+{
+    struct fixture *f = *state;
+    uint32_t bs = f->conf.block_size; /* 256 KiB: four pieces */
+    struct cache_object *o = NULL;
+    bool kernel_tells = kernel_has_cachestat();
+    struct statfs fs;
+    char path[256];
+
+    assert_int_equal(statfs(f->dir, &fs), 0);
+    if (fs.f_type == TMPFS_MAGIC)
+        skip();
+    o = open_object(f, "fresh", ETAG, 4ull * bs);
+
+    for (uint64_t b = 0; b < 4; b++)
+        store(f, o, b, 51);
+    only_data_file(f, path);
+
+    /* just written: the whole block and a part of one piece; unhashed
+     * when their pages are still dirty after the reads (then they were
+     * during them: a sync anyone runs meanwhile may have cleaned them) */
+    struct cache_stats before = stats(f);
+    assert_int_equal(splice_check(f, o, 0, 0, bs, 51), 0);
+    assert_int_equal(splice_check(f, o, 1, PIECE + 10, 100, 51), 0);
+    int fd = open(path, O_RDONLY);
+    assert_true(fd >= 0);
+    uint64_t surely = (pages_dirty(fd, 0, bs) ? bs : 0) +
+                      (pages_dirty(fd, bs + PIECE, PIECE) ? 100 : 0);
+    close(fd);
+    uint64_t unhashed = stats(f).unhashed_bytes - before.unhashed_bytes;
+    assert_true(unhashed >= surely && unhashed <= (kernel_tells ? bs + 100 : 0));
+    if (kernel_tells && surely == 0)
+        print_message("  (the pages were written back meanwhile)\n");
+    assert_int_equal(stats(f).served_bytes - before.served_bytes, bs + 100);
+
+    /* written back and read again from the disk: hashed, and a byte
+     * flipped there is found */
+    fd = open(path, O_RDWR);
+    unsigned char byte;
+    assert_true(fd >= 0);
+    assert_int_equal(pread(fd, &byte, 1, 2 * (off_t)bs + PIECE + 7), 1);
+    byte ^= 0x40;
+    assert_int_equal(pwrite(fd, &byte, 1, 2 * (off_t)bs + PIECE + 7), 1);
+    close(fd);
+    pages_to_disk(path);
+    before = stats(f);
+    assert_int_equal(splice_check(f, o, 0, 0, bs, 51), 0);
+    assert_int_equal(splice_check(f, o, 2, 0, PIECE, 51), 0); /* piece 0 is good */
+    assert_int_equal(splice_check(f, o, 2, 0, bs, 51), EAGAIN);
+    struct cache_stats after = stats(f);
+    assert_int_equal(after.unhashed_bytes, before.unhashed_bytes);
+    assert_int_equal(after.corrupt_blocks - before.corrupt_blocks, 1);
+    assert_false(cache_block_present(f->cache, o, 2));
+
+    /* a block once found clean is not trusted again, though its pages be
+     * dirty once more: a byte flipped in memory (block 0, read above
+     * after the write-back) is found */
+    fd = open(path, O_RDWR);
+    assert_true(fd >= 0);
+    assert_int_equal(pread(fd, f->scratch, bs, 0), (ssize_t)bs);
+    f->scratch[100] ^= 0x01;
+    assert_int_equal(pwrite(fd, f->scratch, bs, 0), (ssize_t)bs); /* all dirty */
+    close(fd);
+    before = stats(f);
+    assert_int_equal(splice_check(f, o, 0, 0, bs, 51), EAGAIN);
+    after = stats(f);
+    assert_int_equal(after.unhashed_bytes, before.unhashed_bytes);
+    assert_int_equal(after.corrupt_blocks - before.corrupt_blocks, 1);
+    store(f, o, 0, 51);
+
+    /* filled again: fresh again, and right */
+    store(f, o, 2, 51);
+    before = stats(f);
+    assert_int_equal(splice_check(f, o, 2, 0, bs, 51), 0);
+    fd = open(path, O_RDONLY);
+    assert_true(fd >= 0);
+    surely = pages_dirty(fd, 2ull * bs, bs) ? bs : 0;
+    close(fd);
+    unhashed = stats(f).unhashed_bytes - before.unhashed_bytes;
+    assert_true(unhashed >= surely && unhashed <= (kernel_tells ? bs : 0));
+
+    /* a block another mount of the cache filled is hashed, dirty or not */
+    cache_object_close(f->cache, &o);
+    cache_restart(f);
+    o = open_object(f, "fresh", ETAG, 4ull * bs);
+    before = stats(f);
+    for (uint64_t b = 0; b < 4; b++)
+        assert_int_equal(splice_check(f, o, b, 0, bs, 51), 0);
+    assert_int_equal(stats(f).unhashed_bytes, before.unhashed_bytes);
+    assert_int_equal(stats(f).corrupt_blocks, before.corrupt_blocks);
     cache_object_close(f->cache, &o);
 }
 
@@ -2320,6 +2559,12 @@ int main(void)
                                                  setup, teardown,
                                                  (void *)&small_block),
         cmocka_unit_test_prestate_setup_teardown(test_integrity_flipped_byte,
+                                                 setup, teardown,
+                                                 (void *)&large_block),
+        cmocka_unit_test_prestate_setup_teardown(test_splice_fresh_block,
+                                                 setup, teardown,
+                                                 (void *)&large_block),
+        cmocka_unit_test_prestate_setup_teardown(test_fill_gathers_writes,
                                                  setup, teardown,
                                                  (void *)&large_block),
         cmocka_unit_test_setup_teardown(test_integrity_truncated, setup,
