@@ -157,9 +157,11 @@ static int get_block(struct tier *tier, const char *key, const char *etag,
     err = s3_get_object_range(tier->s3, tier_key, 0,
                               (size_t)len + TIER_HEADER_LEN, NULL, scratch,
                               &got, NULL);
-    if (err == 0 && got < (size_t)len + TIER_HEADER_LEN)
-        err = ENOENT;   /* short: a server that writes in place (s3rver)
-                           shows a block being written part way */
+    if ((err == 0 && got < (size_t)len + TIER_HEADER_LEN) || err == EIO)
+        err = ENOENT;   /* short, or an answer that was not the range
+                           asked for: a server that writes in place
+                           (s3rver) shows a block being written part way,
+                           or one rewritten under the read */
     if (err == ENOENT || err == EINVAL) {
         /* (EINVAL: a range past the end, an empty object) */
         if (count_miss)
@@ -228,8 +230,8 @@ static int read_lease(struct tier *tier, const char *lease_key,
                                   NULL, text, &got, NULL);
 
     memset(lease, 0, sizeof(*lease));
-    if (err != 0)
-        return err == EINVAL ? ENOENT : err;   /* (EINVAL: empty) */
+    if (err != 0)       /* (EINVAL: empty; EIO: being rewritten in place) */
+        return err == EINVAL || err == EIO ? ENOENT : err;
     if (got == 0 || text[got - 1] != '\n')
         return ENOENT;  /* part written (a server that writes in place) */
     text[got] = '\0';

@@ -102,8 +102,9 @@ void tier_destroy(struct tier **tier);
  * Block INDEX of version ETAG of KEY, LEN bytes (the block's length in
  * the object), into DATA. SCRATCH is the caller's buffer of LEN +
  * TIER_HEADER_LEN bytes (tier_format.h). 0; ENOENT when the tier has no
- * such block, or only part of it (a server that writes in place shows a
- * block being written part way), or is being skipped; EBADMSG when what
+ * such block, or only part of it, or answers with another range (a
+ * server that writes in place shows a block being written part way), or
+ * is being skipped; EBADMSG when what
  * it has does not verify; the client's errno when the request failed (the tier is
  * skipped from now).
  */

@@ -1517,9 +1517,20 @@ class Bench:
                         mount.path / BIG_KEY, self.size), mounts))
                 seconds = time.monotonic() - started
             if file_system.name.startswith('s3cachefs'):
-                tier = sum(read_stats(m.path).get('bytes_from_tier', 0)
-                           for m in mounts)
+                stats = [read_stats(m.path) for m in mounts]
+                tier = sum(s.get('bytes_from_tier', 0) for s in stats)
                 notes.append(f'{tier / MiB:.0f} MiB from the shared cache')
+                for node, s in enumerate(stats):
+                    notes.append(
+                        f'node {node}: {s.get("bytes_from_bucket", 0) / MiB:.0f} '
+                        f'MiB from the bucket, '
+                        f'{s.get("bytes_from_tier", 0) / MiB:.0f} from the '
+                        f'shared cache; leases {s.get("tier_leases", 0)}, '
+                        f'waits {s.get("tier_lease_waits", 0)} '
+                        f'(met {s.get("tier_lease_waits_met", 0)}), '
+                        f'errors {s.get("tier_errors", 0)}, '
+                        f'bad {s.get("tier_bad_blocks", 0)}, '
+                        f'dropped {s.get("tier_dropped_blocks", 0)}')
             return {'seconds': seconds, 'notes': notes}
         finally:
             for mount in mounts:

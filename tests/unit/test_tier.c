@@ -361,6 +361,38 @@ static void test_short_block_is_not_there_yet(void **state)
     free(bytes);
 }
 
+/* A block read whose answer is not the range asked for (EIO: s3rver,
+ * which writes objects in place, answers so during a rewrite) is a
+ * miss for that block, not a failing tier: nothing is skipped, and the
+ * block itself, under node 0's lease still, is asked for again and
+ * comes from the tier too. */
+static void test_garbled_answer_is_a_miss(void **state)
+{
+    struct fixture *f = *state;
+    const size_t size = 8 * BLOCK;
+    unsigned char *bytes = pattern(size, 12);
+    struct tier_block_id id = {ORIGIN, "g.bin", NULL, BLOCK, 3};
+    char etag[S3_ETAG_MAX], *key = NULL;
+
+    assert_int_equal(fake_s3_put(f->origin, "g.bin", bytes, size, NULL, etag), 0);
+    assert_int_equal(read_all(&f->nodes[0], "g.bin", etag, size, bytes), 0);
+    tier_flush(f->nodes[0].tier, 0);
+    id.etag = etag;
+    assert_int_equal(tier_block_key("shared/", &id, &key), 0);
+    assert_int_equal(fake_s3_fail(f->tier_s3, ON(FAKE_S3_GET, key), 1, EIO,
+                                  false, NULL), 0);
+    uint64_t before = origin_bytes(f);
+    assert_int_equal(read_all(&f->nodes[1], "g.bin", etag, size, bytes), 0);
+    struct tier_stats stats = tier_stats_of(&f->nodes[1]);
+    assert_int_equal(stats.errors, 0);
+    assert_false(stats.skipping);
+    assert_int_equal(stats.misses, 1);
+    assert_int_equal(stats.hits, 8);
+    assert_int_equal(origin_bytes(f), before);
+    free(key);
+    free(bytes);
+}
+
 /* A tier that fails is skipped: reads go on from the origin with the
  * right bytes, and it is not asked again for a while. */
 static void test_failing_tier_is_skipped(void **state)
@@ -792,6 +824,8 @@ int main(void)
             test_damaged_block_is_read_from_the_origin, setup, teardown),
         cmocka_unit_test_setup_teardown(test_short_block_is_not_there_yet,
                                         setup, teardown),
+        cmocka_unit_test_setup_teardown(test_garbled_answer_is_a_miss, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_failing_tier_is_skipped, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_second_node_waits_for_the_first,
