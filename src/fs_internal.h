@@ -7,6 +7,7 @@
 #ifndef S3CFS_FS_INTERNAL_H
 #define S3CFS_FS_INTERNAL_H
 
+#include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -22,6 +23,13 @@
 #define STALE_LISTING_TTLS 10            /* a listing this many dir_ttl old is
                                             still shown (fs_lookup, fs_opendir) */
 #define DIRECTORY_CONTENT_TYPE "application/x-directory"
+/* The largest object that may be anything but a regular file: a symbolic
+ * link's target is shorter than PATH_MAX (readlink refuses a longer
+ * one) and special files are empty objects (s3fs's convention, and
+ * fs_mknod's). A larger object is a regular file whatever the type bits
+ * of its x-amz-meta-mode say (fs_head_file_attrs), so a listing alone
+ * tells its type. */
+#define FS_TYPED_OBJECT_MAX (PATH_MAX - 1)
 
 /* Open directories and files are linked into the fs, so that handles the
  * kernel never released (an unmount drops queued releases) are freed at
