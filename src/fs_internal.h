@@ -28,8 +28,10 @@
  * one) and special files are empty objects (s3fs's convention, and
  * fs_mknod's). A larger object is a regular file whatever the type bits
  * of its x-amz-meta-mode say (fs_head_file_attrs), so a listing alone
- * tells its type. */
+ * tells its type: a readdirplus answers it without a HEAD. */
 #define FS_TYPED_OBJECT_MAX (PATH_MAX - 1)
+
+struct head_ahead;
 
 /* Open directories and files are linked into the fs, so that handles the
  * kernel never released (an unmount drops queued releases) are freed at
@@ -71,6 +73,12 @@ struct fs {
                                      queued relistings do nothing */
     struct fs_dir_move *dir_moves; /* (inode table lock) directory
                                      renames under way */
+    struct head_ahead *aheads;    /* (inode table lock) directories whose
+                                     headers are fetched ahead of the
+                                     lookups (fs_lookup.c) */
+    unsigned ahead_count;         /* (inode table lock) jobs in aheads */
+    pthread_cond_t ahead_done;    /* with the inode table lock: a HEAD of
+                                     a head-ahead job was answered */
     pthread_cond_t listing_done;  /* with the inode table lock: a directory
                                      listing finished (inode.listing_fetch) */
     pthread_cond_t move_done;     /* with the inode table lock: a directory
@@ -229,6 +237,24 @@ void fs_apply_dir_headers(const struct fs *fs, const struct s3_object_info *info
 /* INODE (KEY) was opened for reading: what lookups in its directory are
  * for (see reads_follow_lookups_locked() in fs_lookup.c). */
 void fs_note_read_open(struct fs *fs, struct inode *inode, const char *key);
+
+/* A readdirplus of DIR passed NAME to the kernel with its attributes, or
+ * without them (PLAIN: entry ino 0, no inode reference, the kernel will
+ * send a LOOKUP if someone stats it). A head-ahead job of DIR (see
+ * fs_lookup.c) no longer keeps NAME's answer for a lookup; a plain entry
+ * lets the next lookup in DIR that asks the bucket start one. Lock
+ * held. */
+void fs_ahead_entry_passed_locked(struct fs *fs, struct inode *dir,
+                                  const char *name, bool plain);
+
+/* End every head-ahead job (fs_destroy, after the worker pool is gone):
+ * their pins and listings go. Unlocked. */
+void fs_ahead_end_all(struct fs *fs);
+
+/* End the head-ahead jobs of the directories at or under PREFIX (a
+ * refresh: their answers predate it). Those with HEADs under way go when
+ * the last one is answered. Unlocked. */
+void fs_ahead_end_under(struct fs *fs, const char *prefix);
 
 /* ---------------------------------------------------------- fs_stage.c */
 
