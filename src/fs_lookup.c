@@ -30,8 +30,10 @@
  *     answered from a job counts as one that asked the bucket);
  *   - at most AHEAD_JOBS_MAX jobs: a new one ends the one whose answers
  *     were taken longest ago;
- *   - an answer is used while younger than attr_ttl, for the listed ETag,
- *     in the directory (key) the job was started for.
+ *   - an answer is used for the entry of the ETag the job listed, in the
+ *     directory (key) the job was started for: headers of that ETag
+ *     whenever (as the index's), another answer (a new ETag, or gone)
+ *     if it came after the listing the lookup goes by.
  * Locks: a job's fields, and inode.plain_entries, are guarded by the
  * inode table lock; a job holds a pin of its directory and a reference
  * to the listing it walks, and is freed by whoever unlinks it from
@@ -469,6 +471,22 @@ static void ahead_task_main(void *arg)
 }
 
 /*
+ * Whether a walk of DIR's listing is under way: a head-ahead job of DIR
+ * whose answers lookups took within STALE_LISTING_TTLS x TTL. Its
+ * lookups go by the listing the walk is of, however old (each asks the
+ * bucket about its file anyway, which confirms it): a 10,000-key `ls
+ * -l` of a minute listed the directory again every 10 s, 10 LISTs each
+ * in the foreground of one lookup. Lock held.
+ */
+static bool ahead_live_locked(struct fs *fs, const struct inode *dir, double ttl)
+{
+    const struct head_ahead *job = ahead_find_locked(fs, dir);
+
+    return job != NULL && !job->ended &&
+           clock_monotonic_seconds() - job->last_taken < STALE_LISTING_TTLS * ttl;
+}
+
+/*
  * A lookup of file NAME in DIR (key DIR_KEY), listed as LISTED, whose
  * headers a head-ahead job of DIR may have: 0 or ENOENT with its answer
  * (*out), after waiting for its HEAD if under way; EAGAIN when the job
@@ -506,8 +524,12 @@ static int ahead_take(struct fs *fs, struct inode *dir, const char *dir_key,
             job_to_free = job;
         slot = job->ended ? NULL : ahead_slot_of_locked(job, index);
         if (slot != NULL) {
-            double age = clock_monotonic_seconds() - slot->answered_at;
-            if (age < fs_attr_ttl(fs, dir_key)) {
+            /* headers for the listed ETag hold as long as it does (as the
+             * index's do); another answer (a new ETag, or gone) only if
+             * it came after the listing the lookup goes by */
+            bool same = slot->err == 0 &&
+                        strcmp(slot->attrs.etag, listed->etag) == 0;
+            if (same || slot->answered_at >= listed->fetched_at) {
                 err = slot->err;
                 if (err == 0) {
                     *out = slot->attrs;
@@ -784,7 +806,8 @@ int fs_lookup(struct fs *fs, fuse_ino_t parent_ino, const char *name,
     bool confirm = false;
     if (listed && (parent->listing_fetch ||
                    clock_monotonic_seconds() - parent->listing->fetched_at <
-                       STALE_LISTING_TTLS * parent_ttl)) {
+                       STALE_LISTING_TTLS * parent_ttl ||
+                   ahead_live_locked(fs, parent, parent_ttl))) {
         const struct inode_dirent *last = inode_listing_find(parent->listing, name);
         struct inode *known = inode_find_locked(fs->inodes, file_key);
         if (last != NULL && last->attrs.kind == INODE_FILE &&
