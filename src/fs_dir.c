@@ -263,6 +263,27 @@ int fs_dir_entries_plus(struct fs *fs, struct fs_dir *dir, size_t index,
             err = ENOMEM;
             goto out;
         }
+        /* A file too large to be a link or a special file is a regular
+         * file: the kernel gets its name and type, no attributes and no
+         * inode (ino 0), and no HEAD is sent. `find`, `ls` and os.walk
+         * never ask for more; a stat is a lookup, and the first one in
+         * this directory starts the HEADs of the entries after it (the
+         * head-ahead of fs_lookup.c). A file the inode table has (the
+         * kernel may hold it) is answered in full, as before; so is one
+         * whose headers are known, unless a head-ahead job holds them
+         * for the lookup the walk will send. */
+        bool large = !is_dir && !was_staged &&
+                     entry->attrs.size > FS_TYPED_OBJECT_MAX;
+        if (large) {
+            inode_table_lock(fs->inodes);
+            plain[i] = inode_find_locked(fs->inodes, key) == NULL &&
+                       fs_ahead_holds_locked(fs, dir_inode, entry->name);
+            inode_table_unlock(fs->inodes);
+            if (plain[i]) {
+                free(key);
+                continue;
+            }
+        }
         if (was_staged) {
             inode_table_lock(fs->inodes);
             struct inode *known = inode_find_locked(fs->inodes, key);
@@ -279,14 +300,7 @@ int fs_dir_entries_plus(struct fs *fs, struct fs_dir *dir, size_t index,
             free(key);
             continue;
         }
-        /* A file too large to be a link or a special file is a regular
-         * file: the kernel gets its name and type, no attributes and no
-         * inode (ino 0), and no HEAD is sent. `find`, `ls` and os.walk
-         * never ask for more; a stat is a lookup, and the first one in
-         * this directory starts the HEADs of the entries after it (the
-         * head-ahead of fs_lookup.c). A file the inode table has (the
-         * kernel may hold it) is answered in full, as before. */
-        if (!is_dir && !was_staged && entry->attrs.size > FS_TYPED_OBJECT_MAX) {
+        if (large) { /* its headers not known: plain (above) */
             inode_table_lock(fs->inodes);
             plain[i] = inode_find_locked(fs->inodes, key) == NULL;
             inode_table_unlock(fs->inodes);

@@ -247,6 +247,14 @@ void fs_note_read_open(struct fs *fs, struct inode *inode, const char *key);
 void fs_ahead_entry_passed_locked(struct fs *fs, struct inode *dir,
                                   const char *name, bool plain);
 
+/* Whether a head-ahead job of DIR holds an answer for NAME, or is asking
+ * for it: a readdirplus then leaves NAME to the lookup that will take it
+ * (a plain entry), rather than give the kernel an entry whose timeout
+ * may pass before the walker stats it (its lookup would then need a
+ * fresh listing: the headers are known). Lock held. */
+bool fs_ahead_holds_locked(struct fs *fs, const struct inode *dir,
+                           const char *name);
+
 /* End every head-ahead job (fs_destroy, after the worker pool is gone):
  * their pins and listings go. Unlocked. */
 void fs_ahead_end_all(struct fs *fs);

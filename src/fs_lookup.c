@@ -613,6 +613,17 @@ static void ahead_start(struct fs *fs, struct inode *dir, const char *dir_key,
     ahead_submit(fs, tasks, task_count);
 }
 
+bool fs_ahead_holds_locked(struct fs *fs, const struct inode *dir,
+                           const char *name)
+{
+    struct head_ahead *job = ahead_find_locked(fs, dir);
+    const struct inode_dirent *entry =
+        job != NULL && !job->ended ? inode_listing_find(job->listing, name) : NULL;
+
+    return entry != NULL &&
+           ahead_slot_of_locked(job, (size_t)(entry - job->listing->entries)) != NULL;
+}
+
 void fs_ahead_entry_passed_locked(struct fs *fs, struct inode *dir,
                                   const char *name, bool plain)
 {

@@ -1398,6 +1398,14 @@ static void test_lookup_after_plain_readdirplus_heads_ahead(void **state)
     assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_HEAD, "ds/f001")), 1);
     assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_HEAD, "ds/f064")), 1);
     assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_HEAD, "ds/f065")), 0);
+    /* a readdirplus meanwhile (the walker's next batch) leaves the
+     * answers to the lookups that will take them: plain entries still */
+    assert_int_equal(fs_dir_entries_plus(f->fs, dir, 2, FILES, entries), 0);
+    for (int i = 0; i < FILES; i++)
+        assert_int_equal(entries[i].ino == 0, i != 0);
+    fs_forget(f->fs, entries[0].ino, 1);
+    assert_int_equal(fake_s3_count(f->s3, FAKE_S3_UNDER(FAKE_S3_CALL(FAKE_S3_HEAD), "ds/f")),
+                     1 + SLOTS);
 
     /* ls -l: every other entry, in order; the answers are taken, the job
      * goes on; each file HEADed once in all */
