@@ -815,10 +815,14 @@ int fs_lookup(struct fs *fs, fuse_ino_t parent_ino, const char *name,
      * would show is a directory of the same name, which hides the file
      * ("dir wins", above): that may take STALE_LISTING_TTLS x dir_ttl. */
     bool confirm = false;
-    if (listed && (parent->listing_fetch ||
-                   clock_monotonic_seconds() - parent->listing->fetched_at <
-                       STALE_LISTING_TTLS * parent_ttl ||
-                   ahead_live_locked(fs, parent, parent_ttl))) {
+    /* (a walk under way goes by the listing it walks, even where a new
+     * one would not be fetched but names probed: ahead_live_locked()) */
+    bool walked = listing == NULL && parent->listing != NULL &&
+                  ahead_live_locked(fs, parent, parent_ttl);
+    if ((listed && (parent->listing_fetch ||
+                    clock_monotonic_seconds() - parent->listing->fetched_at <
+                        STALE_LISTING_TTLS * parent_ttl)) ||
+        walked) {
         const struct inode_dirent *last = inode_listing_find(parent->listing, name);
         struct inode *known = inode_find_locked(fs->inodes, file_key);
         if (last != NULL && last->attrs.kind == INODE_FILE &&
