@@ -793,6 +793,23 @@ int fs_lookup(struct fs *fs, fuse_ino_t parent_ino, const char *name,
     }
     inode_table_lock(fs->inodes);
 
+    /* A directory a walk is under way in (its head-ahead's answers being
+     * taken: HEADs of keys under it, so it is one) is answered as the
+     * inode table knows it, with no request: the walker's stats go
+     * through its name, whose kernel entry lasts dir_ttl, so `ls -l` of a
+     * large directory looked it up again every second, each time listing
+     * or probing its parent in the foreground (on s3rver, whose LISTs
+     * scan the whole bucket, about 0.3 s each). */
+    struct inode *walked_dir = inode_find_locked(fs->inodes, dir_key);
+    if (walked_dir != NULL && walked_dir->attrs.kind == INODE_DIR &&
+        walked_dir->attrs.headers_known &&
+        ahead_live_locked(fs, walked_dir, fs_dir_ttl(fs, dir_key))) {
+        attrs = walked_dir->attrs;
+        is_dir = true;
+        inode_table_unlock(fs->inodes);
+        goto found;
+    }
+
     /* A directory listed before is listed again (one LIST per 1000 keys
      * answers every lookup in it for dir_ttl); others are probed. */
     /* Many lookups in a directory never listed (a data loader opening files
