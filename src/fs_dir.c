@@ -4,7 +4,7 @@
  * readdirplus fills in the attributes it lacks with HEADs in parallel,
  * except for files whose type the listing makes certain: those go to the
  * kernel as plain entries (ino 0), and a stat of one is a lookup, which
- * the head-ahead of fs_lookup.c serves.
+ * the head-ahead of fs_ahead.c serves.
  */
 #include "config.h"
 
@@ -268,7 +268,7 @@ int fs_dir_entries_plus(struct fs *fs, struct fs_dir *dir, size_t index,
          * inode (ino 0), and no HEAD is sent. `find`, `ls` and os.walk
          * never ask for more; a stat is a lookup, and the first one in
          * this directory starts the HEADs of the entries after it (the
-         * head-ahead of fs_lookup.c). A file the inode table has (the
+         * head-ahead of fs_ahead.c). A file the inode table has (the
          * kernel may hold it) is answered in full, as before; so is one
          * whose headers are known, unless a head-ahead job holds them
          * for the lookup the walk will send. */
