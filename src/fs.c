@@ -6,9 +6,11 @@
  *
  * The layer's files, each using only those before it: fs_attrs.c (what
  * an inode shows), fs_listing.c (directory listings), fs_lookup.c
- * (lookup, getattr), fs_stage.c (inodes and staged files), fs.c,
- * fs_dir.c (open directories), fs_file.c (open files), fs_write.c
- * (changes), fs_rename.c (rename). fs_internal.h is what they share.
+ * (lookup, getattr), fs_ahead.c (the HEADs ahead of a walk's lookups;
+ * it and fs_lookup.c call each other), fs_stage.c (inodes and staged
+ * files), fs.c, fs_dir.c (open directories), fs_file.c (open files),
+ * fs_write.c (changes), fs_rename.c (rename). fs_internal.h is what
+ * they share.
  *
  * Pattern for every operation: pin the inode, copy what the request needs
  * under the table lock, release the lock, talk to S3, relock and store what
@@ -118,6 +120,7 @@ int fs_create(const struct fs_conf *conf, struct s3_client *s3, struct fs **out)
     fs->open_files.next = fs->open_files.prev = &fs->open_files;
     pthread_cond_init(&fs->listing_done, NULL);
     pthread_cond_init(&fs->move_done, NULL);
+    pthread_cond_init(&fs->ahead_done, NULL);
     fs->mount_time = clock_wall_now();
     fs->root_key = strdup(conf->root_key);
     if (fs->root_key == NULL) {
@@ -245,6 +248,8 @@ void fs_destroy(struct fs **fsp)
         reader_stop(fs->reader); /* queued read-ahead ends at once */
     workers_destroy(&fs->refresh_workers);
     workers_destroy(&fs->workers);
+    if (fs->inodes != NULL)
+        fs_ahead_end_all(fs); /* (their HEADs ran, or were dropped, above) */
     reader_destroy(&fs->reader);
     inode_table_destroy(&fs->inodes);
     tdestroy(fs->logged_keys, free);
@@ -253,6 +258,7 @@ void fs_destroy(struct fs **fsp)
     pthread_mutex_destroy(&fs->handles_lock);
     pthread_cond_destroy(&fs->listing_done);
     pthread_cond_destroy(&fs->move_done);
+    pthread_cond_destroy(&fs->ahead_done);
     for (size_t i = 0; fs->trusted != NULL && i < fs->conf.trusted_count; i++)
         free(fs->trusted[i]);
     free(fs->trusted);

@@ -138,10 +138,14 @@ const char *fs_dir_entry(const struct fs *fs, const struct fs_dir *dir,
                          size_t index, struct stat *attr);
 
 /*
- * Full entries for readdirplus: for entries INDEX..INDEX+COUNT-1 fetch what
- * is missing (object headers, in parallel) and take one inode reference
- * each (not for "." and ".."); OUT[i] receives them. The caller returns
- * references it could not pass to the kernel with fs_forget().
+ * Entries for readdirplus: for entries INDEX..INDEX+COUNT-1 fetch what is
+ * missing (object headers, in parallel) and take one inode reference each
+ * (not for "." and ".."); OUT[i] receives them. A file whose headers are
+ * not known and that is too large to be anything but a regular file gets
+ * no HEAD and no reference: OUT[i].ino is 0 (the kernel adds the name
+ * with its type, attr.st_mode's S_IFREG, and looks it up when someone
+ * stats it) and attr.st_ino a placeholder. The caller returns references
+ * it could not pass to the kernel with fs_forget() (none for ino 0).
  */
 int fs_dir_entries_plus(struct fs *fs, struct fs_dir *dir, size_t index,
                         size_t count, struct fs_entry *out);

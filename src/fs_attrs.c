@@ -67,9 +67,12 @@ void fs_head_file_attrs(const struct fs *fs, const struct s3_object_info *info,
     if (info->has_mode) {
         out->mode = info->mode & 07777;
         /* a symlink, FIFO, socket or device node (s3fs's convention);
-         * an object is never a directory */
+         * an object is never a directory, and one larger than
+         * FS_TYPED_OBJECT_MAX is a regular file: no link has so long a
+         * target, no special file has bytes (and a readdirplus that did
+         * not HEAD it said DT_REG) */
         out->kind = inode_kind_of_mode(info->mode);
-        if (out->kind == INODE_DIR)
+        if (out->kind == INODE_DIR || info->size > FS_TYPED_OBJECT_MAX)
             out->kind = INODE_FILE;
     }
     if (info->has_atime)

@@ -1,7 +1,10 @@
 /*
  * fs_dir.c - open directories: opendir takes a listing (stale while
  * revalidated in the background, within limits), readdir walks it, and
- * readdirplus fills in the attributes it lacks with HEADs in parallel.
+ * readdirplus fills in the attributes it lacks with HEADs in parallel,
+ * except for files whose type the listing makes certain: those go to the
+ * kernel as plain entries (ino 0), and a stat of one is a lookup, which
+ * the head-ahead of fs_ahead.c serves.
  */
 #include "config.h"
 
@@ -220,6 +223,7 @@ int fs_dir_entries_plus(struct fs *fs, struct fs_dir *dir, size_t index,
     struct inode *dir_inode = inode_get(fs->inodes, dir->ino);
     struct head_job *jobs = NULL;
     struct inode_attrs *attrs = NULL;
+    bool *plain = NULL;
     size_t job_count = 0;
     size_t failed_at = 0;
     int err = 0;
@@ -235,7 +239,8 @@ int fs_dir_entries_plus(struct fs *fs, struct fs_dir *dir, size_t index,
         count = index < fs_dir_count(dir) ? fs_dir_count(dir) - index : 0;
     jobs = calloc(count ? count : 1, sizeof(*jobs));
     attrs = calloc(count ? count : 1, sizeof(*attrs));
-    if (jobs == NULL || attrs == NULL) {
+    plain = calloc(count ? count : 1, sizeof(*plain));
+    if (jobs == NULL || attrs == NULL || plain == NULL) {
         err = ENOMEM;
         goto out;
     }
@@ -258,6 +263,27 @@ int fs_dir_entries_plus(struct fs *fs, struct fs_dir *dir, size_t index,
             err = ENOMEM;
             goto out;
         }
+        /* A file too large to be a link or a special file is a regular
+         * file: the kernel gets its name and type, no attributes and no
+         * inode (ino 0), and no HEAD is sent. `find`, `ls` and os.walk
+         * never ask for more; a stat is a lookup, and the first one in
+         * this directory starts the HEADs of the entries after it (the
+         * head-ahead of fs_ahead.c). A file the inode table has (the
+         * kernel may hold it) is answered in full, as before; so is one
+         * whose headers are known, unless a head-ahead job holds them
+         * for the lookup the walk will send. */
+        bool large = !is_dir && !was_staged &&
+                     entry->attrs.size > FS_TYPED_OBJECT_MAX;
+        if (large) {
+            inode_table_lock(fs->inodes);
+            plain[i] = inode_find_locked(fs->inodes, key) == NULL &&
+                       fs_ahead_holds_locked(fs, dir_inode, entry->name);
+            inode_table_unlock(fs->inodes);
+            if (plain[i]) {
+                free(key);
+                continue;
+            }
+        }
         if (was_staged) {
             inode_table_lock(fs->inodes);
             struct inode *known = inode_find_locked(fs->inodes, key);
@@ -273,6 +299,15 @@ int fs_dir_entries_plus(struct fs *fs, struct fs_dir *dir, size_t index,
                    : fs_known_file_attrs(fs, key, &entry->attrs, &attrs[i])) {
             free(key);
             continue;
+        }
+        if (large) { /* its headers not known: plain (above) */
+            inode_table_lock(fs->inodes);
+            plain[i] = inode_find_locked(fs->inodes, key) == NULL;
+            inode_table_unlock(fs->inodes);
+            if (plain[i]) {
+                free(key);
+                continue;
+            }
         }
         jobs[job_count].key = key;
         jobs[job_count].slot = i;
@@ -307,6 +342,13 @@ int fs_dir_entries_plus(struct fs *fs, struct fs_dir *dir, size_t index,
             continue;
         }
         const struct inode_dirent *entry = &dir->listing->entries[at - 2];
+        if (attrs[i].kind != INODE_DIR)
+            fs_ahead_entry_passed_locked(fs, dir_inode, entry->name, plain[i]);
+        if (plain[i]) {
+            /* a name and a type (DT_REG), not looked up: no reference */
+            fs_attrs_to_stat(fs, UNKNOWN_INO, &attrs[i], &out[i].attr);
+            continue;
+        }
         char *key = names_child_key(dir_key, entry->name,
                                     strlen(entry->name), attrs[i].kind == INODE_DIR);
         struct inode *known = key ? inode_find_locked(fs->inodes, key) : NULL;
@@ -341,13 +383,14 @@ int fs_dir_entries_plus(struct fs *fs, struct fs_dir *dir, size_t index,
     inode_table_unlock(fs->inodes);
     /* on failure the kernel gets none of them: return the references */
     for (size_t k = 0; err != 0 && k < failed_at; k++)
-        if (index + k >= 2)
+        if (index + k >= 2 && out[k].ino != 0)
             inode_forget(fs->inodes, out[k].ino, 1);
 out:
     for (size_t j = 0; j < job_count; j++)
         free(jobs[j].key);
     free(jobs);
     free(attrs);
+    free(plain);
     inode_put(fs->inodes, dir_inode);
     free(dir_key);
     return err;

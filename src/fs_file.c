@@ -239,7 +239,7 @@ int fs_readlink(struct fs *fs, fuse_ino_t ino, char **target)
     }
     if (metacache_get_link(fs->conf.cache, key, attrs.etag, &text) == 0)
         goto remember;
-    if (attrs.size == 0 || attrs.size >= PATH_MAX) {
+    if (attrs.size == 0 || attrs.size > FS_TYPED_OBJECT_MAX) {
         log_warn("symlink %llu has an invalid target length %llu",
                  (unsigned long long)ino, (unsigned long long)attrs.size);
         err = EIO;

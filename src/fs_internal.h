@@ -1,12 +1,13 @@
 /*
  * fs_internal.h - what the files of the fs layer share: struct fs, open
  * handles, and each file's functions for the files above it, in the
- * order fs.c's header gives: fs_attrs, fs_listing, fs_lookup, fs_stage,
- * fs, fs_dir, fs_file, fs_write, fs_rename. Not for other modules.
+ * order fs.c's header gives: fs_attrs, fs_listing, fs_lookup, fs_ahead,
+ * fs_stage, fs, fs_dir, fs_file, fs_write, fs_rename. Not for other modules.
  */
 #ifndef S3CFS_FS_INTERNAL_H
 #define S3CFS_FS_INTERNAL_H
 
+#include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -22,6 +23,15 @@
 #define STALE_LISTING_TTLS 10            /* a listing this many dir_ttl old is
                                             still shown (fs_lookup, fs_opendir) */
 #define DIRECTORY_CONTENT_TYPE "application/x-directory"
+/* The largest object that may be anything but a regular file: a symbolic
+ * link's target is shorter than PATH_MAX (readlink refuses a longer
+ * one) and special files are empty objects (s3fs's convention, and
+ * fs_mknod's). A larger object is a regular file whatever the type bits
+ * of its x-amz-meta-mode say (fs_head_file_attrs), so a listing alone
+ * tells its type: a readdirplus answers it without a HEAD. */
+#define FS_TYPED_OBJECT_MAX (PATH_MAX - 1)
+
+struct head_ahead;
 
 /* Open directories and files are linked into the fs, so that handles the
  * kernel never released (an unmount drops queued releases) are freed at
@@ -63,6 +73,12 @@ struct fs {
                                      queued relistings do nothing */
     struct fs_dir_move *dir_moves; /* (inode table lock) directory
                                      renames under way */
+    struct head_ahead *aheads;    /* (inode table lock) directories whose
+                                     headers are fetched ahead of the
+                                     lookups (fs_ahead.c) */
+    unsigned ahead_count;         /* (inode table lock) jobs in aheads */
+    pthread_cond_t ahead_done;    /* with the inode table lock: a HEAD of
+                                     a head-ahead job was answered */
     pthread_cond_t listing_done;  /* with the inode table lock: a directory
                                      listing finished (inode.listing_fetch) */
     pthread_cond_t move_done;     /* with the inode table lock: a directory
@@ -219,8 +235,58 @@ void fs_apply_dir_headers(const struct fs *fs, const struct s3_object_info *info
                           struct inode_attrs *attrs);
 
 /* INODE (KEY) was opened for reading: what lookups in its directory are
- * for (see reads_follow_lookups_locked() in fs_lookup.c). */
+ * for (see fs_reads_follow_lookups_locked()). */
 void fs_note_read_open(struct fs *fs, struct inode *inode, const char *key);
+
+/* Whether the files that lookups in DIR ask the bucket about are then
+ * read (a data loader opening files by name). Lock held. */
+bool fs_reads_follow_lookups_locked(const struct inode *dir);
+
+/* ---------------------------------------------------------- fs_ahead.c */
+
+/* Whether a walk of DIR's listing is under way: a head-ahead job of DIR
+ * whose answers lookups took within STALE_LISTING_TTLS x TTL (see
+ * fs_ahead.c). Lock held. */
+bool fs_ahead_live_locked(struct fs *fs, const struct inode *dir, double ttl);
+
+/* A lookup of file NAME in DIR (key DIR_KEY), listed as LISTED: 0 or
+ * ENOENT with the answer of DIR's head-ahead job in *out (after waiting
+ * for its HEAD if under way), EAGAIN when the job has none. Unlocked. */
+int fs_ahead_take(struct fs *fs, struct inode *dir, const char *dir_key,
+                  const char *name, const struct inode_attrs *listed,
+                  struct inode_attrs *out);
+
+/* A lookup of file NAME in DIR (key DIR_KEY) is about to ask the bucket:
+ * start a head-ahead job of DIR after NAME if a readdirplus gave plain
+ * entries there since the last one and none runs. Unlocked. */
+void fs_ahead_start(struct fs *fs, struct inode *dir, const char *dir_key,
+                    const char *name);
+
+/* A readdirplus of DIR passed NAME to the kernel with its attributes, or
+ * without them (PLAIN: entry ino 0, no inode reference, the kernel will
+ * send a LOOKUP if someone stats it). A head-ahead job of DIR (see
+ * fs_ahead.c) no longer keeps NAME's answer for a lookup; a plain entry
+ * lets the next lookup in DIR that asks the bucket start one. Lock
+ * held. */
+void fs_ahead_entry_passed_locked(struct fs *fs, struct inode *dir,
+                                  const char *name, bool plain);
+
+/* Whether a head-ahead job of DIR holds an answer for NAME, or is asking
+ * for it: a readdirplus then leaves NAME to the lookup that will take it
+ * (a plain entry), rather than give the kernel an entry whose timeout
+ * may pass before the walker stats it (its lookup would then need a
+ * fresh listing: the headers are known). Lock held. */
+bool fs_ahead_holds_locked(struct fs *fs, const struct inode *dir,
+                           const char *name);
+
+/* End every head-ahead job (fs_destroy, after the worker pool is gone):
+ * their pins and listings go. Unlocked. */
+void fs_ahead_end_all(struct fs *fs);
+
+/* End the head-ahead jobs of the directories at or under PREFIX (a
+ * refresh: their answers predate it). Those with HEADs under way go when
+ * the last one is answered. Unlocked. */
+void fs_ahead_end_under(struct fs *fs, const char *prefix);
 
 /* ---------------------------------------------------------- fs_stage.c */
 

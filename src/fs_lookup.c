@@ -11,13 +11,15 @@
  *     HEAD P+NAME (a file?).
  *   - a name with files under it that wait for their upload here is a
  *     directory, whatever the bucket has.
+ *
+ * The head-ahead that lookups in a walked directory start and take
+ * their answers from is in fs_ahead.c.
  */
 #include "config.h"
 
 #include "fs.h"
 
 #include <errno.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,7 +34,7 @@
 #define RELIST_PAGES_MAX 10              /* see worth_relisting() */
 #define PROBES_BEFORE_LISTING 8          /* see fs_lookup() */
 #define LOOKUP_FETCH_MAX (1u << 20)      /* largest file a lookup GETs whole */
-#define READ_PATTERN_MIN 8               /* see reads_follow_lookups_locked() */
+#define READ_PATTERN_MIN 8   /* see fs_reads_follow_lookups_locked() */
 #define READ_PATTERN_WINDOW 64
 
 /*
@@ -178,7 +180,7 @@ int fs_resolve_file(struct fs *fs, const char *key,
  * then read (a data loader opening files by name): at least half of the
  * recent ones were opened for reading. Lock held.
  */
-static bool reads_follow_lookups_locked(const struct inode *dir)
+bool fs_reads_follow_lookups_locked(const struct inode *dir)
 {
     return dir->asking_lookups >= READ_PATTERN_MIN &&
            2 * dir->reads_after_lookup >= dir->asking_lookups;
@@ -217,24 +219,34 @@ void fs_note_read_open(struct fs *fs, struct inode *inode, const char *key)
 /*
  * Attributes of file KEY in directory DIR, whose listing said LISTED: the
  * known headers for its ETag (unless CONFIRM: the listing may be out of
- * date), else from the bucket (*asked). Where files
- * looked up are then read (reads_follow_lookups_locked), a small file is
- * fetched whole into the cache with one GET, which carries the same
- * headers as a HEAD: the open and read that follow need no request. That
+ * date), else from the bucket (*asked). Where files looked up are then
+ * read (fs_reads_follow_lookups_locked), a small file is fetched whole
+ * into the cache with one GET, which carries the same headers as a HEAD:
+ * the open and read that follow need no request. That
  * costs at most LOOKUP_FETCH_MAX bytes for a file looked up but not read.
  */
-static int lookup_file(struct fs *fs, struct inode *dir, const char *key,
+static int lookup_file(struct fs *fs, struct inode *dir, const char *dir_key,
+                       const char *name, const char *key,
                        const struct inode_attrs *listed, bool confirm,
                        struct inode_attrs *out, bool *asked)
 {
     struct s3_object_info info;
 
     *asked = false;
+    /* a HEAD of a head-ahead job answers as the lookup's own would (it
+     * confirms the listing too): counted as asking the bucket, so that
+     * reads after such lookups still show (and end the job) */
+    int err = fs_ahead_take(fs, dir, dir_key, name, listed, out);
+    if (err != EAGAIN) {
+        *asked = true;
+        return err;
+    }
     if (!confirm && fs_known_file_attrs(fs, key, listed, out))
         return 0;
     *asked = true;
+    fs_ahead_start(fs, dir, dir_key, name);
     inode_table_lock(fs->inodes);
-    bool fetch = reads_follow_lookups_locked(dir);
+    bool fetch = fs_reads_follow_lookups_locked(dir);
     /* a newer version known here than the listing's: opening the cache
      * for the listed one would drop the newer one's blocks */
     struct inode *known = inode_find_locked(fs->inodes, key);
@@ -243,8 +255,8 @@ static int lookup_file(struct fs *fs, struct inode *dir, const char *key,
     inode_table_unlock(fs->inodes);
     if (fetch && listed->size > 0 && listed->size <= LOOKUP_FETCH_MAX &&
         listed->etag[0] != '\0') {
-        int err = reader_fetch_whole(fs->reader, key, listed->etag,
-                                     listed->size, &info);
+        err = reader_fetch_whole(fs->reader, key, listed->etag,
+                                 listed->size, &info);
         if (err == 0) {
             fs_head_file_attrs(fs, &info, out);
             metacache_put_attrs(fs->conf.cache, key, out);
@@ -333,6 +345,23 @@ int fs_lookup(struct fs *fs, fuse_ino_t parent_ino, const char *name,
     }
     inode_table_lock(fs->inodes);
 
+    /* A directory a walk is under way in (its head-ahead's answers being
+     * taken: HEADs of keys under it, so it is one) is answered as the
+     * inode table knows it, with no request: the walker's stats go
+     * through its name, whose kernel entry lasts dir_ttl, so `ls -l` of a
+     * large directory looked it up again every second, each time listing
+     * or probing its parent in the foreground (on s3rver, whose LISTs
+     * scan the whole bucket, about 0.3 s each). */
+    struct inode *walked_dir = inode_find_locked(fs->inodes, dir_key);
+    if (walked_dir != NULL && walked_dir->attrs.kind == INODE_DIR &&
+        walked_dir->attrs.headers_known &&
+        fs_ahead_live_locked(fs, walked_dir, fs_dir_ttl(fs, dir_key))) {
+        attrs = walked_dir->attrs;
+        is_dir = true;
+        inode_table_unlock(fs->inodes);
+        goto found;
+    }
+
     /* A directory listed before is listed again (one LIST per 1000 keys
      * answers every lookup in it for dir_ttl); others are probed. */
     /* Many lookups in a directory never listed (a data loader opening files
@@ -355,9 +384,14 @@ int fs_lookup(struct fs *fs, fuse_ino_t parent_ino, const char *name,
      * would show is a directory of the same name, which hides the file
      * ("dir wins", above): that may take STALE_LISTING_TTLS x dir_ttl. */
     bool confirm = false;
-    if (listed && (parent->listing_fetch ||
-                   clock_monotonic_seconds() - parent->listing->fetched_at <
-                       STALE_LISTING_TTLS * parent_ttl)) {
+    /* (a walk under way goes by the listing it walks, even where a new
+     * one would not be fetched but names probed: fs_ahead_live_locked()) */
+    bool walked = listing == NULL && parent->listing != NULL &&
+                  fs_ahead_live_locked(fs, parent, parent_ttl);
+    if ((listed && (parent->listing_fetch ||
+                    clock_monotonic_seconds() - parent->listing->fetched_at <
+                        STALE_LISTING_TTLS * parent_ttl)) ||
+        walked) {
         const struct inode_dirent *last = inode_listing_find(parent->listing, name);
         struct inode *known = inode_find_locked(fs->inodes, file_key);
         if (last != NULL && last->attrs.kind == INODE_FILE &&
@@ -397,8 +431,8 @@ int fs_lookup(struct fs *fs, fuse_ino_t parent_ino, const char *name,
             attrs = entry->attrs;
             resolve_dir(fs, dir_key, &attrs);
         } else
-            err = lookup_file(fs, parent, file_key, &entry->attrs, confirm,
-                              &attrs, &asked);
+            err = lookup_file(fs, parent, parent_key, name, file_key,
+                              &entry->attrs, confirm, &attrs, &asked);
     } else {
         err = probe_name(fs, file_key, dir_key, &attrs, &is_dir);
         asked = !is_dir;

@@ -134,6 +134,9 @@ int fs_refresh(struct fs *fs, fuse_ino_t ino, fs_refresh_inval_fn inval,
     }
     inode_table_unlock(fs->inodes);
 
+    /* HEADs of a walk's head-ahead (fs_ahead.c) are of before it */
+    if (err == 0)
+        fs_ahead_end_under(fs, is_dir ? key : parent_key);
     if (err == 0) {
         uint64_t listings = 0, records = 0;
         err = metacache_forget_tree(fs->conf.cache, key, &listings, &records);

@@ -219,7 +219,7 @@ out:
     } else if (fuse_reply_buf(req, buf, used) != 0 && plus) {
         /* the kernel never saw them: give the references back */
         for (size_t i = 0; i < count; i++)
-            if (index + i >= 2)
+            if (index + i >= 2 && entries[i].ino != 0)
                 fs_forget(fs, entries[i].ino, 1);
     }
     free(buf);

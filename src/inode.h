@@ -88,6 +88,9 @@ struct inode {
                                     for reading afterwards (decaying) */
     bool lookup_asked;          /* (L) files: the last lookup asked the
                                    bucket and no open for reading followed */
+    bool plain_entries;         /* (L) directories: a readdirplus answered
+                                   entries without attributes since the
+                                   last head-ahead job (fs_ahead.c) */
     char *symlink_target;       /* (L) symlinks: target for attrs.etag */
     char opened_etag[S3_ETAG_MAX]; /* (L) ETag at the last open, for
                                       keeping the kernel page cache */

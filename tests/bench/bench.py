@@ -92,7 +92,7 @@ WRITE_TOOLS = ('s3cachefs', 's3cachefs-wb', 's3fs', 'rclone')
 KEYS_TOOLS = ('s3cachefs', 's3cachefs-trust', 's3fs', 'rclone')
 KEYS_DIR = 'keys'             # the keys rows' directory of --keys objects
 KEYS_DEFAULT = 10000
-KEY_SIZE = 16                 # bytes of each of its objects
+KEY_SIZE = 16                 # bytes of each of its objects (--key-bytes)
 KEYS_PER_TAR = 1000           # objects per Swift bulk upload (extract-archive)
 KEYS_UPLOADS = 8              # bulk uploads or PUT processes at a time
 KEY_OPS = ('ls', 'lsl', 'find', 'du')
@@ -188,29 +188,30 @@ def key_name(index):
     return f'{KEYS_DIR}/f{index:07d}'
 
 
-def keys_tar(first, end):
-    """A tar of the keys FIRST..END-1 (KEY_SIZE bytes each)."""
+def keys_tar(first, end, size):
+    """A tar of the keys FIRST..END-1 (SIZE bytes each)."""
     buffer = io.BytesIO()
-    body = b'k' * KEY_SIZE
+    body = b'k' * size
     with tarfile.open(fileobj=buffer, mode='w') as tar:
         for index in range(first, end):
             info = tarfile.TarInfo(key_name(index))
-            info.size = KEY_SIZE
+            info.size = size
             info.mtime = TAR_MTIME
             tar.addfile(info, io.BytesIO(body))
     return buffer.getvalue()
 
 
-def put_keys(endpoint, region, access_key, secret_key, first, end):
-    """PUT the keys FIRST..END-1 with a client of its own (a process of a
-    pool: boto3 in threads is bound by one interpreter lock)."""
+def put_keys(endpoint, region, access_key, secret_key, first, end, size):
+    """PUT the keys FIRST..END-1 (SIZE bytes each) with a client of its own
+    (a process of a pool: boto3 in threads is bound by one interpreter
+    lock)."""
     s3 = boto3.session.Session().client(
         's3', endpoint_url=endpoint, region_name=region,
         aws_access_key_id=access_key, aws_secret_access_key=secret_key,
         config=botocore.config.Config(signature_version='s3v4',
                                       s3={'addressing_style': 'path'},
                                       proxies={}))
-    body = b'k' * KEY_SIZE
+    body = b'k' * size
     for index in range(first, end):
         s3.put_object(Bucket=BUCKET, Key=key_name(index), Body=body)
 
@@ -1070,7 +1071,7 @@ class Bench:
             def bulk(first_end):
                 request = urllib.request.Request(
                     f'{storage_url}/{BUCKET}?extract-archive=tar',
-                    data=keys_tar(*first_end), method='PUT',
+                    data=keys_tar(*first_end, self.args.key_bytes), method='PUT',
                     headers={'X-Auth-Token': token,
                              'Accept': 'application/json'})
                 with opener.open(request, timeout=3600) as answer:
@@ -1087,8 +1088,10 @@ class Bench:
             with concurrent.futures.ProcessPoolExecutor(KEYS_UPLOADS) as pool:
                 list(pool.map(put_keys, *zip(*[
                     (server.endpoint, server.region, server.access_key,
-                     server.secret_key, first, end) for first, end in ranges])))
-        print(f'bench: {count} keys under {KEYS_DIR}/ in '
+                     server.secret_key, first, end, self.args.key_bytes)
+                    for first, end in ranges])))
+        print(f'bench: {count} keys of {self.args.key_bytes} bytes under '
+              f'{KEYS_DIR}/ in '
               f'{time.monotonic() - started:.0f} s', flush=True)
 
     def _swift_token(self):
@@ -2139,6 +2142,12 @@ def parse_args(argv=None):
                         metavar='N',
                         help=f'objects in the directory of the keys rows '
                              f'(default {KEYS_DEFAULT})')
+    parser.add_argument('--key-bytes', type=int, default=KEY_SIZE,
+                        metavar='BYTES',
+                        help=f'bytes of each of those objects (default '
+                             f'{KEY_SIZE}; s3cachefs answers a cold walk '
+                             f'of objects of 4096 bytes or more without a '
+                             f'HEAD, smaller ones may be symbolic links)')
     parser.add_argument('--tools', default=','.join(TOOLS),
                         metavar='TOOL,...',
                         help='file systems to compare, from '
@@ -2183,6 +2192,8 @@ def parse_args(argv=None):
                  for name in (KEYS_ROW_NAMES if item == 'keys' else (item,))]
     if args.keys < 1:
         parser.error('--keys must be positive')
+    if args.key_bytes < 0:
+        parser.error('--key-bytes must not be negative')
     args.tools = args.tools.split(',')
     unknown = [n for n in args.only if n not in row_names] + \
         [n for n in args.tools if n not in TOOLS]
@@ -2218,7 +2229,7 @@ def write_json(path, args, bench, table):
                        'stats_poll_seconds': STATS_POLL},
             'raw_mpu': {'parallel': RAW_MPU_PARALLEL,
                         'part_mib': RAW_MPU_PART // MiB},
-            'keys': args.keys, 'key_bytes': KEY_SIZE,
+            'keys': args.keys, 'key_bytes': args.key_bytes,
             's3cachefs_bin': args.s3cachefs_bin,
             's3cachefs_options': bench.s3cachefs_options,
             's3fs_options': args.s3fs_opts,

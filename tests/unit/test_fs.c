@@ -83,6 +83,7 @@
 #include <cmocka.h>
 
 #include <errno.h>
+#include <limits.h>
 #include <fcntl.h>
 #include <linux/fs.h>
 #include <malloc.h>
@@ -115,6 +116,8 @@
 #define MAX_ALLOCS 32
 #define TEXT_MAX 4096
 #define WAIT_SECONDS FAKE_S3_WAIT_SECONDS
+/* fs_internal.h's FS_TYPED_OBJECT_MAX: larger objects are regular files */
+#define TYPED_OBJECT_MAX (PATH_MAX - 1)
 
 /* cmocka's assertions may only fail on the thread running the test: the
  * test's helper threads use this */
@@ -147,10 +150,11 @@ struct op_thread {
     pthread_t thread;
     bool started;
     struct fs *fs;
-    enum { OP_RENAME, OP_UNLINK } kind;
+    enum { OP_RENAME, OP_UNLINK, OP_LOOKUP } kind;
     fuse_ino_t parent, new_parent;
     char name[64], new_name[64];
     int result;
+    struct fs_entry entry;       /* OP_LOOKUP */
 };
 
 struct fixture {
@@ -595,6 +599,8 @@ static void *op_main(void *arg)
     if (op->kind == OP_RENAME)
         op->result = fs_rename(op->fs, op->parent, op->name, op->new_parent,
                                op->new_name, 0);
+    else if (op->kind == OP_LOOKUP)
+        op->result = fs_lookup(op->fs, op->parent, op->name, &op->entry);
     else
         op->result = fs_unlink(op->fs, op->parent, op->name);
     CHECK(op->result >= 0);
@@ -619,6 +625,17 @@ static void unlink_start(struct fixture *f, fuse_ino_t parent, const char *name)
 {
     assert_false(f->op.started);
     f->op = (struct op_thread){.fs = f->fs, .kind = OP_UNLINK, .parent = parent,
+                               .result = -1};
+    snprintf(f->op.name, sizeof(f->op.name), "%s", name);
+    assert_int_equal(pthread_create(&f->op.thread, NULL, op_main, &f->op), 0);
+    f->op.started = true;
+}
+
+/* Start fs_lookup(PARENT, NAME) on a thread. */
+static void lookup_start(struct fixture *f, fuse_ino_t parent, const char *name)
+{
+    assert_false(f->op.started);
+    f->op = (struct op_thread){.fs = f->fs, .kind = OP_LOOKUP, .parent = parent,
                                .result = -1};
     snprintf(f->op.name, sizeof(f->op.name), "%s", name);
     assert_int_equal(pthread_create(&f->op.thread, NULL, op_main, &f->op), 0);
@@ -1212,6 +1229,253 @@ static void test_lookups_never_half_list_a_large_directory(void **state)
         assert_int_not_equal(lookup(f, huge, key, NULL), 0);
     }
     assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_LIST, "huge/")), 0);
+}
+
+/* Inodes in the table now. */
+static size_t inodes_now(struct fixture *f)
+{
+    struct fs_stats stats;
+
+    fs_get_stats(f->fs, &stats);
+    return stats.inodes;
+}
+
+/* Readdirplus of entries FROM..FROM+COUNT-1 of directory DIR (open
+ * handle) into ENTRIES, as one batch; the references it took go back to
+ * the fs (the kernel forgetting them). */
+static void readdirplus_of(struct fixture *f, struct fs_dir *dir, size_t from,
+                           size_t count, struct fs_entry *entries)
+{
+    assert_int_equal(fs_dir_entries_plus(f->fs, dir, from, count, entries), 0);
+    for (size_t i = 0; i < count; i++)
+        if (from + i >= 2 && entries[i].ino != 0)
+            fs_forget(f->fs, entries[i].ino, 1);
+}
+
+/*
+ * Issue 13: a cold walk that never stats (find, ls, os.walk) costs LISTs
+ * only. A readdirplus answers a file too large to be a symbolic link or a
+ * special file, whose headers are not known, with ino 0 and S_IFREG (the
+ * kernel adds a plain entry of type DT_REG) and sends no HEAD, takes no
+ * inode reference, makes no inode. Files that may be links (small ones)
+ * and directories are HEADed and answered in full as before; so is a
+ * large file whose headers are known. An object too large to be a link
+ * is a regular file whatever its mode header says, in lookups too.
+ */
+static void test_readdirplus_of_large_objects_sends_no_head(void **state)
+{
+    struct fixture *f = *state;
+    enum { LARGE = 20 };
+    size_t size = TYPED_OBJECT_MAX + 1;
+    unsigned char *data = bytes_of(f, size, 3);
+    const struct s3_put_meta link = {.has_mode = true, .mode = S_IFLNK | 0777};
+    const struct s3_put_meta owned = {.has_mode = true, .mode = 0100600,
+                                      .has_uid = true, .uid = 42};
+    char key[32];
+
+    for (int i = 0; i < LARGE; i++) {
+        snprintf(key, sizeof(key), "ds/f%02d", i);
+        other_put(f, key, data, size, &owned);
+    }
+    other_put(f, "ds/ln", "f00", 3, &link);              /* a link */
+    other_put(f, "ds/small", data, TYPED_OBJECT_MAX, NULL); /* may be one */
+    other_put(f, "ds/biglink", data, size, &link);       /* too large: a file */
+    other_put(f, "ds/sub/x", "x", 1, NULL);              /* a directory */
+    fuse_ino_t ds = lookup(f, ROOT, "ds", NULL);
+    struct fs_dir *dir = NULL;
+    assert_int_equal(fs_opendir(f->fs, ds, &dir), 0);
+    size_t count = fs_dir_count(dir);
+    assert_int_equal(count, 2 + LARGE + 4);
+    struct fs_entry *entries = calloc(count, sizeof(*entries));
+    assert_non_null(entries);
+    size_t inodes = inodes_now(f);
+    size_t mark = fake_s3_log_count(f->s3);
+
+    assert_int_equal(fs_dir_entries_plus(f->fs, dir, 0, count, entries), 0);
+    /* the HEADs of ln, small and sub/ (no marker), in parallel */
+    assert_int_equal(fake_s3_log_count(f->s3) - mark, 3);
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_HEAD, "ds/ln")), 1);
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_HEAD, "ds/small")), 1);
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_HEAD, "ds/sub/")), 1);
+    for (size_t i = 2; i < count; i++) {
+        struct stat attr;
+        const char *name = fs_dir_entry(f->fs, dir, i, &attr);
+        bool large = strcmp(name, "biglink") == 0 || name[0] == 'f';
+        assert_int_equal(entries[i].ino == 0, large);
+        if (large) {
+            assert_true(S_ISREG(entries[i].attr.st_mode));
+            assert_int_equal(entries[i].attr.st_size, size);
+            assert_int_not_equal(entries[i].attr.st_ino, 0); /* d_ino */
+        }
+        if (strcmp(name, "ln") == 0)
+            assert_true(S_ISLNK(entries[i].attr.st_mode));
+        if (strcmp(name, "small") == 0)
+            assert_true(S_ISREG(entries[i].attr.st_mode));
+        if (strcmp(name, "sub") == 0)
+            assert_true(S_ISDIR(entries[i].attr.st_mode));
+    }
+    /* no inode for the plain entries: only ln, small and sub */
+    assert_int_equal(inodes_now(f), inodes + 3);
+    for (size_t i = 2; i < count; i++)
+        if (entries[i].ino != 0)
+            fs_forget(f->fs, entries[i].ino, 1);
+    assert_int_equal(inodes_now(f), inodes);
+
+    /* a stat of one is a lookup: a HEAD, the headers right; the large
+     * object with a link's mode is a regular file there too */
+    struct stat attr;
+    assert_int_not_equal(lookup(f, ds, "biglink", &attr), 0);
+    assert_true(S_ISREG(attr.st_mode));
+    assert_int_equal(attr.st_mode & 07777, 0777);
+    for (int i = 0; i < LARGE; i++) {
+        snprintf(key, sizeof(key), "f%02d", i);
+        assert_int_not_equal(lookup(f, ds, key, &attr), 0);
+        assert_true(S_ISREG(attr.st_mode));
+        assert_int_equal(attr.st_mode & 07777, 0600);
+        assert_int_equal(attr.st_uid, 42);
+    }
+    fs_releasedir(f->fs, dir);
+    /* each HEADed once (the lookups, and the HEADs they started) */
+    assert_int_equal(fake_s3_count(f->s3, FAKE_S3_UNDER(FAKE_S3_CALL(FAKE_S3_HEAD),
+                                                        "ds/f")), LARGE);
+
+    /* headers known: answered in full, no HEAD of a file */
+    assert_int_equal(fs_opendir(f->fs, ds, &dir), 0);
+    mark = fake_s3_log_count(f->s3);
+    assert_int_equal(fs_dir_entries_plus(f->fs, dir, 0, count, entries), 0);
+    assert_int_equal(fake_s3_log_find(f->s3, mark, FAKE_S3_UNDER(
+                         FAKE_S3_CALL(FAKE_S3_HEAD), "ds/f")), -1);
+    assert_int_equal(fake_s3_log_find(f->s3, mark, ON(FAKE_S3_HEAD, "ds/biglink")), -1);
+    for (size_t i = 2; i < count; i++) {
+        assert_int_not_equal(entries[i].ino, 0);
+        fs_forget(f->fs, entries[i].ino, 1);
+    }
+    fs_releasedir(f->fs, dir);
+    free(entries);
+}
+
+/*
+ * After a readdirplus that answered entries without attributes, the first
+ * lookup in that directory that has to ask the bucket starts HEADs of the
+ * entries after it in the background (connections at a time), so that the
+ * lookups that follow one by one (ls -l, du: the kernel sends them in
+ * listing order) find their headers or wait for the HEAD under way:
+ * readdirplus and a stat of every entry cost N HEADs, not 2N. A job whose
+ * answers nobody takes stops after AHEAD_SLOTS (64) of them.
+ */
+static void test_lookup_after_plain_readdirplus_heads_ahead(void **state)
+{
+    struct fixture *f = *state;
+    enum { FILES = 100, SLOTS = 64 };
+    size_t size = 8 * KIB;
+    unsigned char *data = bytes_of(f, size, 5);
+    const struct s3_put_meta owned = {.has_mode = true, .mode = 0100640,
+                                      .has_uid = true, .uid = 7};
+    char key[32], name[16];
+
+    for (int i = 0; i < FILES; i++) {
+        snprintf(key, sizeof(key), "ds/f%03d", i);
+        other_put(f, key, data, size, &owned);
+    }
+    fuse_ino_t ds = lookup(f, ROOT, "ds", NULL);
+    struct fs_dir *dir = NULL;
+    assert_int_equal(fs_opendir(f->fs, ds, &dir), 0);
+    struct fs_entry *entries = calloc(FILES + 2, sizeof(*entries));
+    assert_non_null(entries);
+    /* as the kernel asks: in batches */
+    readdirplus_of(f, dir, 0, 30, entries);
+    readdirplus_of(f, dir, 30, FILES + 2 - 30, entries);
+    assert_int_equal(fake_s3_count(f->s3, FAKE_S3_UNDER(FAKE_S3_CALL(FAKE_S3_HEAD), "ds/f")), 0);
+
+    /* the first stat: its own HEAD, and the job's after it */
+    struct stat attr;
+    assert_int_not_equal(lookup(f, ds, "f000", &attr), 0);
+    assert_int_equal(attr.st_mode, S_IFREG | 0640);
+    /* nobody takes the job's answers yet: it stops after SLOTS of them */
+    assert_int_equal(fake_s3_wait_count(f->s3, FAKE_S3_UNDER(FAKE_S3_CALL(FAKE_S3_HEAD), "ds/f"), 1 + SLOTS), 0);
+    assert_int_equal(fake_s3_wait_idle(f->s3), 0);
+    assert_int_equal(fake_s3_count(f->s3, FAKE_S3_UNDER(FAKE_S3_CALL(FAKE_S3_HEAD), "ds/f")), 1 + SLOTS);
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_HEAD, "ds/f001")), 1);
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_HEAD, "ds/f064")), 1);
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_HEAD, "ds/f065")), 0);
+    /* a readdirplus meanwhile (the walker's next batch) leaves the
+     * answers to the lookups that will take them: plain entries still */
+    assert_int_equal(fs_dir_entries_plus(f->fs, dir, 2, FILES, entries), 0);
+    for (int i = 0; i < FILES; i++)
+        assert_int_equal(entries[i].ino == 0, i != 0);
+    fs_forget(f->fs, entries[0].ino, 1);
+    assert_int_equal(fake_s3_count(f->s3, FAKE_S3_UNDER(FAKE_S3_CALL(FAKE_S3_HEAD), "ds/f")),
+                     1 + SLOTS);
+
+    /* ls -l: every other entry, in order; the answers are taken, the job
+     * goes on; each file HEADed once in all */
+    for (int i = 1; i < FILES; i++) {
+        snprintf(name, sizeof(name), "f%03d", i);
+        assert_int_not_equal(lookup(f, ds, name, &attr), 0);
+        assert_int_equal(attr.st_mode, S_IFREG | 0640);
+        assert_int_equal(attr.st_uid, 7);
+        assert_int_equal(attr.st_size, size);
+    }
+    assert_int_equal(fake_s3_wait_idle(f->s3), 0);
+    assert_int_equal(fake_s3_count(f->s3, FAKE_S3_UNDER(FAKE_S3_CALL(FAKE_S3_HEAD), "ds/f")), FILES);
+    for (int i = 0; i < FILES; i++) {
+        snprintf(key, sizeof(key), "ds/f%03d", i);
+        assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_HEAD, key)), 1);
+    }
+    fs_releasedir(f->fs, dir);
+    free(entries);
+}
+
+/*
+ * A lookup that comes while the job's HEAD of its entry is under way
+ * waits for it rather than sending its own; one the job has not reached
+ * yet asks for itself and the job skips it. A head-ahead answer of
+ * ENOENT (deleted by another client) is a negative lookup.
+ */
+static void test_lookup_joins_the_head_under_way(void **state)
+{
+    struct fixture *f = *state;
+    size_t size = 8 * KIB;
+    unsigned char *data = bytes_of(f, size, 9);
+    char key[32];
+    unsigned rule;
+
+    for (int i = 0; i < 6; i++) {
+        snprintf(key, sizeof(key), "ds/f%d", i);
+        other_put(f, key, data, size, NULL);
+    }
+    fuse_ino_t ds = lookup(f, ROOT, "ds", NULL);
+    struct fs_dir *dir = NULL;
+    assert_int_equal(fs_opendir(f->fs, ds, &dir), 0);
+    struct fs_entry entries[8];
+    readdirplus_of(f, dir, 0, 8, entries);
+    assert_true(fake_s3_delete(f->s3, "ds/f2"));
+    /* the job's HEADs of f1 and f2 (connections: 2) are held */
+    assert_int_equal(fake_s3_hold(f->s3, ON(FAKE_S3_HEAD, "ds/f1"), &rule), 0);
+    unsigned rule2;
+    assert_int_equal(fake_s3_hold(f->s3, ON(FAKE_S3_HEAD, "ds/f2"), &rule2), 0);
+    assert_int_not_equal(lookup(f, ds, "f0", NULL), 0);
+    assert_int_equal(fake_s3_wait_held(f->s3, rule, 1), 0);
+    assert_int_equal(fake_s3_wait_held(f->s3, rule2, 1), 0);
+    /* f5, ahead of the job: its own HEAD, and the job will not send one */
+    assert_int_not_equal(lookup(f, ds, "f5", NULL), 0);
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_HEAD, "ds/f5")), 1);
+    /* f1: waits for the job's HEAD (on a thread of its own) */
+    lookup_start(f, ds, "f1");
+    fake_s3_release_all(f->s3, rule);
+    fake_s3_release_all(f->s3, rule2);
+    assert_int_equal(op_join(f), 0);
+    assert_int_not_equal(f->op.entry.ino, 0);
+    assert_int_equal(lookup(f, ds, "f2", NULL), 0); /* gone: negative */
+    assert_int_equal(lookup(f, ds, "f3", NULL) != 0, true);
+    assert_int_equal(lookup(f, ds, "f4", NULL) != 0, true);
+    fake_s3_hold_clear(f->s3, 0);
+    assert_int_equal(fake_s3_wait_idle(f->s3), 0);
+    for (int i = 0; i < 6; i++) {
+        snprintf(key, sizeof(key), "ds/f%d", i);
+        assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_HEAD, key)), 1);
+    }
+    fs_releasedir(f->fs, dir);
 }
 
 /* A symbolic link's target is fetched once per version, ever: after the
@@ -2854,6 +3118,9 @@ int main(void)
         FS_TEST(test_refresh_forgets_a_trusted_tree, default_fresh),
         FS_TEST(test_memory_per_key_is_bounded, default_fresh),
         FS_TEST(test_lookups_never_half_list_a_large_directory, default_fresh),
+        FS_TEST(test_readdirplus_of_large_objects_sends_no_head, default_cached),
+        FS_TEST(test_lookup_after_plain_readdirplus_heads_ahead, default_cached),
+        FS_TEST(test_lookup_joins_the_head_under_way, default_cached),
         FS_TEST(test_link_target_is_fetched_once, default_fresh),
         FS_TEST(test_default_close_puts_the_object, default_cached),
         FS_TEST(test_writeback_close_journals_and_uploads_later, writeback_cached),
