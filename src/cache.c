@@ -106,7 +106,7 @@ static int resolve_version(struct cache *cache, const char *key,
     unsigned char hash[KEY_HASH_LEN];
     unsigned char id_key[8];
     struct db_txn *txn = NULL;
-    struct usage_record usage, before;
+    struct usage_record usage;
     const void *value;
     size_t len;
     size_t etag_len = strlen(etag);
@@ -127,7 +127,6 @@ static int resolve_version(struct cache *cache, const char *key,
     if (err != 0)
         return err;
     err = cache_usage_get(txn, &usage);
-    before = usage;
     if (err == 0)
         err = db_get(txn, DB_KEYS, hash, sizeof(hash), &value, &len);
     if (err == 0 && len == sizeof(uint64_t)) {
@@ -171,7 +170,7 @@ static int resolve_version(struct cache *cache, const char *key,
     if (err == 0)
         err = db_put(txn, DB_KEYS, hash, sizeof(hash), id, sizeof(*id));
     if (err == 0)
-        err = cache_usage_commit(cache, &txn, &before, &usage);
+        err = cache_usage_commit(cache, &txn, &usage);
 out:
     db_txn_abort(&txn);
     return err;
@@ -416,7 +415,7 @@ int cache_pin_version(struct cache *cache, const char *key, const char *etag,
 {
     unsigned char hash[KEY_HASH_LEN], id_key[8];
     struct db_txn *txn = NULL;
-    struct usage_record usage, before;
+    struct usage_record usage;
     uint64_t id = 0, stale_id = 0, total = 0, *blocks = NULL;
     size_t count = 0;
     bool changed = false;
@@ -442,7 +441,6 @@ int cache_pin_version(struct cache *cache, const char *key, const char *etag,
     err = db_txn_begin(cache->db, true, &txn);
     if (err == 0)
         err = cache_usage_get(txn, &usage);
-    before = usage;
     if (err == 0)
         err = cache_meta_get_u64(txn, "pinned", &total);
     if (err != 0)
@@ -495,7 +493,7 @@ int cache_pin_version(struct cache *cache, const char *key, const char *etag,
             err = 0;
     }
     if (err == 0)
-        err = cache_usage_commit(cache, &txn, &before, &usage);
+        err = cache_usage_commit(cache, &txn, &usage);
 out:
     db_txn_abort(&txn);
     pthread_mutex_unlock(&cache->evict_lock);
@@ -510,7 +508,7 @@ static void drop_damaged_block(struct cache *cache, struct cache_object *object,
 {
     struct db_txn *txn = NULL;
     struct block_key key = block_key(object->id, block);
-    struct usage_record usage, before;
+    struct usage_record usage;
     const void *value;
     size_t len;
     uint32_t dropped_len = 0;
@@ -519,7 +517,6 @@ static void drop_damaged_block(struct cache *cache, struct cache_object *object,
     if (db_txn_begin(cache->db, true, &txn) != 0)
         return;
     int err = cache_usage_get(txn, &usage);
-    before = usage;
     if (err == 0)
         err = db_get(txn, DB_BLOCKS, key.bytes, sizeof(key.bytes), &value, &len);
     if (err == 0 && len >= sizeof(struct block_record) &&
@@ -528,7 +525,7 @@ static void drop_damaged_block(struct cache *cache, struct cache_object *object,
     if (err == 0)
         err = cache_drop_block_txn(txn, object->id, block, &usage, &dropped_len);
     if (err == 0)
-        err = cache_usage_commit(cache, &txn, &before, &usage);
+        err = cache_usage_commit(cache, &txn, &usage);
     if (err == 0)
         dropped = true;
     db_txn_abort(&txn);
@@ -1087,7 +1084,7 @@ int cache_fill_commit(struct cache_fill **fillp)
     size_t record_len = sizeof(struct block_record) + pieces * sizeof(uint64_t);
     struct block_record *record = NULL;
     struct db_txn *txn = NULL;
-    struct usage_record usage, before;
+    struct usage_record usage;
     uint32_t old_len;
     uint64_t tick = 0;
     int err = 0;
@@ -1105,7 +1102,6 @@ int cache_fill_commit(struct cache_fill **fillp)
     err = db_txn_begin(cache->db, true, &txn);
     if (err == 0)
         err = cache_usage_get(txn, &usage);
-    before = usage;
     if (err == 0) {
         err = cache_drop_block_txn(txn, id, fill->block, &usage, &old_len);
         if (err == ENOENT)
@@ -1144,12 +1140,9 @@ int cache_fill_commit(struct cache_fill **fillp)
     if (err == 0) {
         usage.bytes[usage_slot(segment)] += account(fill->len);
         usage.blocks++;
-        err = cache_usage_put(txn, &usage);
+        err = cache_usage_commit(cache, &txn, &usage);
     }
-    if (err == 0)
-        err = db_txn_commit(&txn);
     if (err == 0) {
-        cache_usage_mirror(cache, &before, &usage);
         atomic_fetch_add(&cache->stored_bytes, fill->len);
         fresh_block_note(cache, id, fill->block, tick);
     }

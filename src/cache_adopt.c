@@ -57,7 +57,7 @@ int cache_forget_key(struct cache *cache, const char *key)
 {
     unsigned char hash[KEY_HASH_LEN];
     struct db_txn *txn = NULL;
-    struct usage_record usage, before;
+    struct usage_record usage;
     uint64_t dropped = 0;
     const void *value;
     size_t len;
@@ -79,7 +79,6 @@ int cache_forget_key(struct cache *cache, const char *key)
     err = db_txn_begin(cache->db, true, &txn);
     if (err == 0)
         err = cache_usage_get(txn, &usage);
-    before = usage;
     if (err == 0)
         err = drop_key_version_txn(txn, hash, 0, &usage, &dropped);
     if (err == 0) {
@@ -88,7 +87,7 @@ int cache_forget_key(struct cache *cache, const char *key)
             err = 0;
     }
     if (err == 0)
-        err = cache_usage_commit(cache, &txn, &before, &usage);
+        err = cache_usage_commit(cache, &txn, &usage);
     db_txn_abort(&txn);
     if (err != 0)
         return err;
@@ -104,7 +103,7 @@ int cache_rename_object(struct cache *cache, const char *key, const char *etag,
     unsigned char id_key[8];
     struct object_record *record = NULL;
     struct db_txn *txn = NULL;
-    struct usage_record usage, before;
+    struct usage_record usage;
     uint64_t id = 0, dropped = 0;
     const void *value;
     size_t len;
@@ -121,7 +120,6 @@ int cache_rename_object(struct cache *cache, const char *key, const char *etag,
     err = db_txn_begin(cache->db, true, &txn);
     if (err == 0)
         err = cache_usage_get(txn, &usage);
-    before = usage;
     if (err == 0)
         err = db_get(txn, DB_KEYS, hash, sizeof(hash), &value, &len);
     if (err == 0 && len != sizeof(id))
@@ -161,7 +159,7 @@ int cache_rename_object(struct cache *cache, const char *key, const char *etag,
     if (err == 0)
         err = db_put(txn, DB_KEYS, new_hash, sizeof(new_hash), &id, sizeof(id));
     if (err == 0)
-        err = cache_usage_commit(cache, &txn, &before, &usage);
+        err = cache_usage_commit(cache, &txn, &usage);
     if (err == 0) {
         if (dropped != 0)
             cache_retire_dropped_version(cache, dropped);
@@ -231,7 +229,7 @@ static int rename_into_data(const char *from, char *to)
 /* In TXN: version ID of KEY (HASH) is (ETAG, SIZE) with every block
  * recorded from SUMS (all pieces in order), in probation, most recent
  * last; other versions of the key are dropped (*dropped: see
- * drop_key_version_txn). USAGE is updated. */
+ * drop_key_version_txn). USAGE is updated, for the caller to store. */
 static int publish_adopted_txn(struct cache *cache, struct db_txn *txn,
                                const unsigned char *hash, uint64_t id,
                                const char *etag, uint64_t size,
@@ -292,8 +290,6 @@ static int publish_adopted_txn(struct cache *cache, struct db_txn *txn,
     }
     if (err == 0 && blocks > 0)
         err = cache_meta_put_u64(txn, "tick", tick);
-    if (err == 0)
-        err = cache_usage_put(txn, usage);
 out:
     free(object);
     free(record);
@@ -316,7 +312,7 @@ int cache_adopt_file(struct cache *cache, const char *key, const char *etag,
 {
     unsigned char hash[KEY_HASH_LEN];
     struct db_txn *txn = NULL;
-    struct usage_record usage, before;
+    struct usage_record usage;
     uint64_t *sums = NULL;
     uint64_t id = 0, dropped = 0, need = 0, reserved = 0;
     uint64_t blocks = (size + cache->block_size - 1) / cache->block_size;
@@ -382,15 +378,13 @@ int cache_adopt_file(struct cache *cache, const char *key, const char *etag,
     err = db_txn_begin(cache->db, true, &txn);
     if (err == 0)
         err = cache_usage_get(txn, &usage);
-    before = usage;
     if (err == 0)
         err = publish_adopted_txn(cache, txn, hash, id, etag, size, sums,
                                   &usage, &dropped);
     if (err == 0)
-        err = db_txn_commit(&txn);
+        err = cache_usage_commit(cache, &txn, &usage);
     db_txn_abort(&txn);
     if (err == 0) {
-        cache_usage_mirror(cache, &before, &usage);
         if (dropped != 0)
             cache_retire_dropped_version(cache, dropped);
         atomic_fetch_add(&cache->stored_bytes, size);

@@ -303,6 +303,7 @@ static int check_format(struct cache *cache)
         err = cache_meta_put_u64(txn, "block_size", cache->block_size);
     if (err == 0)
         err = cache_usage_get(txn, &cache->usage);
+    cache->usage_txn = db_txn_id(txn);
     if (err == 0)
         err = db_txn_commit(&txn);
 out:
@@ -380,14 +381,13 @@ static int sweep_orphan_files(struct cache *cache)
 {
     struct id_list files = {0}, orphans = {0};
     struct db_txn *txn = NULL;
-    struct usage_record usage = {0}, before;
+    struct usage_record usage = {0};
     int err = list_data_files(cache->data_dir, &files);
 
     if (err == 0 && files.count > 0)
         err = db_txn_begin(cache->db, true, &txn);
     if (err == 0 && txn != NULL)
         err = cache_usage_get(txn, &usage);
-    before = usage;
     for (size_t i = 0; err == 0 && i < files.count; i++) {
         unsigned char id_key[8];
         const void *value;
@@ -401,7 +401,7 @@ static int sweep_orphan_files(struct cache *cache)
         }
     }
     if (err == 0 && orphans.count > 0) {
-        err = cache_usage_commit(cache, &txn, &before, &usage);
+        err = cache_usage_commit(cache, &txn, &usage);
     }
     db_txn_abort(&txn);
     if (err == 0 && orphans.count > 0)

@@ -32,8 +32,8 @@
  * The record structs below are stored as they are: changing one changes
  * the format (bump FORMAT_VERSION, which empties old caches on open).
  *
- * Locks: `lock` guards open_objects, touches, reserved, usage (the
- * in-memory mirror of the committed usage record), bounces and stopping,
+ * Locks: `lock` guards open_objects, touches, reserved, usage and
+ * usage_txn (a copy of the committed usage record), bounces and stopping,
  * and each cache_object's refs and replaced; flusher_wake (on
  * CLOCK_MONOTONIC) is signalled under it to stop the flusher.
  * `evict_lock` lets one thread at a time choose and drop victims and
@@ -185,7 +185,9 @@ struct cache {
     struct touch *touches;
     size_t touch_count;
     uint64_t reserved;
-    struct usage_record usage;
+    struct usage_record usage;   /* the usage record as commit usage_txn
+                                    left it (cache_usage_commit) */
+    uint64_t usage_txn;          /* db_txn_id() of that commit */
     bool stopping;
     pthread_cond_t flusher_wake;
     pthread_t flusher;
@@ -298,16 +300,13 @@ int cache_meta_put_u64(struct db_txn *txn, const char *name, uint64_t value);
 
 /* The stored usage record (zeros when absent). */
 int cache_usage_get(struct db_txn *txn, struct usage_record *out);
-int cache_usage_put(struct db_txn *txn, const struct usage_record *usage);
 
-/* Store USAGE, commit *TXN, and move cache->usage by USAGE - BEFORE. */
+/* Store USAGE as the usage record, commit the write transaction *TXN
+ * (*TXN = NULL, as db_txn_commit), and make USAGE cache->usage unless a
+ * later commit's record is there already (takes `lock`). The one way a
+ * transaction that changed blocks ends in a commit. */
 int cache_usage_commit(struct cache *cache, struct db_txn **txn,
-                       const struct usage_record *before,
                        const struct usage_record *usage);
-
-/* After a commit, move cache->usage by AFTER - BEFORE (takes `lock`). */
-void cache_usage_mirror(struct cache *cache, const struct usage_record *before,
-                        const struct usage_record *after);
 
 /* The next recency tick, stored in TXN. */
 int cache_next_tick(struct db_txn *txn, uint64_t *tick);

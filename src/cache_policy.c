@@ -126,7 +126,7 @@ static uint64_t evict_some(struct cache *cache, uint64_t want, int *err)
     uint64_t retired[EVICT_BATCH];
     size_t retired_count = 0;
     struct db_txn *txn = NULL;
-    struct usage_record usage, before;
+    struct usage_record usage;
     uint64_t freed = 0;
     size_t dropped = 0;
 
@@ -134,7 +134,6 @@ static uint64_t evict_some(struct cache *cache, uint64_t want, int *err)
     if (*err != 0)
         return 0;
     *err = cache_usage_get(txn, &usage);
-    before = usage;
     if (*err == 0)
         *err = db_scan(txn, DB_RECENCY, NULL, 0, collect_victim, &scan);
     for (size_t i = 0; *err == 0 && i < scan.count && freed < want; i++) {
@@ -156,13 +155,10 @@ static uint64_t evict_some(struct cache *cache, uint64_t want, int *err)
             retired[retired_count++] = victims[i].id;
     }
     if (*err == 0)
-        *err = cache_usage_put(txn, &usage);
-    if (*err == 0)
-        *err = db_txn_commit(&txn);
+        *err = cache_usage_commit(cache, &txn, &usage);
     db_txn_abort(&txn);
     if (*err != 0)
         return 0;
-    cache_usage_mirror(cache, &before, &usage);
 
     for (size_t i = 0; i < dropped; i++) {
         bool gone = false;
@@ -181,7 +177,7 @@ int cache_evict_key(struct cache *cache, const char *key, uint64_t *freed)
 {
     unsigned char hash[KEY_HASH_LEN];
     struct db_txn *txn = NULL;
-    struct usage_record usage, before;
+    struct usage_record usage;
     uint64_t id = 0, *blocks = NULL;
     uint32_t *lens = NULL;
     size_t count = 0;
@@ -197,7 +193,6 @@ int cache_evict_key(struct cache *cache, const char *key, uint64_t *freed)
     err = db_txn_begin(cache->db, true, &txn);
     if (err == 0)
         err = cache_usage_get(txn, &usage);
-    before = usage;
     if (err == 0)
         err = db_get(txn, DB_KEYS, hash, sizeof(hash), &value, &len);
     if (err == ENOENT || (err == 0 && len != sizeof(id))) {
@@ -222,7 +217,7 @@ int cache_evict_key(struct cache *cache, const char *key, uint64_t *freed)
     if (err == 0)
         retired = retire_object_txn(cache, txn, id);
     if (err == 0)
-        err = cache_usage_commit(cache, &txn, &before, &usage);
+        err = cache_usage_commit(cache, &txn, &usage);
     if (err != 0)
         goto out;
     /* committed: give the disk space back (outside the transaction) */
@@ -463,7 +458,7 @@ int cache_flush(struct cache *cache)
     struct touch *touches = NULL;
     size_t count;
     struct db_txn *txn = NULL;
-    struct usage_record usage, before;
+    struct usage_record usage;
     char *scratch = NULL;
     int err = 0;
 
@@ -489,13 +484,12 @@ int cache_flush(struct cache *cache)
     err = db_txn_begin(cache->db, true, &txn);
     if (err == 0)
         err = cache_usage_get(txn, &usage);
-    before = usage;
     for (size_t i = 0; err == 0 && i < count; i++)
         err = apply_touch_txn(txn, &touches[i], &usage, scratch);
     if (err == 0)
         err = demote_protected_txn(cache, txn, &usage, scratch);
     if (err == 0)
-        err = cache_usage_commit(cache, &txn, &before, &usage);
+        err = cache_usage_commit(cache, &txn, &usage);
 out:
     db_txn_abort(&txn);
     free(scratch);

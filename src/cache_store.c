@@ -1,6 +1,6 @@
 /*
  * cache_store.c - what every part of the block cache builds on: the
- * index's accessors (meta values, the usage record and its mirror in
+ * index's accessors (meta values, the usage record and its copy in
  * struct cache, recency ticks), the data files of versions (path, open,
  * punch, unlink), and dropping blocks and versions from the index. It
  * calls nothing else of the cache: cache.c, cache_adopt.c and
@@ -8,12 +8,17 @@
  *
  * Invariants of the usage accounting: the usage record holds, per
  * segment, the sum of account(len) of the blocks recorded in that
- * segment, and their number; struct cache's copy (usage) is the record
- * once a commit's mirror is done. Under `lock`: the copy's bytes are whole
- * ACCOUNT_UNITs and none without blocks, at most TOUCHES_MAX touches
- * wait, and every open version is referenced. Debug builds check the
- * latter where the lock is released (cache_unlock), and the former when
- * the cache closes (cache_check_usage).
+ * segment, and their number. Every transaction that changes blocks
+ * stores the record and commits through cache_usage_commit(), which
+ * then makes it struct cache's copy (usage) unless the copy already is
+ * the record of a later commit (usage_txn): the copy is always the record
+ * as one commit left it, at most a few commits behind, never a mixture.
+ * Under `lock`: the copy's bytes are whole ACCOUNT_UNITs, none without
+ * blocks and at least a unit per block, at most TOUCHES_MAX touches
+ * wait, and every open version is referenced. Debug builds check these
+ * where the lock is released (cache_unlock), and the record against the
+ * block records, and the copy against the record, when the cache closes
+ * (cache_check_usage).
  */
 #include "config.h"
 
@@ -142,35 +147,34 @@ int cache_usage_get(struct db_txn *txn, struct usage_record *out)
     return err;
 }
 
-int cache_usage_put(struct db_txn *txn, const struct usage_record *usage)
-{
-    return db_put(txn, DB_META, "usage", 5, usage, sizeof(*usage));
-}
-
+/*
+ * LMDB runs one write transaction at a time, but what each writer does
+ * after its commit runs in any order: a transaction that drops blocks
+ * may come here before the one that recorded them, though it committed
+ * after it (a reader opening the version it knew while an adoption
+ * publishes the next, an eviction of blocks a fill has just recorded).
+ * The copy used to be moved by each commit's difference, and so went
+ * through totals the record never had: fewer blocks than none, wrapped
+ * round to 2^64. Whole records, the latest commit's winning, keep it to
+ * totals the record had.
+ */
 int cache_usage_commit(struct cache *cache, struct db_txn **txn,
-                       const struct usage_record *before,
                        const struct usage_record *usage)
 {
-    int err = cache_usage_put(*txn, usage);
+    uint64_t txn_id = db_txn_id(*txn);
+    int err = db_put(*txn, DB_META, "usage", 5, usage, sizeof(*usage));
 
     if (err == 0)
         err = db_txn_commit(txn);
-    if (err == 0)
-        cache_usage_mirror(cache, before, usage);
-    return err;
-}
-
-/* After a commit, move the in-memory mirror of the usage record by what
- * the transaction changed (BEFORE -> AFTER). Applying differences keeps
- * the mirror right whatever order committed transactions report in. */
-void cache_usage_mirror(struct cache *cache, const struct usage_record *before,
-                        const struct usage_record *after)
-{
+    if (err != 0)
+        return err;
     pthread_mutex_lock(&cache->lock);
-    for (int i = 0; i < 2; i++)
-        cache->usage.bytes[i] += after->bytes[i] - before->bytes[i];
-    cache->usage.blocks += after->blocks - before->blocks;
+    if (txn_id > cache->usage_txn) {
+        cache->usage = *usage;
+        cache->usage_txn = txn_id;
+    }
     cache_unlock(cache);
+    return 0;
 }
 
 int cache_next_tick(struct db_txn *txn, uint64_t *tick)

@@ -154,6 +154,11 @@ int db_txn_begin(struct db *db, bool write, struct db_txn **out)
     return 0;
 }
 
+uint64_t db_txn_id(struct db_txn *txn)
+{
+    return mdb_txn_id(txn->txn);
+}
+
 int db_txn_commit(struct db_txn **txnp)
 {
     struct db_txn *txn = *txnp;

@@ -56,6 +56,12 @@ int db_sync(struct db *db);
 uint64_t db_file_bytes(struct db *db);
 
 int db_txn_begin(struct db *db, bool write, struct db_txn **out);
+/* The transaction's id (LMDB's mdb_txn_id): a write transaction's is
+ * greater than that of every write transaction committed before it, so
+ * the ids of committed writes are the order of their commits. Read it
+ * before the commit (the transaction is gone after). */
+uint64_t db_txn_id(struct db_txn *txn);
+
 /* Commit (or end a read transaction); *txn = NULL either way. */
 int db_txn_commit(struct db_txn **txn);
 /* Abort; *txn = NULL. Safe on NULL. */

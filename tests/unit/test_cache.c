@@ -17,7 +17,9 @@
  * write path's needs: staging/ and journal/ survive every emptying,
  * cache_reserve_disk (bounds; eviction order, on /dev/shm), adopting a
  * staged file (contents, versions, room), re-keying, forgetting; data
- * files left by a killed process swept at open; the flusher thread.
+ * files left by a killed process swept at open; the flusher thread; the
+ * usage in memory when a commit that drops blocks overtakes the one that
+ * recorded them (db_txn_commit() wrapped to stop a thread between the two).
  * TEST_CACHE_FILTER, a cmocka name pattern, runs a subset.
  */
 #ifdef HAVE_CONFIG_H
@@ -52,6 +54,7 @@
 #include <unistd.h>
 
 #include "cache.h"
+#include "db.h"
 #include "log.h"
 #include "unit_cache.h"
 
@@ -2254,6 +2257,255 @@ static void test_adopt_under_readers(void **state)
     assert_int_equal(stats(f).used_bytes, used);
 }
 
+/* ------------------------------------------- usage across two commits */
+
+/*
+ * Calls from the cache to db_txn_commit() come to the wrapper below
+ * first (-Wl,--wrap=db_txn_commit; no hook in the code): a test stops one
+ * thread right after the commit that recorded some blocks, before the
+ * cache's copy of its usage record learns of it, and meanwhile commits a
+ * transaction that drops those blocks again.
+ */
+int __real_db_txn_commit(struct db_txn **txn);
+int __wrap_db_txn_commit(struct db_txn **txn);
+
+#define SEAM_WAIT_SECONDS 10
+
+static struct {
+    pthread_mutex_t lock;
+    pthread_cond_t changed;
+    bool armed;                  /* `thread` stops after a commit... */
+    pthread_t thread;
+    bool (*when)(void *arg);     /* ...once this holds after it */
+    void *arg;
+    bool stopped;                /* it waits */
+    bool go;                     /* let it go on */
+} seam = {.lock = PTHREAD_MUTEX_INITIALIZER, .changed = PTHREAD_COND_INITIALIZER};
+
+int __wrap_db_txn_commit(struct db_txn **txn)
+{
+    int err = __real_db_txn_commit(txn);
+
+    pthread_mutex_lock(&seam.lock);
+    bool ours = err == 0 && seam.armed && pthread_equal(seam.thread, pthread_self());
+    bool (*when)(void *arg) = seam.when;
+    void *arg = seam.arg;
+    pthread_mutex_unlock(&seam.lock);
+    if (!ours || !when(arg))
+        return err;
+    pthread_mutex_lock(&seam.lock);
+    seam.armed = false;
+    seam.stopped = true;
+    pthread_cond_broadcast(&seam.changed);
+    while (!seam.go)
+        pthread_cond_wait(&seam.changed, &seam.lock);
+    pthread_mutex_unlock(&seam.lock);
+    return err;
+}
+
+/* Before the thread that will stop is started: none stopped yet. */
+static void seam_reset(void)
+{
+    pthread_mutex_lock(&seam.lock);
+    seam.armed = seam.stopped = seam.go = false;
+    pthread_mutex_unlock(&seam.lock);
+}
+
+/* Stop the calling thread after its first commit past which WHEN(ARG). */
+static void seam_arm(bool (*when)(void *arg), void *arg)
+{
+    pthread_mutex_lock(&seam.lock);
+    seam.thread = pthread_self();
+    seam.when = when;
+    seam.arg = arg;
+    seam.armed = true;
+    pthread_mutex_unlock(&seam.lock);
+}
+
+/* Wait (a bounded time) for the armed thread to stop: 0 or ETIMEDOUT. */
+static int seam_wait_stopped(void)
+{
+    struct timespec until;
+    int err = 0;
+
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += SEAM_WAIT_SECONDS;
+    pthread_mutex_lock(&seam.lock);
+    while (err == 0 && !seam.stopped)
+        err = pthread_cond_timedwait(&seam.changed, &seam.lock, &until);
+    pthread_mutex_unlock(&seam.lock);
+    return err;
+}
+
+static void seam_release(void)
+{
+    pthread_mutex_lock(&seam.lock);
+    seam.armed = false;
+    seam.go = true;
+    pthread_cond_broadcast(&seam.changed);
+    pthread_mutex_unlock(&seam.lock);
+}
+
+#define RACED_KEY "raced"
+#define RACED_OLD_ETAG "\"old\""
+#define RACED_NEW_ETAG "\"new\""
+
+/* What the thread that records blocks works with. */
+struct usage_race {
+    struct cache *cache;
+    uint32_t bs;
+    char staged[256];            /* a file to adopt */
+    struct cache_object *object; /* a version to fill */
+    char *scratch;
+    int rc;
+};
+
+static uint64_t raced_new_size(uint32_t bs)
+{
+    return 2ull * bs + 100; /* three blocks, the last one short */
+}
+
+/* Adopt a new version of RACED_KEY... */
+static int race_adopt(struct usage_race *race)
+{
+    return cache_adopt_file(race->cache, RACED_KEY, RACED_NEW_ETAG,
+                            raced_new_size(race->bs), race->staged);
+}
+
+/* ...committed once the index holds it... */
+static bool race_adopted(void *arg)
+{
+    struct usage_race *race = arg;
+    uint64_t bytes = 0;
+
+    return cache_version_cached_bytes(race->cache, RACED_KEY, RACED_NEW_ETAG,
+                                      raced_new_size(race->bs), &bytes,
+                                      NULL) == 0 && bytes > 0;
+}
+
+/* ...and dropped by a reader opening the version it saw before. */
+static int race_open_old(struct usage_race *race)
+{
+    struct cache_object *o = NULL;
+    int rc = cache_object_open(race->cache, RACED_KEY, RACED_OLD_ETAG,
+                               race->bs, &o);
+
+    cache_object_close(race->cache, &o);
+    return rc;
+}
+
+/* Fill block 0 of the open version... */
+static int race_fill(struct usage_race *race)
+{
+    return store_raw(race->cache, race->object, 0, 404, race->scratch);
+}
+
+/* ...committed once it is recorded... */
+static bool race_filled(void *arg)
+{
+    struct usage_race *race = arg;
+
+    return cache_block_present(race->cache, race->object, 0);
+}
+
+/* ...and evicted with its key. */
+static int race_evict(struct usage_race *race)
+{
+    uint64_t freed = 0;
+    int rc = cache_evict_key(race->cache, RACED_KEY, &freed);
+
+    return rc == 0 && freed != race->bs ? -1 : rc;
+}
+
+static const struct usage_race_case {
+    const char *name;
+    int (*record)(struct usage_race *race);   /* in a thread */
+    bool (*recorded)(void *arg);              /* where it stops */
+    int (*drop)(struct usage_race *race);     /* meanwhile: 0 or an errno */
+} usage_race_cases[] = {
+    {"adopt, stale open", race_adopt, race_adopted, race_open_old},
+    {"fill, evict", race_fill, race_filled, race_evict},
+};
+
+static const struct usage_race_case *usage_race_case;
+
+static void *usage_race_main(void *arg)
+{
+    struct usage_race *race = arg;
+
+    seam_arm(usage_race_case->recorded, race);
+    race->rc = usage_race_case->record(race);
+    seam_release(); /* (if it never stopped) */
+    return NULL;
+}
+
+/*
+ * A transaction that records blocks commits, and before the cache's
+ * copy of the usage record takes it in, a later one drops those blocks
+ * and updates the copy. The copy must only ever be what the record was
+ * after some commit: here the one block of another key, never less (it
+ * was: fewer than no blocks, some 2^64 bytes in 64-bit arithmetic, which
+ * debug builds' check of the copy caught in test_adopt_under_readers
+ * about one run in two).
+ */
+static void test_usage_commits_overtaken(void **state)
+{
+    struct fixture *f = *state;
+    uint32_t bs = f->conf.block_size;
+
+    for (size_t i = 0; i < ARRAY_LEN(usage_race_cases); i++) {
+        struct usage_race race = {.cache = f->cache, .bs = bs};
+        struct cache_object *kept;
+        pthread_t thread;
+        struct cache_stats meanwhile, s;
+        uint64_t freed = 0;
+        int drop_rc;
+
+        usage_race_case = &usage_race_cases[i];
+        print_message("  %s\n", usage_race_case->name);
+        kept = open_object(f, "race/kept", ETAG, bs);
+        store(f, kept, 0, 401);
+        cache_object_close(f->cache, &kept);
+        staging_file(f, "raced", 403, raced_new_size(bs), race.staged);
+        race.object = open_object(f, RACED_KEY, RACED_OLD_ETAG, bs);
+        race.scratch = malloc(bs);
+        assert_non_null(race.scratch);
+
+        seam_reset();
+        assert_int_equal(pthread_create(&thread, NULL, usage_race_main, &race), 0);
+        if (seam_wait_stopped() != 0) {
+            seam_release();
+            pthread_join(thread, NULL);
+            fail_msg("%s: never stopped after its commit (rc %d)",
+                     usage_race_case->name, race.rc);
+        }
+        drop_rc = usage_race_case->drop(&race);
+        meanwhile = stats(f);
+        seam_release(); /* (before asserting: no thread left waiting) */
+        assert_int_equal(pthread_join(thread, NULL), 0);
+
+        assert_int_equal(drop_rc, 0);
+        if (meanwhile.used_bytes != bs || meanwhile.blocks != 1)
+            fail_msg("%s: %llu bytes in %llu blocks used, expected %u in 1",
+                     usage_race_case->name,
+                     (unsigned long long)meanwhile.used_bytes,
+                     (unsigned long long)meanwhile.blocks, bs);
+        assert_int_equal(race.rc, 0);
+        cache_object_close(f->cache, &race.object);
+        free(race.scratch);
+        s = stats(f);
+        assert_int_equal(s.used_bytes, bs);
+        assert_int_equal(s.blocks, 1);
+        cache_restart(f); /* (debug builds check the record against the blocks) */
+        s = stats(f);
+        assert_int_equal(s.used_bytes, bs);
+        assert_int_equal(s.blocks, 1);
+        assert_int_equal(cache_evict_key(f->cache, "race/kept", &freed), 0);
+        assert_int_equal(cache_evict_key(f->cache, RACED_KEY, &freed), 0);
+        assert_int_equal(stats(f).blocks, 0);
+    }
+}
+
 /* ------------------------------------------------------- orphan files */
 
 /*
@@ -2605,6 +2857,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(
             test_splice_of_a_punched_block_on_a_full_tmpfs, setup, teardown),
         cmocka_unit_test_setup_teardown(test_adopt_under_readers, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_usage_commits_overtaken, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_orphan_files_swept, setup,
                                         teardown),
