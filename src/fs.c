@@ -5,12 +5,11 @@
  * open handles that the end frees.
  *
  * The layer's files, each using only those before it: fs_attrs.c (what
- * an inode shows), fs_listing.c (directory listings), fs_lookup.c
- * (lookup, getattr), fs_ahead.c (the HEADs ahead of a walk's lookups;
- * it and fs_lookup.c call each other), fs_stage.c (inodes and staged
- * files), fs.c, fs_dir.c (open directories), fs_file.c (open files),
- * fs_write.c (changes), fs_rename.c (rename). fs_internal.h is what
- * they share.
+ * an inode shows), fs_listing.c (directory listings), fs_ahead.c (the
+ * HEADs ahead of a walk's lookups), fs_lookup.c (lookup, getattr),
+ * fs_stage.c (inodes and staged files), fs.c, fs_dir.c (open
+ * directories), fs_file.c (open files), fs_write.c (changes),
+ * fs_rename.c (rename). fs_internal.h is what they share.
  *
  * Pattern for every operation: pin the inode, copy what the request needs
  * under the table lock, release the lock, talk to S3, relock and store what

@@ -2,8 +2,9 @@
  * fs_ahead.c - the head-ahead: HEADs of a walked directory's next
  * entries, sent in the background so that the lookups of a walk find
  * their answers. fs_lookup.c starts a job (fs_ahead_start()) and takes
- * its answers (fs_ahead_take()); this file calls back only its
- * fs_known_file_attrs() and fs_reads_follow_lookups_locked().
+ * its answers (fs_ahead_take()); this file uses fs_attrs.c's
+ * fs_known_file_attrs() and fs_reads_follow_lookups_locked(), never
+ * fs_lookup.c.
  *
  * Issue 13. A readdirplus answers a file whose headers are
  * not known and whose type the listing makes certain (larger than

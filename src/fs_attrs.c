@@ -2,8 +2,10 @@
  * fs_attrs.c - the attributes the fs layer shows: of a directory, of a
  * file as a listing or a HEAD tells them, of a staged file, with the
  * times only this mount knows; and struct stat / fuse entries made of
- * them. No requests, no I/O: called with the inode table lock held where
- * an inode is read.
+ * them; the headers already known for a listed file (inode table, then
+ * the index: fs_known_file_attrs()), and whether a directory's lookups
+ * are followed by reads. No requests: called with the inode table lock
+ * held where an inode is read.
  */
 #include "config.h"
 
@@ -18,6 +20,9 @@
 #include "clock.h"
 #include "fs_internal.h"
 #include "inode.h"
+#include "metacache.h"
+
+#define READ_PATTERN_MIN 8   /* see fs_reads_follow_lookups_locked() */
 #include "log.h"
 #include "metacache.h"
 #include "names.h"
@@ -253,4 +258,42 @@ void fs_put_meta_extras(const struct inode_attrs *attrs, struct s3_put_meta *out
         out->has_rdev = true;
         out->rdev = attrs->rdev;
     }
+}
+
+/* The attributes of file KEY whose listing said LISTED, if its s3fs
+ * headers are already known for that ETag (in the inode table or the
+ * metadata cache): no request needed. */
+bool fs_known_file_attrs(struct fs *fs, const char *key,
+                         const struct inode_attrs *listed,
+                         struct inode_attrs *out)
+{
+    /* a file without an ETag is one staged here: what the bucket holds of
+     * it is not known from that */
+    if (listed->kind == INODE_FILE && listed->etag[0] == '\0')
+        return false;
+    inode_table_lock(fs->inodes);
+    struct inode *known = inode_find_locked(fs->inodes, key);
+    bool usable = known != NULL && known->attrs.headers_known &&
+                  strcmp(known->attrs.etag, listed->etag) == 0;
+    if (usable)
+        *out = known->attrs;
+    inode_table_unlock(fs->inodes);
+    if (!usable)
+        usable = metacache_get_attrs(fs->conf.cache, key, listed->etag, out) == 0;
+    if (usable) {
+        out->size = listed->size;
+        out->fetched_at = listed->fetched_at;
+    }
+    return usable;
+}
+
+/*
+ * Whether the files that lookups in directory DIR ask the bucket about are
+ * then read (a data loader opening files by name): at least half of the
+ * recent ones were opened for reading. Lock held.
+ */
+bool fs_reads_follow_lookups_locked(const struct inode *dir)
+{
+    return dir->asking_lookups >= READ_PATTERN_MIN &&
+           2 * dir->reads_after_lookup >= dir->asking_lookups;
 }

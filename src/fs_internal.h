@@ -177,6 +177,15 @@ void fs_put_meta_of(const struct writer_meta *meta, const char *content_type,
  * ATTRS knows them, and a device node's number. */
 void fs_put_meta_extras(const struct inode_attrs *attrs, struct s3_put_meta *out);
 
+/* Whether the inode table or the index knows the s3fs headers of file KEY
+ * as LISTED (same ETag); *out gets them. */
+bool fs_known_file_attrs(struct fs *fs, const char *key,
+                         const struct inode_attrs *listed, struct inode_attrs *out);
+
+/* Whether the files that lookups in DIR ask the bucket about are then
+ * read (a data loader opening files by name). Lock held. */
+bool fs_reads_follow_lookups_locked(const struct inode *dir);
+
 /* -------------------------------------------------------- fs_listing.c */
 
 /* Log a skipped or hidden key once per mount, whatever the relistings. */
@@ -223,10 +232,8 @@ int fs_resolve_file(struct fs *fs, const char *key,
 int fs_revalidate_file(struct fs *fs, struct inode *inode,
                        struct inode_attrs *attrs);
 
-/* Whether the inode table or the index knows the s3fs headers of file KEY
- * as LISTED (same ETag) / of directory DIR_KEY; *out gets them. */
-bool fs_known_file_attrs(struct fs *fs, const char *key,
-                         const struct inode_attrs *listed, struct inode_attrs *out);
+/* Whether the inode table or the index knows the s3fs headers of
+ * directory DIR_KEY; *out gets them. */
 bool fs_known_dir_attrs(struct fs *fs, const char *dir_key,
                         struct inode_attrs *out);
 
@@ -238,9 +245,6 @@ void fs_apply_dir_headers(const struct fs *fs, const struct s3_object_info *info
  * for (see fs_reads_follow_lookups_locked()). */
 void fs_note_read_open(struct fs *fs, struct inode *inode, const char *key);
 
-/* Whether the files that lookups in DIR ask the bucket about are then
- * read (a data loader opening files by name). Lock held. */
-bool fs_reads_follow_lookups_locked(const struct inode *dir);
 
 /* ---------------------------------------------------------- fs_ahead.c */
 

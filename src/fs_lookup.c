@@ -34,8 +34,7 @@
 #define RELIST_PAGES_MAX 10              /* see worth_relisting() */
 #define PROBES_BEFORE_LISTING 8          /* see fs_lookup() */
 #define LOOKUP_FETCH_MAX (1u << 20)      /* largest file a lookup GETs whole */
-#define READ_PATTERN_MIN 8   /* see fs_reads_follow_lookups_locked() */
-#define READ_PATTERN_WINDOW 64
+#define READ_PATTERN_WINDOW 64   /* see note_asking_lookup_locked() */
 
 /*
  * Whether to answer a lookup or a revalidation in directory DIR by listing
@@ -50,33 +49,6 @@ static bool worth_relisting_locked(const struct fs *fs, const struct inode *dir)
         return false;
     size_t pages = (dir->listing->count + LIST_PAGE - 1) / LIST_PAGE;
     return pages <= 1 || (fs->conf.dir_ttl >= 1.0 && pages <= RELIST_PAGES_MAX);
-}
-
-/* The attributes of file KEY whose listing said LISTED, if its s3fs
- * headers are already known for that ETag (in the inode table or the
- * metadata cache): no request needed. */
-bool fs_known_file_attrs(struct fs *fs, const char *key,
-                         const struct inode_attrs *listed,
-                         struct inode_attrs *out)
-{
-    /* a file without an ETag is one staged here: what the bucket holds of
-     * it is not known from that */
-    if (listed->kind == INODE_FILE && listed->etag[0] == '\0')
-        return false;
-    inode_table_lock(fs->inodes);
-    struct inode *known = inode_find_locked(fs->inodes, key);
-    bool usable = known != NULL && known->attrs.headers_known &&
-                  strcmp(known->attrs.etag, listed->etag) == 0;
-    if (usable)
-        *out = known->attrs;
-    inode_table_unlock(fs->inodes);
-    if (!usable)
-        usable = metacache_get_attrs(fs->conf.cache, key, listed->etag, out) == 0;
-    if (usable) {
-        out->size = listed->size;
-        out->fetched_at = listed->fetched_at;
-    }
-    return usable;
 }
 
 /* Apply the s3fs headers of directory marker INFO to ATTRS. */
@@ -173,17 +145,6 @@ int fs_resolve_file(struct fs *fs, const char *key,
         metacache_put_attrs(fs->conf.cache, key, out);
     }
     return err;
-}
-
-/*
- * Whether the files that lookups in directory DIR ask the bucket about are
- * then read (a data loader opening files by name): at least half of the
- * recent ones were opened for reading. Lock held.
- */
-bool fs_reads_follow_lookups_locked(const struct inode *dir)
-{
-    return dir->asking_lookups >= READ_PATTERN_MIN &&
-           2 * dir->reads_after_lookup >= dir->asking_lookups;
 }
 
 /* A lookup in DIR asked the bucket about file CHILD. Lock held. */
