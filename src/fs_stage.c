@@ -234,6 +234,21 @@ void fs_uploaded(void *arg, struct writer_file *file, void *owner, const char *k
     struct inode_attrs attrs;
     bool current = false;
 
+    if (etag == NULL) {
+        /* failed, and perhaps landed all the same: where the inode knew
+         * of no object under the key, a rename or unlink now deletes it
+         * (else the file came back under its old name). Where it knew of
+         * one, the object there is one of this file's versions anyway. */
+        if (inode == NULL)
+            return;
+        inode_table_lock(fs->inodes);
+        if (inode->wfile == file && !inode->unlinked &&
+            strcmp(inode->key, key) == 0 && inode->attrs.etag[0] == '\0')
+            inode->object_unknown = true;
+        inode_table_unlock(fs->inodes);
+        inode_put(fs->inodes, inode);
+        return;
+    }
     fs_meta_attrs(meta, size, etag, &attrs);
     if (inode != NULL) {
         inode_table_lock(fs->inodes);

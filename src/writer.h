@@ -61,7 +61,10 @@ struct writer_file;
 /* Told to the fs layer when an upload of FILE (created for OWNER) finished,
  * from the thread that ran it, no lock held; FILE stays referenced during
  * the call, and its upload counts as under way until it returns (a rename
- * or unlink of FILE waits for it). ETAG is the new object's. */
+ * or unlink of FILE waits for it). ETAG is the new object's; NULL when the
+ * upload failed: an object of it may be under KEY all the same (a request
+ * whose answer was lost, or that the server applies after the client gave
+ * up on it), for a rename or unlink to delete. */
 typedef void (*writer_uploaded_fn)(void *arg, struct writer_file *file,
                                    void *owner, const char *key,
                                    const char *etag, uint64_t size,

@@ -262,6 +262,9 @@ int writer_upload_version(struct writer *writer, struct writer_file *file,
                   key != NULL ? key : "?", strerror(err));
         if (need_promise)
             writer_promise(writer, file, &v, NULL);
+        if (key != NULL && writer->conf.uploaded != NULL)
+            writer->conf.uploaded(writer->conf.uploaded_arg, file, owner, key,
+                                  NULL, v.size, &v.meta);
     }
     pthread_mutex_lock(&writer->lock);
     file->sending = NULL;

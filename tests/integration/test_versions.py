@@ -455,7 +455,11 @@ def test_a_replaced_object_does_not_come_back(server, s3, bucket, proxy,
     Unlinked, or renamed away, before its upload: b's old object goes too
     (before: it stayed in the bucket for good, and b came back). A file
     never closed (saved nowhere) renamed over b, then kill -9: b's name
-    holds nothing (before: b's old bytes)."""
+    holds nothing (before: b's old bytes). A descriptor open for writing
+    keeps tmp's upload from starting before the renames (0.2 s after its
+    close, which a loaded machine can take between two calls: its PUT was
+    then held at the proxy, the rename waited for it, and it landed after
+    the rename had deleted tmp)."""
     old = payload('old-b', 40 * KiB)
     s3.put_object(Bucket=bucket, Key='b', Body=old)
     cache = tmp_path / 'cache'
@@ -464,26 +468,25 @@ def test_a_replaced_object_does_not_come_back(server, s3, bucket, proxy,
     assert (mnt.path / 'b').read_bytes() == old
     new = payload('new', 20 * KiB)
     proxy.inject('hold', HOLD_ALL, 'PUT')
-    fd = -1
+    fd = os.open(mnt.path / 'tmp', os.O_WRONLY | os.O_CREAT, 0o644)
     try:
         if then == 'unsaved':
-            fd = os.open(mnt.path / 'tmp', os.O_WRONLY | os.O_CREAT, 0o644)
             os.write(fd, new)
             os.rename(mnt.path / 'tmp', mnt.path / 'b')
             kill_9(mnt)
         else:
-            write_file(mnt.path / 'tmp', new)
+            write_file(mnt.path / 'tmp', new)  # closed: journaled
             os.rename(mnt.path / 'tmp', mnt.path / 'b')
             if then == 'unlink':
                 os.unlink(mnt.path / 'b')
             else:
                 os.rename(mnt.path / 'b', mnt.path / 'c')
+            assert proxy.holding == 0, 'tmp was uploaded before the renames'
     finally:
-        if fd >= 0:
-            try:
-                os.close(fd)
-            except OSError as error:
-                assert error.errno == errno.ENOTCONN
+        try:
+            os.close(fd)
+        except OSError as error:
+            assert error.errno == errno.ENOTCONN
         proxy.release()
     if then != 'unsaved':
         unmount_command(mnt)

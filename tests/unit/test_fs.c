@@ -2476,6 +2476,56 @@ static void test_rename_over_an_upload_then_unlink_leaves_no_object(void **state
     assert_string_equal(changes_since(f, mark), "DELETE b");
 }
 
+/*
+ * -o writeback, b in the bucket: tmp's upload lands, but its answer is
+ * lost (the client sees a failure); tmp is then renamed over b and away
+ * to c before the retry. tmp's key holds the object all the same: the
+ * rename deletes it (before: the bucket kept it, and the renamed file
+ * came back under its old name, as Swift's CI run showed when a held PUT
+ * timed out and landed afterwards). UNLINK: unlinked instead of renamed
+ * away.
+ */
+static void renamed_after_a_lost_upload(struct fixture *f, bool unlink)
+{
+    const size_t size = 20 * KIB;
+    unsigned char *old = bytes_of(f, 40 * KIB, 27);
+    unsigned char *data = bytes_of(f, size, 28);
+    unsigned rule = 0;
+
+    other_put(f, "b", old, 40 * KIB, NULL);
+    assert_int_not_equal(lookup(f, ROOT, "b", NULL), 0);
+    assert_int_equal(fake_s3_fail(f->s3, ON(FAKE_S3_PUT, "tmp"), FAKE_S3_ALWAYS,
+                                  ETIMEDOUT, true, &rule), 0);
+    struct fs_file *file = create_file(f, ROOT, "tmp", data, size, NULL);
+    assert_int_equal(fs_flush(f->fs, file), 0);
+    fs_release(f->fs, file);
+    assert_int_equal(fake_s3_wait_count(f->s3, ON(FAKE_S3_PUT, "tmp"), 1), 0);
+    assert_int_equal(fake_s3_wait_idle(f->s3), 0);
+    assert_true(fake_s3_holds(f->s3, "tmp", data, size)); /* landed */
+
+    assert_int_equal(fs_rename(f->fs, ROOT, "tmp", ROOT, "b", 0), 0);
+    if (unlink)
+        assert_int_equal(fs_unlink(f->fs, ROOT, "b"), 0);
+    else
+        assert_int_equal(fs_rename(f->fs, ROOT, "b", ROOT, "c", 0), 0);
+    fake_s3_fail_clear(f->s3, rule);
+    assert_int_equal(fs_drain(f->fs), 0);
+    assert_string_equal(bucket_of(f), unlink ? "" : "c");
+    if (!unlink)
+        assert_true(fake_s3_holds(f->s3, "c", data, size));
+    assert_string_equal(journal_of(f), "");
+}
+
+static void test_rename_after_a_lost_upload_deletes_its_object(void **state)
+{
+    renamed_after_a_lost_upload(*state, false);
+}
+
+static void test_unlink_after_a_lost_upload_deletes_its_object(void **state)
+{
+    renamed_after_a_lost_upload(*state, true);
+}
+
 /* ================================================ more renames and unlinks */
 
 /* Writeback: a journaled file renamed over another journaled one: the
@@ -3155,6 +3205,10 @@ int main(void)
         FS_TEST(test_rename_over_an_upload_then_unlink_leaves_no_object,
                 writeback_cached),
         FS_TEST(test_rename_over_a_pending_file_keeps_one_promise,
+                writeback_cached),
+        FS_TEST(test_rename_after_a_lost_upload_deletes_its_object,
+                writeback_cached),
+        FS_TEST(test_unlink_after_a_lost_upload_deletes_its_object,
                 writeback_cached),
         FS_TEST(test_rename_of_a_file_being_written_moves_its_saved_version,
                 writeback_cached),

@@ -122,6 +122,7 @@ struct fixture {
     pthread_mutex_t lock;
     pthread_cond_t told;
     unsigned uploads;              /* uploaded callbacks */
+    unsigned failures_told;        /* uploaded callbacks of a failure */
     char last_key[256];
     char last_etag[S3_ETAG_MAX];
     uint64_t last_size;
@@ -152,6 +153,12 @@ static void on_uploaded(void *arg, struct writer_file *file, void *owner,
     (void)file;
     (void)owner;
     pthread_mutex_lock(&f->lock);
+    if (etag == NULL) { /* failed: told so that a rename deletes KEY */
+        f->failures_told++;
+        pthread_cond_broadcast(&f->told);
+        pthread_mutex_unlock(&f->lock);
+        return;
+    }
     f->uploads++;
     snprintf(f->last_key, sizeof(f->last_key), "%s", key);
     snprintf(f->last_etag, sizeof(f->last_etag), "%s", etag);
