@@ -27,6 +27,7 @@
 #include "awsconfig.h"
 #include "cache.h"
 #include "cmd_mount.h"
+#include "crash.h"
 #include "credentials.h"
 #include "shared_cache.h"
 #include "shared_cache_cmd.h"
@@ -297,6 +298,7 @@ int main(int argc, char **argv)
     int cache_lock_fd = -1;
     int status = 1;
 
+    crash_report_install(); /* a fault says where it was (crash.h) */
     /* s3cachefs --unmount MOUNTPOINT (unmount.h) */
     if (unmount_requested(argc, argv))
         return unmount_main(argc, argv);

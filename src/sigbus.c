@@ -22,13 +22,13 @@
 
 static _Thread_local struct sigbus_guard *current;
 static size_t page_size;
+static struct sigaction before; /* the handler this one replaced */
 
 static void on_sigbus(int signum, siginfo_t *info, void *context)
 {
     const char *address = info->si_addr;
     int saved_errno = errno;
 
-    (void)context;
     for (struct sigbus_guard *guard = current; guard != NULL;
          guard = guard->outer) {
         if (address < guard->start || address >= guard->start + guard->len)
@@ -41,7 +41,14 @@ static void on_sigbus(int signum, siginfo_t *info, void *context)
         errno = saved_errno;
         return;
     }
-    /* not a guarded read: die of it as if there were no handler */
+    /* not a guarded read: die of it as if there were no handler, or
+     * pass it on to the one installed before (crash.h's report) */
+    if ((before.sa_flags & SA_SIGINFO) && before.sa_sigaction != NULL &&
+        before.sa_sigaction != on_sigbus) {
+        errno = saved_errno;
+        before.sa_sigaction(signum, info, context);
+        return;
+    }
     signal(signum, SIG_DFL);
     errno = saved_errno;
     /* (returning retries the access, which now takes the default action) */
@@ -56,7 +63,12 @@ int sigbus_install(void)
     action.sa_sigaction = on_sigbus;
     action.sa_flags = SA_SIGINFO | SA_NODEFER;
     sigemptyset(&action.sa_mask);
-    return sigaction(SIGBUS, &action, NULL) == 0 ? 0 : errno;
+    struct sigaction replaced;
+    if (sigaction(SIGBUS, &action, &replaced) != 0)
+        return errno;
+    if (!((replaced.sa_flags & SA_SIGINFO) && replaced.sa_sigaction == on_sigbus))
+        before = replaced;
+    return 0;
 }
 
 void sigbus_guard_begin(struct sigbus_guard *guard, const void *start,

@@ -11,8 +11,9 @@
  * the range, sigbus_guard_end() says whether a fault happened in it.
  * A fault inside a guarded range has an anonymous zero page mapped over
  * the faulting page and the read goes on (what it reads there is zeros:
- * the caller must discard it); a SIGBUS anywhere else still ends the
- * process as before (with the default action, so with a core dump).
+ * the caller must discard it); a SIGBUS anywhere else goes to the
+ * handler installed before this one (crash.h's report), or else ends the
+ * process with the default action.
  */
 #ifndef S3CFS_SIGBUS_H
 #define S3CFS_SIGBUS_H

@@ -3,7 +3,9 @@
  * its end (the file truncated under the mapping, which raises SIGBUS on
  * every file system) inside a guarded range is survived and reported,
  * the pages before it still read right, guards nest, and a SIGBUS outside
- * any guard still ends the process with SIGBUS. (cmocka puts its own
+ * any guard still ends the process with SIGBUS; with crash.c's report
+ * installed before, such a fault (and a SIGSEGV) is reported with a
+ * backtrace on standard error first. (cmocka puts its own
  * SIGBUS handler in place for each test: each test installs ours.)
  */
 #ifdef HAVE_CONFIG_H
@@ -26,6 +28,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "crash.h"
 #include "sigbus.h"
 
 #define PAGES 4
@@ -146,12 +149,83 @@ static void test_unguarded_fault_still_kills(void **state)
     unmap(&m);
 }
 
+/* Run FAULT(M) in a child with crash.c's report installed, then
+ * sigbus.c's handler, its standard error into a pipe; the signal the
+ * child died of, and what it wrote (into OUT, LEN bytes). */
+static int child_report(void (*fault)(struct mapped *), struct mapped *m,
+                        char *out, size_t len)
+{
+    int pipe_fds[2], status = 0;
+    size_t got = 0;
+
+    assert_int_equal(pipe(pipe_fds), 0);
+    pid_t child = fork();
+    assert_true(child >= 0);
+    if (child == 0) {
+        dup2(pipe_fds[1], STDERR_FILENO);
+        close(pipe_fds[0]);
+        if (!crash_report_install() || sigbus_install() != 0)
+            _exit(2);
+        fault(m);
+        _exit(0);
+    }
+    close(pipe_fds[1]);
+    for (ssize_t n; got + 1 < len &&
+                    (n = read(pipe_fds[0], out + got, len - 1 - got)) > 0;)
+        got += (size_t)n;
+    out[got] = '\0';
+    close(pipe_fds[0]);
+    assert_int_equal(waitpid(child, &status, 0), child);
+    assert_true(WIFSIGNALED(status));
+    return WTERMSIG(status);
+}
+
+static void read_past_the_end(struct mapped *m)
+{
+    (void)sum_of(m->map + m->page, m->page); /* no guard */
+}
+
+static void read_null(struct mapped *m)
+{
+    const char *volatile near_null = (const char *)(uintptr_t)8;
+
+    (void)m;
+    (void)sum_of(near_null, 1);
+}
+
+static void test_fatal_faults_are_reported(void **state)
+{
+    (void)state;
+    struct mapped m;
+    char report[8192];
+
+    bool sanitized = !crash_report_install();
+    signal(SIGBUS, SIG_DFL); /* (the children install their own) */
+    signal(SIGSEGV, SIG_DFL);
+    if (sanitized)
+        skip(); /* the sanitizer's own report is in place of ours */
+    map_then_truncate(&m);
+    assert_int_equal(child_report(read_past_the_end, &m, report, sizeof(report)),
+                     SIGBUS);
+    assert_non_null(strstr(report, "s3cachefs: fatal: SIGBUS"));
+    assert_non_null(strstr(report, "backtrace"));
+    assert_non_null(strstr(report, "test_sigbus(")); /* a frame of it */
+
+    assert_int_equal(child_report(read_null, &m, report, sizeof(report)),
+                     SIGSEGV);
+    assert_non_null(strstr(report, "s3cachefs: fatal: SIGSEGV"));
+    assert_non_null(strstr(report, "at address 0x8;"));
+    assert_non_null(strstr(report, "test_sigbus("));
+    unmap(&m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_guarded_fault_is_survived),
         cmocka_unit_test(test_guards_nest),
         cmocka_unit_test(test_unguarded_fault_still_kills),
+        cmocka_unit_test(test_fatal_faults_are_reported),
     };
 
     return cmocka_run_group_tests_name("sigbus", tests, NULL, NULL);
