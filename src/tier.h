@@ -26,7 +26,10 @@
  * A tier that fails (refused, down, answering errors, slower than its
  * request timeout) is skipped, reads and writes, for skip_seconds,
  * doubling while it keeps failing up to TIER_SKIP_MAX: it can never fail
- * a read, only cost the time of the request that found it failing.
+ * a read, only cost the time of the request that found it failing. A
+ * request that timed out while the tier answered another one sent after
+ * it is a busy tier's slow answer, not a failing tier: it is counted
+ * (an error) and the tier is not skipped.
  *
  * Thread-safe. The tier's S3 client is the caller's and must outlive it.
  */
@@ -106,7 +109,7 @@ void tier_destroy(struct tier **tier);
  * server that writes in place shows a block being written part way), or
  * is being skipped; EBADMSG when what
  * it has does not verify; the client's errno when the request failed (the tier is
- * skipped from now).
+ * skipped from now, unless it timed out while the tier answered others).
  */
 int tier_get_block(struct tier *tier, const char *key, const char *etag,
                    uint64_t index, uint32_t len, char *scratch,
