@@ -399,6 +399,10 @@ static int rename_file(struct fs *fs, struct inode *inode, const char *src_key,
         char etag[S3_ETAG_MAX] = "";
         err = fs_copy_object(fs, src_key, attrs.etag, attrs.size, dst_key, NULL,
                              etag, &attrs.size);
+        /* the staged data, adopted by the cache once released, is the
+         * copy's version (its own ETag when the upload was of parts) */
+        if (err == 0 && wfile != NULL && etag[0] != '\0')
+            writer_file_copied(wfile, etag);
         if (err == 0)
             err = s3_delete_object(fs->s3, src_key);
         if (err == 0 && etag[0] != '\0')

@@ -713,6 +713,14 @@ bool writer_file_etag(struct writer_file *file, char *etag_out)
     return uploaded;
 }
 
+void writer_file_copied(struct writer_file *file, const char *etag)
+{
+    pthread_mutex_lock(&file->writer->lock);
+    if (file->uploaded && !is_dirty(file))
+        snprintf(file->etag, sizeof(file->etag), "%s", etag);
+    writer_unlock(file->writer);
+}
+
 /* ------------------------------------------------------------- lifecycle */
 
 int writer_create(const struct writer_conf *conf, struct writer **out)

@@ -377,6 +377,12 @@ void writer_file_relink(struct writer_file *file);
 /* Whether the object was uploaded and its ETag (S3_ETAG_MAX bytes). */
 bool writer_file_etag(struct writer_file *file, char *etag_out);
 
+/* FILE's uploaded object was copied to FILE's key (a rename, FILE held
+ * since writer_file_rename()), where it has ETAG: that is the version of
+ * its staged data now, the one the cache adopts it as (an ETag of its
+ * own when the copy was of parts). Nothing if FILE changed since. */
+void writer_file_copied(struct writer_file *file, const char *etag);
+
 /* ------------------------------------------ directory markers
  * (writer_marker.c; see HACKING.md, "Directory markers in writeback mode") */
 

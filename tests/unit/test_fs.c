@@ -1725,6 +1725,35 @@ static void test_rename_of_an_uploaded_file_copies_then_deletes(void **state)
     assert_true(reads_as(f, src, data, 50 * KIB));
 }
 
+/*
+ * Default mode, torch.save-style: ckpt.tmp written in parts and closed
+ * (uploaded), renamed to ckpt before the kernel's RELEASE of it came
+ * (on a loaded machine it comes late): the server-side copy has an ETag
+ * of its own, and the staged data, adopted by the cache at the release,
+ * is ckpt's cached version under that ETag. Re-read: no GET. (Before:
+ * adopted under the upload's ETag, a version nobody reads, and the
+ * re-read fetched the file; test_write's
+ * test_save_to_temporary_name_then_rename[default] saw 7 GETs.)
+ */
+static void test_rename_before_release_keeps_the_data_cached(void **state)
+{
+    struct fixture *f = *state;
+    const size_t size = 2 * MIB + 3 * KIB; /* over THRESHOLD: parts */
+    unsigned char *data = bytes_of(f, size, 29);
+    fuse_ino_t ino = 0;
+
+    struct fs_file *file = create_file(f, ROOT, "ckpt.tmp", data, size, &ino);
+    assert_int_equal(fs_flush(f->fs, file), 0); /* close: uploaded */
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_MP_COMPLETE, "ckpt.tmp")), 1);
+    assert_int_equal(fs_rename(f->fs, ROOT, "ckpt.tmp", ROOT, "ckpt", 0), 0);
+    fs_release(f->fs, file);
+    assert_string_equal(bucket_of(f), "ckpt");
+
+    unsigned gets = fake_s3_count(f->s3, ON(FAKE_S3_GET, NULL));
+    assert_true(reads_as(f, ino, data, size));
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_GET, NULL)), gets);
+}
+
 /* Writeback: a file closed (journaled) but not uploaded, renamed: only
  * its key changes, and it goes up once, under the new name. */
 static void test_rename_of_a_pending_file_changes_only_its_key(void **state)
@@ -3179,6 +3208,8 @@ int main(void)
         FS_TEST(test_object_learnt_after_recovery_moves_with_a_rename,
                 default_fresh),
         FS_TEST(test_rename_of_an_uploaded_file_copies_then_deletes,
+                default_cached),
+        FS_TEST(test_rename_before_release_keeps_the_data_cached,
                 default_cached),
         FS_TEST(test_rename_of_a_pending_file_changes_only_its_key,
                 writeback_cached),
