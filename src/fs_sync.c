@@ -201,7 +201,7 @@ int fs_pending_text(struct fs *fs, size_t cap, char **text, size_t *len)
 {
     struct writer_pending *list = NULL;
     struct line *lines = NULL;
-    size_t count = 0;
+    size_t count = 0, markers = 0, markers_failed = 0;
     uint64_t journal_entries = 0, bytes = 0;
     unsigned counts[WRITER_PENDING_FAILED + 1] = {0};
     char *head = NULL;
@@ -216,9 +216,17 @@ int fs_pending_text(struct fs *fs, size_t cap, char **text, size_t *len)
     double now = clock_wall_seconds();
     for (size_t i = 0; err == 0 && i < count; i++) {
         const struct writer_pending *file = &list[i];
-        char fields[192], promised[24] = "-", age[24] = "-";
-        counts[file->state]++;
-        bytes += file->size;
+        char fields[192], promised[24] = "-", age[24] = "-", id[24] = "-";
+        size_t key_len = strlen(file->key);
+        bool marker = key_len > 0 && file->key[key_len - 1] == '/';
+        if (marker) { /* a directory's marker: counted apart */
+            markers++;
+            markers_failed += file->state == WRITER_PENDING_FAILED;
+        } else {
+            counts[file->state]++;
+            bytes += file->size;
+            snprintf(id, sizeof(id), "%016" PRIx64, file->staging_id);
+        }
         if (file->promised)
             snprintf(promised, sizeof(promised), "%" PRIu64, file->promised_size);
         if (file->closed_at.tv_sec != 0 || file->closed_at.tv_nsec != 0) {
@@ -227,10 +235,9 @@ int fs_pending_text(struct fs *fs, size_t cap, char **text, size_t *len)
             snprintf(age, sizeof(age), "%.1f", now > closed ? now - closed : 0.0);
         }
         snprintf(fields, sizeof(fields),
-                 "%s\t%" PRIu64 "\t%s\t%d\t%s\t%u\t%d\t%016" PRIx64,
+                 "%s\t%" PRIu64 "\t%s\t%d\t%s\t%u\t%d\t%s",
                  state_names[file->state], file->size, promised,
-                 file->open ? 1 : 0, age, file->retries, file->last_error,
-                 file->staging_id);
+                 file->open ? 1 : 0, age, file->retries, file->last_error, id);
         err = line_make(&lines[i], state_ranks[file->state], fields,
                         path_of(fs, file->key));
     }
@@ -238,11 +245,13 @@ int fs_pending_text(struct fs *fs, size_t cap, char **text, size_t *len)
         asprintf(&head,
                  SYNCFMT_PENDING_HEADER "\n"
                  "summary files=%zu bytes=%" PRIu64 " open=%u waiting=%u "
-                 "uploading=%u failed=%u journal_entries=%" PRIu64 "\n",
-                 count, bytes, counts[WRITER_PENDING_OPEN],
+                 "uploading=%u failed=%u journal_entries=%" PRIu64
+                 " markers=%zu markers_failed=%zu\n",
+                 count - markers, bytes, counts[WRITER_PENDING_OPEN],
                  counts[WRITER_PENDING_WAITING],
                  counts[WRITER_PENDING_UPLOADING],
-                 counts[WRITER_PENDING_FAILED], journal_entries) < 0) {
+                 counts[WRITER_PENDING_FAILED], journal_entries, markers,
+                 markers_failed) < 0) {
         head = NULL;
         err = ENOMEM;
     }

@@ -679,6 +679,13 @@ enum {
     PEND_ERRNO, PEND_ID, PEND_PATH, PEND_FIELDS
 };
 
+/* Whether pending line FIELDS is a directory's marker (no staging file:
+ * writeback mode sends it soon), not a file. */
+static bool pending_marker(char *const *fields)
+{
+    return strcmp(fields[PEND_ID], "-") == 0;
+}
+
 /* The pending list of TARGET into *REPORT: 0, or an exit status after a
  * sentence. */
 static int read_pending(const struct target *target, struct report *report)
@@ -713,6 +720,7 @@ static void print_pending_json(const struct target *target, const struct report 
         int err = atoi(f[PEND_ERRNO]);
         printf("%s\n  {\"path\": ", i ? "," : "");
         json_string(stdout, report->files[i].path);
+        printf(", \"kind\": \"%s\"", pending_marker(f) ? "directory" : "file");
         printf(", \"state\": ");
         json_string(stdout, f[PEND_STATE]);
         printf(", \"size\": %" PRIu64 ", \"promised_size\": %s, "
@@ -724,17 +732,23 @@ static void print_pending_json(const struct target *target, const struct report 
                f[PEND_RETRIES]);
         json_error(stdout, err);
         printf(", \"errno\": %d, \"staging_id\": ", err);
-        json_string(stdout, f[PEND_ID]);
+        if (pending_marker(f))
+            printf("null");
+        else
+            json_string(stdout, f[PEND_ID]);
         printf("}");
     }
     printf("%s], \"count\": %.0f, \"bytes\": %.0f, \"open\": %.0f, "
            "\"waiting\": %.0f, \"uploading\": %.0f, \"failed\": %.0f, "
-           "\"journal_entries\": %.0f, \"listed\": %zu}\n",
+           "\"journal_entries\": %.0f, \"markers\": %.0f, "
+           "\"markers_failed\": %.0f, \"listed\": %zu}\n",
            report->count ? "\n" : "", summary_value(report, "files"),
            summary_value(report, "bytes"), summary_value(report, "open"),
            summary_value(report, "waiting"), summary_value(report, "uploading"),
            summary_value(report, "failed"),
-           summary_value(report, "journal_entries"), report->count);
+           summary_value(report, "journal_entries"),
+           summary_value(report, "markers"),
+           summary_value(report, "markers_failed"), report->count);
 }
 
 static void print_pending_text(const struct report *report)
@@ -752,18 +766,28 @@ static void print_pending_text(const struct report *report)
         const char *shown_age = strcmp(f[PEND_AGE], "-") == 0
                                     ? "-" : human_age(strtod(f[PEND_AGE], NULL),
                                                       age, sizeof(age));
+        bool marker = pending_marker(f);
         printf("%-10s %10s %6s %7s  %s%s\n", f[PEND_STATE],
-               human_size(bytes, size, sizeof(size)), shown_age, f[PEND_RETRIES],
-               report->files[i].shown,
-               open && promised ? "  (open for writing: more may come)" : "");
+               marker ? "-" : human_size(bytes, size, sizeof(size)), shown_age,
+               f[PEND_RETRIES], report->files[i].shown,
+               marker ? "  (directory marker)"
+               : open && promised ? "  (open for writing: more may come)" : "");
         int err = atoi(f[PEND_ERRNO]);
         if (err != 0)
             printf("%-10s last error: %s\n", "", strerror(err));
     }
     double files = summary_value(report, "files");
-    if (report->count < files)
-        printf("(%.0f more files not listed: the answer is limited to 64 KiB)\n",
-               files - (double)report->count);
+    double markers = summary_value(report, "markers");
+    if (report->count < files + markers)
+        printf("(%.0f more not listed: the answer is limited to 64 KiB)\n",
+               files + markers - (double)report->count);
+    if (markers > 0)
+        printf("%.0f directory marker%s waiting to be sent (%.0f failed)%s\n",
+               markers, markers == 1 ? "" : "s",
+               summary_value(report, "markers_failed"),
+               files == 0 ? "; no file pending" : "");
+    if (files == 0 && markers > 0)
+        return;
     if (files == 0) {
         printf("nothing pending; the journal holds %.0f entr%s\n",
                summary_value(report, "journal_entries"),
@@ -846,6 +870,12 @@ static int run_drop(const struct target *target, const struct args *args)
     if (file == NULL) {
         fprintf(stderr, "s3cachefs: %s: nothing pending at %s (s3cachefs "
                 "pending %s lists what is)\n", target->path, path, target->path);
+        goto out;
+    }
+    if (pending_marker(file->fields)) {
+        fprintf(stderr, "s3cachefs: %s is a directory's marker waiting to be "
+                "sent: it holds no data to drop (s3cachefs sync %s sends it)\n",
+                file->shown, target->path);
         goto out;
     }
     if (strcmp(file->fields[PEND_OPEN], "1") == 0) {

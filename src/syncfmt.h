@@ -20,9 +20,12 @@
  *            STATE: open, waiting, uploading, failed; PROMISED: bytes the
  *            journal promises, or "-"; OPEN: 1 if open for writing; AGE:
  *            seconds since it was closed, or "-"; STAGING_ID: 16 hex
- *            digits (CACHE/staging/ID)
+ *            digits (CACHE/staging/ID). A directory's marker waiting to
+ *            be sent (writeback mode): PATH ends in '/', SIZE 0,
+ *            STAGING_ID "-", AGE since the change it sends
  *            summary: files bytes open waiting uploading failed
- *            journal_entries
+ *            journal_entries markers markers_failed (files: not the
+ *            markers)
  * An extended attribute's value has at most 64 KiB (the kernel's
  * XATTR_SIZE_MAX): the summary always goes, file lines while they fit,
  * the daemon putting first the ones that matter most (failures).

@@ -218,7 +218,9 @@ struct writer_pending {
 };
 
 /*
- * The files pending now (dirty and not unlinked), in the writer's order:
+ * The files pending now (dirty and not unlinked), in the writer's order,
+ * then the directory markers waiting to be sent (writeback mode: a key
+ * ending in '/', size 0, staging_id 0, closed_at the change it sends):
  * *LIST (malloc'd, COUNT entries; writer_pending_free()), and the number
  * of entries the journal holds (promises, multipart uploads to abort,
  * records this version cannot read) in *JOURNAL_ENTRIES. 0 or ENOMEM.

@@ -475,6 +475,14 @@ void writer_markers_destroy(struct writer_markers **markers);
 /* Markers waiting (sent or not yet). */
 uint64_t writer_markers_count(struct writer_markers *markers);
 
+/* Append the markers waiting to *LIST (USED of CAP entries, grown as
+ * needed), as writer_pending entries: their key ends in '/', size 0,
+ * staging_id 0, closed_at the time of the change they wait to send.
+ * 0 or ENOMEM (what was appended stays, *USED says how many). */
+int writer_markers_pending(struct writer_markers *markers,
+                           struct writer_pending **list, size_t *used,
+                           size_t *cap);
+
 /* Whether ENTRY (read back from the journal) is a directory marker's. */
 bool writer_marker_entry(const struct journal_entry *entry);
 

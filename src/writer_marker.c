@@ -65,6 +65,7 @@ struct marker {
     unsigned retries;
     unsigned journaling;          /* journal writes of it under way */
     double due;                   /* monotonic */
+    struct timespec changed_at;   /* wall clock: the last marker_add */
     bool sending;
     bool dropping;                /* sent: its entry is being dropped
                                      (sending stays set meanwhile) */
@@ -335,6 +336,47 @@ uint64_t writer_markers_count(struct writer_markers *markers)
     return count;
 }
 
+int writer_markers_pending(struct writer_markers *markers,
+                           struct writer_pending **list, size_t *used,
+                           size_t *cap)
+{
+    int err = 0;
+
+    pthread_mutex_lock(&markers->lock);
+    for (struct marker *marker = markers->head; err == 0 && marker != NULL;
+         marker = marker->next) {
+        if (marker->forgotten)
+            continue;
+        if (*used == *cap) {
+            size_t grown = *cap ? *cap * 2 : 16;
+            struct writer_pending *more = realloc(*list, grown * sizeof(**list));
+            if (more == NULL) {
+                err = ENOMEM;
+                break;
+            }
+            *list = more;
+            *cap = grown;
+        }
+        bool failed = marker->last_error != 0 && marker->retries > 0;
+        (*list)[*used] = (struct writer_pending){
+            .key = strdup(marker->key),
+            .state = marker->sending ? WRITER_PENDING_UPLOADING
+                     : failed        ? WRITER_PENDING_FAILED
+                                     : WRITER_PENDING_WAITING,
+            .promised = marker->id != 0,
+            .closed_at = marker->changed_at,
+            .retries = marker->retries,
+            .last_error = failed ? marker->last_error : 0,
+        };
+        if ((*list)[*used].key == NULL)
+            err = ENOMEM;
+        else
+            (*used)++;
+    }
+    pthread_mutex_unlock(&markers->lock);
+    return err;
+}
+
 /* Add (or update) the waiting marker KEY with PUT and journal it; ID is
  * the entry's id when recovering it (its entry is then already there),
  * else 0. */
@@ -382,6 +424,7 @@ static int marker_add(struct writer *writer, const char *key,
     }
     marker->gen++;
     marker->retries = 0;
+    clock_gettime(CLOCK_REALTIME, &marker->changed_at);
     double settle = clock_monotonic_seconds() + MARKER_SETTLE_SECONDS;
     if (!marker->sending && marker->due > settle)
         marker->due = settle; /* (a retry's backoff is cut short) */

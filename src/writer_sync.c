@@ -343,6 +343,9 @@ int writer_pending_list(struct writer *writer, struct writer_pending **list,
             err = ENOMEM;
     }
     writer_unlock(writer);
+    /* then the directory markers waiting (writeback mode) */
+    if (err == 0 && writer->markers != NULL)
+        err = writer_markers_pending(writer->markers, &items, &used, &cap);
     if (err != 0) {
         writer_pending_free(items, used);
         return err;

@@ -183,6 +183,43 @@ def test_sync_of_a_file_open_for_writing(server, s3, bucket, mount):
     assert object_bytes(s3, bucket, 'fresh.log') == b'not closed yet\n'
 
 
+def test_pending_lists_directory_markers(server, s3, bucket, proxy, mount):
+    """-o writeback: the markers of two new directories, their PUTs held
+    at the proxy, are listed by `pending` as directory markers (no size,
+    no staging file), apart from the files; `--drop` of one is refused
+    (no data to drop); released and synced, the list is empty and the
+    bucket has both markers. (Before: not listed, though the stats
+    counted them in uploads_pending.)"""
+    mnt = mount(bucket, options=['writeback'], endpoint=proxy.endpoint)
+    proxy.inject('hold', HOLD_ALL, 'PUT')
+    try:
+        os.mkdir(mnt.path / 'd1')
+        os.mkdir(mnt.path / 'd2')
+        wait_for(lambda: proxy.holding >= 1, 10, 'a marker at the proxy')
+        done = command('pending', mnt.path)
+        assert done.returncode == 0, done.stderr
+        lines = done.stdout.splitlines()
+        for name in ('d1/', 'd2/'):
+            line = next(line for line in lines if f'  {name}' in line)
+            assert '(directory marker)' in line, done.stdout
+        assert '2 directory markers waiting to be sent' in done.stdout, \
+            done.stdout
+        report = pending_json(mnt)
+        assert report['count'] == 0 and report['markers'] == 2, report
+        assert sorted(f['path'] for f in report['files']) == ['d1/', 'd2/']
+        assert all(f['kind'] == 'directory' and f['staging_id'] is None and
+                   f['size'] == 0 for f in report['files']), report
+        done = command('pending', mnt.path, '--drop', 'd1/', '--yes')
+        assert done.returncode == 1 and 'no data to drop' in done.stderr, \
+            done.stderr
+    finally:
+        proxy.release()
+    done = command('sync', mnt.path)
+    assert done.returncode == 0, done.stderr
+    assert pending_json(mnt)['markers'] == 0
+    assert bucket_keys(s3, bucket) == ['d1/', 'd2/']
+
+
 def test_refused_upload_reported_then_dropped(server, s3, bucket, proxy, mount):
     """Every PUT refused (403) with a short request_timeout: `sync` exits
     1 naming the file and "Permission denied"; `pending` lists it failed

@@ -3175,6 +3175,59 @@ static void test_sync_pending_and_drop(void **state)
     fs_release(f->fs, open);
 }
 
+/*
+ * -o writeback: directory markers waiting to be sent are in the pending
+ * list, apart from the files: m/ being sent (its PUT held), n/ whose PUT
+ * the bucket refuses (failed, EACCES, retried later). Their lines end in
+ * '/', have no staging file ("-"), and the summary counts them as
+ * markers, not files. (Before: not listed at all, though counted in
+ * uploads_pending.)
+ */
+static void test_pending_lists_waiting_markers(void **state)
+{
+    struct fixture *f = *state;
+    struct fs_entry entry;
+    char *text = NULL, buf[512], *fields[SYNCFMT_FIELDS_MAX];
+    size_t len = 0;
+    unsigned rule = 0, refuse = 0;
+
+    assert_int_equal(fake_s3_hold(f->s3, ON(FAKE_S3_PUT, "m/"), &rule), 0);
+    assert_int_equal(fake_s3_fail(f->s3, ON(FAKE_S3_PUT, "n/"), FAKE_S3_ALWAYS,
+                                  EACCES, false, &refuse), 0);
+    assert_int_equal(fs_mkdir(f->fs, ROOT, "m", 0755, 1000, 1000, &entry), 0);
+    assert_int_equal(fs_mkdir(f->fs, ROOT, "n", 0755, 1000, 1000, &entry), 0);
+    assert_int_equal(fake_s3_wait_held(f->s3, rule, 1), 0);
+    /* until n/'s refusal is recorded (its sender retries in 1 s) */
+    for (int tries = 0;; tries++) {
+        assert_int_equal(fs_pending_text(f->fs, SYNCFMT_VALUE_MAX, &text, &len), 0);
+        if (summary_of(text, "markers_failed") == 1 || tries == 1000)
+            break;
+        free(text);
+        usleep(10000);
+    }
+    assert_true(summary_of(text, "files") == 0);
+    assert_true(summary_of(text, "markers") == 2);
+    assert_true(summary_of(text, "markers_failed") == 1);
+    assert_int_equal(report_line(text, "m/", buf, sizeof(buf), fields), 9);
+    assert_string_equal(fields[0], "uploading");
+    assert_string_equal(fields[1], "0");
+    assert_string_equal(fields[7], "-");
+    assert_int_equal(report_line(text, "n/", buf, sizeof(buf), fields), 9);
+    assert_string_equal(fields[0], "failed");
+    assert_string_equal(fields[5], "1");   /* retries */
+    assert_string_equal(fields[6], "13");  /* EACCES */
+    assert_string_equal(fields[7], "-");
+    assert_true(strstr(text, "\tn/\n") < strstr(text, "\tm/\n")); /* failed first */
+    free(text);
+
+    fake_s3_fail_clear(f->s3, refuse);
+    fake_s3_hold_clear(f->s3, rule);
+    assert_int_equal(fs_drain(f->fs), 0);
+    assert_int_equal(fs_pending_text(f->fs, SYNCFMT_VALUE_MAX, &text, &len), 0);
+    assert_true(summary_of(text, "markers") == 0);
+    free(text);
+}
+
 #define FS_TEST(name, params)                                              \
     cmocka_unit_test_prestate_setup_teardown(name, setup, teardown,        \
                                              (void *)&(params))
@@ -3260,6 +3313,7 @@ int main(void)
         FS_TEST(test_rename_of_the_last_file_keeps_its_directory,
                 default_cached),
         FS_TEST(test_sync_pending_and_drop, writeback_cached),
+        FS_TEST(test_pending_lists_waiting_markers, writeback_cached),
     };
     log_set_level(LOG_LEVEL_ERROR);
     return cmocka_run_group_tests(tests, NULL, NULL);
