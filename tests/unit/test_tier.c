@@ -10,7 +10,7 @@
  * misplaced or mixed-up frame never verifies); what one node fetched from
  * the origin the other reads from the tier with no request to the
  * origin, the same bytes; a damaged block in the tier is counted and read
- * from the origin; a tier that fails is skipped (no more requests for a
+ * from the origin by itself; a tier that fails is skipped (no more requests for a
  * while) and never fails a read; of two nodes writing a block the first
  * wins (If-None-Match); a full write queue drops offers instead of
  * holding memory.
@@ -66,6 +66,22 @@ struct fixture {
     struct node nodes[NODES];
 };
 
+/* NODE's reader, its GETs (and runs of blocks) up to MAX_REQUEST bytes. */
+static void node_reader_start(struct fixture *f, struct node *node,
+                              uint64_t max_request)
+{
+    struct reader_conf reader_conf = {
+        .s3 = f->origin,
+        .cache = node->cache,
+        .workers = node->workers,
+        .read_ahead = 1u << 20,
+        .max_request = max_request,
+        .tier = node->tier,
+    };
+
+    assert_int_equal(reader_create(&reader_conf, &node->reader), 0);
+}
+
 static void node_start(struct fixture *f, struct node *node, uint64_t queue_blocks)
 {
     struct cache_conf cache_conf = {
@@ -88,15 +104,7 @@ static void node_start(struct fixture *f, struct node *node, uint64_t queue_bloc
     tier_conf.cache = node->cache;
     assert_int_equal(workers_create(2, &node->workers), 0);
     assert_int_equal(tier_create(&tier_conf, &node->tier), 0);
-    struct reader_conf reader_conf = {
-        .s3 = f->origin,
-        .cache = node->cache,
-        .workers = node->workers,
-        .read_ahead = 1u << 20,
-        .max_request = 256u << 10,
-        .tier = node->tier,
-    };
-    assert_int_equal(reader_create(&reader_conf, &node->reader), 0);
+    node_reader_start(f, node, 256u << 10);
 }
 
 static void node_stop(struct node *node)
@@ -222,6 +230,16 @@ static void stored_block_free(struct stored_block *block)
     *block = (struct stored_block){.key = NULL};
 }
 
+/* BLOCK's frame put back in the tier with one bit of its data flipped:
+ * whole, but it no longer verifies. */
+static void stored_block_damage(struct fixture *f, struct stored_block *block)
+{
+    assert_int_equal(block->frame_len, TIER_HEADER_LEN + BLOCK);
+    ((unsigned char *)block->frame)[TIER_HEADER_LEN + 100] ^= 0x40;
+    assert_int_equal(fake_s3_put(f->tier_s3, block->key, block->frame,
+                                 block->frame_len, NULL, NULL), 0);
+}
+
 /* ------------------------------------------------------------- tests */
 
 static void test_names_and_frames(void **state)
@@ -333,20 +351,46 @@ static void test_damaged_block_is_read_from_the_origin(void **state)
     struct stored_block stored;
 
     stored_block_get(f, "d.bin", bytes, size, 5, &stored);
-    assert_int_equal(stored.frame_len, TIER_HEADER_LEN + BLOCK);
-    ((unsigned char *)stored.frame)[TIER_HEADER_LEN + 100] ^= 0x40;
-    assert_int_equal(fake_s3_put(f->tier_s3, stored.key, stored.frame,
-                                 stored.frame_len, NULL, NULL), 0);
+    stored_block_damage(f, &stored);
 
     uint64_t before = origin_bytes(f);
     assert_int_equal(read_all(&f->nodes[1], "d.bin", stored.etag, size, bytes), 0);
     struct tier_stats stats = tier_stats_of(&f->nodes[1]);
     assert_int_equal(stats.bad, 1);
     assert_true(stats.hits >= 5);
-    /* the blocks from the damaged one to the end of its run came from
-     * the origin, the others did not */
-    uint64_t from_origin = origin_bytes(f) - before;
-    assert_true(from_origin >= BLOCK && from_origin <= size - 5 * BLOCK);
+    /* the damaged block alone came from the origin */
+    assert_int_equal(origin_bytes(f) - before, BLOCK);
+    stored_block_free(&stored);
+    free(bytes);
+}
+
+/* One damaged block in the middle of a run of 8 (a warm, one run at a
+ * time) is read from the origin by itself: the tier is asked for the
+ * blocks after it, and the origin sends one block. */
+static void test_damaged_block_alone_is_read_from_the_origin(void **state)
+{
+    struct fixture *f = *state;
+    const size_t size = 8 * BLOCK;
+    unsigned char *bytes = pattern(size, 13);
+    struct node *second = &f->nodes[1];
+    struct stored_block stored;
+    struct reader_warm_result warmed;
+
+    stored_block_get(f, "m.bin", bytes, size, 3, &stored);
+    stored_block_damage(f, &stored);
+    reader_stop(second->reader);
+    reader_destroy(&second->reader);
+    node_reader_start(f, second, size);           /* runs of 8 blocks */
+
+    uint64_t before = origin_bytes(f);
+    assert_int_equal(reader_warm(second->reader, "m.bin", stored.etag, size,
+                                 1, NULL, &warmed), 0);
+    assert_int_equal(origin_bytes(f) - before, BLOCK);
+    struct tier_stats stats = tier_stats_of(second);
+    assert_int_equal(stats.bad, 1);
+    assert_int_equal(stats.hits, 7);
+    assert_int_equal(read_all(second, "m.bin", stored.etag, size, bytes), 0);
+    assert_int_equal(origin_bytes(f) - before, BLOCK);
     stored_block_free(&stored);
     free(bytes);
 }
@@ -913,6 +957,8 @@ int main(void)
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(
             test_damaged_block_is_read_from_the_origin, setup, teardown),
+        cmocka_unit_test_setup_teardown(
+            test_damaged_block_alone_is_read_from_the_origin, setup, teardown),
         cmocka_unit_test_setup_teardown(test_short_block_is_not_there_yet,
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(test_garbled_answer_is_a_miss, setup,
