@@ -26,10 +26,10 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 #include <xxhash.h>
 
+#include "cachestat.h"
 #include "log.h"
 #include "sigbus.h"
 
@@ -773,14 +773,6 @@ static void fresh_block_forget(struct cache *cache, uint64_t id,
     pthread_mutex_unlock(&cache->fresh_lock);
 }
 
-/* cachestat(2) (Linux 6.5) has the same number on the architectures
- * below; glibc has no wrapper and older headers no number. */
-#if !defined(__NR_cachestat) &&                                          \
-    (defined(__x86_64__) || defined(__i386__) || defined(__aarch64__) || \
-     defined(__arm__) || defined(__riscv))
-#define __NR_cachestat 451
-#endif
-
 /* Whether every page of [OFFSET, OFFSET + LEN) of FD is in the page
  * cache dirty, or every one under writeback: not clean, so not read back
  * from the disk since it was last written. False when the kernel cannot
@@ -789,20 +781,14 @@ static void fresh_block_forget(struct cache *cache, uint64_t id,
  * trusted (hashed instead). */
 static bool pages_unwritten(int fd, uint64_t offset, uint64_t len)
 {
-#ifdef __NR_cachestat
     static atomic_bool unsupported;
-    struct {
-        uint64_t off, len;
-    } range = {offset, len};
-    struct {
-        uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted,
-            nr_recently_evicted;
-    } counts;
+    struct cachestat_span span = {offset, len};
+    struct cachestat_pages counts;
     uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
 
     if (len == 0 || atomic_load_explicit(&unsupported, memory_order_relaxed))
         return false;
-    if (syscall(__NR_cachestat, (unsigned)fd, &range, &counts, 0u) != 0) {
+    if (cachestat_query(fd, &span, &counts) != 0) {
         if (errno == ENOSYS || errno == EPERM)
             atomic_store_explicit(&unsupported, true, memory_order_relaxed);
         return false;
@@ -810,12 +796,6 @@ static bool pages_unwritten(int fd, uint64_t offset, uint64_t len)
     uint64_t pages = (offset + len - 1) / page - offset / page + 1;
     return counts.nr_cache == pages &&
            (counts.nr_dirty == pages || counts.nr_writeback == pages);
-#else
-    (void)fd;
-    (void)offset;
-    (void)len;
-    return false;
-#endif
 }
 
 int cache_block_splice(struct cache *cache, struct cache_object *object,

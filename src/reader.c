@@ -306,24 +306,23 @@ static int fill_block(struct reader_file *file, uint64_t block,
  * the rest of the run): when another node's lease covers it, that node
  * is fetching it from the origin, and the block is waited for in the
  * tier instead; this node fetches what it claimed, up to blocks another
- * node's lease covers. READING_ON: the run is read-ahead (the reader
- * means to go on past it).
+ * node's lease covers. A block the tier holds damaged is fetched from
+ * the origin by itself (*FETCH is 1): the tier is asked again for the
+ * blocks after it. READING_ON: the run is read-ahead (the reader means
+ * to go on past it). SCRATCH: block_size + TIER_HEADER_LEN bytes of the
+ * caller's, for each block's frame in turn. FILE has an ETag and its
+ * reader a tier.
  */
 static uint64_t fill_from_tier(struct reader_file *file, uint64_t first,
-                               uint64_t count, bool reading_on,
+                               uint64_t count, bool reading_on, char *scratch,
                                uint64_t *fetch)
 {
-    struct reader *reader = file->reader;
-    struct tier *tier = reader->conf.tier;
-    char *scratch = NULL;
+    struct tier *tier = file->reader->conf.tier;
     uint64_t filled = 0, covered = 0;
     double until = 0;
     bool awaiting = false;
 
     *fetch = count;
-    if (tier == NULL || file->etag == NULL ||
-        (scratch = malloc((size_t)reader->block_size + TIER_HEADER_LEN)) == NULL)
-        return 0;
     for (; filled < count; filled++) {
         uint64_t block = first + filled;
         uint32_t len = cache_object_block_len(file->object, block);
@@ -349,6 +348,12 @@ static uint64_t fill_from_tier(struct reader_file *file, uint64_t first,
                                        len, scratch, &data, until);
             }
         }
+        if (err == EBADMSG) {
+            /* one damaged block says nothing of the ones after it:
+             * they stay the tier's to serve */
+            *fetch = 1;
+            break;
+        }
         if (err == 0)
             err = fill_block(file, block, data, len);
         if (err != 0) {
@@ -356,7 +361,6 @@ static uint64_t fill_from_tier(struct reader_file *file, uint64_t first,
             break;
         }
     }
-    free(scratch);
     return filled;
 }
 
@@ -399,12 +403,17 @@ static int fetch_run_counted(struct reader_file *file, uint64_t first,
     uint32_t block_size = file->reader->block_size;
     uint64_t end = first + count;
     uint64_t done = first;        /* blocks below are in the cache */
+    char *scratch = NULL;         /* a tier block's frame: one for the run,
+                                     which may go to the tier many times */
     int err = 0;
 
+    if (info == NULL && file->reader->conf.tier != NULL && file->etag != NULL)
+        scratch = malloc((size_t)block_size + TIER_HEADER_LEN);
     while (done < end) {
         uint64_t fetch = end - done;
-        if (info == NULL)
-            done += fill_from_tier(file, done, end - done, reading_on, &fetch);
+        if (scratch != NULL)
+            done += fill_from_tier(file, done, end - done, reading_on, scratch,
+                                   &fetch);
         if (done == end)
             break;
         uint64_t done_until = done;
@@ -421,6 +430,7 @@ static int fetch_run_counted(struct reader_file *file, uint64_t first,
         *stored = (stored_end < file->size ? stored_end : file->size) -
                   first * block_size;
     }
+    free(scratch);
     return err;
 }
 

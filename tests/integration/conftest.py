@@ -22,6 +22,7 @@ import pytest
 SRCDIR = Path(os.environ.get('S3CACHEFS_SRCDIR',
                              Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(SRCDIR / 'tests' / 'harness'))
+import s3proxy  # noqa: E402
 import servers  # noqa: E402
 
 BINARY = os.environ.get('S3CACHEFS_BIN', str(SRCDIR / 'src' / 's3cachefs'))
@@ -213,6 +214,14 @@ def mount(server, tmp_path, home):
         raise failures[0]
 
 
+@pytest.fixture
+def proxy(server):
+    """A plain-HTTP proxy (s3proxy) in front of the session's server: a
+    test mounts through proxy.endpoint to see and count the requests."""
+    with s3proxy.S3Proxy(server.endpoint) as running:
+        yield running
+
+
 # run.sh runs one pytest process per server at the same time. drop_caches()
 # empties the kernel's page cache and its dentry and inode caches, for
 # every mount: the kernel then forgets inodes of the other run's mounts
@@ -232,6 +241,16 @@ def kernel_caches_kept():
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@pytest.fixture
+def inodes_kept():
+    """kernel_caches_kept() for a whole test, for tests that count on the
+    daemon's memory of directories (listings, lookup patterns): the other
+    server's run must not make the kernel forget their inodes while they
+    run. A module of such tests names it in its pytestmark."""
+    with kernel_caches_kept():
+        yield
 
 
 def drop_caches():

@@ -18,26 +18,12 @@ import subprocess
 
 import pytest
 
-import s3proxy
-from conftest import kernel_caches_kept
-
 LARGE = 150                 # more than a head-ahead job keeps unclaimed (64)
 SIZE = 5000                 # > PATH_MAX - 1: a regular file, certainly
 OWNED = 0o100600
 
-
-@pytest.fixture(autouse=True)
-def inodes_kept():
-    """The counts rely on the daemon's memory of the directory: the other
-    server's run must not make the kernel forget its inodes meanwhile."""
-    with kernel_caches_kept():
-        yield
-
-
-@pytest.fixture
-def proxy(server):
-    with s3proxy.S3Proxy(server.endpoint) as running:
-        yield running
+# (the counts rely on the daemon's memory of the directory)
+pytestmark = pytest.mark.usefixtures('inodes_kept')
 
 
 def large_name(index):

@@ -9,25 +9,12 @@ import time
 
 import pytest
 
-import s3proxy
-from conftest import kernel_caches_kept, read_stats, wait_for
+from conftest import read_stats, wait_for
 
 FILES = 1100  # two LIST pages
 
-
-@pytest.fixture(autouse=True)
-def inodes_kept():
-    """These tests count on the daemon's memory of directories (listings,
-    lookup patterns): the other server's run must not make the kernel
-    forget their inodes (conftest.drop_caches) while they run."""
-    with kernel_caches_kept():
-        yield
-
-
-@pytest.fixture
-def proxy(server):
-    with s3proxy.S3Proxy(server.endpoint) as running:
-        yield running
+# (these tests count on the daemon's memory of directories)
+pytestmark = pytest.mark.usefixtures('inodes_kept')
 
 
 @pytest.fixture(scope='module')

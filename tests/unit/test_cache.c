@@ -48,7 +48,6 @@
 #include <linux/magic.h>
 #include <sys/statfs.h>
 #include <sys/statvfs.h>
-#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -853,42 +852,6 @@ static void pages_to_disk(const char *path)
     close(fd);
 }
 
-/* Whether this kernel has cachestat(2) (Linux 6.5): a bad descriptor is
- * EBADF there, ENOSYS before. */
-#ifdef __NR_cachestat
-#define CACHESTAT_NR __NR_cachestat
-#elif defined(__x86_64__) || defined(__aarch64__)
-#define CACHESTAT_NR 451
-#else
-#define CACHESTAT_NR (-1) /* ENOSYS */
-#endif
-
-static bool kernel_has_cachestat(void)
-{
-    return syscall(CACHESTAT_NR, -1, NULL, NULL, 0) != 0 && errno == EBADF;
-}
-
-/* Whether every page of [OFFSET, OFFSET + LEN) of FD is dirty now
- * (cachestat(2); false without it). A page dirty now was dirty at any
- * earlier moment since the last write to it: a read made then found it
- * so, whatever a sync run by anyone on the machine does afterwards. */
-static bool pages_dirty(int fd, uint64_t offset, uint64_t len)
-{
-    struct {
-        uint64_t off, len;
-    } range = {offset, len};
-    struct {
-        uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted,
-            nr_recently_evicted;
-    } counts;
-    uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
-
-    if (!kernel_has_cachestat() ||
-        syscall(CACHESTAT_NR, (unsigned)fd, &range, &counts, 0u) != 0)
-        return false;
-    return counts.nr_dirty == (offset + len - 1) / page - offset / page + 1;
-}
-
 /* Spliced reads of a block this process just filled, whose pages are
  * still dirty, are served without the second hash (unhashed_bytes); once
  * the pages were written back, or the cache was reopened, they are
@@ -902,7 +865,7 @@ static void test_splice_fresh_block(void **state)
     struct fixture *f = *state;
     uint32_t bs = f->conf.block_size; /* 256 KiB: four pieces */
     struct cache_object *o = NULL;
-    bool kernel_tells = kernel_has_cachestat();
+    bool kernel_tells = unit_kernel_has_cachestat();
     struct statfs fs;
     char path[256];
 
@@ -923,8 +886,8 @@ static void test_splice_fresh_block(void **state)
     assert_int_equal(splice_check(f, o, 1, PIECE + 10, 100, 51), 0);
     int fd = open(path, O_RDONLY);
     assert_true(fd >= 0);
-    uint64_t surely = (pages_dirty(fd, 0, bs) ? bs : 0) +
-                      (pages_dirty(fd, bs + PIECE, PIECE) ? 100 : 0);
+    uint64_t surely = (unit_pages_dirty(fd, 0, bs) ? bs : 0) +
+                      (unit_pages_dirty(fd, bs + PIECE, PIECE) ? 100 : 0);
     close(fd);
     uint64_t unhashed = stats(f).unhashed_bytes - before.unhashed_bytes;
     assert_true(unhashed >= surely && unhashed <= (kernel_tells ? bs + 100 : 0));
@@ -973,7 +936,7 @@ static void test_splice_fresh_block(void **state)
     assert_int_equal(splice_check(f, o, 2, 0, bs, 51), 0);
     fd = open(path, O_RDONLY);
     assert_true(fd >= 0);
-    surely = pages_dirty(fd, 2ull * bs, bs) ? bs : 0;
+    surely = unit_pages_dirty(fd, 2ull * bs, bs) ? bs : 0;
     close(fd);
     unhashed = stats(f).unhashed_bytes - before.unhashed_bytes;
     assert_true(unhashed >= surely && unhashed <= (kernel_tells ? bs : 0));

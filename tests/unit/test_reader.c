@@ -45,7 +45,6 @@
 #include <linux/magic.h>
 #include <pthread.h>
 #include <sys/statfs.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "cache.h"
@@ -509,42 +508,6 @@ static int data_file_open(struct fixture *f)
     return fd;
 }
 
-/* Whether this kernel has cachestat(2) (Linux 6.5): a bad descriptor is
- * EBADF there, ENOSYS before. */
-#ifdef __NR_cachestat
-#define CACHESTAT_NR __NR_cachestat
-#elif defined(__x86_64__) || defined(__aarch64__)
-#define CACHESTAT_NR 451
-#else
-#define CACHESTAT_NR (-1) /* ENOSYS */
-#endif
-
-static bool kernel_has_cachestat(void)
-{
-    return syscall(CACHESTAT_NR, -1, NULL, NULL, 0) != 0 && errno == EBADF;
-}
-
-/* Whether every page of [OFFSET, OFFSET + LEN) of FD is dirty now
- * (cachestat(2); false without it). A page dirty now was dirty at any
- * earlier moment since the last write to it: a read made then found it
- * so, whatever a sync run by anyone on the machine does afterwards. */
-static bool pages_dirty(int fd, uint64_t offset, uint64_t len)
-{
-    struct {
-        uint64_t off, len;
-    } range = {offset, len};
-    struct {
-        uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted,
-            nr_recently_evicted;
-    } counts;
-    uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
-
-    if (!kernel_has_cachestat() ||
-        syscall(CACHESTAT_NR, (unsigned)fd, &range, &counts, 0u) != 0)
-        return false;
-    return counts.nr_dirty == (offset + len - 1) / page - offset / page + 1;
-}
-
 /* reader_read_pipe() gives the bytes reader_read() gives, from the cache
  * without a GET once cached, checks them as it does (a block damaged on
  * disk is fetched again, never passed on; bytes just fetched, still in
@@ -584,14 +547,14 @@ static void test_pipe_read(void **state)
     assert_true(fd >= 0);
     for (uint64_t at = 0; at < size; at += BLOCK) {
         uint64_t len = size - at < BLOCK ? size - at : BLOCK;
-        if (pages_dirty(fd, at, len))
+        if (unit_pages_dirty(fd, at, len))
             surely += len;
     }
     close(fd);
     uint64_t unhashed = after.unhashed_bytes - before.unhashed_bytes;
     assert_true(unhashed >= surely &&
-                unhashed <= (kernel_has_cachestat() ? size : 0));
-    if (kernel_has_cachestat() && surely == 0)
+                unhashed <= (unit_kernel_has_cachestat() ? size : 0));
+    if (unit_kernel_has_cachestat() && surely == 0)
         print_message("  (the pages were written back meanwhile)\n");
     reader_close(&file);
     assert_int_equal(fake_s3_wait_idle(f->s3), 0);

@@ -10,7 +10,7 @@
  * misplaced or mixed-up frame never verifies); what one node fetched from
  * the origin the other reads from the tier with no request to the
  * origin, the same bytes; a damaged block in the tier is counted and read
- * from the origin; a tier that fails is skipped (no more requests for a
+ * from the origin by itself; a tier that fails is skipped (no more requests for a
  * while) and never fails a read; of two nodes writing a block the first
  * wins (If-None-Match); a full write queue drops offers instead of
  * holding memory.
@@ -66,6 +66,22 @@ struct fixture {
     struct node nodes[NODES];
 };
 
+/* NODE's reader, its GETs (and runs of blocks) up to MAX_REQUEST bytes. */
+static void node_reader_start(struct fixture *f, struct node *node,
+                              uint64_t max_request)
+{
+    struct reader_conf reader_conf = {
+        .s3 = f->origin,
+        .cache = node->cache,
+        .workers = node->workers,
+        .read_ahead = 1u << 20,
+        .max_request = max_request,
+        .tier = node->tier,
+    };
+
+    assert_int_equal(reader_create(&reader_conf, &node->reader), 0);
+}
+
 static void node_start(struct fixture *f, struct node *node, uint64_t queue_blocks)
 {
     struct cache_conf cache_conf = {
@@ -88,15 +104,7 @@ static void node_start(struct fixture *f, struct node *node, uint64_t queue_bloc
     tier_conf.cache = node->cache;
     assert_int_equal(workers_create(2, &node->workers), 0);
     assert_int_equal(tier_create(&tier_conf, &node->tier), 0);
-    struct reader_conf reader_conf = {
-        .s3 = f->origin,
-        .cache = node->cache,
-        .workers = node->workers,
-        .read_ahead = 1u << 20,
-        .max_request = 256u << 10,
-        .tier = node->tier,
-    };
-    assert_int_equal(reader_create(&reader_conf, &node->reader), 0);
+    node_reader_start(f, node, 256u << 10);
 }
 
 static void node_stop(struct node *node)
@@ -188,6 +196,48 @@ static struct tier_stats tier_stats_of(struct node *node)
 
     tier_get_stats(node->tier, &stats);
     return stats;
+}
+
+/* What the tier holds of one block of a version node 0 has read. */
+struct stored_block {
+    char etag[S3_ETAG_MAX]; /* the version */
+    char *key;              /* the block's key in the tier */
+    void *frame;            /* the object there (header and bytes) */
+    size_t frame_len;
+};
+
+/* SIZE bytes of BYTES put in the origin as KEY, read whole on node 0 and
+ * flushed to the tier: *OUT gets the tier's key of block INDEX and the
+ * frame stored there (free with stored_block_free()). */
+static void stored_block_get(struct fixture *f, const char *key,
+                             const unsigned char *bytes, size_t size,
+                             uint64_t index, struct stored_block *out)
+{
+    *out = (struct stored_block){.key = NULL};
+    assert_int_equal(fake_s3_put(f->origin, key, bytes, size, NULL, out->etag), 0);
+    assert_int_equal(read_all(&f->nodes[0], key, out->etag, size, bytes), 0);
+    tier_flush(f->nodes[0].tier, 0);
+    struct tier_block_id id = {ORIGIN, key, out->etag, BLOCK, index};
+    assert_int_equal(tier_block_key("shared/", &id, &out->key), 0);
+    assert_int_equal(fake_s3_get(f->tier_s3, out->key, &out->frame,
+                                 &out->frame_len, NULL), 0);
+}
+
+static void stored_block_free(struct stored_block *block)
+{
+    free(block->key);
+    free(block->frame);
+    *block = (struct stored_block){.key = NULL};
+}
+
+/* BLOCK's frame put back in the tier with one bit of its data flipped:
+ * whole, but it no longer verifies. */
+static void stored_block_damage(struct fixture *f, struct stored_block *block)
+{
+    assert_int_equal(block->frame_len, TIER_HEADER_LEN + BLOCK);
+    ((unsigned char *)block->frame)[TIER_HEADER_LEN + 100] ^= 0x40;
+    assert_int_equal(fake_s3_put(f->tier_s3, block->key, block->frame,
+                                 block->frame_len, NULL, NULL), 0);
 }
 
 /* ------------------------------------------------------------- tests */
@@ -298,32 +348,50 @@ static void test_damaged_block_is_read_from_the_origin(void **state)
     struct fixture *f = *state;
     const size_t size = 8 * BLOCK;
     unsigned char *bytes = pattern(size, 5);
-    struct tier_block_id id = {ORIGIN, "d.bin", NULL, BLOCK, 5};
-    char etag[S3_ETAG_MAX], *key = NULL;
-    void *stored = NULL;
-    size_t len = 0;
+    struct stored_block stored;
 
-    assert_int_equal(fake_s3_put(f->origin, "d.bin", bytes, size, NULL, etag), 0);
-    assert_int_equal(read_all(&f->nodes[0], "d.bin", etag, size, bytes), 0);
-    tier_flush(f->nodes[0].tier, 0);
-    id.etag = etag;
-    assert_int_equal(tier_block_key("shared/", &id, &key), 0);
-    assert_int_equal(fake_s3_get(f->tier_s3, key, &stored, &len, NULL), 0);
-    assert_int_equal(len, TIER_HEADER_LEN + BLOCK);
-    ((unsigned char *)stored)[TIER_HEADER_LEN + 100] ^= 0x40;
-    assert_int_equal(fake_s3_put(f->tier_s3, key, stored, len, NULL, NULL), 0);
-    free(stored);
+    stored_block_get(f, "d.bin", bytes, size, 5, &stored);
+    stored_block_damage(f, &stored);
 
     uint64_t before = origin_bytes(f);
-    assert_int_equal(read_all(&f->nodes[1], "d.bin", etag, size, bytes), 0);
+    assert_int_equal(read_all(&f->nodes[1], "d.bin", stored.etag, size, bytes), 0);
     struct tier_stats stats = tier_stats_of(&f->nodes[1]);
     assert_int_equal(stats.bad, 1);
     assert_true(stats.hits >= 5);
-    /* the blocks from the damaged one to the end of its run came from
-     * the origin, the others did not */
-    uint64_t from_origin = origin_bytes(f) - before;
-    assert_true(from_origin >= BLOCK && from_origin <= size - 5 * BLOCK);
-    free(key);
+    /* the damaged block alone came from the origin */
+    assert_int_equal(origin_bytes(f) - before, BLOCK);
+    stored_block_free(&stored);
+    free(bytes);
+}
+
+/* One damaged block in the middle of a run of 8 (a warm, one run at a
+ * time) is read from the origin by itself: the tier is asked for the
+ * blocks after it, and the origin sends one block. */
+static void test_damaged_block_alone_is_read_from_the_origin(void **state)
+{
+    struct fixture *f = *state;
+    const size_t size = 8 * BLOCK;
+    unsigned char *bytes = pattern(size, 13);
+    struct node *second = &f->nodes[1];
+    struct stored_block stored;
+    struct reader_warm_result warmed;
+
+    stored_block_get(f, "m.bin", bytes, size, 3, &stored);
+    stored_block_damage(f, &stored);
+    reader_stop(second->reader);
+    reader_destroy(&second->reader);
+    node_reader_start(f, second, size);           /* runs of 8 blocks */
+
+    uint64_t before = origin_bytes(f);
+    assert_int_equal(reader_warm(second->reader, "m.bin", stored.etag, size,
+                                 1, NULL, &warmed), 0);
+    assert_int_equal(origin_bytes(f) - before, BLOCK);
+    struct tier_stats stats = tier_stats_of(second);
+    assert_int_equal(stats.bad, 1);
+    assert_int_equal(stats.hits, 7);
+    assert_int_equal(read_all(second, "m.bin", stored.etag, size, bytes), 0);
+    assert_int_equal(origin_bytes(f) - before, BLOCK);
+    stored_block_free(&stored);
     free(bytes);
 }
 
@@ -336,28 +404,20 @@ static void test_short_block_is_not_there_yet(void **state)
     struct fixture *f = *state;
     const size_t size = 8 * BLOCK;
     unsigned char *bytes = pattern(size, 6);
-    struct tier_block_id id = {ORIGIN, "s.bin", NULL, BLOCK, 2};
-    char etag[S3_ETAG_MAX], *key = NULL;
-    void *stored = NULL;
-    size_t len = 0;
+    struct stored_block stored;
 
-    assert_int_equal(fake_s3_put(f->origin, "s.bin", bytes, size, NULL, etag), 0);
-    assert_int_equal(read_all(&f->nodes[0], "s.bin", etag, size, bytes), 0);
-    tier_flush(f->nodes[0].tier, 0);
-    id.etag = etag;
-    assert_int_equal(tier_block_key("shared/", &id, &key), 0);
-    assert_int_equal(fake_s3_get(f->tier_s3, key, &stored, &len, NULL), 0);
-    assert_int_equal(fake_s3_put(f->tier_s3, key, stored, len / 2, NULL, NULL), 0);
-    free(stored);
+    stored_block_get(f, "s.bin", bytes, size, 2, &stored);
+    assert_int_equal(fake_s3_put(f->tier_s3, stored.key, stored.frame,
+                                 stored.frame_len / 2, NULL, NULL), 0);
 
     uint64_t before = origin_bytes(f);
-    assert_int_equal(read_all(&f->nodes[1], "s.bin", etag, size, bytes), 0);
+    assert_int_equal(read_all(&f->nodes[1], "s.bin", stored.etag, size, bytes), 0);
     struct tier_stats stats = tier_stats_of(&f->nodes[1]);
     assert_int_equal(stats.bad, 0);
     assert_int_equal(stats.hits, 7);
     assert_true(stats.misses >= 1);
     assert_int_equal(origin_bytes(f) - before, BLOCK);
-    free(key);
+    stored_block_free(&stored);
     free(bytes);
 }
 
@@ -371,25 +431,20 @@ static void test_garbled_answer_is_a_miss(void **state)
     struct fixture *f = *state;
     const size_t size = 8 * BLOCK;
     unsigned char *bytes = pattern(size, 12);
-    struct tier_block_id id = {ORIGIN, "g.bin", NULL, BLOCK, 3};
-    char etag[S3_ETAG_MAX], *key = NULL;
+    struct stored_block stored;
 
-    assert_int_equal(fake_s3_put(f->origin, "g.bin", bytes, size, NULL, etag), 0);
-    assert_int_equal(read_all(&f->nodes[0], "g.bin", etag, size, bytes), 0);
-    tier_flush(f->nodes[0].tier, 0);
-    id.etag = etag;
-    assert_int_equal(tier_block_key("shared/", &id, &key), 0);
-    assert_int_equal(fake_s3_fail(f->tier_s3, ON(FAKE_S3_GET, key), 1, EIO,
-                                  false, NULL), 0);
+    stored_block_get(f, "g.bin", bytes, size, 3, &stored);
+    assert_int_equal(fake_s3_fail(f->tier_s3, ON(FAKE_S3_GET, stored.key), 1,
+                                  EIO, false, NULL), 0);
     uint64_t before = origin_bytes(f);
-    assert_int_equal(read_all(&f->nodes[1], "g.bin", etag, size, bytes), 0);
+    assert_int_equal(read_all(&f->nodes[1], "g.bin", stored.etag, size, bytes), 0);
     struct tier_stats stats = tier_stats_of(&f->nodes[1]);
     assert_int_equal(stats.errors, 0);
     assert_false(stats.skipping);
     assert_int_equal(stats.misses, 1);
     assert_int_equal(stats.hits, 8);
     assert_int_equal(origin_bytes(f), before);
-    free(key);
+    stored_block_free(&stored);
     free(bytes);
 }
 
@@ -902,6 +957,8 @@ int main(void)
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(
             test_damaged_block_is_read_from_the_origin, setup, teardown),
+        cmocka_unit_test_setup_teardown(
+            test_damaged_block_alone_is_read_from_the_origin, setup, teardown),
         cmocka_unit_test_setup_teardown(test_short_block_is_not_there_yet,
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(test_garbled_answer_is_a_miss, setup,

@@ -1,16 +1,22 @@
 /*
  * unit_cache.h - what the unit tests of the cache index share: a cache
- * opened on a directory, and removing that directory afterwards. Include
- * after cmocka.h and cache.h.
+ * opened on a directory, removing that directory afterwards, and whether
+ * the pages of a data file are still dirty (what decides whether a
+ * spliced read hashes them again). Include after cmocka.h and cache.h.
  */
 #ifndef S3CFS_UNIT_CACHE_H
 #define S3CFS_UNIT_CACHE_H
 
 #include <dirent.h>
+#include <errno.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include "cachestat.h"
 
 /* Remove PATH and everything under it. */
 static void unit_remove_tree(const char *path)
@@ -56,6 +62,31 @@ static struct cache *unit_cache_open(const struct cache_conf *conf)
     }
     assert_non_null(cache);
     return cache;
+}
+
+/* Whether this kernel has cachestat(2) (Linux 6.5): a bad descriptor is
+ * EBADF there, ENOSYS before. (Inline: not every test asks.) */
+static inline bool unit_kernel_has_cachestat(void)
+{
+    struct cachestat_span span = {0, 0};
+    struct cachestat_pages pages;
+
+    return cachestat_query(-1, &span, &pages) != 0 && errno == EBADF;
+}
+
+/* Whether every page of [OFFSET, OFFSET + LEN) of FD is dirty now
+ * (cachestat(2); false without it). A page dirty now was dirty at any
+ * earlier moment since the last write to it: a read made then found it
+ * so, whatever a sync run by anyone on the machine does afterwards. */
+static inline bool unit_pages_dirty(int fd, uint64_t offset, uint64_t len)
+{
+    struct cachestat_span span = {offset, len};
+    struct cachestat_pages pages;
+    uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+
+    if (!unit_kernel_has_cachestat() || cachestat_query(fd, &span, &pages) != 0)
+        return false;
+    return pages.nr_dirty == (offset + len - 1) / page - offset / page + 1;
 }
 
 #endif /* S3CFS_UNIT_CACHE_H */
