@@ -29,6 +29,7 @@
 #endif
 #endif
 
+#ifndef CRASH_SANITIZED
 static void put(const char *text)
 {
     size_t len = strlen(text);
@@ -96,6 +97,8 @@ static void on_fatal(int signum, siginfo_t *info, void *context)
     /* a fault: returning runs the instruction again, which now ends the
      * process with the default action */
 }
+
+#endif /* CRASH_SANITIZED */
 
 bool crash_report_install(void)
 {
