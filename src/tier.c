@@ -20,6 +20,7 @@
 #include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include "clock.h"
 #include "log.h"
@@ -74,6 +75,10 @@ struct tier {
                                     the server refuses it) */
     atomic_int lease_mode;       /* enum tier_lease_mode */
     uint64_t node;               /* this node's token, in its leases */
+    uint64_t damaged[TIER_DAMAGED_MAX]; /* hashes of the keys of blocks
+                                    seen damaged (0: none), a ring: their
+                                    next write replaces them (lock) */
+    unsigned damaged_next;
     pthread_mutex_t claim_lock;  /* one claim at a time (held during its
                                     requests), and own[] */
     struct own_lease {
@@ -144,6 +149,45 @@ static void note_success(struct tier *tier)
         log_info("shared cache: answering again");
 }
 
+/* ---------------------------------------------------- damaged blocks */
+
+/* A block the tier holds damaged (it does not verify) is fetched from the
+ * origin and offered again; its write must replace it, where writes
+ * carry If-None-Match: * and would be refused as "there already" (and
+ * every node reading the block would pay an origin GET for it until a
+ * prune). The tier remembers the last TIER_DAMAGED_MAX such keys. */
+static uint64_t damaged_hash(const char *tier_key)
+{
+    uint64_t hash = XXH3_64bits(tier_key, strlen(tier_key));
+    return hash != 0 ? hash : 1;
+}
+
+static void damaged_remember(struct tier *tier, const char *tier_key)
+{
+    uint64_t hash = damaged_hash(tier_key);
+
+    pthread_mutex_lock(&tier->lock);
+    tier->damaged[tier->damaged_next] = hash;
+    tier->damaged_next = (tier->damaged_next + 1) % TIER_DAMAGED_MAX;
+    pthread_mutex_unlock(&tier->lock);
+}
+
+/* Whether TIER_KEY was seen damaged (forgotten now: one replacement). */
+static bool damaged_take(struct tier *tier, const char *tier_key)
+{
+    uint64_t hash = damaged_hash(tier_key);
+    bool found = false;
+
+    pthread_mutex_lock(&tier->lock);
+    for (unsigned i = 0; !found && i < TIER_DAMAGED_MAX; i++)
+        if (tier->damaged[i] == hash) {
+            tier->damaged[i] = 0;
+            found = true;
+        }
+    pthread_mutex_unlock(&tier->lock);
+    return found;
+}
+
 /* ------------------------------------------------------------ reading */
 
 /* tier_get_block(); a miss is counted only with COUNT_MISS (a wait for
@@ -183,8 +227,10 @@ static int get_block(struct tier *tier, const char *key, const char *etag,
         note_failure(tier, "a read", err, sent);
     } else if (tier_frame_check(&id, scratch, got, len) != 0) {
         atomic_fetch_add(&tier->bad, 1);
+        damaged_remember(tier, tier_key);
         log_warn("shared cache: block %llu of '%s' there does not verify; "
-                 "read from the origin", (unsigned long long)index, key);
+                 "read from the origin, and written there again",
+                 (unsigned long long)index, key);
         err = EBADMSG;
     } else {
         atomic_fetch_add(&tier->hits, 1);
@@ -756,6 +802,8 @@ static void write_block(struct tier *tier, struct tier_put *put, char *buffer)
 
     if (err == 0)
         err = tier_block_key(tier->prefix, &id, &tier_key);
+    if (err == 0 && meta.if_none_match && damaged_take(tier, tier_key))
+        meta.if_none_match = false; /* replace what does not verify */
     if (err == 0)
         err = s3_put_object(tier->s3, tier_key, &body, &meta, NULL);
     if (err == ENOSYS && meta.if_none_match) {

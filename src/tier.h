@@ -17,7 +17,8 @@
  * Blocks are named and framed by tier_format.h: by origin, key, ETag and
  * block size, with a checksum. The tier is not trusted: a block that is
  * not whole, not the one asked for, or does not match its checksum is
- * counted as bad and the reader goes to the origin. Writes carry
+ * counted as bad and the reader goes to the origin; the write of the
+ * block it fetches replaces the damaged one. Writes carry
  * If-None-Match: * so that of several nodes writing one block the first
  * wins and the others learn it (counted); a server that ignores the
  * header (s3rver) lets the last win, with the same bytes, and one that
@@ -46,6 +47,7 @@
 #define TIER_QUEUE_BLOCKS 65536
 #define TIER_SKIP_SECONDS 10.0
 #define TIER_SKIP_MAX 300.0
+#define TIER_DAMAGED_MAX 64   /* damaged blocks remembered for replacing */
 
 struct tier_conf {
     struct s3_client *s3;        /* the tier bucket's client, borrowed */

@@ -360,6 +360,19 @@ static void test_damaged_block_is_read_from_the_origin(void **state)
     assert_true(stats.hits >= 5);
     /* the damaged block alone came from the origin */
     assert_int_equal(origin_bytes(f) - before, BLOCK);
+
+    /* and the tier has it whole again: the write of the block fetched
+     * replaces the damaged one, If-None-Match or not (before: refused as
+     * there already, and every node reading it paid an origin GET) */
+    tier_flush(f->nodes[1].tier, 0);
+    void *frame = NULL;
+    size_t frame_len = 0;
+    assert_int_equal(fake_s3_get(f->tier_s3, stored.key, &frame, &frame_len,
+                                 NULL), 0);
+    struct tier_block_id id = {ORIGIN, "d.bin", stored.etag, BLOCK, 5};
+    assert_int_equal(tier_frame_check(&id, frame, frame_len, BLOCK), 0);
+    assert_int_equal(tier_stats_of(&f->nodes[1]).puts, 1);
+    free(frame);
     stored_block_free(&stored);
     free(bytes);
 }
