@@ -369,10 +369,18 @@ int fs_lookup(struct fs *fs, fuse_ino_t parent_ino, const char *name,
     if (parent->listing != NULL && !parent->too_big_to_list &&
         (parent->listing->count + LIST_PAGE - 1) / LIST_PAGE > RELIST_PAGES_MAX)
         parent->too_big_to_list = true;
-    bool try_listing = listing == NULL && !listed && !parent->too_big_to_list &&
+    /* Under -o trust a directory's listing is kept in the index for good:
+     * one the kernel forgot (memory pressure, drop_caches) and looks up a
+     * name in again, with no readdir, reads it from there with no request
+     * (probing the name asked the bucket, and showed another client's
+     * change under a trusted prefix) */
+    bool stored = listing == NULL && !listed && parent->listing == NULL &&
+                  fs_trusts(fs, parent_key);
+    bool try_listing = listing == NULL && !listed && !stored &&
+                       !parent->too_big_to_list &&
                        ++parent->probes >= PROBES_BEFORE_LISTING;
     inode_table_unlock(fs->inodes);
-    if (listed || try_listing) {
+    if (listed || try_listing || stored) {
         err = fs_get_listing(fs, parent, RELIST_PAGES_MAX, &listing);
         if (err == EFBIG) {
             inode_table_lock(fs->inodes);

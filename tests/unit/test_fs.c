@@ -1013,6 +1013,21 @@ static void test_trusted_prefix_asks_once(void **state)
     assert_int_not_equal(lookup(f, data, "a", &attr), 0);
     assert_int_equal(attr.st_size, 3);
     assert_string_equal(requests_since(f, mark), "");
+
+    /* the kernel forgets sub (memory pressure, drop_caches) and looks up
+     * a name in it again with no readdir: its stored listing answers,
+     * with no request (before: a LIST of "sub/b/" and a HEAD of sub/b,
+     * which showed another client's change under a trusted prefix) */
+    fuse_ino_t b = lookup(f, sub, "b", &attr); /* its headers: once */
+    assert_int_equal(attr.st_size, 2);
+    other_put(f, "data/sub/b", "changed", 7, NULL);
+    fs_forget(f->fs, b, 1);
+    fs_forget(f->fs, sub, 1);
+    mark = fake_s3_log_count(f->s3);
+    sub = lookup(f, data, "sub", NULL);
+    assert_int_not_equal(lookup(f, sub, "b", &attr), 0);
+    assert_string_equal(requests_since(f, mark), "");
+    assert_int_equal(attr.st_size, 2);
 }
 
 /* fs_refresh()'s INVAL: what the kernel would be told, "P/name" for an
