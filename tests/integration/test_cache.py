@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-import s3proxy
 from conftest import (BINARY, daemon_env, drop_caches, is_fuse_mount,
                       kernel_caches_kept, read_stats, wait_for)
 
@@ -27,11 +26,6 @@ RNG = random.Random(3)
 def sha(data):
     return hashlib.sha256(data).hexdigest()
 
-
-@pytest.fixture
-def proxy(server):
-    with s3proxy.S3Proxy(server.endpoint) as running:
-        yield running
 
 
 def object_gets(proxy, bucket, key):

@@ -89,11 +89,6 @@ def listening_ports(pid):
     return found
 
 
-@pytest.fixture
-def proxy(server):
-    with s3proxy.S3Proxy(server.endpoint) as running:
-        yield running
-
 
 def test_endpoint_serves_the_counters(s3, bucket, mount, proxy, tmp_path):
     port = free_port()

@@ -36,12 +36,6 @@ def sha(data):
     return hashlib.sha256(data).hexdigest()
 
 
-@pytest.fixture
-def proxy(server):
-    """A plain-HTTP proxy in front of the session's server."""
-    with s3proxy.S3Proxy(server.endpoint) as running:
-        yield running
-
 
 @pytest.fixture
 def via(mount):

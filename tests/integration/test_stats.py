@@ -29,9 +29,6 @@ import threading
 import time
 from decimal import Decimal
 
-import pytest
-
-import s3proxy
 from conftest import BINARY, daemon_env, is_fuse_mount, read_stats, wait_for
 # (the tier's server and bucket, shared with the tier's own tests)
 from test_shared_cache import (shared_options, tier_bucket,  # noqa: F401
@@ -170,11 +167,6 @@ def table_money(table, section):
     assert match, table
     return Decimal(match.group(1).replace(',', '')), match.group(2)
 
-
-@pytest.fixture
-def proxy(server):
-    with s3proxy.S3Proxy(server.endpoint) as running:
-        yield running
 
 
 def test_counters_match_what_was_done(s3, bucket, mount, proxy, tmp_path):

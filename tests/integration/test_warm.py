@@ -14,9 +14,6 @@ import signal
 import subprocess
 import time
 
-import pytest
-
-import s3proxy
 from conftest import BINARY, drop_caches, kernel_caches_kept, read_stats, wait_for
 
 KiB = 1 << 10
@@ -29,11 +26,6 @@ BLOCK = 256 * KiB
 # the requests counted are the command's.
 STEADY = ['attr_ttl=600', 'dir_ttl=600', f'block_size={BLOCK}']
 
-
-@pytest.fixture
-def proxy(server):
-    with s3proxy.S3Proxy(server.endpoint) as running:
-        yield running
 
 
 def sha(data):
