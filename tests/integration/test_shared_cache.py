@@ -185,10 +185,13 @@ def test_nodes_reading_at_once_fetch_once(server, s3, bucket, mount, home,
     assert list(digests.values()) == [sha(body)] * len(nodes)
     fetched = origin_bytes(origin, bucket)
     stats = [read_stats(n.path) for n in nodes]
-    # A tier request past its deadline (an overloaded single-threaded
-    # s3rver as the tier) skips the tier on that node for 10 s, which then
-    # reads from the origin: the bound holds where the tier held up.
-    bound = size * 5 // 4 if sum(s['tier_errors'] for s in stats) == 0 \
+    # A tier request past its deadline while the tier answered others is
+    # counted, not a skip; one with no answer since (an overloaded
+    # single-threaded s3rver as the tier, under load) skips the tier on
+    # that node for 10 s, which then reads from the origin: the bound
+    # holds where no node skipped the tier.
+    bound = size * 5 // 4 \
+        if sum(s['tier_skipped_blocks'] for s in stats) == 0 \
         else len(nodes) * size - 1
     assert size <= fetched <= bound, (fetched / size, [
         {k: v for k, v in s.items() if k.startswith('tier_') and
