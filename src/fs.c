@@ -119,6 +119,7 @@ int fs_create(const struct fs_conf *conf, struct s3_client *s3, struct fs **out)
     fs->open_files.next = fs->open_files.prev = &fs->open_files;
     pthread_cond_init(&fs->listing_done, NULL);
     pthread_cond_init(&fs->move_done, NULL);
+    pthread_cond_init(&fs->detach_done, NULL);
     pthread_cond_init(&fs->ahead_done, NULL);
     fs->mount_time = clock_wall_now();
     fs->root_key = strdup(conf->root_key);
@@ -257,6 +258,7 @@ void fs_destroy(struct fs **fsp)
     pthread_mutex_destroy(&fs->handles_lock);
     pthread_cond_destroy(&fs->listing_done);
     pthread_cond_destroy(&fs->move_done);
+    pthread_cond_destroy(&fs->detach_done);
     pthread_cond_destroy(&fs->ahead_done);
     for (size_t i = 0; fs->trusted != NULL && i < fs->conf.trusted_count; i++)
         free(fs->trusted[i]);

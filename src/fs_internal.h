@@ -81,6 +81,8 @@ struct fs {
                                      a head-ahead job was answered */
     pthread_cond_t listing_done;  /* with the inode table lock: a directory
                                      listing finished (inode.listing_fetch) */
+    pthread_cond_t detach_done;   /* with the inode table lock: an inode's
+                                     detaching ended */
     pthread_cond_t move_done;     /* with the inode table lock: a directory
                                      rename left dir_moves */
     pthread_mutex_t handles_lock; /* guards the two lists below */

@@ -337,6 +337,12 @@ static int rename_file(struct fs *fs, struct inode *inode, const char *src_key,
     *held = NULL;
     *state_out = WRITER_RENAMED_UPLOADED;
     inode_table_lock(fs->inodes);
+    /* its staged data being adopted by the cache (the kernel's RELEASE
+     * came just before): the cache's move below needs it adopted, else
+     * it lands under the old key, a version nobody reads, and the file
+     * is fetched again (a torch.save-style rename on a loaded machine) */
+    while (inode->detaching)
+        inode_table_wait(fs->inodes, &fs->detach_done);
     if (inode->wfile != NULL)
         wfile = fs_staged_get_locked(inode);
     inode_table_unlock(fs->inodes);

@@ -212,12 +212,17 @@ static void maybe_detach(struct fs *fs, struct inode *inode, bool concluding)
         (concluding || !writer_file_uploading(inode->wfile))) {
         wfile = inode->wfile;
         inode->wfile = NULL;
+        inode->detaching = true;
         tdelete(inode, &fs->staged, compare_pointers);
     }
     inode_table_unlock(fs->inodes);
     if (wfile == NULL)
         return;
     writer_file_put(&wfile); /* the data becomes cached blocks */
+    inode_table_lock(fs->inodes);
+    inode->detaching = false;
+    pthread_cond_broadcast(&fs->detach_done);
+    inode_table_unlock(fs->inodes);
     inode_put(fs->inodes, inode); /* the pin of attach_locked() */
 }
 

@@ -111,6 +111,9 @@ struct inode {
     unsigned write_handles;     /* (L) handles open for writing */
     unsigned open_handles;      /* (L) handles open at all */
     bool unlinked;              /* (L) removed: no longer found by key */
+    bool detaching;             /* (L) its staged file is being let go (its
+                                   data adopted by the cache as the
+                                   version uploaded): fs->detach_done */
     struct timespec local_ctime; /* (L) the last change made here (setattr,
                                     rename; a directory's entries): the
                                     ctime shown is at least this. Kept

@@ -186,6 +186,8 @@ struct fixture {
 enum seam {
     SEAM_UNLINK,            /* writer_file_unlink() */
     SEAM_HOLD,              /* writer_file_hold() */
+    SEAM_ADOPT,             /* cache_adopt_file(), held while adopt_gated */
+    SEAM_WAIT,              /* inode_table_wait() from the fs layer */
     SEAM_COUNT,
 };
 
@@ -196,9 +198,18 @@ int __real_writer_file_hold(struct writer_file *file,
 int __wrap_writer_file_hold(struct writer_file *file,
                             enum writer_renamed *state);
 
+int __real_cache_adopt_file(struct cache *cache, const char *key,
+                            const char *etag, uint64_t size, const char *path);
+int __wrap_cache_adopt_file(struct cache *cache, const char *key,
+                            const char *etag, uint64_t size, const char *path);
+struct inode_table;
+void __real_inode_table_wait(struct inode_table *table, pthread_cond_t *cond);
+void __wrap_inode_table_wait(struct inode_table *table, pthread_cond_t *cond);
+
 static pthread_mutex_t seam_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t seam_reached_cond = PTHREAD_COND_INITIALIZER;
 static unsigned seam_calls[SEAM_COUNT];   /* (seam_lock) */
+static bool adopt_gated;                  /* (seam_lock) adoptions wait */
 
 static void seam_reached(enum seam seam)
 {
@@ -219,6 +230,31 @@ int __wrap_writer_file_hold(struct writer_file *file,
 {
     seam_reached(SEAM_HOLD);
     return __real_writer_file_hold(file, state);
+}
+
+int __wrap_cache_adopt_file(struct cache *cache, const char *key,
+                            const char *etag, uint64_t size, const char *path)
+{
+    seam_reached(SEAM_ADOPT);
+    pthread_mutex_lock(&seam_lock);
+    while (adopt_gated)
+        pthread_cond_wait(&seam_reached_cond, &seam_lock);
+    pthread_mutex_unlock(&seam_lock);
+    return __real_cache_adopt_file(cache, key, etag, size, path);
+}
+
+void __wrap_inode_table_wait(struct inode_table *table, pthread_cond_t *cond)
+{
+    seam_reached(SEAM_WAIT);
+    __real_inode_table_wait(table, cond);
+}
+
+static void adopt_gate(bool gated)
+{
+    pthread_mutex_lock(&seam_lock);
+    adopt_gated = gated;
+    pthread_cond_broadcast(&seam_reached_cond);
+    pthread_mutex_unlock(&seam_lock);
 }
 
 static unsigned seam_calls_now(enum seam seam)
@@ -1769,6 +1805,57 @@ static void test_rename_before_release_keeps_the_data_cached(void **state)
     assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_GET, NULL)), gets);
 }
 
+struct release_call {
+    struct fs *fs;
+    struct fs_file *file;
+};
+
+static void *release_main(void *arg)
+{
+    struct release_call *call = arg;
+
+    fs_release(call->fs, call->file);
+    return NULL;
+}
+
+/*
+ * As above, the RELEASE a moment earlier: the cache is adopting the
+ * staged data (held here in cache_adopt_file()) when the rename comes.
+ * The rename waits for the adoption, then moves the cached version with
+ * the object: the re-read sends no GET. (Before: the rename found
+ * nothing cached to move, the adoption landed under ckpt.tmp, and the
+ * re-read fetched the file: test_save_to_temporary_name_then_rename's 7
+ * GETs in CI, after the fix above.)
+ */
+static void test_rename_during_adoption_keeps_the_data_cached(void **state)
+{
+    struct fixture *f = *state;
+    const size_t size = 2 * MIB + 5 * KIB;
+    unsigned char *data = bytes_of(f, size, 30);
+    struct release_call release;
+    pthread_t thread;
+    fuse_ino_t ino = 0;
+
+    struct fs_file *file = create_file(f, ROOT, "ckpt.tmp", data, size, &ino);
+    assert_int_equal(fs_flush(f->fs, file), 0); /* close: uploaded */
+    unsigned adopts = seam_calls_now(SEAM_ADOPT);
+    adopt_gate(true);
+    release = (struct release_call){f->fs, file};
+    assert_int_equal(pthread_create(&thread, NULL, release_main, &release), 0);
+    assert_int_equal(wait_seam_calls(SEAM_ADOPT, adopts + 1), 0);
+    unsigned waits = seam_calls_now(SEAM_WAIT);
+    rename_start(f, ROOT, "ckpt.tmp", ROOT, "ckpt");
+    assert_int_equal(wait_seam_calls(SEAM_WAIT, waits + 1), 0); /* it waits */
+    adopt_gate(false);
+    assert_int_equal(pthread_join(thread, NULL), 0);
+    assert_int_equal(op_join(f), 0);
+    assert_string_equal(bucket_of(f), "ckpt");
+
+    unsigned gets = fake_s3_count(f->s3, ON(FAKE_S3_GET, NULL));
+    assert_true(reads_as(f, ino, data, size));
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_GET, NULL)), gets);
+}
+
 /* Writeback: a file closed (journaled) but not uploaded, renamed: only
  * its key changes, and it goes up once, under the new name. */
 static void test_rename_of_a_pending_file_changes_only_its_key(void **state)
@@ -3278,6 +3365,8 @@ int main(void)
         FS_TEST(test_rename_of_an_uploaded_file_copies_then_deletes,
                 default_cached),
         FS_TEST(test_rename_before_release_keeps_the_data_cached,
+                default_cached),
+        FS_TEST(test_rename_during_adoption_keeps_the_data_cached,
                 default_cached),
         FS_TEST(test_rename_of_a_pending_file_changes_only_its_key,
                 writeback_cached),
