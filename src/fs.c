@@ -242,12 +242,16 @@ void fs_destroy(struct fs **fsp)
     if (fs->writer != NULL)
         fs_drain(fs);
     lifetime_stop(&fs->lifetime); /* (the drain's uploads counted) */
-    writer_destroy(&fs->writer);
-    workers_destroy(&fs->upload_workers);
     if (fs->reader != NULL)
         reader_stop(fs->reader); /* queued read-ahead ends at once */
+    /* the background jobs end before the writer goes: a relisting begun
+     * before the unmount merges the writer's waiting markers into what
+     * it lists (CI: SIGSEGV in writer_marker_visit() from
+     * listing_refresh_main(), at the unmount) */
     workers_destroy(&fs->refresh_workers);
     workers_destroy(&fs->workers);
+    writer_destroy(&fs->writer);
+    workers_destroy(&fs->upload_workers);
     if (fs->inodes != NULL)
         fs_ahead_end_all(fs); /* (their HEADs ran, or were dropped, above) */
     reader_destroy(&fs->reader);
