@@ -139,13 +139,16 @@ int tier_get_block(struct tier *tier, const char *key, const char *etag,
  * READING_ON: the run is read-ahead, and the node will go on to the
  * rest of the group: its lease says so, and a node that misses a block
  * there waits a while (TIER_LEASE_INTENT_WAIT) for the lease to take it
- * in rather than fetching it too.
+ * in rather than fetching it too; so does a node that misses a block
+ * before such a lease (that node's read of it may claim after its
+ * read-ahead).
  *
  * TIER_FETCH: fetch blocks FIRST..*covered from the origin, then ask the
  * tier again for the rest of the run (this node claimed FIRST's group,
  * or another node's lease there is on other blocks: *covered stops
- * before blocks another node's lease covers; or the tier is skipped:
- * *covered is LAST). TIER_AWAIT: another node's lease covers blocks
+ * before blocks another node's lease covers, and before a next group
+ * where another node's lease runs; or the tier is skipped: *covered is
+ * LAST). TIER_AWAIT: another node's lease covers blocks
  * FIRST..*covered (up to *until, monotonic seconds): wait for them with
  * tier_await_block(). A lease past its time is claimed again (deleted
  * first where writes are conditional).

@@ -714,6 +714,27 @@ static void *node_warm_main(void *arg)
     return NULL;
 }
 
+struct claim_call {
+    struct tier *tier;
+    const char *key, *etag;
+    uint64_t first, last;
+    bool reading_on;
+    int claim;
+    uint64_t covered;
+    double until;
+};
+
+static void *claim_main(void *arg)
+{
+    struct claim_call *call = arg;
+
+    call->claim = (int)tier_claim_blocks(call->tier, call->key, call->etag,
+                                         call->first, call->last,
+                                         call->reading_on, &call->covered,
+                                         &call->until);
+    return NULL;
+}
+
 /* Another node's lease covers blocks 2..7 of a group this node warms
  * (one GET at a time, runs of 4 blocks): it fetches 0..1 from the
  * origin, not the whole run 0..3, and waits for 2..7, which that node
@@ -763,6 +784,91 @@ static void test_run_stops_at_another_nodes_lease(void **state)
     assert_true(stats.lease_waits_met >= 1);
     free(lease);
     free(bytes);
+}
+
+/* Another node's running lease on group GROUP_FIRST.. of KEY (version
+ * ETAG): blocks FIRST..LAST, read on to INTENDS, for 9 s more. */
+static void put_other_lease(struct fixture *f, const char *key,
+                            const char *etag, uint64_t group_first,
+                            unsigned first, unsigned last, unsigned intends)
+{
+    struct tier_block_id id = {ORIGIN, key, etag, BLOCK, group_first};
+    char text[96], *lease = NULL;
+    struct timespec now;
+
+    assert_int_equal(tier_lease_key("shared/", &id, TIER_LEASE_BLOCKS, &lease), 0);
+    clock_gettime(CLOCK_REALTIME, &now);
+    snprintf(text, sizeof(text), "%ld.000 %u %u 00000000000000ab %u\n",
+             (long)now.tv_sec + 9, first, last, intends);
+    assert_int_equal(fake_s3_put(f->tier_s3, lease, text, strlen(text), NULL,
+                                 NULL), 0);
+    free(lease);
+}
+
+/* A node's reads run in parallel: the read-ahead of blocks 3..7 may
+ * claim the group before the read of blocks 0..2 does. Another node
+ * that misses block 0 meanwhile waits for that lease to widen down to
+ * it, and then waits for the blocks, rather than fetching 0..2 too. */
+static void test_lease_after_the_block_is_waited_for(void **state)
+{
+    struct fixture *f = *state;
+    char etag[] = "\"e1\"", *lease = NULL;
+    struct tier_block_id id = {ORIGIN, "w.bin", etag, BLOCK, 0};
+    uint64_t covered = 0;
+    double until = 0;
+    unsigned rule = 0;
+
+    put_other_lease(f, "w.bin", etag, 0, 3, 7, 7);      /* read-ahead */
+    assert_int_equal(tier_lease_key("shared/", &id, TIER_LEASE_BLOCKS, &lease), 0);
+    assert_int_equal(fake_s3_hold(f->tier_s3, ON(FAKE_S3_GET, lease), &rule), 0);
+    struct tier *tier = f->nodes[0].tier;
+    struct claim_call call = {tier, "w.bin", etag, 0, 3, true, -1, 0, 0};
+    pthread_t thread;
+    assert_int_equal(pthread_create(&thread, NULL, claim_main, &call), 0);
+    assert_int_equal(fake_s3_wait_held(f->tier_s3, rule, 1), 0);
+    assert_int_equal(fake_s3_release(f->tier_s3, rule, false, NULL), 0);
+    /* the claim saw 3..7; while it looks again, that node takes 0 in */
+    assert_int_equal(fake_s3_wait_held(f->tier_s3, rule, 1), 0);
+    put_other_lease(f, "w.bin", etag, 0, 0, 7, 7);
+    fake_s3_hold_clear(f->tier_s3, rule);
+    assert_int_equal(pthread_join(thread, NULL), 0);
+    assert_int_equal(call.claim, TIER_AWAIT);
+    assert_int_equal(call.covered, 7);
+    assert_true(call.until > 0);
+
+    /* a lease of one read, not read-ahead, that does not widen: the
+     * blocks before it are fetched after a moment */
+    put_other_lease(f, "w.bin", etag, 0, 3, 3, 3);
+    assert_int_equal(tier_claim_blocks(tier, "w.bin", etag, 0, 3, true,
+                                       &covered, &until), TIER_FETCH);
+    assert_int_equal(covered, 2);
+    assert_int_equal(tier_stats_of(&f->nodes[0]).leases, 0);
+    free(lease);
+}
+
+/* A run over two groups, where another node's lease in the second is on
+ * blocks after the run's: the run's blocks in the first group are
+ * fetched; the second group is asked of the tier again when the run
+ * gets to it (that node may widen its lease down to them meanwhile),
+ * not fetched without a lease. */
+static void test_run_stops_before_a_group_another_node_leases(void **state)
+{
+    struct fixture *f = *state;
+    char etag[] = "\"e2\"";
+    uint64_t covered = 0;
+    double until = 0;
+    struct tier *tier = f->nodes[0].tier;
+
+    put_other_lease(f, "n.bin", etag, 8, 12, 15, 15);
+    assert_int_equal(tier_claim_blocks(tier, "n.bin", etag, 4, 11, true,
+                                       &covered, &until), TIER_FETCH);
+    assert_int_equal(covered, 7);
+    assert_int_equal(tier_stats_of(&f->nodes[0]).leases, 1);
+    /* with no lease there, the run goes on into it, leased */
+    assert_int_equal(tier_claim_blocks(tier, "n.bin", etag, 20, 27, true,
+                                       &covered, &until), TIER_FETCH);
+    assert_int_equal(covered, 27);
+    assert_int_equal(tier_stats_of(&f->nodes[0]).leases, 3);
 }
 
 /* A lease past its time (its node died) is taken over: the block is
@@ -990,6 +1096,10 @@ int main(void)
             test_read_back_leases_agree_on_the_last_write, setup, teardown),
         cmocka_unit_test_setup_teardown(test_run_stops_at_another_nodes_lease,
                                         setup, teardown),
+        cmocka_unit_test_setup_teardown(test_lease_after_the_block_is_waited_for,
+                                        setup, teardown),
+        cmocka_unit_test_setup_teardown(
+            test_run_stops_before_a_group_another_node_leases, setup, teardown),
         cmocka_unit_test_setup_teardown(test_expired_lease_is_taken_over,
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(test_first_writer_wins, setup,
