@@ -663,7 +663,7 @@ static void test_read_back_leases_agree_on_the_last_write(void **state)
     unsigned char *bytes = pattern(size, 5);
     struct tier_block_id id = {ORIGIN, "race.bin", NULL, BLOCK, 0};
     char etag[S3_ETAG_MAX], *lease = NULL;
-    unsigned rule = 0;
+    unsigned rule = 0, read_back = 0;
     pthread_t threads[NODES];
     struct node_read reads[NODES];
 
@@ -671,7 +671,9 @@ static void test_read_back_leases_agree_on_the_last_write(void **state)
     assert_int_equal(fake_s3_put(f->origin, "race.bin", bytes, size, NULL, etag), 0);
     id.etag = etag;
     assert_int_equal(tier_lease_key("shared/", &id, TIER_LEASE_BLOCKS, &lease), 0);
-    /* both nodes' lease writes wait, then land one just after the other */
+    /* both nodes' lease writes wait, then land one just after the other;
+     * both read back after both landed (what the pause after a write is
+     * for: the one here is too short for a loaded machine's scheduler) */
     assert_int_equal(fake_s3_hold(f->tier_s3, ON(FAKE_S3_PUT, lease), &rule), 0);
     for (int i = 0; i < NODES; i++) {
         reads[i] = (struct node_read){&f->nodes[i], "race.bin", etag, size,
@@ -680,7 +682,11 @@ static void test_read_back_leases_agree_on_the_last_write(void **state)
                                         &reads[i]), 0);
     }
     assert_int_equal(fake_s3_wait_held(f->tier_s3, rule, NODES), 0);
+    assert_int_equal(fake_s3_hold(f->tier_s3, ON(FAKE_S3_GET, lease),
+                                  &read_back), 0);
     fake_s3_hold_clear(f->tier_s3, rule);
+    assert_int_equal(fake_s3_wait_held(f->tier_s3, read_back, NODES), 0);
+    fake_s3_hold_clear(f->tier_s3, read_back);
     for (int i = 0; i < NODES; i++) {
         assert_int_equal(pthread_join(threads[i], NULL), 0);
         assert_int_equal(reads[i].result, 0);
