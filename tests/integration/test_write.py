@@ -611,6 +611,37 @@ def test_save_to_temporary_name_then_rename(server, s3, bucket, proxy, mount,
     assert proxy.counts['GET'] == 0
 
 
+def test_rename_checkpoint_directory_keeps_the_data_cached(
+        server, s3, bucket, proxy, mount):
+    """A trainer writes checkpoint-N.tmp/ and renames the directory when
+    it is complete: the files, uploaded in parts and moved server-side
+    (a copy has an ETag of its own), read back from the cache under
+    their new names, one of them still open for writing across the
+    rename; nothing is fetched again."""
+    mnt = mount(bucket, endpoint=proxy.endpoint)
+    tmp, done = mnt.path / 'checkpoint-100.tmp', mnt.path / 'checkpoint-100'
+    os.mkdir(tmp)
+    files = {'model.safetensors': blob(31, 12 * MiB + 7),
+             'optimizer.pt': blob(32, 20 * MiB + 3)}
+    write_file(tmp / 'model.safetensors', files['model.safetensors'])
+    held = open(tmp / 'optimizer.pt', 'wb')
+    try:
+        held.write(files['optimizer.pt'])
+        held.flush()
+        os.fsync(held.fileno())          # uploaded, still open
+        os.rename(tmp, done)
+    finally:
+        held.close()
+    assert keys(s3, bucket) == ['checkpoint-100/',
+                                'checkpoint-100/model.safetensors',
+                                'checkpoint-100/optimizer.pt']
+    drop_caches()
+    proxy.reset_counters()
+    for name, data in files.items():
+        assert sha((done / name).read_bytes()) == sha(data), name
+    assert proxy.counts['GET'] == 0
+
+
 def test_statvfs(server, bucket, mount):
     mnt = mount(bucket)
     info = os.statvfs(mnt.path)
