@@ -306,12 +306,12 @@ static int fill_block(struct reader_file *file, uint64_t block,
  * the rest of the run): when another node's lease covers it, that node
  * is fetching it from the origin, and the block is waited for in the
  * tier instead; this node fetches what it claimed, up to blocks another
- * node's lease covers. A block the tier holds damaged is fetched from
- * the origin by itself (*FETCH is 1): the tier is asked again for the
- * blocks after it. READING_ON: the run is read-ahead (the reader means
- * to go on past it). SCRATCH: block_size + TIER_HEADER_LEN bytes of the
- * caller's, for each block's frame in turn. FILE has an ETag and its
- * reader a tier.
+ * node's lease covers. A block the tier holds damaged, or whose request
+ * failed, is fetched from the origin by itself (*FETCH is 1): the tier
+ * is asked again for the blocks after it. READING_ON: the run is
+ * read-ahead (the reader means to go on past it). SCRATCH: block_size +
+ * TIER_HEADER_LEN bytes of the caller's, for each block's frame in turn.
+ * FILE has an ETag and its reader a tier.
  */
 static uint64_t fill_from_tier(struct reader_file *file, uint64_t first,
                                uint64_t count, bool reading_on, char *scratch,
@@ -348,9 +348,12 @@ static uint64_t fill_from_tier(struct reader_file *file, uint64_t first,
                                        len, scratch, &data, until);
             }
         }
-        if (err == EBADMSG) {
-            /* one damaged block says nothing of the ones after it:
-             * they stay the tier's to serve */
+        if (err != 0 && err != ENOENT) {
+            /* one damaged block, or one request that failed (a busy
+             * tier's timeout does not skip it), says nothing of the
+             * blocks after it: they stay the tier's to serve (a tier
+             * skipped from now answers ENOENT at once, and the rest of
+             * the run goes in one GET) */
             *fetch = 1;
             break;
         }

@@ -694,6 +694,10 @@ enum tier_claim tier_claim_blocks(struct tier *tier, const char *key,
     }
     if (err != ESTALE) {
         note_failure(tier, "a lease", err, sent);
+        /* a busy tier's timeout, not a skip: another node may hold the
+         * group; fetch FIRST alone and ask the tier again for the rest */
+        if (!skipped_now(tier))
+            *covered = first;
         return TIER_FETCH;
     }
     if ((first < held.first || first > held.last) &&

@@ -148,7 +148,8 @@ int tier_get_block(struct tier *tier, const char *key, const char *etag,
  * or another node's lease there is on other blocks: *covered stops
  * before blocks another node's lease covers, and before a next group
  * where another node's lease runs; or the tier is skipped: *covered is
- * LAST). TIER_AWAIT: another node's lease covers blocks
+ * LAST; or the claim failed and the tier is not skipped, a busy tier's
+ * timeout: *covered is FIRST). TIER_AWAIT: another node's lease covers blocks
  * FIRST..*covered (up to *until, monotonic seconds): wait for them with
  * tier_await_block(). A lease past its time is claimed again (deleted
  * first where writes are conditional).

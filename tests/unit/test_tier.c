@@ -720,6 +720,53 @@ static void *node_warm_main(void *arg)
     return NULL;
 }
 
+/* A busy tier (one that answers others) times out a GET of a block a
+ * run of 4 (a warm) asks for: that block alone comes from the origin,
+ * and the tier serves the ones after it (before, the rest of the run
+ * came from the origin: with other nodes' leases on it, up to 8 MiB
+ * fetched twice). */
+static void test_busy_timeout_of_a_tier_read_fetches_one_block(void **state)
+{
+    struct fixture *f = *state;
+    const size_t size = 4 * BLOCK;
+    unsigned char *bytes = pattern(size, 23);
+    char etag[S3_ETAG_MAX];
+    char *scratch = malloc(BLOCK + TIER_HEADER_LEN);
+    const char *data = NULL;
+    char *block1 = NULL;
+    unsigned rule = 0;
+    pthread_t thread;
+
+    assert_non_null(scratch);
+    assert_int_equal(fake_s3_put(f->origin, "b.bin", bytes, size, NULL, etag), 0);
+    assert_int_equal(read_all(&f->nodes[0], "b.bin", etag, size, bytes), 0);
+    tier_flush(f->nodes[0].tier, 0);
+    uint64_t before = origin_bytes(f);
+    struct tier_block_id id = {ORIGIN, "b.bin", etag, BLOCK, 1};
+    assert_int_equal(tier_block_key("shared/", &id, &block1), 0);
+    assert_int_equal(fake_s3_hold(f->tier_s3, ON(FAKE_S3_GET, block1), &rule), 0);
+    assert_int_equal(fake_s3_fail(f->tier_s3, ON(FAKE_S3_GET, block1), 1,
+                                  ETIMEDOUT, false, NULL), 0);
+    struct node_warm warm = {&f->nodes[1], "b.bin", etag, size, -1};
+    assert_int_equal(pthread_create(&thread, NULL, node_warm_main, &warm), 0);
+    assert_int_equal(fake_s3_wait_held(f->tier_s3, rule, 1), 0);
+    /* the tier answers a request sent after the held one */
+    assert_int_equal(tier_get_block(f->nodes[1].tier, "b.bin", etag, 3, BLOCK,
+                                    scratch, &data), 0);
+    fake_s3_hold_clear(f->tier_s3, rule);
+    assert_int_equal(pthread_join(thread, NULL), 0);
+    assert_int_equal(warm.result, 0);
+    assert_int_equal(origin_bytes(f) - before, BLOCK);
+    assert_int_equal(read_all(&f->nodes[1], "b.bin", etag, size, bytes), 0);
+    struct tier_stats stats = tier_stats_of(&f->nodes[1]);
+    assert_int_equal(stats.errors, 1);
+    assert_false(stats.skipping);
+    free(block1);
+    free(scratch);
+    free(bytes);
+}
+
+
 struct claim_call {
     struct tier *tier;
     const char *key, *etag;
@@ -875,6 +922,42 @@ static void test_run_stops_before_a_group_another_node_leases(void **state)
                                        &covered, &until), TIER_FETCH);
     assert_int_equal(covered, 27);
     assert_int_equal(tier_stats_of(&f->nodes[0]).leases, 3);
+}
+
+/* A claim whose lease write times out on a busy tier (it answered a
+ * request sent after it): the claim says to fetch the first block only,
+ * and ask the tier again for the rest (another node may hold the group);
+ * the tier is not skipped. Before, the whole run was fetched. */
+static void test_busy_timeout_of_a_claim_fetches_one_block(void **state)
+{
+    struct fixture *f = *state;
+    char etag[] = "\"e3\"", *lease = NULL;
+    char *scratch = malloc(BLOCK + TIER_HEADER_LEN);
+    const char *data = NULL;
+    struct tier_block_id id = {ORIGIN, "c.bin", etag, BLOCK, 0};
+    unsigned rule = 0;
+    pthread_t thread;
+
+    assert_non_null(scratch);
+    assert_int_equal(tier_lease_key("shared/", &id, TIER_LEASE_BLOCKS, &lease), 0);
+    assert_int_equal(fake_s3_hold(f->tier_s3, ON(FAKE_S3_PUT, lease), &rule), 0);
+    assert_int_equal(fake_s3_fail(f->tier_s3, ON(FAKE_S3_PUT, lease), 1,
+                                  ETIMEDOUT, false, NULL), 0);
+    struct tier *tier = f->nodes[0].tier;
+    struct claim_call call = {tier, "c.bin", etag, 0, 3, true, -1, 0, 0};
+    assert_int_equal(pthread_create(&thread, NULL, claim_main, &call), 0);
+    assert_int_equal(fake_s3_wait_held(f->tier_s3, rule, 1), 0);
+    assert_int_equal(tier_get_block(tier, "c.bin", etag, 5, BLOCK, scratch,
+                                    &data), ENOENT);   /* an answer */
+    fake_s3_hold_clear(f->tier_s3, rule);
+    assert_int_equal(pthread_join(thread, NULL), 0);
+    assert_int_equal(call.claim, TIER_FETCH);
+    assert_int_equal(call.covered, 0);
+    struct tier_stats stats = tier_stats_of(&f->nodes[0]);
+    assert_int_equal(stats.errors, 1);
+    assert_false(stats.skipping);
+    free(lease);
+    free(scratch);
 }
 
 /* A lease past its time (its node died) is taken over: the block is
@@ -1090,6 +1173,8 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_timeout_of_a_busy_tier_is_not_a_skip,
                                         setup, teardown),
+        cmocka_unit_test_setup_teardown(
+            test_busy_timeout_of_a_tier_read_fetches_one_block, setup, teardown),
         cmocka_unit_test_setup_teardown(test_failing_tier_is_skipped, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_second_node_waits_for_the_first,
@@ -1106,6 +1191,8 @@ int main(void)
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(
             test_run_stops_before_a_group_another_node_leases, setup, teardown),
+        cmocka_unit_test_setup_teardown(
+            test_busy_timeout_of_a_claim_fetches_one_block, setup, teardown),
         cmocka_unit_test_setup_teardown(test_expired_lease_is_taken_over,
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(test_first_writer_wins, setup,
