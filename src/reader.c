@@ -539,10 +539,11 @@ struct read_target {
 
 /* The bytes of one block, from the cache, fetching the block when it is
  * missing (or waiting for whoever fetches it), into TO->buf + AT or the
- * pipe of TO. */
+ * pipe of TO. Adds LEN to *HITS when the bytes were in the cache already
+ * (the caller counts them once the whole read is answered). */
 static int read_block(struct reader_file *file, uint64_t block, uint32_t offset,
                       uint32_t len, const struct read_target *to, size_t at,
-                      bool first_touch)
+                      bool first_touch, uint64_t *hits)
 {
     struct reader *reader = file->reader;
     unsigned fetches = 0;
@@ -556,7 +557,7 @@ static int read_block(struct reader_file *file, uint64_t block, uint32_t offset,
                       : cache_block_splice(reader->conf.cache, file->object, block,
                                            offset, len, to->pipe_write, reuse);
         if (err == 0 && !fetched_here)
-            atomic_fetch_add(&reader->hit_bytes, len);
+            *hits += len;
         if (err != ENOENT)
             return err;
         pthread_mutex_lock(&reader->lock);
@@ -707,7 +708,7 @@ static int read_into(struct reader_file *file, uint64_t offset, size_t size,
 {
     struct reader *reader = file->reader;
     uint64_t block_size = reader->block_size;
-    uint64_t from = 0;
+    uint64_t from = 0, hits = 0;
     int err = 0;
 
     *got = 0;
@@ -741,7 +742,7 @@ static int read_into(struct reader_file *file, uint64_t offset, size_t size,
         if (len > size - *got)
             len = (uint32_t)(size - *got);
         err = read_block(file, block, in_block, len, to, *got,
-                         block + 1 != previous_block);
+                         block + 1 != previous_block, &hits);
         if (err == ENOSPC && to->buf != NULL) {
             size_t direct = 0;
             err = read_direct(file, at, size - *got, to->buf + *got, &direct);
@@ -754,8 +755,12 @@ static int read_into(struct reader_file *file, uint64_t offset, size_t size,
         *got += len;
         previous_block = block + 1;
     }
-    if (err == 0)
+    /* (a read into a pipe that fails part way is read again into memory:
+     * its bytes count then, once) */
+    if (err == 0) {
         atomic_fetch_add(&reader->bytes_read, *got);
+        atomic_fetch_add(&reader->hit_bytes, hits);
+    }
     return err;
 }
 

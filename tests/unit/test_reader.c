@@ -605,12 +605,19 @@ static void test_pipe_read(void **state)
     assert_int_equal(pipe_read_check(file, fds, 2 * BLOCK, 4 * BLOCK, bytes), 0);
     assert_int_equal(fake_s3_count(f->s3, NULL), cold + 2);
 
-    /* more than the pipe holds: ENOBUFS (the caller reads into memory) */
+    /* more than the pipe holds: ENOBUFS (the caller reads into memory),
+     * also when the first block fitted: its bytes count as hits once,
+     * when the read into memory answers */
     int small[2];
     assert_int_equal(pipe(small), 0);
-    assert_true(fcntl(small[1], F_SETPIPE_SZ, 4096) > 0);
+    assert_true(fcntl(small[1], F_SETPIPE_SZ, BLOCK) == (int)BLOCK);
+    uint64_t hits = reader_stats_of(f).hit_bytes;
     assert_int_equal(reader_read_pipe(file, 0, 4 * BLOCK, small[1], &got),
                      ENOBUFS);
+    assert_int_equal(reader_stats_of(f).hit_bytes, hits);
+    assert_int_equal(read_check(file, 0, 4 * BLOCK, bytes), 0);
+    /* (block 3 this open file fetched again above: not a hit) */
+    assert_int_equal(reader_stats_of(f).hit_bytes - hits, 3 * BLOCK);
     close(small[0]);
     close(small[1]);
     reader_close(&file);
