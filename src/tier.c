@@ -573,29 +573,33 @@ out:
     return err;
 }
 
-/* Another node's running lease HELD on the group of ID (at FIRST) is on
- * other blocks of it. Before FIRST: that node, reading the group in
- * order, may be about to take FIRST in. After FIRST: its reads run in
- * parallel, and the one of the blocks before them may not have claimed
- * yet (the kernel's read of one block, say, behind the read-ahead of the
- * ones after it). Look at the lease again for a moment
+/* Whether another node's lease HELD on the group of ID (at FIRST)
+ * covers FIRST, now or after a moment. A running lease on other blocks
+ * may widen: before FIRST, that node, reading the group in order, may be
+ * about to take FIRST in; after FIRST, its reads run in parallel, and
+ * the one of the blocks before them may not have claimed yet (the
+ * kernel's read of one block, say, behind the read-ahead of the ones
+ * after it). Such a lease is looked at again for a while
  * (LEASE_WIDEN_WAIT; TIER_LEASE_INTENT_WAIT when it says that node reads
- * on: to FIRST, or, for a lease after FIRST, to the group's end):
- * whether it came to cover FIRST (then it is in HELD). */
-static bool lease_widens(struct tier *tier, const struct tier_block_id *id,
+ * on: to FIRST, or, for a lease after FIRST, to the group's end); HELD
+ * gets the lease that came to cover FIRST. */
+static bool lease_covers(struct tier *tier, const struct tier_block_id *id,
                          uint64_t first, struct lease *held)
 {
     struct lease again;
     char *lease_key = NULL;
     double pause = LEASE_POLL_FIRST;
     /* (a lease of read-ahead intends the group's end) */
-    bool reads_on = held->last < first
-                        ? first <= held->intends
-                        : held->intends % TIER_LEASE_BLOCKS == TIER_LEASE_BLOCKS - 1;
+    bool reads_on =
+        held->last < first
+            ? first <= held->intends
+            : held->intends % TIER_LEASE_BLOCKS == TIER_LEASE_BLOCKS - 1;
     double patience = reads_on ? TIER_LEASE_INTENT_WAIT : LEASE_WIDEN_WAIT;
     bool widened = false;
 
-    if ((held->first <= first && first <= held->last) || !lease_runs(held) ||
+    if (held->first <= first && first <= held->last)
+        return true;
+    if (!lease_runs(held) ||
         tier_lease_key(tier->prefix, id, TIER_LEASE_BLOCKS, &lease_key) != 0)
         return false;
     for (double waited = 0; !widened && waited < patience; waited += pause) {
@@ -661,7 +665,7 @@ static uint64_t claim_next_group(struct tier *tier, int mode,
     if (err != ESTALE)
         return last;
     /* another node's lease there covers the group's first blocks, or
-     * later ones it may yet widen down to (lease_widens()): the tier is
+     * later ones it may yet widen down to (lease_covers()): the tier is
      * asked for the group again when the run gets to it */
     return held.first <= held.last ? group_last : last;
 }
@@ -700,8 +704,7 @@ enum tier_claim tier_claim_blocks(struct tier *tier, const char *key,
             *covered = first;
         return TIER_FETCH;
     }
-    if ((first < held.first || first > held.last) &&
-        !lease_widens(tier, &id, first, &held)) {
+    if (!lease_covers(tier, &id, first, &held)) {
         /* its lease is on other blocks of the group: fetch up to them */
         *covered = stop_before(&held, first, last);
         if (*covered == last)

@@ -109,9 +109,9 @@ void tier_destroy(struct tier **tier);
  * TIER_HEADER_LEN bytes (tier_format.h). 0; ENOENT when the tier has no
  * such block, or only part of it, or answers with another range (a
  * server that writes in place shows a block being written part way), or
- * is being skipped; EBADMSG when what
- * it has does not verify; the client's errno when the request failed (the tier is
- * skipped from now, unless it timed out while the tier answered others).
+ * is being skipped; EBADMSG when what it has does not verify; the
+ * client's errno when the request failed (the tier is skipped from now,
+ * unless it timed out while the tier answered others).
  */
 int tier_get_block(struct tier *tier, const char *key, const char *etag,
                    uint64_t index, uint32_t len, char *scratch,
@@ -149,8 +149,8 @@ int tier_get_block(struct tier *tier, const char *key, const char *etag,
  * before blocks another node's lease covers, and before a next group
  * where another node's lease runs; or the tier is skipped: *covered is
  * LAST; or the claim failed and the tier is not skipped, a busy tier's
- * timeout: *covered is FIRST). TIER_AWAIT: another node's lease covers blocks
- * FIRST..*covered (up to *until, monotonic seconds): wait for them with
+ * timeout: *covered is FIRST). TIER_AWAIT: another node's lease covers
+ * blocks FIRST..*covered (up to *until, monotonic seconds): wait for them with
  * tier_await_block(). A lease past its time is claimed again (deleted
  * first where writes are conditional).
  */

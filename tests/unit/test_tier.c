@@ -516,20 +516,17 @@ static void test_timeout_of_a_busy_tier_is_not_a_skip(void **state)
     struct fixture *f = *state;
     const size_t size = 4 * BLOCK;
     unsigned char *bytes = pattern(size, 17);
-    char etag[S3_ETAG_MAX];
     char *scratch = malloc(BLOCK + TIER_HEADER_LEN);
     const char *data = NULL;
-    char *block0 = NULL, *block3 = NULL;
+    char *block3 = NULL;
     unsigned rule = 0, fail = 0;
     pthread_t thread;
+    struct stored_block stored;
 
     assert_non_null(scratch);
-    assert_int_equal(fake_s3_put(f->origin, "t.bin", bytes, size, NULL, etag), 0);
-    assert_int_equal(read_all(&f->nodes[0], "t.bin", etag, size, bytes), 0);
-    tier_flush(f->nodes[0].tier, 0);
-    struct tier_block_id id = {ORIGIN, "t.bin", etag, BLOCK, 0};
-    assert_int_equal(tier_block_key("shared/", &id, &block0), 0);
-    id.index = 3;
+    stored_block_get(f, "t.bin", bytes, size, 0, &stored);
+    const char *etag = stored.etag, *block0 = stored.key;
+    struct tier_block_id id = {ORIGIN, "t.bin", etag, BLOCK, 3};
     assert_int_equal(tier_block_key("shared/", &id, &block3), 0);
 
     struct tier *tier = f->nodes[1].tier;
@@ -559,7 +556,7 @@ static void test_timeout_of_a_busy_tier_is_not_a_skip(void **state)
     stats = tier_stats_of(&f->nodes[1]);
     assert_int_equal(stats.errors, 2);
     assert_true(stats.skipping);
-    free(block0);
+    stored_block_free(&stored);
     free(block3);
     free(scratch);
     free(bytes);
@@ -730,20 +727,16 @@ static void test_busy_timeout_of_a_tier_read_fetches_one_block(void **state)
     struct fixture *f = *state;
     const size_t size = 4 * BLOCK;
     unsigned char *bytes = pattern(size, 23);
-    char etag[S3_ETAG_MAX];
     char *scratch = malloc(BLOCK + TIER_HEADER_LEN);
     const char *data = NULL;
-    char *block1 = NULL;
     unsigned rule = 0;
     pthread_t thread;
+    struct stored_block stored;
 
     assert_non_null(scratch);
-    assert_int_equal(fake_s3_put(f->origin, "b.bin", bytes, size, NULL, etag), 0);
-    assert_int_equal(read_all(&f->nodes[0], "b.bin", etag, size, bytes), 0);
-    tier_flush(f->nodes[0].tier, 0);
+    stored_block_get(f, "b.bin", bytes, size, 1, &stored);
+    const char *etag = stored.etag, *block1 = stored.key;
     uint64_t before = origin_bytes(f);
-    struct tier_block_id id = {ORIGIN, "b.bin", etag, BLOCK, 1};
-    assert_int_equal(tier_block_key("shared/", &id, &block1), 0);
     assert_int_equal(fake_s3_hold(f->tier_s3, ON(FAKE_S3_GET, block1), &rule), 0);
     assert_int_equal(fake_s3_fail(f->tier_s3, ON(FAKE_S3_GET, block1), 1,
                                   ETIMEDOUT, false, NULL), 0);
@@ -761,7 +754,7 @@ static void test_busy_timeout_of_a_tier_read_fetches_one_block(void **state)
     struct tier_stats stats = tier_stats_of(&f->nodes[1]);
     assert_int_equal(stats.errors, 1);
     assert_false(stats.skipping);
-    free(block1);
+    stored_block_free(&stored);
     free(scratch);
     free(bytes);
 }
