@@ -14,8 +14,21 @@
 
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
+#include <xxhash.h>
 
-static const char frame_magic[8] = {'S', '3', 'C', 'F', 'S', 'T', 'B', '1'};
+static const char frame_magic[8] = {'S', '3', 'C', 'F', 'S', 'T', 'B', '2'};
+
+/* Where the fields of a frame's header are (tier_format.h). */
+enum {
+    FRAME_LEN_AT = 8,
+    FRAME_RESERVED_AT = 12,
+    FRAME_IDENTITY_AT = 16,
+    FRAME_CHECKSUM_AT = FRAME_IDENTITY_AT + TIER_HASH_LEN,
+};
+_Static_assert(FRAME_CHECKSUM_AT + TIER_CHECKSUM_LEN == TIER_HEADER_LEN,
+               "the header's fields fill it");
+_Static_assert(sizeof(XXH128_canonical_t) == TIER_CHECKSUM_LEN,
+               "XXH3-128's canonical form is the checksum field");
 
 /* SHA-256 of the COUNT pieces PARTS[i] of LENS[i] bytes into OUT. */
 static int sha256_parts(const void *const *parts, const size_t *lens,
@@ -129,14 +142,14 @@ int tier_lease_key(const char *prefix, const struct tier_block_id *id,
 int tier_frame_header(const struct tier_block_id *id, const void *data,
                       uint32_t len, unsigned char *header)
 {
-    const void *parts[] = {data};
-    size_t lens[] = {len};
+    XXH128_canonical_t checksum;
 
     memset(header, 0, TIER_HEADER_LEN);
     memcpy(header, frame_magic, sizeof(frame_magic));
-    put_le(header + 8, len, 4);
-    int err = identity_hash(id, header + 16);
-    return err != 0 ? err : sha256_parts(parts, lens, 1, header + 48);
+    put_le(header + FRAME_LEN_AT, len, 4);
+    XXH128_canonicalFromHash(&checksum, XXH3_128bits(data, len));
+    memcpy(header + FRAME_CHECKSUM_AT, &checksum, sizeof(checksum));
+    return identity_hash(id, header + FRAME_IDENTITY_AT);
 }
 
 int tier_frame_check(const struct tier_block_id *id, const void *object,
@@ -147,7 +160,8 @@ int tier_frame_check(const struct tier_block_id *id, const void *object,
 
     if (object_len != (size_t)TIER_HEADER_LEN + len ||
         memcmp(header, frame_magic, sizeof(frame_magic)) != 0 ||
-        get_le(header + 8, 4) != len || get_le(header + 12, 4) != 0)
+        get_le(header + FRAME_LEN_AT, 4) != len ||
+        get_le(header + FRAME_RESERVED_AT, 4) != 0)
         return EBADMSG;
     if (tier_frame_header(id, header + TIER_HEADER_LEN, len, expected) != 0)
         return EBADMSG;

@@ -4,7 +4,7 @@
  *
  * A block of an origin object lives in the tier bucket as one object:
  *
- *   PREFIX s3cachefs-tier/v1/VVVV.../BLOCK_SIZE-INDEX
+ *   PREFIX s3cachefs-tier/v2/VVVV.../BLOCK_SIZE-INDEX
  *
  * where VVVV is the hex SHA-256 of the block's version: the origin
  * (endpoint and bucket), the key and the ETag. Another version, another
@@ -14,19 +14,22 @@
  *
  * The object is a header of TIER_HEADER_LEN bytes, then the block's bytes:
  *
- *   "S3CFSTB1"          8 bytes, the format
+ *   "S3CFSTB2"          8 bytes, the format
  *   data length         4 bytes, little-endian
  *   reserved            4 bytes, zero
  *   identity            32 bytes: SHA-256 of (version hash, block size,
  *                       index): the block this claims to be
- *   checksum            32 bytes: SHA-256 of the data
+ *   checksum            16 bytes: XXH3-128 of the data (xxhash's
+ *                       canonical form, big-endian)
  *
  * The tier is not trusted: a node reads a block from it only if the frame
  * is whole, names the block asked for and its data matches its checksum.
  * This catches truncated, damaged, misplaced and mixed-up objects; it does
  * not stop someone allowed to write the tier bucket from writing a block
  * with a matching checksum (whoever may write the tier is trusted as the
- * origin's readers are).
+ * origin's readers are). So the checksum need not resist forgery, only
+ * damage, and is a fast one: SHA-256 of the data (format 1, "v1/") cost
+ * a node reading from the tier a third of its CPU.
  */
 #ifndef S3CFS_TIER_FORMAT_H
 #define S3CFS_TIER_FORMAT_H
@@ -34,11 +37,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define TIER_HEADER_LEN 80
-#define TIER_HASH_LEN 32
+#define TIER_HEADER_LEN 64
+#define TIER_HASH_LEN 32        /* SHA-256: version and identity */
+#define TIER_CHECKSUM_LEN 16    /* XXH3-128: data */
 #define TIER_VERSION_HEX (2 * TIER_HASH_LEN)
-/* The root of the tier's keys under its prefix. */
-#define TIER_ROOT "s3cachefs-tier/v1/"
+/* The root of the tier's keys under its prefix (another format, another
+ * root: nodes of different formats never read each other's blocks). */
+#define TIER_ROOT "s3cachefs-tier/v2/"
 
 /* Which block: of version ETAG of KEY in the origin ORIGIN ("endpoint
  * bucket"), cut in blocks of BLOCK_SIZE bytes. */

@@ -19,6 +19,7 @@ build_packages=(
 test_packages=(
     python3 python3-pytest python3-boto3 rclone curl attr s3fs awscli
     fio python3-filelock tar perl
+    python3-xxhash   # test_shared_cache.py checks the tier's frames
     # test_clients.py, the tools users run on the mount: torch 1.13 and
     # numpy bring about 166 packages (153 MB to download, 630 MB
     # installed; the time it takes is in HACKING.md, "Testing")

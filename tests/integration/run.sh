@@ -13,8 +13,8 @@ if [ "$(id -u)" != 0 ] || [ ! -c /dev/fuse ]; then
     echo "integration tests need root and /dev/fuse: skipped"
     exit 77
 fi
-if ! /usr/bin/python3 -c 'import pytest, boto3, filelock, numpy, torch' 2>/dev/null; then
-    echo "python3-pytest, -boto3, -filelock, -numpy or -torch is missing: run tests/install-deps.sh"
+if ! /usr/bin/python3 -c 'import pytest, boto3, filelock, numpy, torch, xxhash' 2>/dev/null; then
+    echo "python3-pytest, -boto3, -filelock, -numpy, -torch or -xxhash is missing: run tests/install-deps.sh"
     exit 1
 fi
 basetemp=$(mktemp -d "${TMPDIR:-/tmp}/s3cachefs-integration.XXXXXX")

@@ -16,6 +16,7 @@ import subprocess
 import threading
 
 import pytest
+import xxhash
 
 import servers
 import s3proxy
@@ -141,7 +142,16 @@ def test_second_node_reads_from_the_shared_cache(server, s3, bucket, mount, home
     assert stats['tier_hit_blocks'] == 0
     keys = tier_blocks(tier_server, tier_bucket)
     assert len(keys) == blocks_of(files)
-    assert all(k.startswith(TIER_PREFIX + 's3cachefs-tier/v1/') for k in keys)
+    assert all(k.startswith(TIER_PREFIX + 's3cachefs-tier/v2/') for k in keys)
+    # the frame the man page gives, checked with an XXH3 of its own: the
+    # last block of the weights (4321 bytes) under a 64-byte header
+    tail = files['models/weights.bin'][5 * MiB:]
+    [last] = [k for k in keys if k.endswith(f'/{BLOCK}-5')]
+    frame = tier_server.client().get_object(Bucket=tier_bucket,
+                                            Key=last)['Body'].read()
+    assert frame[:16] == b'S3CFSTB2' + len(tail).to_bytes(4, 'little') + bytes(4)
+    assert frame[48:64] == xxhash.xxh3_128_digest(tail)
+    assert frame[64:] == tail
 
     for name in ('b', 'c'):
         origin.reset_counters()
@@ -238,7 +248,7 @@ def test_damaged_block_in_the_shared_cache(server, s3, bucket, mount, home,
     assert len(keys) == 4
     damaged = next(k for k in keys if k.endswith('-2'))
     body = bytearray(tier_s3.get_object(Bucket=tier_bucket, Key=damaged)['Body'].read())
-    body[80 + 1000] ^= 0xff
+    body[64 + 1000] ^= 0xff
     tier_s3.put_object(Bucket=tier_bucket, Key=damaged, Body=bytes(body))
 
     origin.reset_counters()
@@ -349,7 +359,7 @@ def test_prune_by_age_and_size(server, s3, bucket, mount, home, origin,
     read_all(a, files)
     tier_settled(a)
     tier_s3 = tier_server.client()
-    stranger = TIER_PREFIX + 's3cachefs-tier/v1/notes.txt'
+    stranger = TIER_PREFIX + 's3cachefs-tier/v2/notes.txt'
     tier_s3.put_object(Bucket=tier_bucket, Key=stranger, Body=b'kept')
     before = set(tier_keys(tier_server, tier_bucket))
     leases = len(before) - len(tier_blocks(tier_server, tier_bucket))

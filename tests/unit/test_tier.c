@@ -35,6 +35,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <xxhash.h>
+
 #include "cache.h"
 #include "fake_s3.h"
 #include "reader.h"
@@ -268,8 +270,17 @@ static void test_names_and_frames(void **state)
         free(other_key);
     }
 
-    /* a frame verifies as itself only */
+    /* the format the man page gives: "v2/" keys; a 64-byte header of
+     * "S3CFSTB2", the length, zeros, the identity, XXH3-128 of the data */
+    assert_int_equal(strncmp(key, "p/s3cachefs-tier/v2/", 20), 0);
+    assert_int_equal(TIER_HEADER_LEN, 64);
     assert_int_equal(tier_frame_header(&id, data, 1000, frame), 0);
+    XXH128_canonical_t checksum;
+    XXH128_canonicalFromHash(&checksum, XXH3_128bits(data, 1000));
+    assert_memory_equal(frame, "S3CFSTB2\xe8\x03\0\0\0\0\0\0", 16);
+    assert_memory_equal(frame + 48, &checksum, 16);
+
+    /* a frame verifies as itself only */
     memcpy(frame + TIER_HEADER_LEN, data, 1000);
     assert_int_equal(tier_frame_check(&id, frame, TIER_HEADER_LEN + 1000, 1000), 0);
     assert_int_equal(tier_frame_check(&id, frame, TIER_HEADER_LEN + 999, 1000),
