@@ -68,6 +68,9 @@ struct tier {
     double skip_until;           /* monotonic seconds; 0: not skipped */
     double skip_pause;           /* the pause the next failure sets */
     double last_answer;          /* monotonic: the last answer came */
+    double probe_every;          /* seconds between probes; <= 0: none */
+    double next_probe;           /* monotonic: while skipped, the next */
+    bool probe_running;          /* a writer is probing the tier */
     pthread_t writers[TIER_WRITERS];
     unsigned writer_count;
 
@@ -125,8 +128,11 @@ static void note_failure(struct tier *tier, const char *what, int err,
     if (busy)
         log_debug("shared cache: %s timed out; the tier answers others", what);
     if (!already) {
-        tier->skip_until = clock_monotonic_seconds() + pause;
+        double now = clock_monotonic_seconds();
+        tier->skip_until = now + pause;
         tier->skip_pause = pause * 2 < TIER_SKIP_MAX ? pause * 2 : TIER_SKIP_MAX;
+        tier->next_probe = now + tier->probe_every;
+        pthread_cond_broadcast(&tier->work); /* a writer times the probe */
     }
     pthread_mutex_unlock(&tier->lock);
     if (!already)
@@ -844,6 +850,46 @@ static void write_block(struct tier *tier, struct tier_put *put, char *buffer)
     free(tier_key);
 }
 
+/* While the tier is skipped: whether a probe is due now (then this
+ * thread runs it), else in *WAKE when one will be (0: none). */
+static bool probe_due_locked(struct tier *tier, double *wake)
+{
+    *wake = 0;
+    if (tier->probe_every <= 0 || tier->probe_running ||
+        !skipped_now_locked(tier))
+        return false;
+    if (clock_monotonic_seconds() >= tier->next_probe)
+        return true;
+    *wake = tier->next_probe;
+    return false;
+}
+
+/* One probe of a skipped tier: a HEAD of a key no block has. Any answer
+ * but an error (the object, or "no such key") ends the skip; its pause
+ * goes back to the first on the next answer to a real request
+ * (note_success()), so a tier that answers probes and fails requests
+ * still backs off. Called and returns with the lock held. */
+static void probe_locked(struct tier *tier)
+{
+    struct s3_object_info info;
+    char *key = NULL;
+
+    tier->probe_running = true;
+    pthread_mutex_unlock(&tier->lock);
+    int err = asprintf(&key, "%s%salive", tier->prefix, TIER_ROOT) < 0
+                  ? ENOMEM
+                  : s3_head_object(tier->s3, key, &info);
+    free(key);
+    pthread_mutex_lock(&tier->lock);
+    tier->probe_running = false;
+    double now = clock_monotonic_seconds();
+    tier->next_probe = now + tier->probe_every;
+    if ((err == 0 || err == ENOENT) && skipped_now_locked(tier)) {
+        tier->skip_until = now;   /* (> 0: note_success() resets the pause) */
+        log_debug("shared cache: a probe was answered; asking it again");
+    }
+}
+
 static void *writer_main(void *arg)
 {
     struct tier *tier = arg;
@@ -851,8 +897,20 @@ static void *writer_main(void *arg)
 
     pthread_mutex_lock(&tier->lock);
     for (;;) {
-        while (!tier->stopping && tier->head == NULL)
-            pthread_cond_wait(&tier->work, &tier->lock);
+        while (!tier->stopping && tier->head == NULL) {
+            double wake;
+            if (probe_due_locked(tier, &wake)) {
+                probe_locked(tier);
+                continue;
+            }
+            if (wake == 0) {
+                pthread_cond_wait(&tier->work, &tier->lock);
+            } else {
+                struct timespec at = clock_monotonic_after(
+                    wake - clock_monotonic_seconds());
+                pthread_cond_timedwait(&tier->work, &tier->lock, &at);
+            }
+        }
         if (tier->stopping)
             break;
         struct tier_put *put = tier->head;
@@ -920,18 +978,21 @@ int tier_create(const struct tier_conf *conf, struct tier **out)
     tier->skip_first = conf->skip_seconds > 0 ? conf->skip_seconds
                                               : TIER_SKIP_SECONDS;
     tier->skip_pause = tier->skip_first;
+    tier->probe_every = conf->probe_seconds == 0 ? TIER_PROBE_SECONDS
+                                                 : conf->probe_seconds;
     atomic_init(&tier->conditional, true);
     atomic_init(&tier->lease_mode, TIER_LEASES_UNKNOWN);
     tier->node = node_token();
     pthread_mutex_init(&tier->lock, NULL);
     pthread_mutex_init(&tier->claim_lock, NULL);
-    pthread_cond_init(&tier->work, NULL);
     pthread_cond_init(&tier->probed, NULL);
-    pthread_condattr_t idle_attr;       /* (tier_flush waits with a deadline) */
-    pthread_condattr_init(&idle_attr);
-    pthread_condattr_setclock(&idle_attr, CLOCK_MONOTONIC);
-    pthread_cond_init(&tier->idle, &idle_attr);
-    pthread_condattr_destroy(&idle_attr);
+    pthread_condattr_t monotonic;       /* (tier_flush and the writers'
+                                           probes wait with deadlines) */
+    pthread_condattr_init(&monotonic);
+    pthread_condattr_setclock(&monotonic, CLOCK_MONOTONIC);
+    pthread_cond_init(&tier->work, &monotonic);
+    pthread_cond_init(&tier->idle, &monotonic);
+    pthread_condattr_destroy(&monotonic);
     if (tier->prefix == NULL || tier->origin == NULL)
         err = ENOMEM;
     for (unsigned i = 0; err == 0 && i < TIER_WRITERS; i++) {

@@ -27,7 +27,10 @@
  * A tier that fails (refused, down, answering errors, slower than its
  * request timeout) is skipped, reads and writes, for skip_seconds,
  * doubling while it keeps failing up to TIER_SKIP_MAX: it can never fail
- * a read, only cost the time of the request that found it failing. A
+ * a read, only cost the time of the request that found it failing.
+ * Meanwhile a writer thread sends a probe (a HEAD of one key) every
+ * probe_seconds; the first the tier answers ends the skip, so a stall of
+ * a few seconds does not send the next 10 s of reads to the origin. A
  * request that timed out while the tier answered another one sent after
  * it is a busy tier's slow answer, not a failing tier: it is counted
  * (an error) and the tier is not skipped.
@@ -47,6 +50,7 @@
 #define TIER_QUEUE_BLOCKS 65536
 #define TIER_SKIP_SECONDS 10.0
 #define TIER_SKIP_MAX 300.0
+#define TIER_PROBE_SECONDS 1.0
 #define TIER_DAMAGED_MAX 64   /* damaged blocks remembered for replacing */
 
 struct tier_conf {
@@ -60,6 +64,8 @@ struct tier_conf {
                                     0: TIER_QUEUE_BLOCKS */
     double skip_seconds;         /* first pause after a failure; 0:
                                     TIER_SKIP_SECONDS */
+    double probe_seconds;        /* between probes while skipped; 0:
+                                    TIER_PROBE_SECONDS; < 0: none */
 };
 
 /* How this tier's server lets nodes lease blocks (found out once, by a

@@ -38,6 +38,7 @@
 #include <xxhash.h>
 
 #include "cache.h"
+#include "clock.h"
 #include "fake_s3.h"
 #include "reader.h"
 #include "s3.h"
@@ -84,7 +85,11 @@ static void node_reader_start(struct fixture *f, struct node *node,
     assert_int_equal(reader_create(&reader_conf, &node->reader), 0);
 }
 
-static void node_start(struct fixture *f, struct node *node, uint64_t queue_blocks)
+/* NODE with a cache of its own, a tier client (QUEUE_BLOCKS: 0 for the
+ * default; PROBE_SECONDS: < 0 for no probes while skipped, so that what
+ * a test sees skipped stays so) and a reader. */
+static void node_start(struct fixture *f, struct node *node,
+                       uint64_t queue_blocks, double probe_seconds)
 {
     struct cache_conf cache_conf = {
         .dir = node->dir,
@@ -98,6 +103,7 @@ static void node_start(struct fixture *f, struct node *node, uint64_t queue_bloc
         .origin = ORIGIN,
         .block_size = BLOCK,
         .queue_blocks = queue_blocks,
+        .probe_seconds = probe_seconds,
     };
 
     snprintf(node->dir, sizeof(node->dir), "/tmp/test_tier.XXXXXX");
@@ -128,7 +134,7 @@ static int setup(void **state)
     assert_int_equal(fake_s3_create(&f->origin), 0);
     assert_int_equal(fake_s3_create(&f->tier_s3), 0);
     for (int i = 0; i < NODES; i++)
-        node_start(f, &f->nodes[i], 0);
+        node_start(f, &f->nodes[i], 0, -1);
     *state = f;
     return 0;
 }
@@ -493,6 +499,50 @@ static void test_failing_tier_is_skipped(void **state)
     /* one request found it failing; nothing was offered while skipped */
     assert_int_equal(fake_s3_count(f->tier_s3, NULL), 1);
     assert_int_equal(stats.puts, 0);
+    free(bytes);
+}
+
+/* A tier skipped for a failure is probed while skipped: once a probe is
+ * answered, it is asked again, long before the skip's 10 s (before, a
+ * node whose first tier request failed read 1 GiB from the origin in
+ * that time: 2.01x the file for four nodes at once). Probes that fail
+ * keep it skipped. */
+static void test_skipped_tier_is_probed_back(void **state)
+{
+    struct fixture *f = *state;
+    struct node *node = &f->nodes[0];
+    const size_t size = 4 * BLOCK;
+    unsigned char *bytes = pattern(size, 29);
+    char etag[S3_ETAG_MAX];
+    unsigned fail = 0;
+
+    node_stop(node);
+    node_start(f, node, 0, 0.05);
+    assert_int_equal(fake_s3_put(f->origin, "p.bin", bytes, size, NULL, etag), 0);
+    assert_int_equal(fake_s3_fail(f->tier_s3, FAKE_S3_ON(0, NULL), FAKE_S3_ALWAYS,
+                                  ECONNREFUSED, false, &fail), 0);
+    assert_int_equal(read_all(node, "p.bin", etag, size, bytes), 0);
+    assert_true(tier_stats_of(node).skipping);
+    /* failing probes: still skipped */
+    double started = clock_monotonic_seconds();
+    while (fake_s3_count(f->tier_s3, ON(FAKE_S3_HEAD, NULL)) < 3 &&
+           clock_monotonic_seconds() - started < 5)
+        usleep(10000);
+    assert_true(fake_s3_count(f->tier_s3, ON(FAKE_S3_HEAD, NULL)) >= 3);
+    assert_true(tier_stats_of(node).skipping);
+    /* the tier answers again: the next probe ends the skip */
+    fake_s3_fail_clear(f->tier_s3, fail);
+    started = clock_monotonic_seconds();
+    while (tier_stats_of(node).skipping &&
+           clock_monotonic_seconds() - started < 5)
+        usleep(10000);
+    assert_false(tier_stats_of(node).skipping);
+    /* and the blocks it fetches go to the tier again */
+    assert_int_equal(fake_s3_put(f->origin, "q.bin", bytes, 2 * BLOCK, NULL,
+                                 etag), 0);
+    assert_int_equal(read_all(node, "q.bin", etag, 2 * BLOCK, bytes), 0);
+    tier_flush(node->tier, 0);
+    assert_int_equal(tier_stats_of(node).puts, 2);
     free(bytes);
 }
 
@@ -1058,7 +1108,7 @@ static void test_full_queue_drops_offers(void **state)
     unsigned rule = 0;
 
     node_stop(node);
-    node_start(f, node, 2);
+    node_start(f, node, 2, -1);
     assert_int_equal(fake_s3_put(f->origin, "q.bin", bytes, size, NULL, etag), 0);
     blocks_prefix("q.bin", etag, prefix, sizeof(prefix));
     assert_int_equal(fake_s3_hold(f->tier_s3, UNDER(FAKE_S3_PUT, prefix), &rule), 0);
@@ -1180,6 +1230,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(
             test_busy_timeout_of_a_tier_read_fetches_one_block, setup, teardown),
         cmocka_unit_test_setup_teardown(test_failing_tier_is_skipped, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_skipped_tier_is_probed_back, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_second_node_waits_for_the_first,
                                         setup, teardown),
