@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench_util import Mount
+
 SRCDIR = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(SRCDIR / 'tests' / 'harness'))
 import servers  # noqa: E402
@@ -35,46 +37,6 @@ import boto3.s3.transfer  # noqa: E402
 
 MiB = 1 << 20
 CHUNK = 8 * MiB
-
-
-def is_mounted(path):
-    with open('/proc/self/mountinfo') as mounts:
-        return any(line.split()[4] == str(path) for line in mounts)
-
-
-def wait_for(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            sys.exit(f'sync_bench: timed out waiting for {what}')
-        time.sleep(0.05)
-
-
-class Mount:
-    def __init__(self, binary, server, bucket, workdir):
-        self.binary = binary
-        self.path = workdir / 'mnt'
-        self.path.mkdir()
-        self.log = open(workdir / 'daemon.log', 'ab')
-        env = {k: v for k, v in os.environ.items() if not k.startswith('AWS_')}
-        env.update(AWS_ACCESS_KEY_ID=server.access_key,
-                   AWS_SECRET_ACCESS_KEY=server.secret_key, HOME=str(workdir))
-        options = [f'endpoint={server.endpoint}', f'cache={workdir / "cache"}',
-                   'writeback']
-        self.process = subprocess.Popen(
-            [binary, '-f', bucket, str(self.path), '-o', ','.join(options)],
-            env=env, stdout=self.log, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL)
-        wait_for(lambda: is_mounted(self.path) or self.process.poll() is not None,
-                 30, 'the mount')
-        if self.process.poll() is not None:
-            sys.exit(f'sync_bench: s3cachefs exited with {self.process.returncode}')
-
-    def unmount(self):
-        subprocess.run([self.binary, '--unmount', str(self.path)], check=True,
-                       timeout=600)
-        self.process.wait(timeout=60)
-        self.log.close()
 
 
 def make_pending(mnt, count, size, data):
@@ -98,7 +60,8 @@ def run_shape(args, server, binary, count, size_mib, data, run):
     bucket = f'sync-bench-{count}x{size_mib}-{run}-{os.getpid()}'
     server.create_bucket(bucket)
     with tempfile.TemporaryDirectory(prefix='sync-bench.', dir=args.workdir) as tmp:
-        mnt = Mount(binary, server, bucket, Path(tmp))
+        mnt = Mount(binary, server, bucket, Path(tmp),
+                    [f'endpoint={server.endpoint}', 'writeback'])
         kept = []
         try:
             kept, write_seconds = make_pending(mnt, count, size, data)
@@ -121,7 +84,7 @@ def run_shape(args, server, binary, count, size_mib, data, run):
         finally:
             for fd in kept:
                 os.close(fd)
-            mnt.unmount()
+            mnt.unmount(timeout=600)
     server.delete_bucket_recursive(bucket)
     total = count * size
     print(f'{count:5d} x {size_mib:5d} MiB  pending {waiting:5d} files  '

@@ -25,7 +25,6 @@ Needs root and /dev/fuse. Prints one line per run and the medians; the
 figures go in tests/bench/RESULTS.md.
 """
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -34,31 +33,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench_util import Mount, drop_caches, wait_for
+
 SRCDIR = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(SRCDIR / 'tests' / 'harness'))
 import servers  # noqa: E402
 
 MiB = 1 << 20
 BUCKET, TIER_BUCKET, KEY = 'origin', 'tier', 'big.bin'
-
-
-def is_mounted(path):
-    with open('/proc/self/mountinfo') as mounts:
-        return any(line.split()[4] == str(path) for line in mounts)
-
-
-def wait_for(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            sys.exit(f'tier_bench: timed out waiting for {what}')
-        time.sleep(0.05)
-
-
-def drop_caches():
-    subprocess.run(['sync'], check=True)
-    with open('/proc/sys/vm/drop_caches', 'w') as control:
-        control.write('3\n')
 
 
 def cpu_seconds(pid):
@@ -73,42 +55,15 @@ def cpu_seconds(pid):
     return own + sum(cpu_seconds(int(child)) for child in children)
 
 
-class Mount:
-    def __init__(self, binary, origin, workdir, tier=None):
-        """TIER: None, or the tier's (server, bucket)."""
-        self.binary = binary
-        self.path = workdir / 'mnt'
-        self.path.mkdir()
-        self.log = open(workdir / 'daemon.log', 'ab')
-        env = {k: v for k, v in os.environ.items() if not k.startswith('AWS_')}
-        env.update(AWS_ACCESS_KEY_ID=origin.access_key,
-                   AWS_SECRET_ACCESS_KEY=origin.secret_key, HOME=str(workdir))
-        options = [f'endpoint={origin.endpoint}', f'cache={workdir / "cache"}',
-                   'cache_size=4G']
-        if tier is not None:
-            # (both s3rvers take the same keys: the default profile serves)
-            options += [f'shared_cache={tier[1]}',
-                        f'shared_cache_endpoint={tier[0].endpoint}']
-        self.process = subprocess.Popen(
-            [binary, '-f', BUCKET, str(self.path), '-o', ','.join(options)],
-            env=env, stdout=self.log, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL)
-        wait_for(lambda: is_mounted(self.path) or self.process.poll() is not None,
-                 30, 'the mount')
-        if self.process.poll() is not None:
-            sys.exit(f'tier_bench: s3cachefs exited with {self.process.returncode}'
-                     f' (see {workdir / "daemon.log"})')
-
-    def stats(self):
-        done = subprocess.run([self.binary, 'stats', '--json', str(self.path)],
-                              capture_output=True, text=True, check=True)
-        return json.loads(done.stdout)
-
-    def unmount(self):
-        subprocess.run([self.binary, '--unmount', str(self.path)], check=True,
-                       timeout=300)
-        self.process.wait(timeout=60)
-        self.log.close()
+def mount(binary, origin, workdir, tier=None):
+    """A node: s3cachefs on ORIGIN with a cache of its own; TIER: None,
+    or the shared cache's (server, bucket)."""
+    options = [f'endpoint={origin.endpoint}', 'cache_size=4G']
+    if tier is not None:
+        # (both s3rvers take the same keys: the default profile serves)
+        options += [f'shared_cache={tier[1]}',
+                    f'shared_cache_endpoint={tier[0].endpoint}']
+    return Mount(binary, origin, BUCKET, workdir, options)
 
 
 def read_file(path, size):
@@ -142,7 +97,7 @@ def one_run(args, origin, tier, size, run):
         tier_bucket = f'{TIER_BUCKET}{run}'   # empty: a bucket per run
         tier.create_bucket(tier_bucket)
         (tmp / 'n0').mkdir()
-        first = Mount(args.bin, origin, tmp / 'n0', (tier, tier_bucket))
+        first = mount(args.bin, origin, tmp / 'n0', (tier, tier_bucket))
         try:
             read_file(first.path / KEY, size)
             wait_for(lambda: first.stats().get('tier_queued_bytes', 0) == 0,
@@ -150,7 +105,7 @@ def one_run(args, origin, tier, size, run):
         finally:
             first.unmount()
         (tmp / 'n1').mkdir()
-        follower = Mount(args.bin, origin, tmp / 'n1', (tier, tier_bucket))
+        follower = mount(args.bin, origin, tmp / 'n1', (tier, tier_bucket))
         try:
             result['tier'] = timed_read(follower, tier, size)
             stats = follower.stats()
@@ -161,7 +116,7 @@ def one_run(args, origin, tier, size, run):
                      f'bytes from the origin, {stats["tier_hit_blocks"]} blocks '
                      f'from the tier')
         (tmp / 'n2').mkdir()
-        plain = Mount(args.bin, origin, tmp / 'n2')
+        plain = mount(args.bin, origin, tmp / 'n2')
         try:
             result['origin'] = timed_read(plain, origin, size)
         finally:

@@ -34,30 +34,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench_util import Mount, drop_caches
+
 SRCDIR = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(SRCDIR / 'tests' / 'harness'))
 import servers  # noqa: E402
 
 MiB = 1 << 20
-
-
-def is_mounted(path):
-    with open('/proc/self/mountinfo') as mounts:
-        return any(line.split()[4] == str(path) for line in mounts)
-
-
-def wait_for(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            sys.exit(f'warm_bench: timed out waiting for {what}')
-        time.sleep(0.05)
-
-
-def drop_caches():
-    subprocess.run(['sync'], check=True)
-    with open('/proc/sys/vm/drop_caches', 'w') as control:
-        control.write('3\n')
 
 
 class Proxy:
@@ -81,33 +64,6 @@ class Proxy:
     def stop(self):
         self.process.stdin.close()
         self.process.wait(timeout=30)
-
-
-class Mount:
-    def __init__(self, binary, server, endpoint, bucket, workdir):
-        self.binary = binary
-        self.path = workdir / 'mnt'
-        self.path.mkdir()
-        self.log = open(workdir / 'daemon.log', 'ab')
-        env = {k: v for k, v in os.environ.items() if not k.startswith('AWS_')}
-        env.update(AWS_ACCESS_KEY_ID=server.access_key,
-                   AWS_SECRET_ACCESS_KEY=server.secret_key, HOME=str(workdir))
-        options = [f'endpoint={endpoint}', f'cache={workdir / "cache"}',
-                   'cache_size=4G']
-        self.process = subprocess.Popen(
-            [binary, '-f', bucket, str(self.path), '-o', ','.join(options)],
-            env=env, stdout=self.log, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL)
-        wait_for(lambda: is_mounted(self.path) or self.process.poll() is not None,
-                 30, 'the mount')
-        if self.process.poll() is not None:
-            sys.exit(f'warm_bench: s3cachefs exited with {self.process.returncode}')
-
-    def unmount(self):
-        subprocess.run([self.binary, '--unmount', str(self.path)], check=True,
-                       timeout=300)
-        self.process.wait(timeout=60)
-        self.log.close()
 
 
 def put_tree(server, bucket, big, small):
@@ -145,7 +101,8 @@ def one_run(args, server, proxy, bucket, total, files, run, latency):
     result = {}
     for measure in ('warm', 'cat', 'cat -P4'):
         with tempfile.TemporaryDirectory(prefix='warm-bench.', dir=args.workdir) as tmp:
-            mnt = Mount(args.bin, server, proxy.endpoint, bucket, Path(tmp))
+            mnt = Mount(args.bin, server, bucket, Path(tmp),
+                        [f'endpoint={proxy.endpoint}', 'cache_size=4G'])
             tree = mnt.path / 'tree'
             try:
                 drop_caches()
