@@ -495,8 +495,8 @@ int main(int argc, char **argv)
      * before the loop waits, pending, until it starts (libfuse blocks
      * them in its own workers too). Before, a SIGINT sent while this
      * thread had signals blocked for a moment (pthread_create) could be
-     * taken by a worker of ours, and the loop slept until a request came:
-     * `test_signal_unmounts` hung once in 300-odd CI mounts. */
+     * taken by a worker of ours, and the loop slept until a request came
+     * (`test_signal_unmounts` hung once in CI). */
     sigset_t stop_signals, mask_before;
     sigemptyset(&stop_signals);
     sigaddset(&stop_signals, SIGINT);
