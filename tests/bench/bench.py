@@ -45,7 +45,6 @@ import tempfile
 import threading
 import time
 import urllib.parse
-import urllib.request
 from pathlib import Path
 
 import boto3.s3.transfer
@@ -55,6 +54,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 SRCDIR = BENCH_DIR.parents[1]
 sys.path.insert(0, str(SRCDIR / 'tests' / 'harness'))
 import servers  # noqa: E402
+import swift_seed  # noqa: E402
 
 SYSTEM_PYTHON = '/usr/bin/python3'
 MiB = 1 << 20
@@ -93,9 +93,11 @@ KEYS_TOOLS = ('s3cachefs', 's3cachefs-trust', 's3fs', 'rclone')
 KEYS_DIR = 'keys'             # the keys rows' directory of --keys objects
 KEYS_DEFAULT = 10000
 KEY_SIZE = 16                 # bytes of each of its objects (--key-bytes)
-KEYS_PER_TAR = 1000           # objects per Swift bulk upload (extract-archive)
-KEYS_UPLOADS = 8              # bulk uploads or PUT processes at a time
-KEY_OPS = ('ls', 'lsl', 'find', 'du')
+KEYS_UPLOADS = 8              # PUT processes at a time (not on Swift)
+KEYS_PER_PUTTER = 1000        # keys per task of those processes
+KEY_OPS = ('ls', 'lsl', 'find', 'du', 'open')
+KEYS_OPENED = 1000            # files the open rows read by name
+KEYS_OPEN_SEED = 13           # of the random choice of those files
 KEY_PHASES = ('cold', 'warm', 'remount')
 PEERS = ('s3fs', 'rclone')
 QUICK = {'size_mib': 256, 'small_files': 500, 'runs': 1, 'hf_mib': 128,
@@ -162,7 +164,8 @@ LIMIT_ROWS = (
     Row('raw_mpu', f'limit: multipart upload, {RAW_MPU_PARALLEL} parallel '
         f'parts (curl)', 'seconds', None),
 )
-KEY_OP_TITLES = {'ls': 'ls', 'lsl': 'ls -l', 'find': 'find', 'du': 'du -s'}
+KEY_OP_TITLES = {'ls': 'ls', 'lsl': 'ls -l', 'find': 'find', 'du': 'du -s',
+                 'open': f'open and read {KEYS_OPENED} by name'}
 KEY_PHASE_TITLES = {'cold': 'cold', 'warm': 'warm',
                     'remount': 'after remount'}
 # Not in the default --only: ask for them by name (or --only keys).
@@ -184,25 +187,14 @@ MMAP_TENSOR = 64 << 10      # the mmap row's tensors: the file in 64 KiB pieces
 SMALL_FILE_ROWS = {'small_cold', 'small_warm', 'ls_cold', 'ls_warm'}
 
 
-def key_name(index):
-    return f'{KEYS_DIR}/f{index:07d}'
+def key_name(index, count, dirs):
+    """The key of the keys rows' object INDEX of COUNT: KEYS_DIR/fNNNNNNN,
+    or with DIRS directories KEYS_DIR/dNNNN/fNNNNNNN (swift_seed.py)."""
+    return f'{KEYS_DIR}/{swift_seed.key_name(index, count, dirs)}'
 
 
-def keys_tar(first, end, size):
-    """A tar of the keys FIRST..END-1 (SIZE bytes each)."""
-    buffer = io.BytesIO()
-    body = b'k' * size
-    with tarfile.open(fileobj=buffer, mode='w') as tar:
-        for index in range(first, end):
-            info = tarfile.TarInfo(key_name(index))
-            info.size = size
-            info.mtime = TAR_MTIME
-            tar.addfile(info, io.BytesIO(body))
-    return buffer.getvalue()
-
-
-def put_keys(endpoint, region, access_key, secret_key, first, end, size):
-    """PUT the keys FIRST..END-1 (SIZE bytes each) with a client of its own
+def put_keys(endpoint, region, access_key, secret_key, names, size):
+    """PUT the keys NAMES (SIZE bytes each) with a client of its own
     (a process of a pool: boto3 in threads is bound by one interpreter
     lock)."""
     s3 = boto3.session.Session().client(
@@ -212,8 +204,8 @@ def put_keys(endpoint, region, access_key, secret_key, first, end, size):
                                       s3={'addressing_style': 'path'},
                                       proxies={}))
     body = b'k' * size
-    for index in range(first, end):
-        s3.put_object(Bucket=BUCKET, Key=key_name(index), Body=body)
+    for name in names:
+        s3.put_object(Bucket=BUCKET, Key=name, Body=body)
 
 
 def run_counting(argv, expected_lines):
@@ -230,17 +222,39 @@ def run_counting(argv, expected_lines):
                          f'{expected_lines}')
 
 
-def key_op(op, directory, count):
-    """The workload of a keys row: the command ls, ls -l, find or du -s
-    on DIRECTORY of COUNT files (output to a pipe: ls does not stat)."""
+def key_op(op, directory, count, dirs, size):
+    """The workload of a keys row: ls, ls -l, find or du -s on DIRECTORY
+    of COUNT files (in DIRS directories, or none: ls and ls -l then go
+    down with -R), output to a pipe (ls does not stat); or open: read
+    KEYS_OPENED of its files (chosen at random, the same every time) by
+    name, each SIZE bytes long."""
+    per_dir = -(-count // dirs) if dirs else count
+    listed = [count] if not dirs else \
+        [min(per_dir, count - first) for first in range(0, count, per_dir)]
+    recursive = ['-R'] if dirs else []
     if op == 'ls':
-        run_counting(['ls', '-1', str(directory)], count)
+        # (-R: "DIR:" first, and a blank line and "DIR:" before each
+        # subdirectory's names)
+        run_counting(['ls', '-1', *recursive, str(directory)],
+                     count + (1 + len(listed) * 3 if dirs else 0))
     elif op == 'lsl':
-        run_counting(['ls', '-l', str(directory)], count + 1)  # ("total")
+        # ("total" per directory)
+        run_counting(['ls', '-l', *recursive, str(directory)],
+                     count + 1 + (1 + len(listed) * 4 if dirs else 0))
     elif op == 'find':
-        run_counting(['find', str(directory)], count + 1)
-    else:
+        run_counting(['find', str(directory)],
+                     count + 1 + (len(listed) if dirs else 0))
+    elif op == 'du':
         run_counting(['du', '-s', str(directory)], 1)
+    else:
+        chosen = random.Random(KEYS_OPEN_SEED).sample(
+            range(count), min(KEYS_OPENED, count))
+        for index in chosen:
+            path = directory.parent / key_name(index, count, dirs)
+            with open(path, 'rb') as file:
+                got = len(file.read())
+            if got != size:
+                raise BenchError(f'{path}: {got} bytes, expected {size}')
 
 
 def allocated_mib(path):
@@ -1053,57 +1067,28 @@ class Bench:
                 list(pool.map(put_small, range(self.args.small_files)))
 
     def _put_keys(self):
-        """The --keys objects of the keys rows, straight to the server,
-        in parallel: on Swift as tars its bulk middleware extracts
-        (extract-archive: one request per KEYS_PER_TAR objects; 98
-        objects/s here against 82 for PUTs from 8 processes: Swift's own
-        work per object is most of it), elsewhere as PUTs from
-        KEYS_UPLOADS processes."""
-        count = self.args.keys
+        """The --keys objects of the keys rows, straight to the server: on
+        Swift written into its storage by Swift's own code
+        (swift_seed.py: about 1300 a second here, against 250 through
+        the API), elsewhere PUT by KEYS_UPLOADS processes."""
+        count, dirs = self.args.keys, self.args.key_dirs
+        names = [key_name(index, count, dirs) for index in range(count)]
         started = time.monotonic()
-        ranges = [(first, min(count, first + KEYS_PER_TAR))
-                  for first in range(0, count, KEYS_PER_TAR)]
         if self.args.server == 'swift':
-            token, storage_url = self._swift_token()
-            opener = urllib.request.build_opener(
-                urllib.request.ProxyHandler({}))
-
-            def bulk(first_end):
-                request = urllib.request.Request(
-                    f'{storage_url}/{BUCKET}?extract-archive=tar',
-                    data=keys_tar(*first_end, self.args.key_bytes), method='PUT',
-                    headers={'X-Auth-Token': token,
-                             'Accept': 'application/json'})
-                with opener.open(request, timeout=3600) as answer:
-                    result = json.loads(answer.read())
-                if result.get('Errors') or \
-                        result.get('Number Files Created') != \
-                        first_end[1] - first_end[0]:
-                    raise BenchError(f'bulk upload of keys {first_end}: '
-                                     f'{result}')
-            with concurrent.futures.ThreadPoolExecutor(KEYS_UPLOADS) as pool:
-                list(pool.map(bulk, ranges))
+            swift_seed.seed(self.server.workdir, BUCKET, names,
+                            self.args.key_bytes)
         else:
             server = self.server
             with concurrent.futures.ProcessPoolExecutor(KEYS_UPLOADS) as pool:
                 list(pool.map(put_keys, *zip(*[
                     (server.endpoint, server.region, server.access_key,
-                     server.secret_key, first, end, self.args.key_bytes)
-                    for first, end in ranges])))
+                     server.secret_key, names[first:first + KEYS_PER_PUTTER],
+                     self.args.key_bytes)
+                    for first in range(0, count, KEYS_PER_PUTTER)])))
         print(f'bench: {count} keys of {self.args.key_bytes} bytes under '
-              f'{KEYS_DIR}/ in '
+              f'{KEYS_DIR}/'
+              f'{f" in {dirs} directories" if dirs else ""} in '
               f'{time.monotonic() - started:.0f} s', flush=True)
-
-    def _swift_token(self):
-        """A tempauth token and the storage URL of the Swift account."""
-        request = urllib.request.Request(
-            f'{self.server.endpoint}/auth/v1.0',
-            headers={'X-Auth-User': self.server.access_key,
-                     'X-Auth-Key': self.server.secret_key})
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        with opener.open(request, timeout=60) as answer:
-            return answer.headers['X-Auth-Token'], \
-                answer.headers['X-Storage-Url']
 
     def _prepare_writes(self):
         """The dataset tar for untar and the part files for raw_mpu (the
@@ -1615,7 +1600,8 @@ class Bench:
         count = self.args.keys
 
         def action():
-            key_op(op, mount.path / KEYS_DIR, count)
+            key_op(op, mount.path / KEYS_DIR, count, self.args.key_dirs,
+                   self.args.key_bytes)
         try:
             drop_caches()
             self.step(rows[0], name, action, mount.pid, disk=cache_dir)
@@ -2142,6 +2128,10 @@ def parse_args(argv=None):
                         metavar='N',
                         help=f'objects in the directory of the keys rows '
                              f'(default {KEYS_DEFAULT})')
+    parser.add_argument('--key-dirs', type=int, default=0, metavar='N',
+                        help='spread the keys over N directories of keys/ '
+                             '(a tree: keys/dNNNN/fNNNNNNN; default 0, '
+                             'all in keys/)')
     parser.add_argument('--key-bytes', type=int, default=KEY_SIZE,
                         metavar='BYTES',
                         help=f'bytes of each of those objects (default '
@@ -2194,6 +2184,8 @@ def parse_args(argv=None):
         parser.error('--keys must be positive')
     if args.key_bytes < 0:
         parser.error('--key-bytes must not be negative')
+    if not 0 <= args.key_dirs <= args.keys:
+        parser.error('--key-dirs must be from 0 to --keys')
     args.tools = args.tools.split(',')
     unknown = [n for n in args.only if n not in row_names] + \
         [n for n in args.tools if n not in TOOLS]
@@ -2229,7 +2221,8 @@ def write_json(path, args, bench, table):
                        'stats_poll_seconds': STATS_POLL},
             'raw_mpu': {'parallel': RAW_MPU_PARALLEL,
                         'part_mib': RAW_MPU_PART // MiB},
-            'keys': args.keys, 'key_bytes': args.key_bytes,
+            'keys': args.keys, 'key_dirs': args.key_dirs,
+            'key_bytes': args.key_bytes,
             's3cachefs_bin': args.s3cachefs_bin,
             's3cachefs_options': bench.s3cachefs_options,
             's3fs_options': args.s3fs_opts,
