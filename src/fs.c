@@ -159,6 +159,8 @@ int fs_create(const struct fs_conf *conf, struct s3_client *s3, struct fs **out)
     }
     err = inode_table_create(fs->root_key, &root, &fs->inodes);
     if (err == 0)
+        inode_table_set_listing_budget(fs->inodes, conf->listing_memory);
+    if (err == 0)
         err = workers_create(conf->connections, &fs->workers);
     if (err == 0)
         err = workers_create(REFRESH_THREADS, &fs->refresh_workers);
@@ -284,6 +286,9 @@ void fs_get_stats(struct fs *fs, struct fs_stats *out)
     out->hit_bytes = reader.hit_bytes;
     out->direct_bytes = reader.direct_bytes;
     out->inodes = inode_table_count(fs->inodes);
+    size_t listing_bytes = 0;
+    inode_table_listing_usage(fs->inodes, &listing_bytes, &out->listings_dropped);
+    out->listing_bytes = listing_bytes;
     if (fs->writer != NULL) {
         struct writer_stats writer;
         writer_get_stats(fs->writer, &writer);
@@ -392,6 +397,8 @@ static int counters_now(void *arg, char **text)
         "retries %llu\n"
         "failures %llu\n"
         "inodes %llu\n"
+        "listing_bytes %llu\n"
+        "listings_dropped %llu\n"
         "bytes_written %llu\n"
         "uploads_pending %llu\n"
         "uploads_completed %llu\n"
@@ -412,7 +419,8 @@ static int counters_now(void *arg, char **text)
         (unsigned long long)st.cache.evicted_blocks,
         (unsigned long long)st.cache.corrupt_blocks, requests,
         (unsigned long long)st.s3.retries, (unsigned long long)st.s3.failures,
-        (unsigned long long)st.inodes, (unsigned long long)st.bytes_written,
+        (unsigned long long)st.inodes, (unsigned long long)st.listing_bytes,
+        (unsigned long long)st.listings_dropped, (unsigned long long)st.bytes_written,
         (unsigned long long)st.uploads_pending,
         (unsigned long long)st.uploads_completed,
         (unsigned long long)st.upload_failures,

@@ -47,6 +47,7 @@ struct fs_conf {
     double attr_ttl;
     double dir_ttl;
     uint64_t read_ahead;
+    size_t listing_memory;    /* inode_table_set_listing_budget(); 0: no bound */
     unsigned connections;     /* worker threads for parallel requests */
     struct cache *cache;      /* the block cache; stays the caller's */
     struct journal *journal;  /* pending uploads; NULL: read-only mount */
@@ -79,6 +80,8 @@ struct fs_stats {
     uint64_t hit_bytes;       /* of which already cached */
     uint64_t direct_bytes;    /* read around a full cache */
     uint64_t inodes;          /* inodes the kernel holds */
+    uint64_t listing_bytes;   /* memory the directories' listings take */
+    uint64_t listings_dropped; /* listings let go for listing_memory */
     uint64_t bytes_written;   /* by applications */
     uint64_t uploads_pending;
     uint64_t uploads_completed;

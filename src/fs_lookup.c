@@ -45,9 +45,11 @@
  */
 static bool worth_relisting_locked(const struct fs *fs, const struct inode *dir)
 {
-    if (dir->listing == NULL)
+    /* (a listing the memory budget took counts as listed: inode.h) */
+    size_t count = dir->listing != NULL ? dir->listing->count : dir->evicted_count;
+    if (count == 0)
         return false;
-    size_t pages = (dir->listing->count + LIST_PAGE - 1) / LIST_PAGE;
+    size_t pages = (count + LIST_PAGE - 1) / LIST_PAGE;
     return pages <= 1 || (fs->conf.dir_ttl >= 1.0 && pages <= RELIST_PAGES_MAX);
 }
 
@@ -332,8 +334,10 @@ int fs_lookup(struct fs *fs, fuse_ino_t parent_ino, const char *name,
     double parent_ttl = fs_dir_ttl(fs, parent_key);
     out->entry_timeout = parent_ttl; /* (a name that is not there, too) */
     if (parent->listing != NULL &&
-        clock_monotonic_seconds() - parent->listing->fetched_at < parent_ttl)
+        clock_monotonic_seconds() - parent->listing->fetched_at < parent_ttl) {
         listing = inode_listing_ref_locked(parent->listing); /* fresh */
+        inode_listing_touch_locked(fs->inodes, parent);
+    }
     bool listed = listing == NULL && worth_relisting_locked(fs, parent);
     /* A file of the last listing whose headers are not known here needs a
      * request of its own anyway, and that request (a GET with the listed
@@ -350,8 +354,9 @@ int fs_lookup(struct fs *fs, fuse_ino_t parent_ino, const char *name,
     bool walked = listing == NULL && parent->listing != NULL &&
                   fs_ahead_live_locked(fs, parent, parent_ttl);
     if ((listed && (parent->listing_fetch ||
-                    clock_monotonic_seconds() - parent->listing->fetched_at <
-                        STALE_LISTING_TTLS * parent_ttl)) ||
+                    (parent->listing != NULL &&
+                     clock_monotonic_seconds() - parent->listing->fetched_at <
+                         STALE_LISTING_TTLS * parent_ttl))) ||
         walked) {
         const struct inode_dirent *last = inode_listing_find(parent->listing, name);
         struct inode *known = inode_find_locked(fs->inodes, file_key);

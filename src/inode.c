@@ -10,7 +10,9 @@
  * nlookup == 0 and pins == 0 is freed; an inode with a staged file
  * (wfile) is pinned by it, and the fs layer's users of that file are
  * counted only while it is there; handles open for writing are among the
- * handles open; a listing is referenced. Debug builds check them where
+ * handles open; a listing is referenced; a directory holds a listing
+ * exactly when it is in the recency list of the listing budget, and the
+ * table's charge is the sum of its directories'. Debug builds check them where
  * the lock is released (table_unlock): every inode while the table holds
  * at most CHECK_ALL_MAX, else at one release in count / CHECK_ALL_MAX.
  */
@@ -38,6 +40,12 @@ struct inode_table {
     fuse_ino_t next_ino;
     size_t count;
     size_t unlocks;       /* releases of the lock (debug builds) */
+    /* directories holding a listing, most recently used first, and what
+     * their listings are charged (inode_table_set_listing_budget) */
+    struct inode *listing_newest, *listing_oldest;
+    size_t listing_bytes;
+    size_t listing_budget; /* 0: no bound */
+    uint64_t listings_evicted;
 };
 
 static int compare_ino(const void *a, const void *b)
@@ -55,6 +63,7 @@ static int compare_key(const void *a, const void *b)
 struct check_walk {
     const struct inode_table *table;
     size_t count;
+    size_t listing_bytes;
 };
 
 static void check_inode(const void *node, VISIT which, void *arg)
@@ -78,6 +87,12 @@ static void check_inode(const void *node, VISIT which, void *arg)
     INVARIANT(inode->wfile != NULL || inode->wfile_users == 0, where);
     INVARIANT(inode->write_handles <= inode->open_handles, where);
     INVARIANT(inode->listing == NULL || inode->listing->refs > 0, where);
+    INVARIANT((inode->listing != NULL) ==
+                  (inode->listing_newer != NULL || inode->listing_older != NULL ||
+                   walk->table->listing_newest == inode),
+              where);
+    if (inode->listing != NULL)
+        walk->listing_bytes += inode->listing_bytes;
 }
 
 /* The invariants at the top of this file; lock held. */
@@ -87,9 +102,10 @@ static void check_table_locked(struct inode_table *table)
 
     if (++table->unlocks % every != 0)
         return;
-    struct check_walk walk = {table, 0};
+    struct check_walk walk = {table, 0, 0};
     twalk_r(table->by_ino, check_inode, &walk);
     INVARIANT(walk.count == table->count, "the inode table");
+    INVARIANT(walk.listing_bytes == table->listing_bytes, "the listing charges");
 }
 
 /* Release the lock (after checking the invariants, in debug builds). */
@@ -153,12 +169,81 @@ static void free_patches(struct inode *dir)
     }
 }
 
-static void inode_free(struct inode *inode)
+/* What an entry named NAME adds to its listing's charge: the entry and
+ * the name's allocation (with malloc's header). */
+static size_t entry_charge(const char *name)
+{
+    return sizeof(struct inode_dirent) + strlen(name) + 1 + 2 * sizeof(size_t);
+}
+
+static size_t listing_charge(const struct inode_listing *listing)
+{
+    size_t bytes = sizeof(*listing);
+
+    for (size_t i = 0; i < listing->count; i++)
+        bytes += entry_charge(listing->entries[i].name);
+    return bytes;
+}
+
+static void listing_unlink_locked(struct inode_table *table, struct inode *dir)
+{
+    if (dir->listing_newer != NULL)
+        dir->listing_newer->listing_older = dir->listing_older;
+    else if (table->listing_newest == dir)
+        table->listing_newest = dir->listing_older;
+    if (dir->listing_older != NULL)
+        dir->listing_older->listing_newer = dir->listing_newer;
+    else if (table->listing_oldest == dir)
+        table->listing_oldest = dir->listing_newer;
+    dir->listing_newer = dir->listing_older = NULL;
+}
+
+static void listing_link_newest_locked(struct inode_table *table, struct inode *dir)
+{
+    dir->listing_older = table->listing_newest;
+    dir->listing_newer = NULL;
+    if (table->listing_newest != NULL)
+        table->listing_newest->listing_newer = dir;
+    table->listing_newest = dir;
+    if (table->listing_oldest == NULL)
+        table->listing_oldest = dir;
+}
+
+/* DIR lets its listing go (the caller sets the new one or NULL). */
+static void listing_detach_locked(struct inode_table *table, struct inode *dir)
+{
+    if (dir->listing == NULL)
+        return;
+    listing_unlink_locked(table, dir);
+    table->listing_bytes -= dir->listing_bytes;
+    dir->listing_bytes = 0;
+    release_listing_locked(dir->listing);
+    dir->listing = NULL;
+}
+
+/* Drop the listings used least recently, but KEEP's, while over budget. */
+static void listing_budget_locked(struct inode_table *table, const struct inode *keep)
+{
+    while (table->listing_budget != 0 &&
+           table->listing_bytes > table->listing_budget &&
+           table->listing_oldest != NULL && table->listing_oldest != keep) {
+        struct inode *dir = table->listing_oldest;
+        size_t count = dir->listing->count;
+        listing_detach_locked(table, dir);
+        dir->evicted_count = count > 0 ? count : 1;
+        table->listings_evicted++;
+    }
+}
+
+static void inode_free(struct inode_table *table, struct inode *inode)
 {
     free_patches(inode);
     free(inode->key);
     free(inode->symlink_target);
-    release_listing_locked(inode->listing);
+    if (table != NULL)
+        listing_detach_locked(table, inode);
+    else
+        release_listing_locked(inode->listing);
     free(inode);
 }
 
@@ -172,12 +257,12 @@ static struct inode *inode_new_locked(struct inode_table *table, const char *key
     }
     inode->ino = table->next_ino++;
     if (tsearch(inode, &table->by_ino, compare_ino) == NULL) {
-        inode_free(inode);
+        inode_free(table, inode);
         return NULL;
     }
     if (tsearch(inode, &table->by_key, compare_key) == NULL) {
         tdelete(inode, &table->by_ino, compare_ino);
-        inode_free(inode);
+        inode_free(table, inode);
         return NULL;
     }
     table->count++;
@@ -193,7 +278,7 @@ static void maybe_free_locked(struct inode_table *table, struct inode *inode)
     if (!inode->unlinked)
         tdelete(inode, &table->by_key, compare_key);
     table->count--;
-    inode_free(inode);
+    inode_free(table, inode);
 }
 
 int inode_table_create(const char *root_key, const struct inode_attrs *root,
@@ -219,7 +304,7 @@ int inode_table_create(const char *root_key, const struct inode_attrs *root,
 
 static void free_node(void *node)
 {
-    inode_free(node);
+    inode_free(NULL, node); /* the table goes too: no charges to keep */
 }
 
 static void no_free(void *node)
@@ -369,17 +454,44 @@ void inode_listing_put(struct inode_table *table, struct inode_listing *listing)
 void inode_set_listing_locked(struct inode_table *table, struct inode *dir,
                               struct inode_listing *new_listing)
 {
-    (void)table;
-    release_listing_locked(dir->listing);
+    listing_detach_locked(table, dir);
     new_listing->refs = 1;
     dir->listing = new_listing;
+    dir->listing_bytes = listing_charge(new_listing);
+    dir->evicted_count = 0;
+    table->listing_bytes += dir->listing_bytes;
+    listing_link_newest_locked(table, dir);
+    listing_budget_locked(table, dir);
 }
 
 void inode_drop_listing_locked(struct inode_table *table, struct inode *dir)
 {
-    (void)table;
-    release_listing_locked(dir->listing);
-    dir->listing = NULL;
+    listing_detach_locked(table, dir);
+}
+
+void inode_table_set_listing_budget(struct inode_table *table, size_t bytes)
+{
+    pthread_mutex_lock(&table->lock);
+    table->listing_budget = bytes;
+    listing_budget_locked(table, NULL);
+    table_unlock(table);
+}
+
+void inode_listing_touch_locked(struct inode_table *table, struct inode *dir)
+{
+    if (dir->listing == NULL || table->listing_newest == dir)
+        return;
+    listing_unlink_locked(table, dir);
+    listing_link_newest_locked(table, dir);
+}
+
+void inode_table_listing_usage(struct inode_table *table, size_t *bytes,
+                               uint64_t *evicted)
+{
+    pthread_mutex_lock(&table->lock);
+    *bytes = table->listing_bytes;
+    *evicted = table->listings_evicted;
+    pthread_mutex_unlock(&table->lock);
 }
 
 static int compare_dirent(const void *a, const void *b)
@@ -568,8 +680,7 @@ int inode_listing_patch_locked(struct inode_table *table, struct inode *dir,
     if (listing->refs > 1) { /* an open directory holds it: copy */
         listing = listing_copy(listing);
         if (listing == NULL) {
-            release_listing_locked(dir->listing);
-            dir->listing = NULL; /* listed again when next needed */
+            listing_detach_locked(table, dir); /* listed again when next needed */
             return ENOMEM;
         }
         inode_set_listing_locked(table, dir, listing);
@@ -586,6 +697,9 @@ int inode_listing_patch_locked(struct inode_table *table, struct inode *dir,
     bool present = low < listing->count && strcmp(listing->entries[low].name, name) == 0;
     if (attrs == NULL) {
         if (present) {
+            size_t charge = entry_charge(listing->entries[low].name);
+            dir->listing_bytes -= charge;
+            table->listing_bytes -= charge;
             free(listing->entries[low].name);
             memmove(&listing->entries[low], &listing->entries[low + 1],
                     (listing->count - low - 1) * sizeof(listing->entries[0]));
@@ -604,8 +718,7 @@ int inode_listing_patch_locked(struct inode_table *table, struct inode *dir,
         free(copy);
         if (grown != NULL)
             listing->entries = grown;
-        release_listing_locked(dir->listing);
-        dir->listing = NULL;
+        listing_detach_locked(table, dir);
         return ENOMEM;
     }
     listing->entries = grown;
@@ -613,6 +726,8 @@ int inode_listing_patch_locked(struct inode_table *table, struct inode *dir,
             (listing->count - low) * sizeof(listing->entries[0]));
     listing->entries[low] = (struct inode_dirent){copy, *attrs};
     listing->count++;
+    dir->listing_bytes += entry_charge(copy);
+    table->listing_bytes += entry_charge(copy);
     return 0;
 }
 

@@ -77,6 +77,14 @@ struct inode {
     unsigned pins;              /* (L) callers working on it */
     struct inode_attrs attrs;   /* (L) */
     struct inode_listing *listing; /* (L) directories: last listing */
+    size_t listing_bytes;       /* (L) what it is charged against the
+                                   table's listing budget */
+    struct inode *listing_newer; /* (L) the table's directories holding a */
+    struct inode *listing_older; /* listing, most recently used first */
+    size_t evicted_count;       /* (L) entries of the listing the budget
+                                   took from it (0: none taken since its
+                                   last listing): a lookup lists it
+                                   again as it would an old one */
     bool listing_fetch;         /* (L) a thread is listing it now */
     bool listing_refresh;       /* (L) a background listing is queued
                                    (fs_opendir showed an older one) */
@@ -195,6 +203,25 @@ void inode_set_listing_locked(struct inode_table *table, struct inode *dir,
 /* Drop DIR's listing (the next use lists again); its holders keep their
  * references. Lock held. */
 void inode_drop_listing_locked(struct inode_table *table, struct inode *dir);
+
+/*
+ * The memory the directories' listings may take (BYTES; 0: no bound).
+ * Each listing a directory holds is charged its entries and names; when
+ * the sum passes the budget, the listings used least recently are
+ * dropped (never the one just set), and the next use of such a
+ * directory reads it from the index or lists it again. Holders of a
+ * reference (an open directory, a walk) keep theirs.
+ */
+void inode_table_set_listing_budget(struct inode_table *table, size_t bytes);
+
+/* Note a use of DIR's listing (it goes last among those dropped for the
+ * budget). Lock held. */
+void inode_listing_touch_locked(struct inode_table *table, struct inode *dir);
+
+/* Bytes the directories' listings are charged now, and how many
+ * listings the budget has dropped since the table was created. */
+void inode_table_listing_usage(struct inode_table *table, size_t *bytes,
+                               uint64_t *evicted);
 
 /* Find NAME in LISTING (binary search); NULL if absent. */
 const struct inode_dirent *inode_listing_find(const struct inode_listing *listing,

@@ -562,6 +562,7 @@ int main(int argc, char **argv)
         .attr_ttl = opts.attr_ttl,
         .dir_ttl = opts.dir_ttl,
         .read_ahead = opts.read_ahead,
+        .listing_memory = (size_t)opts.listing_memory,
         .connections = opts.connections,
         .journal = journal,
         .writeback = opts.writeback,

@@ -52,6 +52,8 @@ STAT(bytes_read)
 STAT(hit_bytes)
 STAT(direct_bytes)
 STAT(inodes)
+STAT(listing_bytes)
+STAT(listings_dropped)
 STAT(bytes_written)
 STAT(uploads_pending)
 STAT(uploads_completed)
@@ -148,6 +150,12 @@ static const struct family families[] = {
      value_cache_corrupt_blocks},
     {"inodes", GAUGE,
      "Inodes the kernel holds.", value_inodes},
+    {"listing_bytes", GAUGE,
+     "Memory the directories' listings take (-o listing_memory).",
+     value_listing_bytes},
+    {"listings_dropped_total", COUNTER,
+     "Listings let go to keep within -o listing_memory.",
+     value_listings_dropped},
     {"written_bytes_total", COUNTER,
      "Bytes written by applications.", value_bytes_written},
     {"uploads_pending", GAUGE,

@@ -24,6 +24,8 @@
 #define DEFAULT_ATTR_TTL 1.0
 #define DEFAULT_DIR_TTL 1.0
 #define DEFAULT_READ_AHEAD (64u << 20)
+#define DEFAULT_LISTING_MEMORY (64u << 20)
+#define MIN_LISTING_MEMORY (1u << 20)
 #define DEFAULT_CONNECTIONS 16
 #define DEFAULT_RETRIES 6
 #define DEFAULT_REQUEST_TIMEOUT S3_REQUEST_TIMEOUT_DEFAULT
@@ -40,7 +42,8 @@
 struct raw_options {
     char *endpoint, *region, *profile, *credentials_file, *cache_dir;
     char *uid, *gid, *file_mode, *dir_mode;
-    char *attr_ttl, *dir_ttl, *read_ahead, *connections, *retries;
+    char *attr_ttl, *dir_ttl, *read_ahead, *listing_memory, *connections;
+    char *retries;
     char *request_timeout, *metrics, *access_log, *trust;
     char *shared_cache, *shared_cache_endpoint, *shared_cache_region;
     char *shared_cache_profile;
@@ -80,6 +83,7 @@ static const struct fuse_opt option_spec[] = {
     RAW("attr_ttl=%s", attr_ttl),
     RAW("dir_ttl=%s", dir_ttl),
     RAW("read_ahead=%s", read_ahead),
+    RAW("listing_memory=%s", listing_memory),
     RAW("connections=%s", connections),
     RAW("retries=%s", retries),
     RAW("request_timeout=%s", request_timeout),
@@ -424,6 +428,7 @@ static void set_defaults(struct options *opts)
     opts->attr_ttl = DEFAULT_ATTR_TTL;
     opts->dir_ttl = DEFAULT_DIR_TTL;
     opts->read_ahead = DEFAULT_READ_AHEAD;
+    opts->listing_memory = DEFAULT_LISTING_MEMORY;
     opts->connections = DEFAULT_CONNECTIONS;
     opts->retries = DEFAULT_RETRIES;
     opts->request_timeout = DEFAULT_REQUEST_TIMEOUT;
@@ -491,6 +496,11 @@ static void convert_raw(const struct raw_options *raw, struct options *opts,
         (options_parse_size(raw->read_ahead, &opts->read_ahead) != 0 ||
          opts->read_ahead > (1ull << 30)))
         set_error(state, "option 'read_ahead=%s': expected a size up to 1G, such as 64M", raw->read_ahead);
+    if (raw->listing_memory != NULL &&
+        (options_parse_size(raw->listing_memory, &opts->listing_memory) != 0 ||
+         opts->listing_memory < MIN_LISTING_MEMORY))
+        set_error(state, "option 'listing_memory=%s': expected a size of at least 1M, "
+                         "such as 64M", raw->listing_memory);
     if (raw->connections != NULL &&
         parse_count(raw->connections, 1, MAX_CONNECTIONS, &opts->connections) != 0)
         set_error(state, "option 'connections=%s': expected a number from 1 to 256", raw->connections);
@@ -532,6 +542,7 @@ static void free_raw(struct raw_options *raw)
                        &raw->cache_size, &raw->cache_min_free, &raw->block_size,
                        &raw->uid, &raw->gid, &raw->file_mode, &raw->dir_mode,
                        &raw->attr_ttl, &raw->dir_ttl, &raw->read_ahead,
+                       &raw->listing_memory,
                        &raw->connections, &raw->retries,
                        &raw->request_timeout, &raw->metrics,
                        &raw->access_log, &raw->trust, &raw->shared_cache,
@@ -719,6 +730,8 @@ void options_print_help(FILE *fp, const char *progname)
 "  -o attr_ttl=SECONDS    trust file attributes this long (default %g)\n"
 "  -o dir_ttl=SECONDS     trust directory listings this long (default %g)\n"
 "  -o read_ahead=SIZE     largest read-ahead window per file (default 64M)\n"
+"  -o listing_memory=SIZE  memory kept for directory listings (default\n"
+"                         64M); the least recently used go first\n"
 "\n"
 "Operating it:\n"
 "  -o metrics=[ADDR:]PORT  serve the counters for Prometheus at\n"

@@ -59,6 +59,7 @@ struct options {
     double attr_ttl;          /* seconds attributes are trusted */
     double dir_ttl;           /* seconds a directory listing is trusted */
     uint64_t read_ahead;      /* largest read-ahead window per open file */
+    uint64_t listing_memory;  /* what directory listings may take in memory */
     unsigned connections;     /* parallel requests to the bucket */
     unsigned retries;         /* retries of a failed idempotent request */
     double request_timeout;   /* seconds: the base deadline of a request */

@@ -140,6 +140,8 @@ static const struct group groups[] = {
     }},
     {"other", {
         {"inodes", "inodes in use", SHOW_COUNT},
+        {"listing_bytes", "listings in memory", SHOW_BYTES},
+        {"listings_dropped", "listings dropped", SHOW_COUNT},
     }},
 };
 #define GROUP_COUNT (sizeof(groups) / sizeof(groups[0]))

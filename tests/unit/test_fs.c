@@ -168,6 +168,7 @@ struct fixture {
     struct access_log *access_log;       /* NULL unless a test opens one */
     const char *const *trusted;          /* -o trust, for fs_start() */
     size_t trusted_count;
+    size_t listing_memory;               /* -o listing_memory; 0: no bound */
     struct op_thread op;
     unsigned char *allocs[MAX_ALLOCS];   /* test bytes, freed in teardown */
     unsigned alloc_count;
@@ -302,6 +303,7 @@ static void fs_start(struct fixture *f)
         .access_log = f->access_log,
         .trusted = f->trusted,
         .trusted_count = f->trusted_count,
+        .listing_memory = f->listing_memory,
     };
     assert_int_equal(fs_create(&conf, f->s3, &f->fs), 0);
 }
@@ -1255,6 +1257,75 @@ static size_t fs_dir_count_of(struct fixture *f, fuse_ino_t dir)
     size_t count = fs_dir_count(handle) - 2;
     fs_releasedir(f->fs, handle);
     return count;
+}
+
+/* -o listing_memory: listings past the budget are let go, least recently
+ * used first (never the one just listed, nor one an open directory
+ * holds), and come back from the index with no request: within dir_ttl
+ * (and under -o trust, for good). A lookup in a directory whose listing
+ * went lists it again, as in one whose listing is old, instead of probing
+ * the name. Before, every listing stayed while the kernel held its
+ * directory: a find of a tree of 1,000,000 keys left 366 MiB of RSS. */
+static void test_listings_past_listing_memory_are_let_go(void **state)
+{
+    struct fixture *f = *state;
+    enum { DIRS = 8, FILES = 40, KEPT = 3 };
+    char key[32], name[16];
+    fuse_ino_t dirs[DIRS];
+    struct fs_stats st;
+
+    for (int d = 0; d < DIRS; d++)
+        for (int i = 0; i < FILES; i++) {
+            snprintf(key, sizeof(key), "t/d%02d/f%03d", d, i);
+            other_put(f, key, "k", 1, NULL);
+        }
+    fs_destroy(&f->fs);
+    /* room for KEPT listings of FILES entries (what each is charged is
+     * the entries' and names' memory: test_memory_per_key_is_bounded) */
+    f->listing_memory = KEPT * (FILES * 300 + 100);
+    fs_start(f);
+
+    fuse_ino_t top = lookup(f, ROOT, "t", NULL);
+    fake_s3_log_clear(f->s3);
+    assert_int_equal(fs_dir_count_of(f, top), DIRS);
+    struct fs_dir *held = NULL;
+    for (int d = 0; d < DIRS; d++) {
+        snprintf(name, sizeof(name), "d%02d", d);
+        dirs[d] = lookup(f, top, name, NULL);
+        if (d == 1) { /* an open directory keeps what it shows */
+            assert_int_equal(fs_opendir(f->fs, dirs[d], &held), 0);
+            assert_int_equal(fs_dir_count(held), FILES + 2);
+        } else {
+            assert_int_equal(fs_dir_count_of(f, dirs[d]), FILES);
+        }
+        fs_get_stats(f->fs, &st);
+        assert_true(st.listing_bytes <= f->listing_memory);
+    }
+    /* (t's small listing stays: each lookup of a dNN used it) */
+    assert_true(st.listing_bytes > (KEPT - 1) * FILES * 200);
+    assert_int_equal(st.listings_dropped, DIRS - KEPT);
+    assert_int_equal(fake_s3_count(f->s3, FAKE_S3_UNDER(FAKE_S3_CALL(FAKE_S3_LIST), "t/")),
+                     DIRS + 1);
+
+    /* d01's listing went from its directory, not from its handle */
+    struct stat attr;
+    for (int i = 0; i < FILES; i++) {
+        snprintf(name, sizeof(name), "f%03d", i);
+        assert_string_equal(fs_dir_entry(f->fs, held, 2 + (size_t)i, &attr), name);
+    }
+    fs_releasedir(f->fs, held);
+
+    /* d00's and d01's listings went: both come back from the index */
+    fake_s3_log_clear(f->s3);
+    assert_int_equal(fs_dir_count_of(f, dirs[0]), FILES);
+    assert_int_not_equal(lookup(f, dirs[1], "f005", NULL), 0);
+    assert_int_equal(lookup(f, dirs[1], "nothing", NULL), 0);
+    assert_int_equal(fake_s3_count(f->s3, FAKE_S3_UNDER(FAKE_S3_CALL(FAKE_S3_LIST), "t/")),
+                     0);
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_HEAD, "t/d01/nothing")), 0);
+    fs_get_stats(f->fs, &st);
+    assert_true(st.listing_bytes <= f->listing_memory);
+    assert_int_equal(st.listings_dropped, DIRS - KEPT + 2);
 }
 
 /* Lookups in a directory whose last listing took more pages than a
@@ -3351,6 +3422,7 @@ int main(void)
         FS_TEST(test_trusted_prefix_asks_once, default_fresh),
         FS_TEST(test_refresh_forgets_a_trusted_tree, default_fresh),
         FS_TEST(test_memory_per_key_is_bounded, default_fresh),
+        FS_TEST(test_listings_past_listing_memory_are_let_go, default_cached),
         FS_TEST(test_lookups_never_half_list_a_large_directory, default_fresh),
         FS_TEST(test_readdirplus_of_large_objects_sends_no_head, default_cached),
         FS_TEST(test_lookup_after_plain_readdirplus_heads_ahead, default_cached),

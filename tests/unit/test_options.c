@@ -314,7 +314,7 @@ enum field {
     F_ENDPOINT, F_REGION, F_PROFILE, F_CREDENTIALS_FILE,
     F_NO_SIGN, F_PATH_STYLE, F_ALLOW_OTHER, F_READ_ONLY, F_WRITEBACK,
     F_UID, F_GID, F_FILE_MODE, F_DIR_MODE,
-    F_ATTR_TTL, F_DIR_TTL, F_READ_AHEAD, F_CONNECTIONS, F_RETRIES,
+    F_ATTR_TTL, F_DIR_TTL, F_READ_AHEAD, F_LISTING_MEMORY, F_CONNECTIONS, F_RETRIES,
     F_REQUEST_TIMEOUT,
 };
 
@@ -402,6 +402,12 @@ static const struct opt_case opt_cases[] = {
     BAD("read_ahead 1.5G", "read_ahead=1.5G"),
     BAD("read_ahead 2T", "read_ahead=2T"),
     BAD("read_ahead bad suffix", "read_ahead=64Q"),
+    OK_U("listing_memory by default", "read_ahead=1M", F_LISTING_MEMORY, 64 * MIB),
+    OK_U("listing_memory 1G", "listing_memory=1G", F_LISTING_MEMORY, GIB),
+    OK_U("listing_memory 1M (the least)", "listing_memory=1M", F_LISTING_MEMORY, MIB),
+    BAD("listing_memory below 1M", "listing_memory=512K"),
+    BAD("listing_memory 0", "listing_memory=0"),
+    BAD("listing_memory bad suffix", "listing_memory=64Q"),
     BAD("read_ahead negative", "read_ahead=-64M"),
     BAD("read_ahead overflow", "read_ahead=99999999999999999999T"),
     BAD("read_ahead empty", "read_ahead="),
@@ -466,6 +472,7 @@ static void check_field(const struct opt_case *c, const struct options *o)
     case F_ATTR_TTL: d = o->attr_ttl; break;
     case F_DIR_TTL: d = o->dir_ttl; break;
     case F_READ_AHEAD: u = o->read_ahead; break;
+    case F_LISTING_MEMORY: u = o->listing_memory; break;
     case F_CONNECTIONS: u = o->connections; break;
     case F_RETRIES: u = o->retries; break;
     case F_REQUEST_TIMEOUT: d = o->request_timeout; break;
