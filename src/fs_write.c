@@ -307,6 +307,10 @@ static int enter_created(struct fs *fs, const char *key,
     inode_table_unlock(fs->inodes);
     if (inode == NULL)
         return ENOMEM;
+    /* a directory made here: under -o trust its headers are kept in the
+     * index in place of any that an earlier one of that name left */
+    if (attrs->kind == INODE_DIR)
+        fs_store_dir_attrs(fs, key, attrs);
     fs_patch_parent(fs, key, attrs);
     fs_entry_changed(fs, key);
     return 0;
@@ -761,6 +765,8 @@ int fs_setattr(struct fs *fs, fuse_ino_t ino, const struct stat *want, int to_se
         if (inode->wfile == NULL || attrs.kind == INODE_DIR)
             inode->attrs = attrs;
         inode_table_unlock(fs->inodes);
+        if (attrs.kind == INODE_DIR) /* (under -o trust, what the index keeps) */
+            fs_store_dir_attrs(fs, key, &attrs);
         if (attrs.kind != INODE_DIR || key[0] != '\0')
             fs_patch_parent(fs, key, &attrs);
     }

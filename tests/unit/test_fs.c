@@ -1068,6 +1068,61 @@ static void test_trusted_prefix_asks_once(void **state)
     assert_int_equal(attr.st_size, 2);
 }
 
+/* Under -o trust the index keeps what a directory's marker said, for good
+ * (one HEAD per directory ever): a change made here (chmod, mkdir, a
+ * rename onto a name an earlier directory had) is what a later lookup
+ * shows once the kernel forgot the directory, and after a remount.
+ * Before, the index kept the first answer: a chmod'ed directory showed
+ * its old mode again (0755 for 0700). */
+static void test_trusted_directory_headers_follow_local_changes(void **state)
+{
+    struct fixture *f = *state;
+    static const char *const trusted[] = {"data/"};
+    struct stat attr, want = {.st_mode = 0700};
+    struct fs_entry entry;
+    double timeout;
+
+    other_put(f, "data/sub/x", "x", 1, NULL);
+    fs_destroy(&f->fs);
+    f->trusted = trusted;
+    f->trusted_count = 1;
+    fs_start(f);
+    fuse_ino_t data = lookup(f, ROOT, "data", NULL);
+    fuse_ino_t sub = lookup(f, data, "sub", &attr);
+    assert_int_equal(attr.st_mode, S_IFDIR | 0755); /* no marker: defaults */
+    assert_int_equal(fs_setattr(f->fs, sub, &want, FUSE_SET_ATTR_MODE, NULL,
+                                &attr, &timeout), 0);
+    assert_int_equal(attr.st_mode, S_IFDIR | 0700);
+    assert_int_equal(fs_mkdir(f->fs, data, "t1", 0701, 1000, 1000, &entry), 0);
+    fs_forget(f->fs, entry.ino, 1);
+    assert_int_equal(fs_rmdir(f->fs, data, "t1"), 0);
+    assert_int_equal(fs_mkdir(f->fs, data, "t2", 0702, 1000, 1000, &entry), 0);
+    fs_forget(f->fs, entry.ino, 1);
+    assert_int_equal(fs_rename(f->fs, data, "t2", data, "t1", 0), 0);
+
+    /* the kernel forgets them: looked up again, with no HEAD */
+    fs_forget(f->fs, sub, 1);
+    fake_s3_log_clear(f->s3);
+    sub = lookup(f, data, "sub", &attr);
+    assert_int_equal(attr.st_mode, S_IFDIR | 0700);
+    fuse_ino_t t1 = lookup(f, data, "t1", &attr);
+    assert_int_equal(attr.st_mode, S_IFDIR | 0702);
+    assert_int_equal(fake_s3_count(f->s3, FAKE_S3_UNDER(FAKE_S3_CALL(FAKE_S3_HEAD), "data/")), 0);
+    fs_forget(f->fs, sub, 1);
+    fs_forget(f->fs, t1, 1);
+
+    /* and after a remount */
+    fs_destroy(&f->fs);
+    fs_start(f);
+    data = lookup(f, ROOT, "data", NULL);
+    fake_s3_log_clear(f->s3);
+    lookup(f, data, "sub", &attr);
+    assert_int_equal(attr.st_mode, S_IFDIR | 0700);
+    lookup(f, data, "t1", &attr);
+    assert_int_equal(attr.st_mode, S_IFDIR | 0702);
+    assert_int_equal(fake_s3_count(f->s3, FAKE_S3_UNDER(FAKE_S3_CALL(FAKE_S3_HEAD), "data/")), 0);
+}
+
 /* fs_refresh()'s INVAL: what the kernel would be told, "P/name" for an
  * entry, "#ino" for attributes, space-separated. */
 struct inval_record {
@@ -3420,6 +3475,7 @@ int main(void)
         FS_TEST(test_object_replaced_while_open_is_never_mixed, default_cached),
         FS_TEST(test_access_log_lists_versions_read, default_reopen),
         FS_TEST(test_trusted_prefix_asks_once, default_fresh),
+        FS_TEST(test_trusted_directory_headers_follow_local_changes, default_fresh),
         FS_TEST(test_refresh_forgets_a_trusted_tree, default_fresh),
         FS_TEST(test_memory_per_key_is_bounded, default_fresh),
         FS_TEST(test_listings_past_listing_memory_are_let_go, default_cached),
