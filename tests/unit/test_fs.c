@@ -993,6 +993,16 @@ static void test_object_replaced_while_open_is_never_mixed(void **state)
     fs_release(f->fs, file);
 }
 
+/* Mount again (same cache) with -o trust of the COUNT prefixes TRUSTED. */
+static void remount_trusting(struct fixture *f, const char *const *trusted,
+                             size_t count)
+{
+    fs_destroy(&f->fs);
+    f->trusted = trusted;
+    f->trusted_count = count;
+    fs_start(f);
+}
+
 /* -o trust=data (listings and attributes kept for no time elsewhere):
  * under data/ a listing, a lookup and a stat are answered without a
  * request once known, even after another client changed the bucket, and
@@ -1006,10 +1016,7 @@ static void test_trusted_prefix_asks_once(void **state)
     other_put(f, "data/a", "aaa", 3, NULL);
     other_put(f, "data/sub/b", "bb", 2, NULL);
     other_put(f, "other/x", "x", 1, NULL);
-    fs_destroy(&f->fs);
-    f->trusted = trusted;
-    f->trusted_count = 1;
-    fs_start(f);
+    remount_trusting(f, trusted, 1);
 
     fuse_ino_t data = lookup(f, ROOT, "data", NULL);
     fuse_ino_t other = lookup(f, ROOT, "other", NULL);
@@ -1083,10 +1090,7 @@ static void test_trusted_directory_headers_follow_local_changes(void **state)
     double timeout;
 
     other_put(f, "data/sub/x", "x", 1, NULL);
-    fs_destroy(&f->fs);
-    f->trusted = trusted;
-    f->trusted_count = 1;
-    fs_start(f);
+    remount_trusting(f, trusted, 1);
     fuse_ino_t data = lookup(f, ROOT, "data", NULL);
     fuse_ino_t sub = lookup(f, data, "sub", &attr);
     assert_int_equal(attr.st_mode, S_IFDIR | 0755); /* no marker: defaults */
@@ -1161,10 +1165,7 @@ static void test_refresh_forgets_a_trusted_tree(void **state)
     other_put(f, "data/a", "aaa", 3, NULL);
     other_put(f, "data/sub/b", "bb", 2, NULL);
     other_put(f, "other/x", "x", 1, NULL);
-    fs_destroy(&f->fs);
-    f->trusted = trusted;
-    f->trusted_count = 2;
-    fs_start(f);
+    remount_trusting(f, trusted, 2);
 
     fuse_ino_t data = lookup(f, ROOT, "data", NULL);
     fuse_ino_t other = lookup(f, ROOT, "other", NULL);
