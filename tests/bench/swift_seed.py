@@ -28,6 +28,7 @@ import hashlib
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 
 ACCOUNT = 'AUTH_test'           # servers.SwiftServer's tempauth account
@@ -46,13 +47,14 @@ def key_name(index, count, dirs):
 
 def seed(server_dir, bucket, names, size):
     """Objects NAMES of SIZE bytes each in BUCKET of the Swift started in
-    SERVER_DIR; returns the seconds taken."""
+    SERVER_DIR; returns the seconds taken. FileNotFoundError if BUCKET is
+    not there."""
     etc_dir, devices = server_dir / 'etc', server_dir / 'data'
     from swift.common import utils
     utils.set_swift_dir(str(etc_dir))  # before the policies are read
     from swift.common.ring import Ring
     from swift.common.storage_policy import POLICIES
-    from swift.common.utils import Timestamp, hash_path, storage_directory
+    from swift.common.utils import hash_path, storage_directory
     from swift.container.backend import ContainerBroker
     from swift.obj import diskfile
 
@@ -72,12 +74,25 @@ def seed(server_dir, bucket, names, size):
                storage_directory('containers', container_part, container_hash)
                / f'{container_hash}.db')
     if not db_path.exists():
-        sys.exit(f'swift_seed: no bucket {bucket} in {server_dir}')
+        raise FileNotFoundError(f'no bucket {bucket} in {server_dir}')
     broker = ContainerBroker(str(db_path), account=ACCOUNT, container=bucket)
 
     body = b'k' * size
     etag = hashlib.md5(body).hexdigest()
     started = time.monotonic()
+    with warnings.catch_warnings():
+        # (Swift's code warns of deprecations of no concern here, per call)
+        warnings.simplefilter('ignore', DeprecationWarning)
+        write_objects(manager, object_ring, broker, policy, bucket, names,
+                      body, etag)
+    return time.monotonic() - started
+
+
+def write_objects(manager, object_ring, broker, policy, bucket, names, body,
+                  etag):
+    """The objects NAMES with BODY, and their listing rows."""
+    from swift.common.utils import Timestamp
+    size = len(body)
     rows = []
     for index, name in enumerate(names):
         stamp = Timestamp(time.time())
@@ -97,7 +112,6 @@ def seed(server_dir, bucket, names, size):
         if len(rows) == BATCH or index == len(names) - 1:
             broker.merge_items(rows)
             rows = []
-    return time.monotonic() - started
 
 
 def main():
@@ -111,9 +125,12 @@ def main():
     if args.count < 1 or args.size < 0 or not 0 <= args.dirs <= args.count:
         sys.exit('swift_seed: COUNT must be positive, BYTES not negative, '
                  '--dirs from 0 to COUNT')
-    seconds = seed(args.server_dir, args.bucket,
-                   [key_name(index, args.count, args.dirs)
-                    for index in range(args.count)], args.size)
+    try:
+        seconds = seed(args.server_dir, args.bucket,
+                       [key_name(index, args.count, args.dirs)
+                        for index in range(args.count)], args.size)
+    except FileNotFoundError as error:
+        sys.exit(f'swift_seed: {error}')
     print(f'swift_seed: {args.count} objects of {args.size} bytes in '
           f'{seconds:.0f} s')
 
