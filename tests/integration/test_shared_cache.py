@@ -196,13 +196,15 @@ def test_nodes_reading_at_once_fetch_once(server, s3, bucket, mount, home,
     fetched = origin_bytes(origin, bucket)
     stats = [read_stats(n.path) for n in nodes]
     # A tier request past its deadline while the tier answered others is
-    # counted, not a skip; one with no answer since (an overloaded
-    # single-threaded s3rver as the tier, under load) skips the tier on
-    # that node for 10 s, which then reads from the origin: the bound
-    # holds where no node skipped the tier.
-    bound = size * 5 // 4 \
-        if sum(s['tier_skipped_blocks'] for s in stats) == 0 \
-        else len(nodes) * size - 1
+    # counted (tier_errors), not a skip; one with no answer since (an
+    # overloaded single-threaded s3rver as the tier, under load) skips the
+    # tier on that node for 10 s, which then reads from the origin. Either
+    # can send a node's run to the origin beside another's (seen in CI: one
+    # tier error, 1.29x): the bound holds where the tier never failed a
+    # node, and otherwise the file still does not come three times.
+    tier_failed = sum(s['tier_skipped_blocks'] + s['tier_errors']
+                      for s in stats) > 0
+    bound = len(nodes) * size - 1 if tier_failed else size * 5 // 4
     assert size <= fetched <= bound, (fetched / size, [
         {k: v for k, v in s.items() if k.startswith('tier_') and
          'requests' not in k or k == 'bytes_from_bucket'} for s in stats])
