@@ -286,9 +286,7 @@ void fs_get_stats(struct fs *fs, struct fs_stats *out)
     out->hit_bytes = reader.hit_bytes;
     out->direct_bytes = reader.direct_bytes;
     out->inodes = inode_table_count(fs->inodes);
-    size_t listing_bytes = 0;
-    inode_table_listing_usage(fs->inodes, &listing_bytes, &out->listings_dropped);
-    out->listing_bytes = listing_bytes;
+    inode_table_listing_usage(fs->inodes, &out->listing_bytes, &out->listings_dropped);
     if (fs->writer != NULL) {
         struct writer_stats writer;
         writer_get_stats(fs->writer, &writer);

@@ -136,10 +136,8 @@ static struct inode_listing *listing_to_show(struct fs *fs, struct inode *dir)
     if (dir->listing != NULL) {
         double age = clock_monotonic_seconds() - dir->listing->fetched_at;
         double ttl = fs_dir_ttl(fs, dir->key);
-        if (age < STALE_LISTING_TTLS * ttl) {
-            listing = inode_listing_ref_locked(dir->listing);
-            inode_listing_touch_locked(fs->inodes, dir);
-        }
+        if (age < STALE_LISTING_TTLS * ttl)
+            listing = inode_dir_listing_use_locked(fs->inodes, dir);
         /* a full queue (find, du): the next opendir asks again */
         if (listing != NULL && age >= ttl && !dir->listing_fetch &&
             !dir->listing_refresh && !fs->stopping &&

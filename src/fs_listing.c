@@ -410,8 +410,7 @@ int fs_get_listing(struct fs *fs, struct inode *dir, unsigned max_pages,
             if (dir->listing != NULL &&
                 clock_monotonic_seconds() - dir->listing->fetched_at <
                     fs_dir_ttl(fs, dir->key)) {
-                *out = inode_listing_ref_locked(dir->listing);
-                inode_listing_touch_locked(fs->inodes, dir);
+                *out = inode_dir_listing_use_locked(fs->inodes, dir);
                 inode_table_unlock(fs->inodes);
                 return 0;
             }

@@ -334,10 +334,8 @@ int fs_lookup(struct fs *fs, fuse_ino_t parent_ino, const char *name,
     double parent_ttl = fs_dir_ttl(fs, parent_key);
     out->entry_timeout = parent_ttl; /* (a name that is not there, too) */
     if (parent->listing != NULL &&
-        clock_monotonic_seconds() - parent->listing->fetched_at < parent_ttl) {
-        listing = inode_listing_ref_locked(parent->listing); /* fresh */
-        inode_listing_touch_locked(fs->inodes, parent);
-    }
+        clock_monotonic_seconds() - parent->listing->fetched_at < parent_ttl)
+        listing = inode_dir_listing_use_locked(fs->inodes, parent); /* fresh */
     bool listed = listing == NULL && worth_relisting_locked(fs, parent);
     /* A file of the last listing whose headers are not known here needs a
      * request of its own anyway, and that request (a GET with the listed

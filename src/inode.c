@@ -209,6 +209,16 @@ static void listing_link_newest_locked(struct inode_table *table, struct inode *
         table->listing_oldest = dir;
 }
 
+/* DIR's listing is charged BYTES more (GROW) or less: a patch added or
+ * removed an entry. */
+static void charge_locked(struct inode_table *table, struct inode *dir,
+                          size_t bytes, bool grow)
+{
+    dir->listing_bytes = grow ? dir->listing_bytes + bytes : dir->listing_bytes - bytes;
+    table->listing_bytes = grow ? table->listing_bytes + bytes
+                                : table->listing_bytes - bytes;
+}
+
 /* DIR lets its listing go (the caller sets the new one or NULL). */
 static void listing_detach_locked(struct inode_table *table, struct inode *dir)
 {
@@ -477,15 +487,17 @@ void inode_table_set_listing_budget(struct inode_table *table, size_t bytes)
     table_unlock(table);
 }
 
-void inode_listing_touch_locked(struct inode_table *table, struct inode *dir)
+struct inode_listing *inode_dir_listing_use_locked(struct inode_table *table,
+                                                   struct inode *dir)
 {
-    if (dir->listing == NULL || table->listing_newest == dir)
-        return;
-    listing_unlink_locked(table, dir);
-    listing_link_newest_locked(table, dir);
+    if (table->listing_newest != dir) {
+        listing_unlink_locked(table, dir);
+        listing_link_newest_locked(table, dir);
+    }
+    return inode_listing_ref_locked(dir->listing);
 }
 
-void inode_table_listing_usage(struct inode_table *table, size_t *bytes,
+void inode_table_listing_usage(struct inode_table *table, uint64_t *bytes,
                                uint64_t *evicted)
 {
     pthread_mutex_lock(&table->lock);
@@ -697,9 +709,7 @@ int inode_listing_patch_locked(struct inode_table *table, struct inode *dir,
     bool present = low < listing->count && strcmp(listing->entries[low].name, name) == 0;
     if (attrs == NULL) {
         if (present) {
-            size_t charge = entry_charge(listing->entries[low].name);
-            dir->listing_bytes -= charge;
-            table->listing_bytes -= charge;
+            charge_locked(table, dir, entry_charge(listing->entries[low].name), false);
             free(listing->entries[low].name);
             memmove(&listing->entries[low], &listing->entries[low + 1],
                     (listing->count - low - 1) * sizeof(listing->entries[0]));
@@ -726,8 +736,7 @@ int inode_listing_patch_locked(struct inode_table *table, struct inode *dir,
             (listing->count - low) * sizeof(listing->entries[0]));
     listing->entries[low] = (struct inode_dirent){copy, *attrs};
     listing->count++;
-    dir->listing_bytes += entry_charge(copy);
-    table->listing_bytes += entry_charge(copy);
+    charge_locked(table, dir, entry_charge(copy), true);
     return 0;
 }
 

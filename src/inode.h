@@ -214,13 +214,14 @@ void inode_drop_listing_locked(struct inode_table *table, struct inode *dir);
  */
 void inode_table_set_listing_budget(struct inode_table *table, size_t bytes);
 
-/* Note a use of DIR's listing (it goes last among those dropped for the
- * budget). Lock held. */
-void inode_listing_touch_locked(struct inode_table *table, struct inode *dir);
+/* A reference to DIR's listing (which must be there), noting the use:
+ * it goes last among those dropped for the budget. Lock held. */
+struct inode_listing *inode_dir_listing_use_locked(struct inode_table *table,
+                                                   struct inode *dir);
 
 /* Bytes the directories' listings are charged now, and how many
  * listings the budget has dropped since the table was created. */
-void inode_table_listing_usage(struct inode_table *table, size_t *bytes,
+void inode_table_listing_usage(struct inode_table *table, uint64_t *bytes,
                                uint64_t *evicted);
 
 /* Find NAME in LISTING (binary search); NULL if absent. */

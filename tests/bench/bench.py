@@ -228,22 +228,21 @@ def key_op(op, directory, count, dirs, size):
     down with -R), output to a pipe (ls does not stat); or open: read
     KEYS_OPENED of its files (chosen at random, the same every time) by
     name, each SIZE bytes long."""
-    per_dir = -(-count // dirs) if dirs else count
-    listed = [count] if not dirs else \
-        [min(per_dir, count - first) for first in range(0, count, per_dir)]
+    # the directories swift_seed.key_name() fills: COUNT / DIRS rounded up
+    # in each, so there may be fewer than DIRS
+    made = -(-count // -(-count // dirs)) if dirs else 0
     recursive = ['-R'] if dirs else []
     if op == 'ls':
         # (-R: "DIR:" first, and a blank line and "DIR:" before each
         # subdirectory's names)
         run_counting(['ls', '-1', *recursive, str(directory)],
-                     count + (1 + len(listed) * 3 if dirs else 0))
+                     count + (1 + made * 3 if dirs else 0))
     elif op == 'lsl':
         # ("total" per directory)
         run_counting(['ls', '-l', *recursive, str(directory)],
-                     count + 1 + (1 + len(listed) * 4 if dirs else 0))
+                     count + 1 + (1 + made * 4 if dirs else 0))
     elif op == 'find':
-        run_counting(['find', str(directory)],
-                     count + 1 + (len(listed) if dirs else 0))
+        run_counting(['find', str(directory)], count + 1 + made)
     elif op == 'du':
         run_counting(['du', '-s', str(directory)], 1)
     else:
