@@ -122,6 +122,7 @@ int fs_create(const struct fs_conf *conf, struct s3_client *s3, struct fs **out)
     pthread_cond_init(&fs->detach_done, NULL);
     pthread_cond_init(&fs->ahead_done, NULL);
     fs->mount_time = clock_wall_now();
+    fs_dir_headers_tag_init(fs);
     fs->root_key = strdup(conf->root_key);
     if (fs->root_key == NULL) {
         err = ENOMEM;

@@ -66,6 +66,9 @@ struct fs {
     struct writer *writer;        /* NULL on a read-only mount */
     struct upload_conf upload;    /* server-side copies (rename) */
     struct timespec mount_time;
+    char dir_headers_tag[S3_ETAG_MAX]; /* what this mount keeps directories'
+                                     headers under in the index (see
+                                     fs_store_dir_attrs()) */
     void *staged;                 /* (inode table lock) tsearch set of the
                                      inodes that have a wfile */
 
@@ -127,8 +130,11 @@ void fs_handle_remove(struct fs *fs, struct fs_handle *handle);
  * attr_ttl and dir_ttl. An entry (a name in its parent) is trusted when
  * its parent's listing is. */
 #define FS_TRUSTED_TTL (365.0 * 24 * 3600)
-/* A trusted directory's headers as the index keeps them (false when not
- * trusted or not known), and kept there once learnt. */
+/* A directory's headers as the index keeps them for this mount, or for
+ * every mount under -o trust (false when not known), and kept there once
+ * learnt or changed here (fs_lookup.c). fs_dir_headers_tag_init() names
+ * this mount's records, at fs_create(). */
+void fs_dir_headers_tag_init(struct fs *fs);
 bool fs_stored_dir_attrs(struct fs *fs, const char *dir_key,
                          struct inode_attrs *attrs);
 void fs_store_dir_attrs(struct fs *fs, const char *dir_key,

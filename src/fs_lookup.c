@@ -20,9 +20,11 @@
 #include "fs.h"
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "clock.h"
 #include "fs_internal.h"
@@ -88,15 +90,39 @@ bool fs_known_dir_attrs(struct fs *fs, const char *dir_key,
     return usable;
 }
 
-/* What a trusted directory's headers are stored under in the index (a
- * listing names a directory, not its marker's ETag). */
+/*
+ * What the headers of directories are kept under in the index. A
+ * directory's marker is HEADed once per mount: the answer outlives the
+ * inode, which the kernel forgets under memory pressure, so a walk of a
+ * large tree does not HEAD its directories again. A listing names a
+ * directory, not its marker's ETag, so the record is tagged with this
+ * mount instead (fs->dir_headers_tag), and a remount asks again; under
+ * -o trust, with a tag every mount shares, so a directory is HEADed once
+ * ever. Every local change of a directory's headers (mkdir, setattr,
+ * rename, rmdir) reaches the record; `s3cachefs refresh` forgets it.
+ */
 #define TRUSTED_DIR_TAG "\"s3cachefs:trusted-directory\""
+
+static const char *dir_headers_tag(const struct fs *fs, const char *dir_key)
+{
+    return fs_trusts(fs, dir_key) ? TRUSTED_DIR_TAG : fs->dir_headers_tag;
+}
+
+void fs_dir_headers_tag_init(struct fs *fs)
+{
+    static atomic_uint mounts; /* unit tests mount many times a process */
+    struct timespec now = clock_wall_now();
+
+    snprintf(fs->dir_headers_tag, sizeof(fs->dir_headers_tag),
+             "\"s3cachefs:directory:%lld.%09ld:%ld:%u\"", (long long)now.tv_sec,
+             now.tv_nsec, (long)getpid(), atomic_fetch_add(&mounts, 1));
+}
 
 bool fs_stored_dir_attrs(struct fs *fs, const char *dir_key,
                          struct inode_attrs *attrs)
 {
-    if (!fs_trusts(fs, dir_key) ||
-        metacache_get_attrs(fs->conf.cache, dir_key, TRUSTED_DIR_TAG, attrs) != 0)
+    if (metacache_get_attrs(fs->conf.cache, dir_key,
+                            dir_headers_tag(fs, dir_key), attrs) != 0)
         return false;
     attrs->etag[0] = '\0';
     return true;
@@ -105,17 +131,17 @@ bool fs_stored_dir_attrs(struct fs *fs, const char *dir_key,
 void fs_store_dir_attrs(struct fs *fs, const char *dir_key,
                         const struct inode_attrs *attrs)
 {
-    if (!fs_trusts(fs, dir_key) || !attrs->headers_known)
+    if (!attrs->headers_known)
         return;
     struct inode_attrs kept = *attrs;
-    snprintf(kept.etag, sizeof(kept.etag), "%s", TRUSTED_DIR_TAG);
+    snprintf(kept.etag, sizeof(kept.etag), "%s", dir_headers_tag(fs, dir_key));
     metacache_put_attrs(fs->conf.cache, dir_key, &kept);
 }
 
 /* A directory's mode and owner live in the headers of its marker (as s3fs
  * writes them): one HEAD per directory and mount; none when there is no
- * marker (defaults). Failures leave the defaults. Under -o trust, one
- * HEAD per directory ever: what it said is kept in the index. */
+ * marker (defaults). Failures leave the defaults, and are asked again.
+ * Under -o trust, one HEAD per directory ever. */
 static void resolve_dir(struct fs *fs, const char *dir_key, struct inode_attrs *attrs)
 {
     struct s3_object_info info;

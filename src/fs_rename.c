@@ -312,22 +312,20 @@ static int rename_dir(struct fs *fs, const char *src_prefix, const char *dst_pre
     free(staged.files);
     if (err != 0)
         return err;
-    metacache_forget_listing(fs->conf.cache, src_prefix);
-    metacache_forget_listing(fs->conf.cache, dst_prefix);
-    /* under -o trust the index keeps directories' headers: what it kept
-     * under the new name (a directory there before) is not this one's */
-    if (fs_trusts(fs, dst_prefix)) {
-        struct inode_attrs moved;
-        metacache_forget_tree(fs->conf.cache, dst_prefix, NULL, NULL);
-        inode_table_lock(fs->inodes);
-        struct inode *top = inode_find_locked(fs->inodes, dst_prefix);
-        bool known = top != NULL && top->attrs.kind == INODE_DIR;
-        if (known)
-            moved = top->attrs;
-        inode_table_unlock(fs->inodes);
-        if (known)
-            fs_store_dir_attrs(fs, dst_prefix, &moved);
-    }
+    /* the index keeps directories' headers (fs_store_dir_attrs()): what
+     * it kept under the old names is gone from the bucket, and what it
+     * kept under the new name (a directory there before) is not this one */
+    metacache_forget_tree(fs->conf.cache, src_prefix, NULL, NULL);
+    metacache_forget_tree(fs->conf.cache, dst_prefix, NULL, NULL);
+    struct inode_attrs moved;
+    inode_table_lock(fs->inodes);
+    struct inode *top = inode_find_locked(fs->inodes, dst_prefix);
+    bool known = top != NULL && top->attrs.kind == INODE_DIR;
+    if (known)
+        moved = top->attrs;
+    inode_table_unlock(fs->inodes);
+    if (known)
+        fs_store_dir_attrs(fs, dst_prefix, &moved);
     return err;
 }
 

@@ -307,8 +307,8 @@ static int enter_created(struct fs *fs, const char *key,
     inode_table_unlock(fs->inodes);
     if (inode == NULL)
         return ENOMEM;
-    /* a directory made here: under -o trust its headers are kept in the
-     * index in place of any that an earlier one of that name left */
+    /* a directory made here: its headers are kept in the index in place
+     * of any that an earlier one of that name left (fs_store_dir_attrs()) */
     if (attrs->kind == INODE_DIR)
         fs_store_dir_attrs(fs, key, attrs);
     fs_patch_parent(fs, key, attrs);
@@ -374,7 +374,9 @@ int fs_rmdir(struct fs *fs, fuse_ino_t parent, const char *name)
     inode_table_lock(fs->inodes);
     inode_unlink_locked(fs->inodes, inode);
     inode_table_unlock(fs->inodes);
-    metacache_forget_listing(fs->conf.cache, key);
+    /* its listing, and its headers (a directory made there later by
+     * another client is not this one) */
+    metacache_forget_tree(fs->conf.cache, key, NULL, NULL);
     fs_patch_parent(fs, key, NULL);
     fs_entry_changed(fs, key);
 out:
@@ -765,7 +767,7 @@ int fs_setattr(struct fs *fs, fuse_ino_t ino, const struct stat *want, int to_se
         if (inode->wfile == NULL || attrs.kind == INODE_DIR)
             inode->attrs = attrs;
         inode_table_unlock(fs->inodes);
-        if (attrs.kind == INODE_DIR) /* (under -o trust, what the index keeps) */
+        if (attrs.kind == INODE_DIR) /* (what the index keeps) */
             fs_store_dir_attrs(fs, key, &attrs);
         if (attrs.kind != INODE_DIR || key[0] != '\0')
             fs_patch_parent(fs, key, &attrs);

@@ -9,7 +9,9 @@ links (an s3fs symlink is an object whose x-amz-meta-mode says S_IFLNK)
 and are HEADed as before. A stat after such a walk is a lookup, and the
 first one in the directory starts HEADs of the entries after it in the
 background, so `ls -l` and `du` still see every mode and link right, with
-each file HEADed once. Requests are counted at a proxy.
+each file HEADed once. A directory's marker is HEADed once per mount, even
+when the kernel forgets the directory in between. Requests are counted at
+a proxy.
 """
 import collections
 import os
@@ -18,12 +20,14 @@ import subprocess
 
 import pytest
 
+from conftest import drop_caches, read_stats, wait_for
+
 LARGE = 150                 # more than a head-ahead job keeps unclaimed (64)
 SIZE = 5000                 # > PATH_MAX - 1: a regular file, certainly
 OWNED = 0o100600
 
-# (the counts rely on the daemon's memory of the directory)
-pytestmark = pytest.mark.usefixtures('inodes_kept')
+# (the counts of most tests rely on the daemon's memory of the directory)
+kernel_keeps_inodes = pytest.mark.usefixtures('inodes_kept')
 
 
 def large_name(index):
@@ -63,6 +67,7 @@ def heads_by_key(proxy, bucket):
         if record.method == 'HEAD' and record.path.startswith(prefix))
 
 
+@kernel_keeps_inodes
 def test_cold_find_and_walk_send_no_head_for_large_files(server, bucket, s3,
                                                         mount, proxy, tmp_path):
     put_dataset(s3, bucket)
@@ -119,6 +124,7 @@ def ls_l(path):
     return shown
 
 
+@kernel_keeps_inodes
 @pytest.mark.parametrize('walk_first', [True, False])
 def test_ls_l_shows_modes_and_links_and_heads_each_file_once(
         server, bucket, s3, mount, proxy, tmp_path, walk_first):
@@ -156,4 +162,47 @@ def test_ls_l_shows_modes_and_links_and_heads_each_file_once(
     # and a second ls -l asks nothing of the files
     proxy.reset_counters()
     assert ls_l(mnt.path / 'ds') == shown
+    assert not heads_by_key(proxy, bucket), dict(proxy.counts)
+
+
+DIRS = 40
+
+
+def directory_modes(root):
+    """{directory: mode} of the directories under ROOT, by `find`: its
+    -type test takes the type from readdir, so only directories are
+    stat()ed."""
+    done = subprocess.run(['find', str(root), '-mindepth', '1', '-type', 'd',
+                           '-printf', '%P %m\\n'], capture_output=True,
+                          text=True, check=True, timeout=120)
+    return dict(line.split() for line in done.stdout.splitlines())
+
+
+def test_directories_the_kernel_forgot_are_not_asked_again(server, bucket, s3,
+                                                           mount, proxy):
+    """A directory's marker is HEADed once per mount, not once per inode:
+    under memory pressure the kernel forgets directory inodes in the middle
+    of a walk, and a `find` of a million keys sent 19,737 HEADs for 1001
+    directories when it did."""
+    for index in range(DIRS):
+        s3.put_object(Bucket=bucket, Key=f'tree/d{index:02d}/', Body=b'',
+                      ContentType='application/x-directory',
+                      Metadata={'mode': str(stat.S_IFDIR | (0o700 + index % 8))})
+        s3.put_object(Bucket=bucket, Key=f'tree/d{index:02d}/f.bin',
+                      Body=b'f' * SIZE)
+    expected = {f'd{index:02d}': f'{0o700 + index % 8:o}' for index in range(DIRS)}
+    mnt = mount(bucket, endpoint=proxy.endpoint)
+    proxy.reset_counters()
+    assert directory_modes(mnt.path / 'tree') == expected
+    heads = heads_by_key(proxy, bucket)
+    assert all(heads[f'tree/d{index:02d}/'] == 1 for index in range(DIRS)), heads
+
+    # the kernel forgets every inode of the mount but the root's, and the
+    # daemon with it (a FORGET each)
+    inodes = read_stats(mnt.path)['inodes']
+    drop_caches()
+    wait_for(lambda: read_stats(mnt.path)['inodes'] < inodes - DIRS, 30,
+             'the kernel to forget the directories')
+    proxy.reset_counters()
+    assert directory_modes(mnt.path / 'tree') == expected
     assert not heads_by_key(proxy, bucket), dict(proxy.counts)
