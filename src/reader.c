@@ -305,10 +305,11 @@ static int fill_block(struct reader_file *file, uint64_t block,
  * again: a block it does not have is claimed (tier_claim_blocks(), for
  * the rest of the run): when another node's lease covers it, that node
  * is fetching it from the origin, and the block is waited for in the
- * tier instead; this node fetches what it claimed, up to blocks another
- * node's lease covers. A block the tier holds damaged, or whose request
- * failed, is fetched from the origin by itself (*FETCH is 1): the tier
- * is asked again for the blocks after it. READING_ON: the run is
+ * tier instead (and claimed if the lease runs out first); this node
+ * fetches what it claimed, up to blocks another node's lease covers. A
+ * block the tier holds damaged, or whose request failed, is fetched from
+ * the origin by itself (*FETCH is 1): the tier is asked again for the
+ * blocks after it. READING_ON: the run is
  * read-ahead (the reader means to go on past it). SCRATCH: block_size +
  * TIER_HEADER_LEN bytes of the caller's, for each block's frame in turn.
  * FILE has an ETag and its reader a tier.
@@ -335,30 +336,36 @@ static uint64_t fill_from_tier(struct reader_file *file, uint64_t first,
             awaiting = false;
             err = tier_get_block(tier, file->key, file->etag, block, len,
                                  scratch, &data);
-            if (err == ENOENT) {
-                uint64_t last = first + count - 1;
-                if (tier_claim_blocks(tier, file->key, file->etag, block,
-                                      last, reading_on, &covered,
-                                      &until) == TIER_FETCH) {
-                    *fetch = covered - block + 1;
-                    break;
-                }
-                awaiting = true;
-                err = tier_await_block(tier, file->key, file->etag, block,
-                                       len, scratch, &data, until);
-            }
         }
-        if (err != 0 && err != ENOENT) {
-            /* one damaged block, or one request that failed (a busy
-             * tier's timeout does not skip it), says nothing of the
-             * blocks after it: they stay the tier's to serve (a tier
-             * skipped from now answers ENOENT at once, and the rest of
-             * the run goes in one GET) */
+        /* not there: claimed, or waited for where another node's lease
+         * covers it. A lease that ran out without the block (its node's
+         * write failed, or the node went) is claimed in turn, so that this
+         * node takes the group over and the nodes still waiting wait for
+         * it: fetching the rest of the run without a lease sent it to the
+         * origin once per waiting node. Twice at most; then the block
+         * alone is fetched. */
+        for (int claims = 0; err == ENOENT && claims < 2; claims++) {
+            uint64_t last = first + count - 1;
+            if (tier_claim_blocks(tier, file->key, file->etag, block, last,
+                                  reading_on, &covered,
+                                  &until) == TIER_FETCH) {
+                *fetch = covered - block + 1;
+                return filled;
+            }
+            awaiting = true;
+            err = tier_await_block(tier, file->key, file->etag, block, len,
+                                   scratch, &data, until);
+        }
+        if (err != 0) {
+            /* one damaged block, one request that failed (a busy tier's
+             * timeout does not skip it), or one whose lease ran out
+             * twice, says nothing of the blocks after it: they stay the
+             * tier's to serve (a tier skipped from now answers ENOENT at
+             * once, and the rest of the run goes in one GET) */
             *fetch = 1;
             break;
         }
-        if (err == 0)
-            err = fill_block(file, block, data, len);
+        err = fill_block(file, block, data, len);
         if (err != 0) {
             *fetch = count - filled;
             break;
