@@ -196,15 +196,18 @@ def test_nodes_reading_at_once_fetch_once(server, s3, bucket, mount, home,
     fetched = origin_bytes(origin, bucket)
     stats = [read_stats(n.path) for n in nodes]
     # A tier request past its deadline while the tier answered others is
-    # counted (tier_errors), not a skip; one with no answer since (an
+    # counted (tier_errors), not a skip, and costs at most the group of
+    # blocks it was about (8): a failed read fetches its block alone, a
+    # lease that ran out without its blocks is claimed by the node that
+    # waited on it (CI saw 1.29x for one error, when each waiting node
+    # fetched the rest of its run). One with no answer since (an
     # overloaded single-threaded s3rver as the tier, under load) skips the
-    # tier on that node for 10 s, which then reads from the origin. Either
-    # can send a node's run to the origin beside another's (seen in CI: one
-    # tier error, 1.29x): the bound holds where the tier never failed a
-    # node, and otherwise the file still does not come three times.
-    tier_failed = sum(s['tier_skipped_blocks'] + s['tier_errors']
-                      for s in stats) > 0
-    bound = len(nodes) * size - 1 if tier_failed else size * 5 // 4
+    # tier on that node for 10 s, which then reads from the origin: the
+    # file still does not come three times.
+    skipped = sum(s['tier_skipped_blocks'] for s in stats) > 0
+    errors = sum(s['tier_errors'] for s in stats)
+    bound = (len(nodes) * size - 1 if skipped
+             else size * 5 // 4 + errors * 8 * BLOCK)
     assert size <= fetched <= bound, (fetched / size, [
         {k: v for k, v in s.items() if k.startswith('tier_') and
          'requests' not in k or k == 'bytes_from_bucket'} for s in stats])
