@@ -102,6 +102,32 @@ int fs_statfs(struct fs *fs, struct statvfs *out)
 
 static int counters_now(void *arg, char **text);
 
+/* COUNT directories of the mount (DIRS: "a/b/", "" for all of it) as
+ * keys under ROOT_KEY, into *OUT (NULL when none). 0 or ENOMEM (what
+ * was made is freed with free_prefixes(*OUT, COUNT)). */
+static int prefixes_as_keys(const char *root_key, const char *const *dirs,
+                            size_t count, char ***out)
+{
+    *out = NULL;
+    if (count == 0)
+        return 0;
+    if ((*out = calloc(count, sizeof(**out))) == NULL)
+        return ENOMEM;
+    for (size_t i = 0; i < count; i++)
+        if (asprintf(&(*out)[i], "%s%s", root_key, dirs[i]) < 0) {
+            (*out)[i] = NULL;
+            return ENOMEM;
+        }
+    return 0;
+}
+
+static void free_prefixes(char **prefixes, size_t count)
+{
+    for (size_t i = 0; prefixes != NULL && i < count; i++)
+        free(prefixes[i]);
+    free(prefixes);
+}
+
 int fs_create(const struct fs_conf *conf, struct s3_client *s3, struct fs **out)
 {
     struct fs *fs = calloc(1, sizeof(*fs));
@@ -129,17 +155,15 @@ int fs_create(const struct fs_conf *conf, struct s3_client *s3, struct fs **out)
         goto out;
     }
     fs->conf.root_key = fs->root_key;
-    if (conf->trusted_count > 0 &&
-        (fs->trusted = calloc(conf->trusted_count, sizeof(*fs->trusted))) == NULL) {
-        err = ENOMEM;
+    err = prefixes_as_keys(fs->root_key, conf->trusted, conf->trusted_count,
+                           &fs->trusted);
+    if (err == 0)
+        err = prefixes_as_keys(fs->root_key, conf->headerless,
+                               conf->headerless_count, &fs->headerless);
+    if (err != 0)
         goto out;
-    }
-    for (size_t i = 0; i < conf->trusted_count; i++)
-        if ((fs->trusted[i] = strdup(conf->trusted[i])) == NULL) {
-            err = ENOMEM;
-            goto out;
-        }
     fs->conf.trusted = (const char *const *)fs->trusted;
+    fs->conf.headerless = (const char *const *)fs->headerless;
     fs_dir_attrs(fs, &root);
     if (conf->cache != NULL) {
         /* listings stored by earlier mounts that no lookup may use now;
@@ -267,9 +291,8 @@ void fs_destroy(struct fs **fsp)
     pthread_cond_destroy(&fs->move_done);
     pthread_cond_destroy(&fs->detach_done);
     pthread_cond_destroy(&fs->ahead_done);
-    for (size_t i = 0; fs->trusted != NULL && i < fs->conf.trusted_count; i++)
-        free(fs->trusted[i]);
-    free(fs->trusted);
+    free_prefixes(fs->trusted, fs->conf.trusted_count);
+    free_prefixes(fs->headerless, fs->conf.headerless_count);
     free(fs->root_key);
     free(fs);
     *fsp = NULL;

@@ -55,11 +55,17 @@ struct fs_conf {
     uint64_t multipart_threshold; /* larger files go multipart */
     uint64_t part_size;       /* smallest multipart part */
     struct access_log *access_log; /* -o access_log; NULL: none */
-    /* -o trust: key prefixes ("prefix/a/b/"; the root key: everything)
-     * whose listings and attributes never change: trusted until unmount
-     * and, stored in the cache index, across remounts. Copied. */
+    /* -o trust: directories of the mount ("a/b/"; "": everything, as
+     * options.h has them) whose listings and attributes never change:
+     * trusted until unmount and, stored in the cache index, across
+     * remounts. Copied, as keys under root_key. */
     const char *const *trusted;
     size_t trusted_count;
+    /* -o no_headers: directories (the same form) whose objects carry no
+     * s3fs headers: a listing's attributes are all there is to know, and
+     * no file or marker there is HEADed for them. Copied, as keys. */
+    const char *const *headerless;
+    size_t headerless_count;
     struct tier *tier;        /* -o shared_cache (tier.h); NULL: none.
                                  Stays the caller's */
 };

@@ -177,12 +177,23 @@ void fs_touch_locked(struct inode *inode, bool entries)
         inode->local_mtime = now;
 }
 
-bool fs_trusts(const struct fs *fs, const char *key)
+/* Whether KEY starts with one of the COUNT PREFIXES. */
+static bool under_any(char *const *prefixes, size_t count, const char *key)
 {
-    for (size_t i = 0; i < fs->conf.trusted_count; i++)
-        if (strncmp(key, fs->trusted[i], strlen(fs->trusted[i])) == 0)
+    for (size_t i = 0; i < count; i++)
+        if (strncmp(key, prefixes[i], strlen(prefixes[i])) == 0)
             return true;
     return false;
+}
+
+bool fs_trusts(const struct fs *fs, const char *key)
+{
+    return under_any(fs->trusted, fs->conf.trusted_count, key);
+}
+
+bool fs_headerless(const struct fs *fs, const char *key)
+{
+    return under_any(fs->headerless, fs->conf.headerless_count, key);
 }
 
 double fs_attr_ttl(const struct fs *fs, const char *key)
@@ -262,7 +273,7 @@ void fs_put_meta_extras(const struct inode_attrs *attrs, struct s3_put_meta *out
 
 /* The attributes of file KEY whose listing said LISTED, if its s3fs
  * headers are already known for that ETag (in the inode table or the
- * metadata cache): no request needed. */
+ * metadata cache), or it has none (-o no_headers): no request needed. */
 bool fs_known_file_attrs(struct fs *fs, const char *key,
                          const struct inode_attrs *listed,
                          struct inode_attrs *out)
@@ -280,6 +291,13 @@ bool fs_known_file_attrs(struct fs *fs, const char *key,
     inode_table_unlock(fs->inodes);
     if (!usable)
         usable = metacache_get_attrs(fs->conf.cache, key, listed->etag, out) == 0;
+    if (!usable && fs_headerless(fs, key)) {
+        /* (headers this node learnt, above, still win: a file written
+         * or changed here) */
+        *out = *listed;
+        out->headers_known = true;
+        usable = true;
+    }
     if (usable) {
         out->size = listed->size;
         out->fetched_at = listed->fetched_at;

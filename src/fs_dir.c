@@ -295,7 +295,8 @@ int fs_dir_entries_plus(struct fs *fs, struct fs_dir *dir, size_t index,
             }
         }
         if (is_dir ? fs_known_dir_attrs(fs, key, &attrs[i]) ||
-                         fs_stored_dir_attrs(fs, key, &attrs[i])
+                         fs_stored_dir_attrs(fs, key, &attrs[i]) ||
+                         fs_headerless_dir_attrs(fs, key, &attrs[i])
                    : fs_known_file_attrs(fs, key, &entry->attrs, &attrs[i])) {
             free(key);
             continue;

@@ -51,7 +51,8 @@ struct fs_dir_move {
 
 struct fs {
     struct fs_conf conf;
-    char **trusted;               /* conf.trusted, copied */
+    char **trusted;               /* conf.trusted, as keys */
+    char **headerless;            /* conf.headerless, as keys */
     struct lifetime *lifetime;    /* counters since the cache was created */
     char *root_key;
     struct s3_client *s3;
@@ -135,11 +136,18 @@ void fs_handle_remove(struct fs *fs, struct fs_handle *handle);
  * learnt or changed here (fs_lookup.c). fs_dir_headers_tag_init() names
  * this mount's records, at fs_create(). */
 void fs_dir_headers_tag_init(struct fs *fs);
+/* Under -o no_headers: true, and ATTRS (a listing's: the defaults) marked
+ * as all there is to know of directory DIR_KEY. */
+bool fs_headerless_dir_attrs(const struct fs *fs, const char *dir_key,
+                             struct inode_attrs *attrs);
 bool fs_stored_dir_attrs(struct fs *fs, const char *dir_key,
                          struct inode_attrs *attrs);
 void fs_store_dir_attrs(struct fs *fs, const char *dir_key,
                         const struct inode_attrs *attrs);
 bool fs_trusts(const struct fs *fs, const char *key);
+/* Whether KEY is under a prefix of -o no_headers: what its listing says
+ * of it is all there is (fs_known_file_attrs(), resolve_dir()). */
+bool fs_headerless(const struct fs *fs, const char *key);
 double fs_attr_ttl(const struct fs *fs, const char *key);
 double fs_dir_ttl(const struct fs *fs, const char *dir_key);
 double fs_entry_ttl(const struct fs *fs, const char *key);
@@ -186,7 +194,8 @@ void fs_put_meta_of(const struct writer_meta *meta, const char *content_type,
 void fs_put_meta_extras(const struct inode_attrs *attrs, struct s3_put_meta *out);
 
 /* Whether the inode table or the index knows the s3fs headers of file KEY
- * as LISTED (same ETag); *out gets them. */
+ * as LISTED (same ETag), or KEY has none to know (-o no_headers: LISTED
+ * is all); *out gets them. */
 bool fs_known_file_attrs(struct fs *fs, const char *key,
                          const struct inode_attrs *listed, struct inode_attrs *out);
 

@@ -138,17 +138,28 @@ void fs_store_dir_attrs(struct fs *fs, const char *dir_key,
     metacache_put_attrs(fs->conf.cache, dir_key, &kept);
 }
 
+bool fs_headerless_dir_attrs(const struct fs *fs, const char *dir_key,
+                             struct inode_attrs *attrs)
+{
+    if (!fs_headerless(fs, dir_key))
+        return false;
+    attrs->headers_known = true; /* (the defaults: no marker says more) */
+    return true;
+}
+
 /* A directory's mode and owner live in the headers of its marker (as s3fs
  * writes them): one HEAD per directory and mount; none when there is no
  * marker (defaults). Failures leave the defaults, and are asked again.
- * Under -o trust, one HEAD per directory ever. */
+ * Under -o trust, one HEAD per directory ever; under -o no_headers,
+ * none. */
 static void resolve_dir(struct fs *fs, const char *dir_key, struct inode_attrs *attrs)
 {
     struct s3_object_info info;
 
     if (fs_known_dir_attrs(fs, dir_key, attrs) ||
         fs_marker_attrs(fs, dir_key, attrs) ||
-        fs_stored_dir_attrs(fs, dir_key, attrs))
+        fs_stored_dir_attrs(fs, dir_key, attrs) ||
+        fs_headerless_dir_attrs(fs, dir_key, attrs))
         return;
     int err = s3_head_object(fs->s3, dir_key, &info);
     if (err == 0)

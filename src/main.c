@@ -540,16 +540,6 @@ int main(int argc, char **argv)
         goto out;
     }
 
-    /* -o trust: prefixes under the mount root, made keys */
-    char **trusted_keys = opts.trusted_count > 0
-                              ? calloc(opts.trusted_count, sizeof(char *))
-                              : NULL;
-    for (size_t i = 0; i < opts.trusted_count; i++)
-        if (trusted_keys == NULL ||
-            asprintf(&trusted_keys[i], "%s%s", opts.prefix, opts.trusted[i]) < 0) {
-            log_error("cannot start: %s", strerror(ENOMEM));
-            goto out;
-        }
     struct fs_conf fs_conf = {
         .cache = cache,
         .root_key = opts.prefix,
@@ -569,14 +559,13 @@ int main(int argc, char **argv)
         .multipart_threshold = MULTIPART_THRESHOLD,
         .part_size = PART_SIZE,
         .access_log = access_log,
-        .trusted = (const char *const *)trusted_keys,
+        .trusted = (const char *const *)opts.trusted,
         .trusted_count = opts.trusted_count,
+        .headerless = (const char *const *)opts.headerless,
+        .headerless_count = opts.headerless_count,
         .tier = shared_cache_tier(shared),
     };
     int err = fs_create(&fs_conf, s3, &context.fs);
-    for (size_t i = 0; i < opts.trusted_count; i++)
-        free(trusted_keys[i]); /* (fs_create copied them) */
-    free(trusted_keys);
     if (err == 0)
         err = fs_recover(context.fs);
     if (err != 0) {

@@ -44,7 +44,7 @@ struct raw_options {
     char *uid, *gid, *file_mode, *dir_mode;
     char *attr_ttl, *dir_ttl, *read_ahead, *listing_memory, *connections;
     char *retries;
-    char *request_timeout, *metrics, *access_log, *trust;
+    char *request_timeout, *metrics, *access_log, *trust, *no_headers;
     char *shared_cache, *shared_cache_endpoint, *shared_cache_region;
     char *shared_cache_profile;
     char *cache_size, *cache_min_free, *block_size;
@@ -90,6 +90,7 @@ static const struct fuse_opt option_spec[] = {
     RAW("metrics=%s", metrics),
     RAW("access_log=%s", access_log),
     RAW("trust=%s", trust),
+    RAW("no_headers=%s", no_headers),
     RAW("shared_cache=%s", shared_cache),
     RAW("shared_cache_endpoint=%s", shared_cache_endpoint),
     RAW("shared_cache_region=%s", shared_cache_region),
@@ -334,9 +335,6 @@ static int normalize_prefix(char **prefix)
     return 0;
 }
 
-/* TEXT ("a/b:c", directories of the mount separated by ':'; "/" the
- * whole mount) into OUT->trusted, each normalized as a prefix ("a/b/",
- * "c/", "" for the whole mount). 0, EINVAL or ENOMEM. */
 /* -o shared_cache=BUCKET[:PREFIX] and its companions into OUT. 0,
  * EINVAL or ENOMEM. */
 static int parse_shared_cache(struct raw_options *raw, struct options *out)
@@ -361,7 +359,11 @@ static int parse_shared_cache(struct raw_options *raw, struct options *out)
     return 0;
 }
 
-static int parse_trust(const char *text, struct options *out)
+/* TEXT ("a/b:c", directories of the mount separated by ':'; "/" the
+ * whole mount) added to *DIRS (*COUNT of them), each normalized as a
+ * prefix ("a/b/", "c/", "" for the whole mount): -o trust, -o
+ * no_headers. 0, EINVAL or ENOMEM. */
+static int parse_dirs(const char *text, char ***dirs, size_t *count)
 {
     char *copy = strdup(text), *save = NULL;
     int err = 0;
@@ -375,22 +377,21 @@ static int parse_trust(const char *text, struct options *out)
     for (char *part = strtok_r(copy, ":", &save); err == 0 && part != NULL;
          part = strtok_r(NULL, ":", &save)) {
         char *prefix = strdup(part);
-        char **grown = realloc(out->trusted,
-                               (out->trusted_count + 1) * sizeof(*grown));
+        char **grown = realloc(*dirs, (*count + 1) * sizeof(*grown));
         if (prefix == NULL || grown == NULL) {
             free(prefix);
             if (grown != NULL)
-                out->trusted = grown;
+                *dirs = grown;
             err = ENOMEM;
             break;
         }
-        out->trusted = grown;
+        *dirs = grown;
         err = normalize_prefix(&prefix);
         if (err != 0) {
             free(prefix);
             break;
         }
-        out->trusted[out->trusted_count++] = prefix;
+        (*dirs)[(*count)++] = prefix;
     }
     free(copy);
     return err;
@@ -545,7 +546,8 @@ static void free_raw(struct raw_options *raw)
                        &raw->listing_memory,
                        &raw->connections, &raw->retries,
                        &raw->request_timeout, &raw->metrics,
-                       &raw->access_log, &raw->trust, &raw->shared_cache,
+                       &raw->access_log, &raw->trust, &raw->no_headers,
+                       &raw->shared_cache,
                        &raw->shared_cache_endpoint, &raw->shared_cache_region,
                        &raw->shared_cache_profile};
     for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++) {
@@ -610,12 +612,24 @@ int options_parse(int argc, char **argv, struct options *out, char *errbuf,
         set_error(&state, "invalid prefix '%s': it has an empty, '.' or '..' component", out->prefix);
     if (err != 0)
         goto out;
-    if (raw->trust != NULL) {
-        err = parse_trust(raw->trust, out);
+    const struct {
+        const char *name, *text;
+        char ***dirs;
+        size_t *count;
+    } dir_options[] = {
+        {"trust", raw->trust, &out->trusted, &out->trusted_count},
+        {"no_headers", raw->no_headers, &out->headerless, &out->headerless_count},
+    };
+    for (size_t i = 0; i < sizeof(dir_options) / sizeof(dir_options[0]); i++) {
+        if (dir_options[i].text == NULL)
+            continue;
+        err = parse_dirs(dir_options[i].text, dir_options[i].dirs,
+                         dir_options[i].count);
         if (err == EINVAL)
-            set_error(&state, "option 'trust=%s': expected directories of the "
+            set_error(&state, "option '%s=%s': expected directories of the "
                       "mount separated by ':', such as datasets/imagenet:models "
-                      "(no empty, '.' or '..' component)", raw->trust);
+                      "(no empty, '.' or '..' component)", dir_options[i].name,
+                      dir_options[i].text);
         if (err != 0)
             goto out;
     }
@@ -675,6 +689,11 @@ void options_free(struct options *opts)
     free(opts->trusted);
     opts->trusted = NULL;
     opts->trusted_count = 0;
+    for (size_t i = 0; i < opts->headerless_count; i++)
+        free(opts->headerless[i]);
+    free(opts->headerless);
+    opts->headerless = NULL;
+    opts->headerless_count = 0;
     fuse_opt_free_args(&opts->fuse_args);
 }
 
@@ -742,6 +761,9 @@ void options_print_help(FILE *fp, const char *progname)
 "  -o trust=DIR[:DIR...]  directories that never change: their listings\n"
 "                         and attributes are trusted until unmount, and\n"
 "                         across remounts (no request once listed)\n"
+"  -o no_headers=DIR[:DIR...]  directories of objects without s3fs headers\n"
+"                         (written by other tools): attributes from\n"
+"                         listings, no HEAD (no links, modes or owners)\n"
 "\n"
 "A cache shared by a cluster's nodes:\n"
 "  -o shared_cache=BUCKET[:PREFIX]  a second bucket, near the nodes, asked\n"

@@ -70,6 +70,9 @@ struct options {
     char **trusted;           /* -o trust=: prefixes under the mount root
                                  ("a/b/"; "" the whole mount) */
     size_t trusted_count;
+    char **headerless;        /* -o no_headers=: the same, for objects
+                                 whose attributes come from listings */
+    size_t headerless_count;
 
     /* -o shared_cache=BUCKET[:PREFIX] (tier.h); NULL bucket: none */
     char *tier_bucket;

@@ -165,6 +165,39 @@ def test_ls_l_shows_modes_and_links_and_heads_each_file_once(
     assert not heads_by_key(proxy, bucket), dict(proxy.counts)
 
 
+
+@kernel_keeps_inodes
+def test_no_headers_walks_cost_lists_only(server, bucket, s3, mount, proxy):
+    """-o no_headers=ds: the objects there were written by tools that set
+    no s3fs headers, so a listing's attributes are all there is: `ls -l`
+    and `du` send no HEAD, of files or of directories. What headers there
+    say is not read (a link object shows as the file it is); outside the
+    prefix they are."""
+    put_dataset(s3, bucket)
+    s3.put_object(Bucket=bucket, Key='elsewhere/owned', Body=b'o',
+                  Metadata={'mode': str(OWNED)})
+    mnt = mount(bucket, options=['no_headers=ds'], endpoint=proxy.endpoint)
+    proxy.reset_counters()
+    shown = ls_l(mnt.path / 'ds')
+    assert len(shown) == LARGE + 4
+    for index in range(LARGE):
+        assert shown[large_name(index)] == ('-rw-r--r--', SIZE, None), index
+    assert shown['link'] == ('-rw-r--r--', len(b'small.txt'), None)
+    assert shown['notlink'] == ('-rw-r--r--', SIZE, None)
+    assert shown['sub'][0] == 'drwxr-xr-x'
+    done = subprocess.run(['du', '-s', '--apparent-size', '-B1',
+                           str(mnt.path / 'ds')], capture_output=True,
+                          text=True, check=True, timeout=120)
+    assert int(done.stdout.split()[0]) >= (LARGE + 2) * SIZE
+    assert proxy.counts['HEAD'] == 0, dict(proxy.counts)
+    assert proxy.counts['GET'] == 0, dict(proxy.counts)
+    assert proxy.counts['LIST'] <= 4, dict(proxy.counts)
+
+    owned = os.stat(mnt.path / 'elsewhere/owned')
+    assert stat.S_IMODE(owned.st_mode) == 0o600
+    assert heads_by_key(proxy, bucket)['elsewhere/owned'] == 1
+
+
 DIRS = 40
 
 

@@ -168,6 +168,8 @@ struct fixture {
     struct access_log *access_log;       /* NULL unless a test opens one */
     const char *const *trusted;          /* -o trust, for fs_start() */
     size_t trusted_count;
+    const char *const *headerless;       /* -o no_headers, for fs_start() */
+    size_t headerless_count;
     size_t listing_memory;               /* -o listing_memory; 0: no bound */
     struct op_thread op;
     unsigned char *allocs[MAX_ALLOCS];   /* test bytes, freed in teardown */
@@ -303,6 +305,8 @@ static void fs_start(struct fixture *f)
         .access_log = f->access_log,
         .trusted = f->trusted,
         .trusted_count = f->trusted_count,
+        .headerless = f->headerless,
+        .headerless_count = f->headerless_count,
         .listing_memory = f->listing_memory,
     };
     assert_int_equal(fs_create(&conf, f->s3, &f->fs), 0);
@@ -1215,6 +1219,83 @@ static void test_directory_headers_are_asked_once_per_mount(void **state)
     assert_int_equal(attr.st_mode, S_IFDIR | 0700);
     assert_int_equal(fake_s3_count(f->s3, FAKE_S3_UNDER(FAKE_S3_CALL(FAKE_S3_HEAD),
                                                         "data/")), 2);
+}
+
+/*
+ * -o no_headers=ds: objects written by tools that set no s3fs headers
+ * (aws s3 cp, huggingface_hub). A listing's attributes are all there is:
+ * readdirplus answers every entry in full, and lookups of its files and
+ * directories send no HEAD (`ls -l` and `du` of a million keys cost
+ * their LISTs, not a million HEADs). What headers say there is not seen
+ * (a link is a file), but what this mount learnt wins (a chmod here).
+ * Outside the prefix files are HEADed as before.
+ */
+static void test_headerless_prefix_sends_no_head(void **state)
+{
+    struct fixture *f = *state;
+    static const char *const headerless[] = {"ds/"};
+    const size_t size = TYPED_OBJECT_MAX + 100;
+    unsigned char *data = bytes_of(f, size, 5);
+    const struct s3_put_meta owned = {.has_mode = true, .mode = 0100600};
+    const struct s3_put_meta link = {.has_mode = true, .mode = S_IFLNK | 0777};
+    const struct s3_put_meta private_dir = {
+        .content_type = "application/x-directory",
+        .has_mode = true, .mode = S_IFDIR | 0700};
+    struct stat attr, want = {.st_mode = 0640};
+    struct fs_entry entries[5];
+    struct fs_dir *dir = NULL;
+    double timeout;
+
+    other_put(f, "ds/big.bin", data, size, &owned);
+    other_put(f, "ds/link", "big.bin", 7, &link);
+    other_put(f, "ds/sub/", "", 0, &private_dir);
+    other_put(f, "ds/sub/x", "x", 1, NULL);
+    other_put(f, "other/y", "y", 1, &owned);
+    fs_destroy(&f->fs);
+    f->headerless = headerless;
+    f->headerless_count = 1;
+    fs_start(f);
+
+    fuse_ino_t ds = lookup(f, ROOT, "ds", NULL);
+    fake_s3_log_clear(f->s3);
+    assert_int_equal(fs_opendir(f->fs, ds, &dir), 0);
+    assert_int_equal(fs_dir_count(dir), 5);
+    assert_int_equal(fs_dir_entries_plus(f->fs, dir, 0, 5, entries), 0);
+    fs_releasedir(f->fs, dir);
+    /* big.bin, link, sub/: in full, as the listing has them */
+    assert_int_not_equal(entries[2].ino, 0);
+    assert_int_equal(entries[2].attr.st_mode, S_IFREG | 0644);
+    assert_int_equal(entries[2].attr.st_size, size);
+    assert_int_equal(entries[3].attr.st_mode, S_IFREG | 0644);
+    assert_int_equal(entries[3].attr.st_size, 7);
+    assert_int_equal(entries[4].attr.st_mode, S_IFDIR | 0755);
+    for (size_t i = 2; i < 5; i++)
+        fs_forget(f->fs, entries[i].ino, 1);
+    /* looked up again (the kernel forgot them): the same, asked nothing */
+    fuse_ino_t big = lookup(f, ds, "big.bin", &attr);
+    assert_int_equal(attr.st_mode, S_IFREG | 0644);
+    fs_forget(f->fs, lookup(f, ds, "link", &attr), 1);
+    assert_int_equal(attr.st_mode, S_IFREG | 0644);
+    fs_forget(f->fs, lookup(f, ds, "sub", &attr), 1);
+    assert_int_equal(attr.st_mode, S_IFDIR | 0755);
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_HEAD, NULL)), 0);
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_GET, NULL)), 0);
+
+    /* a chmod here is what this mount shows since */
+    assert_int_equal(fs_setattr(f->fs, big, &want, FUSE_SET_ATTR_MODE, NULL,
+                                &attr, &timeout), 0);
+    fs_forget(f->fs, big, 1);
+    fs_forget(f->fs, lookup(f, ds, "big.bin", &attr), 1);
+    assert_int_equal(attr.st_mode, S_IFREG | 0640);
+
+    /* outside the prefix: its headers, with a HEAD */
+    fake_s3_log_clear(f->s3);
+    fuse_ino_t other = lookup(f, ROOT, "other", NULL);
+    fs_forget(f->fs, lookup(f, other, "y", &attr), 1);
+    assert_int_equal(attr.st_mode, S_IFREG | 0600);
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_HEAD, "other/y")), 1);
+    fs_forget(f->fs, other, 1);
+    fs_forget(f->fs, ds, 1);
 }
 
 /* fs_refresh()'s INVAL: what the kernel would be told, "P/name" for an
@@ -3568,6 +3649,7 @@ int main(void)
         FS_TEST(test_trusted_prefix_asks_once, default_fresh),
         FS_TEST(test_trusted_directory_headers_follow_local_changes, default_fresh),
         FS_TEST(test_directory_headers_are_asked_once_per_mount, default_fresh),
+        FS_TEST(test_headerless_prefix_sends_no_head, default_fresh),
         FS_TEST(test_refresh_forgets_a_trusted_tree, default_fresh),
         FS_TEST(test_memory_per_key_is_bounded, default_fresh),
         FS_TEST(test_listings_past_listing_memory_are_let_go, default_cached),

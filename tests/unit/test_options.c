@@ -1017,9 +1017,10 @@ static void test_writeback_with_ro(void **state)
     parsed_free(&p);
 }
 
-/* -o trust: directories made prefixes ("/" the whole mount); empty
- * entries and '.' or '..' components refused with the option named. */
-static void test_trust(void **state)
+/* -o trust and -o no_headers: directories made prefixes ("/" the whole
+ * mount); empty entries and '.' or '..' components refused with the
+ * option named. The two are independent. */
+static void test_directory_lists(void **state)
 {
     static const struct {
         const char *value;
@@ -1037,27 +1038,48 @@ static void test_trust(void **state)
         {"a/../b", {NULL}},
         {"./a", {NULL}},
     };
+    static const char *const names[] = {"trust", "no_headers"};
     (void)state;
-    for (size_t i = 0; i < ARRAY_LEN(cases); i++) {
-        char option[64];
-        snprintf(option, sizeof(option), "trust=%s", cases[i].value);
-        const char *args[] = {"-o", option, "bucket", "/mnt", NULL};
-        struct parsed p;
-        parse(&p, args);
-        if (cases[i].prefixes[0] == NULL) {
-            if (p.rc != EINVAL || strstr(p.err, "option 'trust=") == NULL)
-                fail_msg("trust=%s: accepted, or '%s'", cases[i].value, p.err);
-        } else {
+    for (size_t k = 0; k < ARRAY_LEN(names); k++)
+        for (size_t i = 0; i < ARRAY_LEN(cases); i++) {
+            char option[64], named[32];
+            snprintf(option, sizeof(option), "%s=%s", names[k], cases[i].value);
+            snprintf(named, sizeof(named), "option '%s=", names[k]);
+            const char *args[] = {"-o", option, "bucket", "/mnt", NULL};
+            struct parsed p;
+            parse(&p, args);
+            if (cases[i].prefixes[0] == NULL) {
+                if (p.rc != EINVAL || strstr(p.err, named) == NULL)
+                    fail_msg("%s: accepted, or '%s'", option, p.err);
+                parsed_free(&p);
+                continue;
+            }
             assert_int_equal(p.rc, 0);
             size_t n = 0;
             while (n < 4 && cases[i].prefixes[n] != NULL)
                 n++;
-            assert_int_equal(p.opts.trusted_count, n);
+            char **got = k == 0 ? p.opts.trusted : p.opts.headerless;
+            assert_int_equal(k == 0 ? p.opts.trusted_count
+                                    : p.opts.headerless_count, n);
+            assert_int_equal(k == 0 ? p.opts.headerless_count
+                                    : p.opts.trusted_count, 0);
             for (size_t j = 0; j < n; j++)
-                assert_string_equal(p.opts.trusted[j], cases[i].prefixes[j]);
+                assert_string_equal(got[j], cases[i].prefixes[j]);
+            parsed_free(&p);
         }
-        parsed_free(&p);
-    }
+
+    /* both at once */
+    const char *args[] = {"-o", "trust=models,no_headers=data:/", "bucket",
+                          "/mnt", NULL};
+    struct parsed p;
+    parse(&p, args);
+    assert_int_equal(p.rc, 0);
+    assert_int_equal(p.opts.trusted_count, 1);
+    assert_string_equal(p.opts.trusted[0], "models/");
+    assert_int_equal(p.opts.headerless_count, 2);
+    assert_string_equal(p.opts.headerless[0], "data/");
+    assert_string_equal(p.opts.headerless[1], "");
+    parsed_free(&p);
 }
 
 /* ---------------------------------------------- errors and freeing */
@@ -1166,7 +1188,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parse_size_table),
-        cmocka_unit_test(test_trust),
+        cmocka_unit_test(test_directory_lists),
         cmocka_unit_test(test_parse_mode_table),
         cmocka_unit_test(test_parse_seconds_table),
         cmocka_unit_test(test_option_table),
