@@ -249,7 +249,7 @@ static void ahead_task_main(void *arg)
         } else {
             err = s3_head_object(fs->s3, task->key, &info);
             if (err == 0) {
-                fs_head_file_attrs(fs, &info, &attrs);
+                fs_head_file_attrs(fs, task->key, &info, &attrs);
                 metacache_put_attrs(fs->conf.cache, task->key, &attrs);
             }
         }

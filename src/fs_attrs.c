@@ -56,9 +56,22 @@ bool fs_marker_attrs(const struct fs *fs, const char *dir_key,
     return true;
 }
 
-void fs_head_file_attrs(const struct fs *fs, const struct s3_object_info *info,
+void fs_head_file_attrs(const struct fs *fs, const char *key,
+                        const struct s3_object_info *answer,
                         struct inode_attrs *out)
 {
+    struct s3_object_info plain;
+    const struct s3_object_info *info = answer;
+
+    if (fs_headerless(fs, key)) {
+        /* (so that a file looked up without a listing shows as one found
+         * in a listing does) */
+        plain = *answer;
+        plain.has_mode = plain.has_uid = plain.has_gid = false;
+        plain.has_mtime = plain.has_atime = plain.has_ctime = false;
+        plain.has_rdev = false;
+        info = &plain;
+    }
     *out = (struct inode_attrs){
         .kind = INODE_FILE,
         .size = info->size,

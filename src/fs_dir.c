@@ -327,7 +327,7 @@ int fs_dir_entries_plus(struct fs *fs, struct fs_dir *dir, size_t index,
                 slot->fetched_at = clock_monotonic_seconds(); /* newer than the inode's */
             fs_store_dir_attrs(fs, jobs[j].key, slot);
         } else if (jobs[j].err == 0) {
-            fs_head_file_attrs(fs, &jobs[j].info, slot);
+            fs_head_file_attrs(fs, jobs[j].key, &jobs[j].info, slot);
             metacache_put_attrs(fs->conf.cache, jobs[j].key, slot);
         }
     }

@@ -158,7 +158,10 @@ void fs_dir_attrs(const struct fs *fs, struct inode_attrs *out);
  * them. False when none waits. Takes no fs lock. */
 bool fs_marker_attrs(const struct fs *fs, const char *dir_key,
                      struct inode_attrs *out);
-void fs_head_file_attrs(const struct fs *fs, const struct s3_object_info *info,
+/* The attributes of file KEY as a HEAD (or a GET) answered INFO; under
+ * -o no_headers without what its s3fs headers say. */
+void fs_head_file_attrs(const struct fs *fs, const char *key,
+                        const struct s3_object_info *info,
                         struct inode_attrs *out);
 void fs_attrs_to_stat(const struct fs *fs, fuse_ino_t ino,
                       const struct inode_attrs *attrs, struct stat *st);

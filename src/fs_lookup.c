@@ -180,7 +180,7 @@ int fs_resolve_file(struct fs *fs, const char *key,
         return 0;
     int err = s3_head_object(fs->s3, key, &info);
     if (err == 0) {
-        fs_head_file_attrs(fs, &info, out);
+        fs_head_file_attrs(fs, key, &info, out);
         metacache_put_attrs(fs->conf.cache, key, out);
     }
     return err;
@@ -258,7 +258,7 @@ static int lookup_file(struct fs *fs, struct inode *dir, const char *dir_key,
         err = reader_fetch_whole(fs->reader, key, listed->etag,
                                  listed->size, &info);
         if (err == 0) {
-            fs_head_file_attrs(fs, &info, out);
+            fs_head_file_attrs(fs, key, &info, out);
             metacache_put_attrs(fs->conf.cache, key, out);
             return 0;
         }

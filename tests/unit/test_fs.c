@@ -1242,7 +1242,7 @@ static void test_headerless_prefix_sends_no_head(void **state)
         .content_type = "application/x-directory",
         .has_mode = true, .mode = S_IFDIR | 0700};
     struct stat attr, want = {.st_mode = 0640};
-    struct fs_entry entries[5];
+    struct fs_entry entries[6];
     struct fs_dir *dir = NULL;
     double timeout;
 
@@ -1251,6 +1251,7 @@ static void test_headerless_prefix_sends_no_head(void **state)
     other_put(f, "ds/sub/", "", 0, &private_dir);
     other_put(f, "ds/sub/x", "x", 1, NULL);
     other_put(f, "other/y", "y", 1, &owned);
+    other_put(f, "ds/deep/owned", "o", 1, &owned);
     fs_destroy(&f->fs);
     f->headerless = headerless;
     f->headerless_count = 1;
@@ -1259,18 +1260,21 @@ static void test_headerless_prefix_sends_no_head(void **state)
     fuse_ino_t ds = lookup(f, ROOT, "ds", NULL);
     fake_s3_log_clear(f->s3);
     assert_int_equal(fs_opendir(f->fs, ds, &dir), 0);
-    assert_int_equal(fs_dir_count(dir), 5);
-    assert_int_equal(fs_dir_entries_plus(f->fs, dir, 0, 5, entries), 0);
+    assert_int_equal(fs_dir_count(dir), 6);
+    assert_int_equal(fs_dir_entries_plus(f->fs, dir, 0, 6, entries), 0);
     fs_releasedir(f->fs, dir);
-    /* big.bin, link, sub/: in full, as the listing has them */
+    /* big.bin, deep/, link, sub/: in full, as the listing has them */
     assert_int_not_equal(entries[2].ino, 0);
     assert_int_equal(entries[2].attr.st_mode, S_IFREG | 0644);
     assert_int_equal(entries[2].attr.st_size, size);
-    assert_int_equal(entries[3].attr.st_mode, S_IFREG | 0644);
-    assert_int_equal(entries[3].attr.st_size, 7);
-    assert_int_equal(entries[4].attr.st_mode, S_IFDIR | 0755);
-    for (size_t i = 2; i < 5; i++)
-        fs_forget(f->fs, entries[i].ino, 1);
+    assert_int_equal(entries[3].attr.st_mode, S_IFDIR | 0755);
+    assert_int_equal(entries[4].attr.st_mode, S_IFREG | 0644);
+    assert_int_equal(entries[4].attr.st_size, 7);
+    assert_int_equal(entries[5].attr.st_mode, S_IFDIR | 0755);
+    fuse_ino_t deep = entries[3].ino;
+    for (size_t i = 2; i < 6; i++)
+        if (i != 3)
+            fs_forget(f->fs, entries[i].ino, 1);
     /* looked up again (the kernel forgot them): the same, asked nothing */
     fuse_ino_t big = lookup(f, ds, "big.bin", &attr);
     assert_int_equal(attr.st_mode, S_IFREG | 0644);
@@ -1280,6 +1284,12 @@ static void test_headerless_prefix_sends_no_head(void **state)
     assert_int_equal(attr.st_mode, S_IFDIR | 0755);
     assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_HEAD, NULL)), 0);
     assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_GET, NULL)), 0);
+    /* a name looked up in a directory never listed is probed (a HEAD
+     * says it is a file): shown as a listing would show it */
+    fs_forget(f->fs, lookup(f, deep, "owned", &attr), 1);
+    assert_int_equal(attr.st_mode, S_IFREG | 0644);
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_HEAD, "ds/deep/owned")), 1);
+    fs_forget(f->fs, deep, 1);
 
     /* a chmod here is what this mount shows since */
     assert_int_equal(fs_setattr(f->fs, big, &want, FUSE_SET_ATTR_MODE, NULL,
