@@ -78,7 +78,11 @@ UNMOUNT_TIMEOUT = 30.0
 LOG_TAIL_LINES = 20
 S3CACHEFS_CACHE_OPTS = 'cache={cache_dir},cache_size=4G'
 # s3cachefs-wb is s3cachefs with -o writeback; it runs the write rows only.
-TOOLS = ('s3cachefs', 's3cachefs-wb', 's3cachefs-trust', 's3fs', 'rclone')
+TOOLS = ('s3cachefs', 's3cachefs-wb', 's3cachefs-trust', 's3cachefs-nohead',
+         's3fs', 'rclone')
+# The s3cachefs tools, each a variant of its options.
+S3CACHEFS_TOOLS = {'s3cachefs', 's3cachefs-wb', 's3cachefs-trust',
+                   's3cachefs-nohead'}
 READ_TOOLS = ('s3cachefs', 's3fs', 'rclone')
 # The cluster rows: nodes are mounts with caches of their own; s3cachefs
 # shares TIER_BUCKET on a second server of the same kind (-o
@@ -88,8 +92,10 @@ CLUSTER_NODES = 4
 TIER_BUCKET = 'bench-tier'
 CLUSTER_ROWS = {'cluster_seq', 'cluster_par'}
 WRITE_TOOLS = ('s3cachefs', 's3cachefs-wb', 's3fs', 'rclone')
-# s3cachefs-trust is s3cachefs with -o trust=KEYS_DIR: the keys rows only
-KEYS_TOOLS = ('s3cachefs', 's3cachefs-trust', 's3fs', 'rclone')
+# s3cachefs-trust is s3cachefs with -o trust=KEYS_DIR, s3cachefs-nohead
+# with -o no_headers=KEYS_DIR: the keys rows only
+KEYS_TOOLS = ('s3cachefs', 's3cachefs-trust', 's3cachefs-nohead', 's3fs',
+              'rclone')
 KEYS_DIR = 'keys'             # the keys rows' directory of --keys objects
 KEYS_DEFAULT = 10000
 KEY_SIZE = 16                 # bytes of each of its objects (--key-bytes)
@@ -550,7 +556,8 @@ class S3cachefs(FileSystem):
     name = 's3cachefs'
 
     def __init__(self, env, binary, endpoint, server, options,
-                 writeback=False, tier_server=None, trust=None):
+                 writeback=False, tier_server=None, trust=None,
+                 no_headers=None):
         super().__init__(dict(env, AWS_ACCESS_KEY_ID=server.access_key,
                               AWS_SECRET_ACCESS_KEY=server.secret_key))
         self.binary = binary
@@ -559,11 +566,14 @@ class S3cachefs(FileSystem):
         self.writeback = writeback
         self.tier_endpoint = tier_server.endpoint if tier_server else None
         self.trust = trust
+        self.no_headers = no_headers
         if writeback:
             self.name = 's3cachefs-wb'
             self.completion = 'stats'
         if trust:
             self.name = 's3cachefs-trust'
+        if no_headers:
+            self.name = 's3cachefs-nohead'
 
     def command(self, mountpoint, cache_dir, row=None):
         options = [f'endpoint={self.endpoint}']
@@ -576,6 +586,8 @@ class S3cachefs(FileSystem):
                         f'shared_cache_endpoint={self.tier_endpoint}']
         if self.trust:
             options.append(f'trust={self.trust}')
+        if self.no_headers:
+            options.append(f'no_headers={self.no_headers}')
         return [self.binary, '-f', BUCKET, str(mountpoint),
                 '-o', ','.join(options)]
 
@@ -1025,8 +1037,7 @@ class Bench:
             'fio': first_line(['fio', '--version']),
             'curl': first_line(['curl', '--version']),
         }
-        if {'s3cachefs', 's3cachefs-wb', 's3cachefs-trust'} & \
-                set(self.file_systems):
+        if S3CACHEFS_TOOLS & set(self.file_systems):
             self.versions['s3cachefs'] = first_line(
                 [self.args.s3cachefs_bin, '--version'])
 
@@ -1123,7 +1134,7 @@ class Bench:
         env = daemon_environment(self.home)
         endpoint = self.proxy.endpoint
         made = {}
-        if {'s3cachefs', 's3cachefs-wb', 's3cachefs-trust'} & set(args.tools):
+        if S3CACHEFS_TOOLS & set(args.tools):
             binary = args.s3cachefs_bin
             help_text = subprocess.run([binary, '--help'], capture_output=True,
                                        text=True)
@@ -1146,6 +1157,10 @@ class Bench:
             made['s3cachefs-trust'] = S3cachefs(
                 env, args.s3cachefs_bin, endpoint, self.server,
                 self.s3cachefs_options, trust=KEYS_DIR)
+        if 's3cachefs-nohead' in args.tools:
+            made['s3cachefs-nohead'] = S3cachefs(
+                env, args.s3cachefs_bin, endpoint, self.server,
+                self.s3cachefs_options, no_headers=KEYS_DIR)
         if 's3fs' in args.tools:
             made['s3fs'] = S3fs(env, endpoint, self.server,
                                 self.workdir / 's3fs.passwd', args.s3fs_opts)
@@ -2193,7 +2208,7 @@ def parse_args(argv=None):
     if args.s3cachefs_bin is None:
         built = [path for path in DEFAULT_BINARIES if os.access(path, os.X_OK)]
         args.s3cachefs_bin = str(built[0] if built else DEFAULT_BINARIES[0])
-    if ({'s3cachefs', 's3cachefs-wb', 's3cachefs-trust'} & set(args.tools)
+    if (S3CACHEFS_TOOLS & set(args.tools)
             and not os.access(args.s3cachefs_bin, os.X_OK)):
         parser.error(f'{args.s3cachefs_bin} is not an executable: build '
                      f's3cachefs or pass --s3cachefs-bin')
