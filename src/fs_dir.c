@@ -274,10 +274,16 @@ int fs_dir_entries_plus(struct fs *fs, struct fs_dir *dir, size_t index,
          * for the lookup the walk will send. */
         bool large = !is_dir && !was_staged &&
                      entry->attrs.size > FS_TYPED_OBJECT_MAX;
-        if (large) {
+        /* Under -o no_headers every object is a regular file, whatever
+         * its size, and a lookup of it is answered from the listing with
+         * no request: plain too, so that the daemon keeps no inode for
+         * each of the million files a `find` walks past. */
+        bool headerless = !is_dir && !was_staged && fs_headerless(fs, key);
+        if (large || headerless) {
             inode_table_lock(fs->inodes);
             plain[i] = inode_find_locked(fs->inodes, key) == NULL &&
-                       fs_ahead_holds_locked(fs, dir_inode, entry->name);
+                       (headerless ||
+                        fs_ahead_holds_locked(fs, dir_inode, entry->name));
             inode_table_unlock(fs->inodes);
             if (plain[i]) {
                 free(key);
