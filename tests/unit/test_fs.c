@@ -1131,6 +1131,48 @@ static void test_trusted_directory_headers_follow_local_changes(void **state)
     assert_int_equal(fake_s3_count(f->s3, FAKE_S3_UNDER(FAKE_S3_CALL(FAKE_S3_HEAD), "data/")), 0);
 }
 
+/* Under -o trust stored listings are served for good: a directory
+ * renamed away takes those stored under its old name with it, at every
+ * depth, so that a directory made there later (here, or after a
+ * remount) does not show what the old one held. */
+static void test_trusted_rename_forgets_the_old_tree(void **state)
+{
+    struct fixture *f = *state;
+    static const char *const trusted[] = {"data/"};
+    struct fs_entry entry;
+
+    other_put(f, "data/a/sub/x", "x", 1, NULL);
+    remount_trusting(f, trusted, 1);
+    fuse_ino_t data = lookup(f, ROOT, "data", NULL);
+    fuse_ino_t a = lookup(f, data, "a", NULL);
+    fuse_ino_t sub = lookup(f, a, "sub", NULL);
+    assert_string_equal(listing_of(f, sub), "x");
+    fs_forget(f->fs, sub, 1);
+    fs_forget(f->fs, a, 1);
+    assert_int_equal(fs_rename(f->fs, data, "a", data, "b", 0), 0);
+    assert_int_equal(fs_mkdir(f->fs, data, "a", 0755, 1000, 1000, &entry), 0);
+    a = entry.ino;
+    assert_int_equal(fs_mkdir(f->fs, a, "sub", 0755, 1000, 1000, &entry), 0);
+    fs_forget(f->fs, entry.ino, 1);
+    fs_forget(f->fs, a, 1);
+    fs_forget(f->fs, data, 1);
+
+    fs_destroy(&f->fs);
+    fs_start(f);
+    data = lookup(f, ROOT, "data", NULL);
+    a = lookup(f, data, "a", NULL);
+    sub = lookup(f, a, "sub", NULL);
+    assert_string_equal(listing_of(f, sub), "");
+    fuse_ino_t b = lookup(f, data, "b", NULL);
+    fuse_ino_t moved = lookup(f, b, "sub", NULL);
+    assert_string_equal(listing_of(f, moved), "x");
+    fs_forget(f->fs, moved, 1);
+    fs_forget(f->fs, b, 1);
+    fs_forget(f->fs, sub, 1);
+    fs_forget(f->fs, a, 1);
+    fs_forget(f->fs, data, 1);
+}
+
 /*
  * Without -o trust a directory's marker is HEADed once per mount, not once
  * per inode: the kernel forgets directory inodes under memory pressure,
@@ -3662,6 +3704,7 @@ int main(void)
         FS_TEST(test_access_log_lists_versions_read, default_reopen),
         FS_TEST(test_trusted_prefix_asks_once, default_fresh),
         FS_TEST(test_trusted_directory_headers_follow_local_changes, default_fresh),
+        FS_TEST(test_trusted_rename_forgets_the_old_tree, default_fresh),
         FS_TEST(test_directory_headers_are_asked_once_per_mount, default_fresh),
         FS_TEST(test_headerless_prefix_sends_no_head, default_fresh),
         FS_TEST(test_refresh_forgets_a_trusted_tree, default_fresh),
