@@ -17,10 +17,11 @@ import collections
 import os
 import stat
 import subprocess
+import time
 
 import pytest
 
-from conftest import drop_caches, read_stats, wait_for
+from conftest import drop_caches, read_stats
 
 LARGE = 150                 # more than a head-ahead job keeps unclaimed (64)
 SIZE = 5000                 # > PATH_MAX - 1: a regular file, certainly
@@ -230,12 +231,22 @@ def test_directories_the_kernel_forgot_are_not_asked_again(server, bucket, s3,
     heads = heads_by_key(proxy, bucket)
     assert all(heads[f'tree/d{index:02d}/'] == 1 for index in range(DIRS)), heads
 
-    # the kernel forgets every inode of the mount but the root's, and the
-    # daemon with it (a FORGET each)
+    # the kernel forgets the directories, and the daemon with it (a FORGET
+    # each). Most of them, not all: a dentry used lately gets a second
+    # chance in each pass of drop_caches, which stops when a pass frees
+    # little (CI saw one kept: `tree`). Every one forgotten would have
+    # been HEADed again before d3efa50.
     inodes = read_stats(mnt.path)['inodes']
-    drop_caches()
-    wait_for(lambda: read_stats(mnt.path)['inodes'] < inodes - DIRS, 30,
-             'the kernel to forget the directories')
+    forgotten = 0
+    for _ in range(3):
+        drop_caches()
+        deadline = time.monotonic() + 10
+        while forgotten < DIRS // 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+            forgotten = inodes - read_stats(mnt.path)['inodes']
+        if forgotten >= DIRS // 2:
+            break
+    assert forgotten >= DIRS // 2, (inodes, forgotten)
     proxy.reset_counters()
     assert directory_modes(mnt.path / 'tree') == expected
     assert not heads_by_key(proxy, bucket), dict(proxy.counts)
