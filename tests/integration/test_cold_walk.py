@@ -192,7 +192,9 @@ def test_no_headers_walks_cost_lists_only(server, bucket, s3, mount, proxy):
     assert int(done.stdout.split()[0]) >= (LARGE + 2) * SIZE
     assert proxy.counts['HEAD'] == 0, dict(proxy.counts)
     assert proxy.counts['GET'] == 0, dict(proxy.counts)
-    assert proxy.counts['LIST'] <= 4, dict(proxy.counts)
+    # (the root, ds/ and ds/sub/, and again any whose listing passed
+    # dir_ttl between the two walks)
+    assert proxy.counts['LIST'] <= 6, dict(proxy.counts)
 
     owned = os.stat(mnt.path / 'elsewhere/owned')
     assert stat.S_IMODE(owned.st_mode) == 0o600
