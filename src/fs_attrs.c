@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 
 #include "clock.h"
 #include "fs_internal.h"
@@ -188,6 +189,14 @@ void fs_touch_locked(struct inode *inode, bool entries)
     inode->local_ctime = now;
     if (entries)
         inode->local_mtime = now;
+}
+
+uint64_t fs_version_tag(const char *etag)
+{
+    if (etag[0] == '\0')
+        return 0;
+    uint64_t tag = XXH3_64bits(etag, strlen(etag));
+    return tag != 0 ? tag : 1;
 }
 
 /* Whether KEY starts with one of the COUNT PREFIXES. */

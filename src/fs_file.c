@@ -105,9 +105,9 @@ int fs_open(struct fs *fs, fuse_ino_t ino, int flags, struct fs_file **out,
     }
 
     inode_table_lock(fs->inodes);
-    *keep_cache = inode->opened_etag[0] != '\0' &&
-                  strcmp(inode->opened_etag, attrs.etag) == 0;
-    snprintf(inode->opened_etag, sizeof(inode->opened_etag), "%s", attrs.etag);
+    uint64_t version = fs_version_tag(attrs.etag);
+    *keep_cache = version != 0 && inode->opened_version == version;
+    inode->opened_version = version;
     key = strdup(inode->key);
     inode_table_unlock(fs->inodes);
     if (key != NULL)

@@ -145,6 +145,10 @@ bool fs_stored_dir_attrs(struct fs *fs, const char *dir_key,
 void fs_store_dir_attrs(struct fs *fs, const char *dir_key,
                         const struct inode_attrs *attrs);
 bool fs_trusts(const struct fs *fs, const char *key);
+/* What inode.opened_version keeps of ETAG: its XXH3-64, never 0 (0 for
+ * ""). Two ETags of one key alike in it (one chance in 2^64 for a
+ * change) would keep the kernel's pages of the older version. */
+uint64_t fs_version_tag(const char *etag);
 /* Whether KEY is under a prefix of -o no_headers: what its listing says
  * of it is all there is (fs_known_file_attrs(), resolve_dir()). */
 bool fs_headerless(const struct fs *fs, const char *key);

@@ -268,7 +268,7 @@ void fs_uploaded(void *arg, struct writer_file *file, void *owner, const char *k
             inode->attrs = attrs;
             inode->replaced_object = inode->object_unknown = false;
             /* the kernel's pages are what was uploaded */
-            snprintf(inode->opened_etag, sizeof(inode->opened_etag), "%s", etag);
+            inode->opened_version = fs_version_tag(etag);
         } else if (mine) {
             /* renamed since: rename_file() knows the object's new ETag */
             char renamed_etag[S3_ETAG_MAX];

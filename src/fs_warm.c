@@ -131,7 +131,7 @@ int fs_warm(struct fs *fs, fuse_ino_t ino, enum fs_warm_op op,
         if (op_err == 0) {
             /* the next open drops the kernel's pages of it too */
             inode_table_lock(fs->inodes);
-            inode->opened_etag[0] = '\0';
+            inode->opened_version = 0;
             inode_table_unlock(fs->inodes);
             log_info("warm: evicted '%s' (%llu bytes)", key,
                      (unsigned long long)out->freed);

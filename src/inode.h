@@ -100,8 +100,10 @@ struct inode {
                                    entries without attributes since the
                                    last head-ahead job (fs_ahead.c) */
     char *symlink_target;       /* (L) symlinks: target for attrs.etag */
-    char opened_etag[S3_ETAG_MAX]; /* (L) ETag at the last open, for
-                                      keeping the kernel page cache */
+    uint64_t opened_version;    /* (L) fs_version_tag() of the ETag at
+                                   the last open (0: none), for keeping
+                                   the kernel's page cache: a hash, not
+                                   the ETag (120 bytes less an inode) */
     struct writer_file *wfile;  /* (L) staged data while written or
                                    pending upload (writer.h); one
                                    reference, and a pin of the inode */

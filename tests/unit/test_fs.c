@@ -1528,7 +1528,7 @@ static void test_memory_per_key_is_bounded(void **state)
     print_message("bytes per key: listing %.0f, inode %.0f\n",
                   listing_per_key, inode_per_key);
     assert_true(listing_per_key <= 300);
-    assert_true(inode_per_key <= 700);
+    assert_true(inode_per_key <= 560);
 }
 
 /* How many entries an opendir of DIR shows, "." and ".." left out. */
@@ -1985,6 +1985,40 @@ static void test_access_log_lists_versions_read(void **state)
     snprintf(expected, sizeof(expected), "/data/d/w.bin\n/data/d/w.bin\n");
     assert_string_equal(err, expected);
     fs_start(f);
+}
+
+/* Whether FS_OPEN of INO tells the kernel to keep its page cache. */
+static bool opens_keeping_pages(struct fixture *f, fuse_ino_t ino)
+{
+    struct fs_file *file = NULL;
+    bool keep_cache = false;
+
+    assert_int_equal(fs_open(f->fs, ino, O_RDONLY, &file, &keep_cache), 0);
+    fs_release(f->fs, file);
+    return keep_cache;
+}
+
+/* The kernel's pages of a file are kept across opens while its version
+ * is the one opened last (inode.opened_version), and dropped before the
+ * first open, when another client replaced it, or when it was evicted
+ * here. */
+static void test_kernel_pages_kept_while_the_version_is(void **state)
+{
+    struct fixture *f = *state;
+    unsigned char *v1 = bytes_of(f, 3000, 21), *v2 = bytes_of(f, 3000, 22);
+    struct warmfmt_answer warmed;
+
+    other_put(f, "k.bin", v1, 3000, NULL);
+    fuse_ino_t k = lookup(f, ROOT, "k.bin", NULL);
+    assert_false(opens_keeping_pages(f, k));
+    assert_true(opens_keeping_pages(f, k));
+    other_put(f, "k.bin", v2, 3000, NULL);  /* (attr_ttl 0: revalidated) */
+    assert_false(opens_keeping_pages(f, k));
+    assert_true(opens_keeping_pages(f, k));
+    assert_int_equal(fs_warm(f->fs, k, FS_WARM_EVICT, NULL, &warmed), 0);
+    assert_false(opens_keeping_pages(f, k));
+    assert_true(opens_keeping_pages(f, k));
+    fs_forget(f->fs, k, 1);
 }
 
 /* ========================================================== write path */
@@ -3715,6 +3749,7 @@ int main(void)
         FS_TEST(test_lookup_after_plain_readdirplus_heads_ahead, default_cached),
         FS_TEST(test_lookup_joins_the_head_under_way, default_cached),
         FS_TEST(test_link_target_is_fetched_once, default_fresh),
+        FS_TEST(test_kernel_pages_kept_while_the_version_is, default_fresh),
         FS_TEST(test_default_close_puts_the_object, default_cached),
         FS_TEST(test_writeback_close_journals_and_uploads_later, writeback_cached),
         FS_TEST(test_writeback_large_file_goes_up_in_parts, writeback_cached),
