@@ -135,15 +135,15 @@ void fs_handle_remove(struct fs *fs, struct fs_handle *handle);
  * every mount under -o trust (false when not known), and kept there once
  * learnt or changed here (fs_lookup.c). fs_dir_headers_tag_init() names
  * this mount's records, at fs_create(). */
+bool fs_stored_dir_attrs(struct fs *fs, const char *dir_key,
+                         struct inode_attrs *attrs);
+void fs_store_dir_attrs(struct fs *fs, const char *dir_key,
+                        const struct inode_attrs *attrs);
 void fs_dir_headers_tag_init(struct fs *fs);
 /* Under -o no_headers: true, and ATTRS (a listing's: the defaults) marked
  * as all there is to know of directory DIR_KEY. */
 bool fs_headerless_dir_attrs(const struct fs *fs, const char *dir_key,
                              struct inode_attrs *attrs);
-bool fs_stored_dir_attrs(struct fs *fs, const char *dir_key,
-                         struct inode_attrs *attrs);
-void fs_store_dir_attrs(struct fs *fs, const char *dir_key,
-                        const struct inode_attrs *attrs);
 bool fs_trusts(const struct fs *fs, const char *key);
 /* What inode.opened_version keeps of ETAG: its XXH3-64, never 0 (0 for
  * ""). Two ETags of one key alike in it (one chance in 2^64 for a

@@ -397,6 +397,16 @@ static int parse_dirs(const char *text, char ***dirs, size_t *count)
     return err;
 }
 
+/* What parse_dirs() made of *DIRS, freed; none left. */
+static void free_dirs(char ***dirs, size_t *count)
+{
+    for (size_t i = 0; i < *count; i++)
+        free((*dirs)[i]);
+    free(*dirs);
+    *dirs = NULL;
+    *count = 0;
+}
+
 /* /var/cache/s3cachefs/BUCKET for root, else
  * ${XDG_CACHE_HOME:-$HOME/.cache}/s3cachefs/BUCKET. */
 static int default_cache_dir(const char *bucket, char **out)
@@ -684,16 +694,8 @@ void options_free(struct options *opts)
         free(*fields[i]);
         *fields[i] = NULL;
     }
-    for (size_t i = 0; i < opts->trusted_count; i++)
-        free(opts->trusted[i]);
-    free(opts->trusted);
-    opts->trusted = NULL;
-    opts->trusted_count = 0;
-    for (size_t i = 0; i < opts->headerless_count; i++)
-        free(opts->headerless[i]);
-    free(opts->headerless);
-    opts->headerless = NULL;
-    opts->headerless_count = 0;
+    free_dirs(&opts->trusted, &opts->trusted_count);
+    free_dirs(&opts->headerless, &opts->headerless_count);
     fuse_opt_free_args(&opts->fuse_args);
 }
 

@@ -309,10 +309,10 @@ static int fill_block(struct reader_file *file, uint64_t block,
  * fetches what it claimed, up to blocks another node's lease covers. A
  * block the tier holds damaged, or whose request failed, is fetched from
  * the origin by itself (*FETCH is 1): the tier is asked again for the
- * blocks after it. READING_ON: the run is
- * read-ahead (the reader means to go on past it). SCRATCH: block_size +
- * TIER_HEADER_LEN bytes of the caller's, for each block's frame in turn.
- * FILE has an ETag and its reader a tier.
+ * blocks after it. READING_ON: the run is read-ahead (the reader means
+ * to go on past it). SCRATCH: block_size + TIER_HEADER_LEN bytes of the
+ * caller's, for each block's frame in turn. FILE has an ETag and its
+ * reader a tier.
  */
 static uint64_t fill_from_tier(struct reader_file *file, uint64_t first,
                                uint64_t count, bool reading_on, char *scratch,

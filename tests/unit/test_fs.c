@@ -391,6 +391,16 @@ static void other_put_marker(struct fixture *f, const char *key)
     other_put(f, key, "", 0, &meta);
 }
 
+/* The same, with the s3fs mode header of a directory of MODE (07777). */
+static void other_put_marker_of_mode(struct fixture *f, const char *key,
+                                     unsigned mode)
+{
+    const struct s3_put_meta meta = {.content_type = "application/x-directory",
+                                     .has_mode = true, .mode = S_IFDIR | mode};
+
+    other_put(f, key, "", 0, &meta);
+}
+
 /* NAME in PARENT: its inode (0: a negative entry), attributes in *ATTR
  * (may be NULL). The kernel's reference is kept. */
 static fuse_ino_t lookup(struct fixture *f, fuse_ino_t parent, const char *name,
@@ -1185,21 +1195,15 @@ static void test_trusted_rename_forgets_the_old_tree(void **state)
 static void test_directory_headers_are_asked_once_per_mount(void **state)
 {
     struct fixture *f = *state;
-    const struct s3_put_meta private = {
-        .content_type = "application/x-directory",
-        .has_mode = true, .mode = S_IFDIR | 0711};
-    const struct s3_put_meta open_to_all = {
-        .content_type = "application/x-directory",
-        .has_mode = true, .mode = S_IFDIR | 0777};
     struct stat attr, want = {.st_mode = 0700};
     struct fs_entry entries[5];
     struct fs_dir *dir = NULL;
     double timeout;
 
-    other_put(f, "data/sub/", "", 0, &private);
+    other_put_marker_of_mode(f, "data/sub/", 0711);
     other_put(f, "data/sub/x", "x", 1, NULL);
     other_put(f, "data/plain/y", "y", 1, NULL);
-    other_put(f, "data/gone/", "", 0, &private);
+    other_put_marker_of_mode(f, "data/gone/", 0711);
     fuse_ino_t data = lookup(f, ROOT, "data", NULL);
     fake_s3_log_clear(f->s3);
     assert_int_equal(fs_opendir(f->fs, data, &dir), 0);
@@ -1231,14 +1235,14 @@ static void test_directory_headers_are_asked_once_per_mount(void **state)
 
     /* removed here, then made by another client: its marker is asked */
     assert_int_equal(fs_rmdir(f->fs, data, "gone"), 0);
-    other_put(f, "data/gone/", "", 0, &open_to_all);
+    other_put_marker_of_mode(f, "data/gone/", 0777);
     fake_s3_log_clear(f->s3);
     fs_forget(f->fs, lookup(f, data, "gone", &attr), 1);
     assert_int_equal(attr.st_mode, S_IFDIR | 0777);
     assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_HEAD, "data/gone/")), 1);
 
     /* a HEAD that failed leaves the defaults, and is asked again */
-    other_put(f, "data/flaky/", "", 0, &private);
+    other_put_marker_of_mode(f, "data/flaky/", 0711);
     unsigned rule = 0;
     assert_int_equal(fake_s3_fail(f->s3, ON(FAKE_S3_HEAD, "data/flaky/"), 1, EIO,
                                   false, &rule), 0);
@@ -1249,7 +1253,7 @@ static void test_directory_headers_are_asked_once_per_mount(void **state)
     assert_int_equal(attr.st_mode, S_IFDIR | 0711);
 
     /* another mount asks again: the marker may have changed meanwhile */
-    other_put(f, "data/plain/", "", 0, &open_to_all);
+    other_put_marker_of_mode(f, "data/plain/", 0777);
     fs_forget(f->fs, data, 1);
     fs_destroy(&f->fs);
     fs_start(f);
@@ -1281,9 +1285,6 @@ static void test_headerless_prefix_sends_no_head(void **state)
     unsigned char *data = bytes_of(f, size, 5);
     const struct s3_put_meta owned = {.has_mode = true, .mode = 0100600};
     const struct s3_put_meta link = {.has_mode = true, .mode = S_IFLNK | 0777};
-    const struct s3_put_meta private_dir = {
-        .content_type = "application/x-directory",
-        .has_mode = true, .mode = S_IFDIR | 0700};
     struct stat attr, want = {.st_mode = 0640};
     struct fs_entry entries[6];
     struct fs_dir *dir = NULL;
@@ -1291,7 +1292,7 @@ static void test_headerless_prefix_sends_no_head(void **state)
 
     other_put(f, "ds/big.bin", data, size, &owned);
     other_put(f, "ds/link", "big.bin", 7, &link);
-    other_put(f, "ds/sub/", "", 0, &private_dir);
+    other_put_marker_of_mode(f, "ds/sub/", 0700);
     other_put(f, "ds/sub/x", "x", 1, NULL);
     other_put(f, "other/y", "y", 1, &owned);
     other_put(f, "ds/deep/owned", "o", 1, &owned);

@@ -206,6 +206,18 @@ static struct tier_stats tier_stats_of(struct node *node)
     return stats;
 }
 
+/* Poll (up to 5 s, no fixed sleep) until PREDICATE of NODE's counters,
+ * STATS, holds. */
+#define WAIT_STATS(node, predicate)                                          \
+    do {                                                                     \
+        for (int waited_ = 0; waited_ < 5000; waited_++) {                   \
+            struct tier_stats stats = tier_stats_of(node);                   \
+            if (predicate)                                                   \
+                break;                                                       \
+            usleep(1000);                                                    \
+        }                                                                    \
+    } while (0)
+
 /* What the tier holds of one block of a version node 0 has read. */
 struct stored_block {
     char etag[S3_ETAG_MAX]; /* the version */
@@ -677,8 +689,7 @@ static void second_node_waits(struct fixture *f,
 
     struct node_read second = {&f->nodes[1], "r.bin", etag, size, bytes, -1};
     assert_int_equal(pthread_create(&thread, NULL, node_read_main, &second), 0);
-    for (int i = 0; i < 5000 && tier_stats_of(&f->nodes[1]).lease_waits == 0; i++)
-        usleep(1000);                /* (until it waits: no fixed sleep) */
+    WAIT_STATS(&f->nodes[1], stats.lease_waits > 0);
     assert_true(tier_stats_of(&f->nodes[1]).lease_waits >= 1);
     fake_s3_hold_clear(f->tier_s3, rule);
     assert_int_equal(pthread_join(thread, NULL), 0);
@@ -867,8 +878,7 @@ static void test_run_stops_at_another_nodes_lease(void **state)
 
     struct node_warm warm = {&f->nodes[0], "l.bin", etag, size, -1};
     assert_int_equal(pthread_create(&thread, NULL, node_warm_main, &warm), 0);
-    for (int i = 0; i < 5000 && tier_stats_of(&f->nodes[0]).lease_waits == 0; i++)
-        usleep(1000);                /* (until it waits: no fixed sleep) */
+    WAIT_STATS(&f->nodes[0], stats.lease_waits > 0);
     assert_true(tier_stats_of(&f->nodes[0]).lease_waits >= 1);
     for (uint64_t block = 2; block < 8; block++) {   /* the other node */
         unsigned char frame[TIER_HEADER_LEN + BLOCK];
@@ -1045,17 +1055,6 @@ static void test_expired_lease_is_taken_over(void **state)
     free(lease);
     free(bytes);
 }
-
-/* Poll (up to 5 s) until PREDICATE of NODE's counters holds. */
-#define WAIT_STATS(node, predicate)                                          \
-    do {                                                                     \
-        for (int waited_ = 0; waited_ < 5000; waited_++) {                   \
-            struct tier_stats stats = tier_stats_of(node);                   \
-            if (predicate)                                                   \
-                break;                                                       \
-            usleep(1000);                                                    \
-        }                                                                    \
-    } while (0)
 
 /* Another node leased the blocks and never wrote them (its writes
  * failed, or it went). A node waiting for them, when the lease runs out,
