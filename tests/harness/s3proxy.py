@@ -47,9 +47,9 @@ in the order they were injected to the next COUNT requests that match:
               the work and did not (a DELETE that leaves the key)
     stall     the request waits SECONDS (default 2) before it is forwarded
     hold      the request waits until release() is called, then goes on
-              (forwarded); if the proxy stops first, its connection is
-              reset and it is never forwarded. PROXY.holding is the number
-              of requests waiting now.
+              (forwarded); if the proxy stops first, or drop_held() is
+              called, its connection is reset and it is never forwarded.
+              PROXY.holding is the number of requests waiting now.
     truncated_xml  forwarded; the answer's body cut to its first half, sent
               as a complete answer (Content-Length of the half)
     malformed_xml  forwarded; the answer's body made not well-formed XML
@@ -834,6 +834,17 @@ class S3Proxy:
             gate, self._gate = self._gate, threading.Event()
         gate.set()
 
+    def drop_held(self):
+        """Resets every held request (never forwarded, as stop() does) and
+        drops the hold faults not applied yet, but keeps serving: a mount
+        killed while its requests were held, then mounted again through
+        the same endpoint, finds nothing of them in the bucket."""
+        with self._lock:
+            self._faults = [f for f in self._faults if f.kind != 'hold']
+            gate, self._gate = self._gate, threading.Event()
+            gate.dropped = True
+        gate.set()
+
     @property
     def holding(self):
         """How many requests are waiting at a hold now."""
@@ -888,7 +899,8 @@ class S3Proxy:
             while not gate.wait(0.05):
                 if self._stopping.is_set():
                     return False
-            return not self._stopping.is_set()
+            dropped = getattr(gate, 'dropped', False)
+            return not dropped and not self._stopping.is_set()
         finally:
             with self._lock:
                 self._holding -= 1

@@ -72,6 +72,14 @@ def request(proxy, method, target, headers=None, body=None, connection=None):
             connection.close()
 
 
+def request_or_error(proxy, method, target, body=None):
+    """request(), or the OSError of a connection the proxy reset."""
+    try:
+        return request(proxy, method, target, body=body)
+    except OSError as error:
+        return error
+
+
 def error_code(body):
     return ElementTree.fromstring(body).findtext('Code')
 
@@ -125,6 +133,28 @@ def test_error_documents(proxy, bucket):
     assert (status, error_code(body)) == (200, 'InternalError')
     assert 'ETag' not in headers
     assert proxy.faults_injected == {'nosuchupload': 1, 'error200': 1}
+
+
+def test_drop_held(server, proxy, bucket):
+    """drop_held() resets the held requests, never forwarded, and the proxy
+    goes on serving: the next request goes through."""
+    proxy.inject('hold', 10, 'PUT')
+    done = []
+    putting = threading.Thread(target=lambda: done.append(
+        request_or_error(proxy, 'PUT', f'/{bucket}/held', body=b'held')))
+    putting.start()
+    deadline = time.monotonic() + 10
+    while proxy.holding < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert proxy.holding == 1
+    proxy.drop_held()
+    putting.join(10)
+    assert done and isinstance(done[0], OSError), done
+    assert proxy.holding == 0 and not +proxy.pending_faults()
+    status, _, _ = request(proxy, 'PUT', f'/{bucket}/after', body=b'after')
+    assert status == 200
+    status, _, _ = request(proxy, 'GET', f'/{bucket}/held')
+    assert status == 404
 
 
 def test_lost_answer(server, proxy, bucket):

@@ -272,7 +272,7 @@ def test_unmount_command_says_what_was_left(server, s3, bucket, proxy, mount):
         again.process.kill()
         _, stderr = unmounting.communicate(timeout=HANG_TIMEOUT)
     finally:
-        proxy.stop()
+        proxy.drop_held()   # the held PUT is reset, never forwarded
         if unmounting.poll() is None:
             unmounting.kill()
     again.process.wait(timeout=HANG_TIMEOUT)
@@ -280,7 +280,8 @@ def test_unmount_command_says_what_was_left(server, s3, bucket, proxy, mount):
     assert unmounting.returncode == 1
     assert 'ended without saying' in stderr, stderr
 
-    clean = mount(bucket, cache=mnt.cache_dir, name='clean')
+    clean = mount(bucket, endpoint=proxy.endpoint, cache=mnt.cache_dir,
+                  name='clean')
     wait_for(lambda: head(s3, bucket, 'held') is not None, HANG_TIMEOUT,
              'the upload by the third mount')
     done = subprocess.run([BINARY, '--unmount', str(clean.path)],
@@ -342,14 +343,14 @@ def test_kill_9_then_remount_uploads_everything(server, s3, bucket, proxy, mount
         assert read_stats(mnt.path)['uploads_pending'] == len(files)
         wait_for(lambda: proxy.holding >= 1, 10, 'uploads at the proxy')
         kill_9(mnt)
-    except BaseException:
-        proxy.release()
-        raise
-    # The held requests are never forwarded: the proxy resets them when it
-    # stops. Nothing reached the bucket.
+    finally:
+        proxy.drop_held()
+    # The held requests are never forwarded: the proxy reset them. Nothing
+    # reached the bucket.
     assert bucket_keys(s3, bucket) == []
 
-    again = mount(bucket, options=['writeback'], cache=cache, name='again')
+    again = mount(bucket, options=['writeback'], endpoint=proxy.endpoint,
+                  cache=cache, name='again')
     wait_stat(again, 'uploads_pending', lambda v: v == 0, timeout=60)
     assert_objects(s3, bucket, files)
     assert bucket_keys(s3, bucket) == sorted(files)

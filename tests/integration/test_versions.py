@@ -157,7 +157,8 @@ def test_crash_uploads_what_was_closed(server, s3, bucket, proxy, mount,
                 assert error.errno == errno.ENOTCONN
         proxy.clear_faults()
     assert head(s3, bucket, 'model.bin') is None
-    again = mount(bucket, options=['writeback'], cache=cache, name='again')
+    again = mount(bucket, options=['writeback'], endpoint=proxy.endpoint,
+                  cache=cache, name='again')
     assert (again.path / 'model.bin').read_bytes() == closed
     unmount_command(again)
     assert sha(object_bytes(s3, bucket, 'model.bin')) == sha(closed)
@@ -196,9 +197,10 @@ def test_crash_during_a_rename_over_a_pending_file(server, s3, bucket, proxy,
             os.close(keeper)
         except OSError as error:
             assert error.errno == errno.ENOTCONN
-        proxy.stop()   # the held copy is reset, never forwarded
+        proxy.drop_held()   # the held copy is reset, never forwarded
     assert head(s3, bucket, 'b') is None
-    again = mount(bucket, options=['writeback'], cache=cache, name='again')
+    again = mount(bucket, options=['writeback'], endpoint=proxy.endpoint,
+                  cache=cache, name='again')
     unmount_command(again)
     answer = head(s3, bucket, 'b')
     assert answer is not None, 'b is gone: its promise was dropped before ' \
@@ -257,8 +259,9 @@ def test_crash_while_an_older_version_is_deleted(server, s3, bucket, proxy,
             os.close(keeper)
         except OSError as error:
             assert error.errno == errno.ENOTCONN
-        proxy.stop()   # the held DELETE is reset, never forwarded
-    again = mount(bucket, options=['writeback'], cache=cache, name='again')
+        proxy.drop_held()   # the held DELETE is reset, never forwarded
+    again = mount(bucket, options=['writeback'], endpoint=proxy.endpoint,
+                  cache=cache, name='again')
     shown = sha((again.path / 'd' / 'f').read_bytes()) \
         if (again.path / 'd' / 'f').exists() else None
     unmount_command(again)
@@ -301,17 +304,16 @@ def test_crash_during_a_directory_rename_shows_the_new_name(
             os.close(keeper)
         except OSError as error:
             assert error.errno == errno.ENOTCONN
-        proxy.stop()
+        proxy.drop_held()
     assert head(s3, bucket, 'e/f') is None and head(s3, bucket, 'd/f') is None
-    with s3proxy.S3Proxy(server.endpoint) as second:
-        second.inject('hold', HOLD_ALL, put_to('e/f'))
-        again = mount(bucket, options=['writeback'], endpoint=second.endpoint,
-                      cache=cache, name='again')
-        wait_for(lambda: second.holding >= 1, 10, 'the upload of e/f')
-        assert 'e' in os.listdir(again.path)
-        assert sha((again.path / 'e' / 'f').read_bytes()) == sha(closed)
-        second.release()
-        unmount_command(again)
+    proxy.inject('hold', HOLD_ALL, put_to('e/f'))
+    again = mount(bucket, options=['writeback'], endpoint=proxy.endpoint,
+                  cache=cache, name='again')
+    wait_for(lambda: proxy.holding >= 1, 10, 'the upload of e/f')
+    assert 'e' in os.listdir(again.path)
+    assert sha((again.path / 'e' / 'f').read_bytes()) == sha(closed)
+    proxy.release()
+    unmount_command(again)
     assert sha(object_bytes(s3, bucket, 'e/f')) == sha(closed)
 
 
@@ -436,7 +438,8 @@ def test_unmount_keeps_what_the_journal_refused(server, s3, bucket, proxy,
         if journal == 'gone':
             subprocess.run(['umount', str(journal_dir)], check=True)
             assert not (journal_dir / 'data.mdb').exists()
-        again = mount(bucket, options=['writeback'], cache=cache, name='again')
+        again = mount(bucket, options=['writeback'], endpoint=proxy.endpoint,
+                      cache=cache, name='again')
         unmount_command(again)
         assert object_bytes(s3, bucket, 'j.bin') == data
     finally:
