@@ -6,6 +6,7 @@
 
 #include "endpoint.h"
 
+#include <ctype.h>
 #include <curl/curl.h>
 #include <errno.h>
 #include <stdarg.h>
@@ -94,4 +95,24 @@ out:
     curl_url_cleanup(url);
     free(aws_url);
     return err;
+}
+
+int endpoint_identity(const char *endpoint_url, const char *region, char **out,
+                      char *errbuf, size_t errlen)
+{
+    struct endpoint ep;
+    /* path style: the host names the service, not a bucket in it */
+    int err = endpoint_resolve(endpoint_url, region, "bucket", true, &ep,
+                               errbuf, errlen);
+
+    *out = NULL;
+    if (err != 0)
+        return err;
+    char *host = strstr(ep.url_base, "://");
+    for (char *p = host != NULL ? host + 3 : ep.url_base; *p != '\0'; p++)
+        *p = (char)tolower((unsigned char)*p);
+    *out = ep.url_base;
+    ep.url_base = NULL;
+    endpoint_clear(&ep);
+    return 0;
 }

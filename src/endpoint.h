@@ -30,6 +30,18 @@ int endpoint_resolve(const char *endpoint_url, const char *region,
                      const char *bucket, bool path_style, struct endpoint *out,
                      char *errbuf, size_t errlen);
 
+/*
+ * The name of the service ENDPOINT_URL (NULL: AWS's for REGION) points at,
+ * whatever the bucket and addressing: "scheme://host[:port]", the host in
+ * lower case and a default port left out ("https://s3.us-east-1.amazonaws.com",
+ * "http://127.0.0.1:9000"), so that two spellings of one endpoint give one
+ * name. A cache directory records it as part of whose it is (cache.h).
+ * Returns 0 and a malloc'd *OUT, EINVAL with a sentence in ERRBUF (as
+ * endpoint_resolve()), or ENOMEM.
+ */
+int endpoint_identity(const char *endpoint_url, const char *region, char **out,
+                      char *errbuf, size_t errlen);
+
 /* Free what *ep holds; safe twice. */
 void endpoint_clear(struct endpoint *ep);
 

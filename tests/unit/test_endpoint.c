@@ -9,6 +9,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -92,10 +93,50 @@ static void test_endpoint_table(void **state)
     }
 }
 
+/* One name per service, however the endpoint is spelled. */
+static const struct identity_case {
+    const char *endpoint_url;   /* NULL: AWS */
+    const char *region;
+    const char *identity;       /* NULL: refused */
+} identity_cases[] = {
+    {NULL, "us-east-1", "https://s3.us-east-1.amazonaws.com"},
+    {NULL, "eu-west-3", "https://s3.eu-west-3.amazonaws.com"},
+    {"http://127.0.0.1:9000", "us-east-1", "http://127.0.0.1:9000"},
+    {"http://127.0.0.1:9000/", "auto", "http://127.0.0.1:9000"},
+    {"HTTPS://R2.Example.COM:443", "auto", "https://r2.example.com"},
+    {"https://r2.example.com", "us-east-1", "https://r2.example.com"},
+    {"http://[::1]:9000", "us-east-1", "http://[::1]:9000"},
+    {"https://s3.example.com:8443", "us-east-1", "https://s3.example.com:8443"},
+    {"ftp://127.0.0.1:21", "us-east-1", NULL},
+    {"http://127.0.0.1:9000/prefix", "us-east-1", NULL},
+};
+
+static void test_endpoint_identity(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < sizeof(identity_cases) / sizeof(identity_cases[0]); i++) {
+        const struct identity_case *c = &identity_cases[i];
+        char errbuf[256] = "";
+        char *identity = NULL;
+        int err = endpoint_identity(c->endpoint_url, c->region, &identity,
+                                    errbuf, sizeof(errbuf));
+        if (c->identity == NULL) {
+            if (err != EINVAL || identity != NULL)
+                fail_msg("%s: %d, expected EINVAL", c->endpoint_url, err);
+            continue;
+        }
+        if (err != 0 || strcmp(identity, c->identity) != 0)
+            fail_msg("%s: %d '%s', expected '%s'", c->endpoint_url ? c->endpoint_url
+                     : "AWS", err, identity ? identity : "", c->identity);
+        free(identity);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_endpoint_table),
+        cmocka_unit_test(test_endpoint_identity),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
