@@ -94,6 +94,47 @@ struct cache_fill;    /* a block being written */
 int cache_lock_dir(const char *dir, int *lock_fd, char *errbuf, size_t errlen);
 
 /*
+ * Whose a cache directory is: the endpoint (endpoint_identity()), the
+ * bucket and the mount's prefix in it. Recorded in CACHE/identity when the
+ * directory is first claimed, so that what the cache holds of one bucket
+ * (blocks, listings, headers) is never served for another, and what its
+ * journal holds is never uploaded into another (see cache_dir_claim()).
+ */
+struct cache_identity {
+    const char *endpoint;     /* "https://s3.us-east-1.amazonaws.com" */
+    const char *bucket;
+    const char *prefix;       /* "" for the whole bucket */
+};
+
+/*
+ * Bind the cache directory DIR (locked by this process: cache_lock_dir())
+ * to MINE, before cache_open(). PENDING is what the directory's journal
+ * and staging files still owe to a bucket (journal_peek()).
+ *   - No record (a new directory, or one made by an older s3cachefs,
+ *     whose index already names keys by their bucket): MINE is recorded.
+ *   - A record of MINE: nothing changes.
+ *   - Another identity and PENDING > 0: refused (EEXIST) with one
+ *     sentence in ERRBUF naming both identities and the way out.
+ *   - MINE's endpoint and bucket, another prefix: MINE is recorded; every
+ *     block and listing is of keys of this bucket, and stays.
+ *   - Another endpoint or bucket (or a record that cannot be read): the
+ *     index and the data files are emptied (one log line naming both),
+ *     then MINE is recorded. Staging and journal files are never touched.
+ * The record is written durably (file and directory fsynced) after the
+ * emptying, so a crash in between empties again at the next mount.
+ * Returns 0, EEXIST, or an errno with a sentence in ERRBUF.
+ */
+int cache_dir_claim(const char *dir, const struct cache_identity *mine,
+                    uint64_t pending, char *errbuf, size_t errlen);
+
+/*
+ * Whether DIR may be used for MINE without emptying: it has no identity
+ * record, or one of MINE's endpoint and bucket (any prefix). For the
+ * default cache directory of older versions (one per bucket name).
+ */
+bool cache_dir_is_for(const char *dir, const struct cache_identity *mine);
+
+/*
  * Open the cache in CONF->dir, whose lock LOCK_FD this process holds
  * (ownership passes to the cache). Opens the index after daemonizing
  * (LMDB must not cross fork). A changed block size empties the cache.

@@ -87,13 +87,14 @@ static void remove_data_files(const char *dir)
     closedir(top);
 }
 
-static void remove_index(const struct cache *cache)
+/* Remove the index files of the cache directory DIR. */
+static void remove_index(const char *dir)
 {
     char *path = NULL;
     const char *files[] = {"data.mdb", "lock.mdb"};
 
     for (size_t i = 0; i < 2; i++) {
-        if (asprintf(&path, "%s/index/%s", cache->dir, files[i]) >= 0) {
+        if (asprintf(&path, "%s/index/%s", dir, files[i]) >= 0) {
             unlink(path);
             free(path);
         }
@@ -183,6 +184,304 @@ out:
     if (fd >= 0)
         close(fd);
     free(path);
+    return err;
+}
+
+/* ------------------------------------------------------------ identity */
+
+/*
+ * CACHE/identity, the record of whose the directory is (cache.h):
+ *
+ *   s3cachefs cache identity 1
+ *   endpoint https://s3.us-east-1.amazonaws.com
+ *   bucket my-bucket
+ *   prefix datasets/imagenet/
+ *
+ * Values are escaped (%XX for '%', controls, space and bytes over 0x7e),
+ * so that each is one word; a prefix may be empty ("prefix " and nothing
+ * after). Written to identity.tmp, fsynced, renamed, the directory
+ * fsynced.
+ */
+#define IDENTITY_HEADER "s3cachefs cache identity 1"
+#define IDENTITY_MAX 8192
+
+/* An identity read back: its strings in one block of its own. */
+struct stored_identity {
+    char *endpoint, *bucket, *prefix;
+};
+
+static void stored_identity_clear(struct stored_identity *id)
+{
+    free(id->endpoint);
+    free(id->bucket);
+    free(id->prefix);
+    memset(id, 0, sizeof(*id));
+}
+
+/* Append VALUE, escaped, to OUT (CAP bytes, *LEN used). False when it
+ * does not fit. */
+static bool escape_value(const char *value, char *out, size_t cap, size_t *len)
+{
+    static const char hex[] = "0123456789ABCDEF";
+
+    for (const unsigned char *p = (const unsigned char *)value; *p; p++) {
+        bool plain = *p > ' ' && *p < 0x7f && *p != '%';
+        if (*len + (plain ? 1 : 3) >= cap)
+            return false;
+        if (plain) {
+            out[(*len)++] = (char)*p;
+        } else {
+            out[(*len)++] = '%';
+            out[(*len)++] = hex[*p >> 4];
+            out[(*len)++] = hex[*p & 15];
+        }
+    }
+    return true;
+}
+
+static int hex_digit(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    return -1;
+}
+
+/* The value of the line "NAME VALUE" (VALUE unescaped) at *CURSOR, which
+ * moves past the line. NULL (EPROTO) when the line is not that. */
+static char *read_value(const char **cursor, const char *name, int *err)
+{
+    const char *line = *cursor, *end = strchr(line, '\n');
+    size_t name_len = strlen(name);
+
+    *err = EPROTO;
+    if (end == NULL || (size_t)(end - line) < name_len + 1 ||
+        strncmp(line, name, name_len) != 0 || line[name_len] != ' ')
+        return NULL;
+    const char *value = line + name_len + 1;
+    char *out = malloc((size_t)(end - value) + 1);
+    size_t n = 0;
+    if (out == NULL) {
+        *err = ENOMEM;
+        return NULL;
+    }
+    for (const char *p = value; p < end; p++) {
+        if (*p == '%') {
+            int high = p + 2 < end ? hex_digit(p[1]) : -1;
+            int low = p + 2 < end ? hex_digit(p[2]) : -1;
+            if (high < 0 || low < 0 || (high == 0 && low == 0))
+                goto bad;
+            out[n++] = (char)(high * 16 + low);
+            p += 2;
+        } else if ((unsigned char)*p <= ' ' || (unsigned char)*p >= 0x7f) {
+            goto bad;
+        } else {
+            out[n++] = *p;
+        }
+    }
+    out[n] = '\0';
+    *cursor = end + 1;
+    *err = 0;
+    return out;
+bad:
+    free(out);
+    return NULL;
+}
+
+/* Read DIR/identity into *OUT: 0, ENOENT (no record), EPROTO (a record
+ * that does not parse), or another errno. */
+static int identity_load(const char *dir, struct stored_identity *out)
+{
+    char *path = NULL, *text = NULL;
+    int err = 0;
+
+    memset(out, 0, sizeof(*out));
+    if (asprintf(&path, "%s/identity", dir) < 0)
+        return ENOMEM;
+    FILE *fp = fopen(path, "re");
+    free(path);
+    if (fp == NULL)
+        return errno;
+    text = calloc(1, IDENTITY_MAX + 1);
+    size_t len = text != NULL ? fread(text, 1, IDENTITY_MAX + 1, fp) : 0;
+    if (text == NULL)
+        err = ENOMEM;
+    else if (ferror(fp))
+        err = EIO;
+    else if (len > IDENTITY_MAX || memchr(text, '\0', len) != NULL)
+        err = EPROTO;
+    fclose(fp);
+    if (err != 0)
+        goto out;
+    const char *cursor = text;
+    size_t header_len = strlen(IDENTITY_HEADER);
+    if (strncmp(cursor, IDENTITY_HEADER "\n", header_len + 1) != 0) {
+        err = EPROTO;
+        goto out;
+    }
+    cursor += header_len + 1;
+    if ((out->endpoint = read_value(&cursor, "endpoint", &err)) == NULL ||
+        (out->bucket = read_value(&cursor, "bucket", &err)) == NULL ||
+        (out->prefix = read_value(&cursor, "prefix", &err)) == NULL)
+        goto out;
+    if (*cursor != '\0' || out->endpoint[0] == '\0' || out->bucket[0] == '\0')
+        err = EPROTO;
+out:
+    if (err != 0)
+        stored_identity_clear(out);
+    free(text);
+    return err;
+}
+
+/* Write a file of DIR durably: NAME.tmp, fsync, rename to NAME, fsync of
+ * DIR. 0 or an errno. */
+static int write_durably(const char *dir, const char *name, const char *text,
+                         size_t len)
+{
+    char *path = NULL, *tmp = NULL;
+    int err = 0, fd = -1;
+
+    if (asprintf(&path, "%s/%s", dir, name) < 0) {
+        path = NULL;
+        err = ENOMEM;
+        goto out;
+    }
+    if (asprintf(&tmp, "%s/%s.tmp", dir, name) < 0) {
+        tmp = NULL;
+        err = ENOMEM;
+        goto out;
+    }
+    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        err = errno;
+        goto out;
+    }
+    if (write(fd, text, len) != (ssize_t)len || fsync(fd) != 0)
+        err = errno ? errno : EIO;
+    close(fd);
+    if (err == 0 && rename(tmp, path) != 0)
+        err = errno;
+    /* the rename is durable only with its directory */
+    if (err == 0) {
+        int dir_fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (dir_fd < 0 || fsync(dir_fd) != 0)
+            err = errno ? errno : EIO;
+        if (dir_fd >= 0)
+            close(dir_fd);
+    }
+out:
+    if (err != 0 && tmp != NULL)
+        unlink(tmp);
+    free(path);
+    free(tmp);
+    return err;
+}
+
+static int identity_store(const char *dir, const struct cache_identity *id)
+{
+    char text[IDENTITY_MAX];
+    size_t len = 0;
+    int n = snprintf(text, sizeof(text), "%s\nendpoint ", IDENTITY_HEADER);
+
+    len = (size_t)n;
+    if (!escape_value(id->endpoint, text, sizeof(text), &len) ||
+        len + 8 >= sizeof(text))
+        return ENAMETOOLONG;
+    memcpy(text + len, "\nbucket ", 8), len += 8;
+    if (!escape_value(id->bucket, text, sizeof(text), &len) ||
+        len + 8 >= sizeof(text))
+        return ENAMETOOLONG;
+    memcpy(text + len, "\nprefix ", 8), len += 8;
+    if (!escape_value(id->prefix, text, sizeof(text), &len) ||
+        len + 1 >= sizeof(text))
+        return ENAMETOOLONG;
+    text[len++] = '\n';
+    return write_durably(dir, "identity", text, len);
+}
+
+/* "bucket 'B' at E" or "bucket 'B' (prefix 'P') at E", for sentences. */
+static void describe_identity(const char *endpoint, const char *bucket,
+                              const char *prefix, char *out, size_t cap)
+{
+    snprintf(out, cap, "bucket '%s'%s%s%s at %s", bucket,
+             prefix[0] ? " (prefix '" : "", prefix, prefix[0] ? "')" : "",
+             endpoint);
+}
+
+static bool same_bucket(const struct stored_identity *stored,
+                        const struct cache_identity *mine)
+{
+    return strcmp(stored->endpoint, mine->endpoint) == 0 &&
+           strcmp(stored->bucket, mine->bucket) == 0;
+}
+
+bool cache_dir_is_for(const char *dir, const struct cache_identity *mine)
+{
+    struct stored_identity stored;
+    int err = identity_load(dir, &stored);
+    bool usable = err == ENOENT || (err == 0 && same_bucket(&stored, mine));
+
+    stored_identity_clear(&stored);
+    return usable;
+}
+
+int cache_dir_claim(const char *dir, const struct cache_identity *mine,
+                    uint64_t pending, char *errbuf, size_t errlen)
+{
+    struct stored_identity stored;
+    char theirs[1024], ours[1024];
+    int err = identity_load(dir, &stored);
+
+    describe_identity(mine->endpoint, mine->bucket, mine->prefix, ours,
+                      sizeof(ours));
+    if (err == 0)
+        describe_identity(stored.endpoint, stored.bucket, stored.prefix,
+                          theirs, sizeof(theirs));
+    else
+        snprintf(theirs, sizeof(theirs), "an owner its record %s/identity "
+                 "does not name (%s)", dir,
+                 err == EPROTO ? "it does not parse" : strerror(err));
+    if (err == ENOENT) {
+        /* new, or made by an older s3cachefs: its index already keys
+         * blocks by bucket name, and what its journal holds was written
+         * for the bucket mounted on it, as it always was */
+        err = identity_store(dir, mine);
+        goto stored;
+    }
+    if (err == 0 && same_bucket(&stored, mine) &&
+        strcmp(stored.prefix, mine->prefix) == 0)
+        goto out; /* ours */
+    if (pending > 0) {
+        snprintf(errbuf, errlen, "the cache directory %s holds %llu write%s "
+                 "not yet in %s, and this mount is of %s: mount that one on "
+                 "it until `s3cachefs pending` lists nothing, or give this mount "
+                 "another -o cache=", dir, (unsigned long long)pending,
+                 pending == 1 ? "" : "s", theirs, ours);
+        err = EEXIST;
+        goto out;
+    }
+    if (err != 0 || !same_bucket(&stored, mine)) {
+        char *data_dir = NULL;
+        if (asprintf(&data_dir, "%s/data", dir) < 0) {
+            err = ENOMEM;
+            goto stored;
+        }
+        log_info("cache: %s held the cache of %s; emptied for %s", dir,
+                 theirs, ours);
+        remove_index(dir);
+        remove_data_files(data_dir);
+        free(data_dir);
+    }
+    err = identity_store(dir, mine);
+stored:
+    if (err != 0)
+        snprintf(errbuf, errlen, "cannot record the identity of the cache "
+                 "directory %s: %s", dir, strerror(err));
+out:
+    stored_identity_clear(&stored);
     return err;
 }
 
@@ -474,7 +773,7 @@ int cache_open(const struct cache_conf *conf, int lock_fd, struct cache **out,
     if (other_boot) {
         log_warn("cache: %s was in use when the machine stopped; its index "
                  "may be damaged, starting it empty", cache->dir);
-        remove_index(cache);
+        remove_index(cache->dir);
         remove_data_files(cache->data_dir);
     }
     err = write_state(cache, boot_id, false);

@@ -5,19 +5,30 @@
  * One LMDB environment (db.c, opened durable: every commit is fsynced) in
  * which only the DB_JOURNAL table is used. Keys are the entry id as 8
  * big-endian bytes, so LMDB's byte order is id order. Values are a small
- * versioned record, every integer big-endian:
+ * versioned record, every integer big-endian, every string a u16 length
+ * and its bytes (no NUL):
  *
- *   u8  format (RECORD_FORMAT)
- *   u64 size
- *   u32 mode, u32 uid, u32 gid
- *   i64 mtime seconds, u32 mtime nanoseconds
- *   u16 key length (1..JOURNAL_KEY_MAX), key bytes (no NUL)
- *   u16 upload id length (0: none), upload id bytes (no NUL)
- *   u8  flags (format 2 only): FLAG_UNCLOSED
+ *   u8  format (RECORD_FORMAT, 3)
+ *   u8  kind: RECORD_KIND_UPLOAD or RECORD_KIND_MOVE
+ *   str destination, "ENDPOINT/BUCKET" (1..JOURNAL_DESTINATION_MAX)
+ *   an upload:
+ *     u64 size
+ *     u32 mode, u32 uid, u32 gid
+ *     i64 mtime seconds, u32 mtime nanoseconds
+ *     str key (1..JOURNAL_KEY_MAX)
+ *     str upload id (0: none)
+ *     u8  flags: FLAG_UNCLOSED
+ *   a move:
+ *     u8  flags: JOURNAL_MOVE_*
+ *     u64 the id of the promise it replaces (0: none)
+ *     str key or prefix moved, str where to (1..JOURNAL_KEY_MAX each)
+ *     str the source's ETag (0: none known)
  *
- * A record with no flag set is written in format 1 (no flags byte), so
- * that an older s3cachefs reads every complete entry; only unclosed
- * entries, which it could not act on, need format 2.
+ * Formats 1 and 2 (older versions) are uploads without a destination
+ * (format 1 without the flags byte); they are still read, and taken as
+ * the journal's own. An older s3cachefs skips (and keeps) a format 3
+ * record, as every record it cannot read: it never acts on one, so it can
+ * never upload an entry into another bucket than the one it names.
  *
  * A record that does not decode is logged and skipped by scans, never
  * deleted: it may be all that is left of what a user wrote.
@@ -36,6 +47,7 @@
 
 #include "journal.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -48,13 +60,21 @@
 #include "db.h"
 #include "log.h"
 
-#define RECORD_FORMAT 2
-#define RECORD_FORMAT_V1 1     /* without the flags byte */
+#define RECORD_FORMAT 3
+#define RECORD_FORMAT_V2 2     /* an upload, no destination */
+#define RECORD_FORMAT_V1 1     /* an upload, no destination, no flags */
+#define RECORD_KIND_UPLOAD 1
+#define RECORD_KIND_MOVE 2
 #define FLAG_UNCLOSED 0x01
+#define MOVE_FLAGS_KNOWN (JOURNAL_MOVE_PREFIX | JOURNAL_MOVE_COPY | \
+                          JOURNAL_MOVE_DROP_TARGET)
 #define JOURNAL_KEY_MAX 1024u
 #define JOURNAL_UPLOAD_ID_MAX 2048u
+#define JOURNAL_DESTINATION_MAX 2048u
+#define JOURNAL_ETAG_MAX 255u
 #define JOURNAL_MAP_SIZE (1ull << 30)
-#define RECORD_FIXED_LEN (1 + 8 + 4 + 4 + 4 + 8 + 4 + 2 + 2)
+#define RECORD_HEAD_LEN (1 + 1 + 2)     /* format, kind, destination length */
+#define UPLOAD_FIXED_LEN (8 + 4 + 4 + 4 + 8 + 4 + 2 + 2 + 1)
 #define SCAN_BATCH 256
 #define RESUME_KEY_MAX 512      /* LMDB's longest key is 511 bytes */
 
@@ -78,6 +98,7 @@ struct journal_op {
 struct journal {
     struct db *db;
     char *path;
+    char *destination;            /* the bucket its entries are for */
     _Atomic uint64_t next_id;
 
     pthread_mutex_t lock;
@@ -111,39 +132,86 @@ static void id_key(uint64_t id, unsigned char key[8])
     put_be(key, id, 8);
 }
 
+/* The strings of an entry, measured. */
+struct record_strings {
+    size_t key, upload_id, destination, move_to, move_etag;
+};
+
+static size_t length_of(const char *text)
+{
+    return text != NULL ? strlen(text) : 0;
+}
+
+/* Whether ENTRY may be recorded; its string lengths in *LEN. */
+static bool record_valid(const struct journal_entry *entry,
+                         struct record_strings *len)
+{
+    len->key = length_of(entry->key);
+    len->upload_id = length_of(entry->upload_id);
+    len->destination = length_of(entry->destination);
+    len->move_to = length_of(entry->move_to);
+    len->move_etag = length_of(entry->move_etag);
+    if (len->key == 0 || len->key > JOURNAL_KEY_MAX ||
+        len->destination == 0 || len->destination > JOURNAL_DESTINATION_MAX)
+        return false;
+    if (entry->kind == JOURNAL_MOVE)
+        return len->move_to > 0 && len->move_to <= JOURNAL_KEY_MAX &&
+               len->move_etag <= JOURNAL_ETAG_MAX &&
+               (entry->move_flags & ~MOVE_FLAGS_KNOWN) == 0;
+    return entry->kind == JOURNAL_UPLOAD &&
+           len->upload_id <= JOURNAL_UPLOAD_ID_MAX &&
+           entry->mtime.tv_nsec >= 0 && entry->mtime.tv_nsec < 1000000000L;
+}
+
+/* Store a u16 length and LEN bytes of TEXT at P; returns the end. */
+static unsigned char *put_text(unsigned char *p, const char *text, size_t len)
+{
+    put_be(p, len, 2);
+    if (len > 0)
+        memcpy(p + 2, text, len);
+    return p + 2 + len;
+}
+
 /* Encode ENTRY into a malloc'd record. EINVAL for an unacceptable entry. */
 static int record_encode(const struct journal_entry *entry,
                          unsigned char **out, size_t *out_len)
 {
-    size_t key_len = entry->key != NULL ? strlen(entry->key) : 0;
-    size_t upload_id_len = entry->upload_id != NULL ? strlen(entry->upload_id) : 0;
+    struct record_strings len;
     unsigned char *record, *p;
 
     *out = NULL;
-    if (key_len == 0 || key_len > JOURNAL_KEY_MAX ||
-        upload_id_len > JOURNAL_UPLOAD_ID_MAX || entry->mtime.tv_nsec < 0 ||
-        entry->mtime.tv_nsec >= 1000000000L)
+    if (!record_valid(entry, &len))
         return EINVAL;
-    bool flags = entry->unclosed;
-    *out_len = RECORD_FIXED_LEN + key_len + upload_id_len + (flags ? 1 : 0);
+    *out_len = RECORD_HEAD_LEN + len.destination;
+    if (entry->kind == JOURNAL_MOVE)
+        *out_len += 1 + 8 + 2 + len.key + 2 + len.move_to + 2 + len.move_etag;
+    else
+        *out_len += UPLOAD_FIXED_LEN + len.key + len.upload_id;
     record = malloc(*out_len);
     if (record == NULL)
         return ENOMEM;
     p = record;
-    *p++ = flags ? RECORD_FORMAT : RECORD_FORMAT_V1;
-    put_be(p, entry->size, 8), p += 8;
-    put_be(p, entry->mode, 4), p += 4;
-    put_be(p, entry->uid, 4), p += 4;
-    put_be(p, entry->gid, 4), p += 4;
-    put_be(p, (uint64_t)(int64_t)entry->mtime.tv_sec, 8), p += 8;
-    put_be(p, (uint64_t)entry->mtime.tv_nsec, 4), p += 4;
-    put_be(p, key_len, 2), p += 2;
-    memcpy(p, entry->key, key_len), p += key_len;
-    put_be(p, upload_id_len, 2), p += 2;
-    if (upload_id_len > 0)
-        memcpy(p, entry->upload_id, upload_id_len), p += upload_id_len;
-    if (flags)
-        *p = FLAG_UNCLOSED;
+    *p++ = RECORD_FORMAT;
+    *p++ = entry->kind == JOURNAL_MOVE ? RECORD_KIND_MOVE : RECORD_KIND_UPLOAD;
+    p = put_text(p, entry->destination, len.destination);
+    if (entry->kind == JOURNAL_MOVE) {
+        *p++ = (unsigned char)entry->move_flags;
+        put_be(p, entry->move_replaces, 8), p += 8;
+        p = put_text(p, entry->key, len.key);
+        p = put_text(p, entry->move_to, len.move_to);
+        p = put_text(p, entry->move_etag, len.move_etag);
+    } else {
+        put_be(p, entry->size, 8), p += 8;
+        put_be(p, entry->mode, 4), p += 4;
+        put_be(p, entry->uid, 4), p += 4;
+        put_be(p, entry->gid, 4), p += 4;
+        put_be(p, (uint64_t)(int64_t)entry->mtime.tv_sec, 8), p += 8;
+        put_be(p, (uint64_t)entry->mtime.tv_nsec, 4), p += 4;
+        p = put_text(p, entry->key, len.key);
+        p = put_text(p, entry->upload_id, len.upload_id);
+        *p++ = entry->unclosed ? FLAG_UNCLOSED : 0;
+    }
+    assert((size_t)(p - record) == *out_len);
     *out = record;
     return 0;
 }
@@ -154,82 +222,155 @@ struct decoded {
     char *strings;
 };
 
-/* Decode a record (key KEY) into *out; EPROTO with a reason when it is
- * malformed, ENOMEM. */
+/* A record being read: what is left of it, and why it stopped. */
+struct reader {
+    const unsigned char *p, *end;
+    const char *why;
+};
+
+/* The next N bytes as a big-endian number (0 and a reason past the end). */
+static uint64_t read_number(struct reader *r, unsigned n)
+{
+    if (r->why != NULL || (size_t)(r->end - r->p) < n) {
+        r->why = r->why ? r->why : "record too short";
+        return 0;
+    }
+    uint64_t value = get_be(r->p, n);
+    r->p += n;
+    return value;
+}
+
+/* A u16-length string of MIN..MAX bytes, no NUL in it: its bytes in
+ * *TEXT, its length returned. */
+static size_t read_text(struct reader *r, size_t min, size_t max,
+                        const char *what, const unsigned char **text)
+{
+    size_t len = (size_t)read_number(r, 2);
+
+    *text = r->p;
+    if (r->why != NULL)
+        return 0;
+    if (len < min || len > max || (size_t)(r->end - r->p) < len) {
+        r->why = what;
+        return 0;
+    }
+    if (memchr(r->p, '\0', len) != NULL) {
+        r->why = "NUL byte in a string";
+        return 0;
+    }
+    r->p += len;
+    return len;
+}
+
+/* Copy the strings found (FOUND[i], LENS[i] bytes, NULL: absent) into one
+ * block, NUL-terminated, and point the entry's fields (*FIELDS[i]) at
+ * them. 0 or ENOMEM. */
+static int copy_strings(struct decoded *out, const unsigned char *found[],
+                        const size_t lens[], const char **fields[],
+                        size_t count)
+{
+    size_t total = 0;
+
+    for (size_t i = 0; i < count; i++)
+        total += found[i] != NULL ? lens[i] + 1 : 0;
+    out->strings = malloc(total > 0 ? total : 1);
+    if (out->strings == NULL)
+        return ENOMEM;
+    char *at = out->strings;
+    for (size_t i = 0; i < count; i++) {
+        if (found[i] == NULL)
+            continue;
+        memcpy(at, found[i], lens[i]);
+        at[lens[i]] = '\0';
+        *fields[i] = at;
+        at += lens[i] + 1;
+    }
+    return 0;
+}
+
+/*
+ * Decode a record (key KEY) into *out; EPROTO with a reason when it is
+ * malformed, ENOMEM. Formats 1 and 2 are uploads that name no
+ * destination (older s3cachefs); format 3 is uploads and moves.
+ */
 static int record_decode(const unsigned char *key, size_t key_len,
                          const unsigned char *value, size_t len,
                          struct decoded *out, const char **why)
 {
-    const unsigned char *p = value, *end = value + len;
-    size_t name_len, upload_id_len;
+    struct reader r = {value, value + len, NULL};
     struct journal_entry *entry = &out->entry;
+    const unsigned char *found[5] = {NULL};
+    size_t lens[5] = {0};
+    const char **fields[5] = {&entry->key, &entry->upload_id,
+                              &entry->destination, &entry->move_to,
+                              &entry->move_etag};
+    enum { KEY, UPLOAD_ID, DESTINATION, MOVE_TO, MOVE_ETAG };
 
     memset(out, 0, sizeof(*out));
     *why = NULL;
+    unsigned format = len >= 1 ? value[0] : 0;
     if (key_len != 8)
         *why = "its key is not an id";
-    else if (len < 1 || (value[0] != RECORD_FORMAT &&
-                         value[0] != RECORD_FORMAT_V1))
+    else if (format != RECORD_FORMAT && format != RECORD_FORMAT_V2 &&
+             format != RECORD_FORMAT_V1)
         *why = "unknown record format";
-    else if (len < RECORD_FIXED_LEN)
-        *why = "record too short";
     if (*why != NULL)
         return EPROTO;
     entry->id = get_be(key, 8);
-    p++;
-    entry->size = get_be(p, 8), p += 8;
-    entry->mode = (uint32_t)get_be(p, 4), p += 4;
-    entry->uid = (uint32_t)get_be(p, 4), p += 4;
-    entry->gid = (uint32_t)get_be(p, 4), p += 4;
-    entry->mtime.tv_sec = (time_t)(int64_t)get_be(p, 8), p += 8;
-    entry->mtime.tv_nsec = (long)get_be(p, 4), p += 4;
-    name_len = (size_t)get_be(p, 2), p += 2;
-    if (entry->mtime.tv_nsec >= 1000000000L) {
-        *why = "bad mtime";
-        return EPROTO;
+    r.p++;
+    if (format == RECORD_FORMAT) {
+        unsigned kind = (unsigned)read_number(&r, 1);
+        if (r.why == NULL && kind != RECORD_KIND_UPLOAD && kind != RECORD_KIND_MOVE)
+            r.why = "unknown kind of entry";
+        entry->kind = kind == RECORD_KIND_MOVE ? JOURNAL_MOVE : JOURNAL_UPLOAD;
+        lens[DESTINATION] = read_text(&r, 1, JOURNAL_DESTINATION_MAX,
+                                      "bad destination length",
+                                      &found[DESTINATION]);
     }
-    if (name_len == 0 || name_len > JOURNAL_KEY_MAX ||
-        (size_t)(end - p) < name_len + 2) {
-        *why = "bad key length";
-        return EPROTO;
-    }
-    const unsigned char *name = p;
-    p += name_len;
-    upload_id_len = (size_t)get_be(p, 2), p += 2;
-    size_t flags_len = value[0] == RECORD_FORMAT_V1 ? 0 : 1;
-    if (upload_id_len > JOURNAL_UPLOAD_ID_MAX ||
-        (size_t)(end - p) != upload_id_len + flags_len) {
-        *why = "bad upload id length";
-        return EPROTO;
-    }
-    if (memchr(name, '\0', name_len) != NULL ||
-        memchr(p, '\0', upload_id_len) != NULL) {
-        *why = "NUL byte in a string";
-        return EPROTO;
-    }
-    out->strings = malloc(name_len + 1 + upload_id_len + 1);
-    if (out->strings == NULL)
-        return ENOMEM;
-    memcpy(out->strings, name, name_len);
-    out->strings[name_len] = '\0';
-    entry->key = out->strings;
-    if (upload_id_len > 0) {
-        char *upload_id = out->strings + name_len + 1;
-        memcpy(upload_id, p, upload_id_len);
-        upload_id[upload_id_len] = '\0';
-        entry->upload_id = upload_id;
-    }
-    if (flags_len > 0) {
-        unsigned flags = p[upload_id_len];
-        if ((flags & ~FLAG_UNCLOSED) != 0) {
-            free(out->strings);
-            out->strings = NULL;
-            *why = "unknown flags";
-            return EPROTO;
+    if (entry->kind == JOURNAL_MOVE) {
+        entry->move_flags = (unsigned)read_number(&r, 1);
+        if (r.why == NULL && (entry->move_flags & ~MOVE_FLAGS_KNOWN) != 0)
+            r.why = "unknown flags";
+        entry->move_replaces = read_number(&r, 8);
+        lens[KEY] = read_text(&r, 1, JOURNAL_KEY_MAX, "bad key length",
+                              &found[KEY]);
+        lens[MOVE_TO] = read_text(&r, 1, JOURNAL_KEY_MAX, "bad target length",
+                                  &found[MOVE_TO]);
+        lens[MOVE_ETAG] = read_text(&r, 0, JOURNAL_ETAG_MAX, "bad ETag length",
+                                    &found[MOVE_ETAG]);
+    } else {
+        entry->size = read_number(&r, 8);
+        entry->mode = (uint32_t)read_number(&r, 4);
+        entry->uid = (uint32_t)read_number(&r, 4);
+        entry->gid = (uint32_t)read_number(&r, 4);
+        entry->mtime.tv_sec = (time_t)(int64_t)read_number(&r, 8);
+        entry->mtime.tv_nsec = (long)read_number(&r, 4);
+        if (r.why == NULL && entry->mtime.tv_nsec >= 1000000000L)
+            r.why = "bad mtime";
+        lens[KEY] = read_text(&r, 1, JOURNAL_KEY_MAX, "bad key length",
+                              &found[KEY]);
+        lens[UPLOAD_ID] = read_text(&r, 0, JOURNAL_UPLOAD_ID_MAX,
+                                    "bad upload id length", &found[UPLOAD_ID]);
+        if (lens[UPLOAD_ID] == 0)
+            found[UPLOAD_ID] = NULL;
+        if (format != RECORD_FORMAT_V1) {
+            unsigned flags = (unsigned)read_number(&r, 1);
+            if (r.why == NULL && (flags & ~FLAG_UNCLOSED) != 0)
+                r.why = "unknown flags";
+            entry->unclosed = (flags & FLAG_UNCLOSED) != 0;
         }
-        entry->unclosed = (flags & FLAG_UNCLOSED) != 0;
     }
-    return 0;
+    if (r.why == NULL && r.p != r.end)
+        r.why = "bytes after the record";
+    if (r.why != NULL) {
+        memset(out, 0, sizeof(*out));
+        *why = r.why;
+        return EPROTO;
+    }
+    int err = copy_strings(out, found, lens, fields, 5);
+    if (err != 0)
+        memset(out, 0, sizeof(*out));
+    return err;
 }
 
 int journal_record_encode(const struct journal_entry *entry,
@@ -267,8 +408,8 @@ static int find_max_id(void *arg, const void *key, size_t key_len,
     return 0;
 }
 
-int journal_open(const char *path, struct journal **out, char *errbuf,
-                 size_t errlen)
+int journal_open(const char *path, const char *destination,
+                 struct journal **out, char *errbuf, size_t errlen)
 {
     struct journal *journal = calloc(1, sizeof(*journal));
     struct db_txn *txn = NULL;
@@ -286,7 +427,8 @@ int journal_open(const char *path, struct journal **out, char *errbuf,
     pthread_cond_init(&journal->op_done, NULL);
     pthread_cond_init(&journal->changed, NULL);
     journal->path = strdup(path);
-    if (journal->path == NULL) {
+    journal->destination = strdup(destination);
+    if (journal->path == NULL || journal->destination == NULL) {
         err = ENOMEM;
         snprintf(errbuf, errlen, "cannot open the upload journal in %s: %s",
                  path, strerror(err));
@@ -336,8 +478,50 @@ void journal_close(struct journal **journalp)
     pthread_cond_destroy(&journal->changed);
     pthread_mutex_destroy(&journal->lock);
     free(journal->path);
+    free(journal->destination);
     free(journal);
     *journalp = NULL;
+}
+
+int journal_peek(const char *path, uint64_t *count, char *errbuf,
+                 size_t errlen)
+{
+    struct db *db = NULL;
+    struct db_txn *txn = NULL;
+    char db_error[512] = "", *data = NULL;
+    struct stat st;
+    int err = 0;
+
+    *count = 0;
+    if (asprintf(&data, "%s/data.mdb", path) < 0)
+        return ENOMEM;
+    bool exists = stat(data, &st) == 0;
+    if (!exists && errno != ENOENT)
+        err = errno;
+    free(data);
+    if (!exists) {
+        if (err != 0)
+            snprintf(errbuf, errlen, "cannot read the upload journal in %s: "
+                     "%s", path, strerror(err));
+        return err;
+    }
+    err = db_open(path, JOURNAL_MAP_SIZE, true, &db, db_error, sizeof(db_error));
+    if (err == 0)
+        err = db_txn_begin(db, false, &txn);
+    if (err == 0)
+        err = db_count(txn, DB_JOURNAL, count);
+    if (txn != NULL)
+        db_txn_commit(&txn);
+    db_close(&db);
+    if (err != 0)
+        snprintf(errbuf, errlen, "cannot read the upload journal in %s: %s",
+                 path, db_error[0] ? db_error : strerror(err));
+    return err;
+}
+
+const char *journal_destination(const struct journal *journal)
+{
+    return journal->destination;
 }
 
 uint64_t journal_next_id(struct journal *journal)
@@ -482,8 +666,11 @@ int journal_update(struct journal *journal, const struct journal_entry *puts,
     int err = changes == NULL ? ENOMEM : 0;
 
     for (size_t i = 0; err == 0 && i < put_count; i++) {
+        struct journal_entry stamped = puts[i];
+        if (stamped.destination == NULL)
+            stamped.destination = journal->destination;
         changes[count].id = puts[i].id;
-        err = record_encode(&puts[i], &changes[count].value,
+        err = record_encode(&stamped, &changes[count].value,
                             &changes[count].value_len);
         if (err == 0)
             count++;
@@ -524,6 +711,8 @@ struct scan_batch {
     unsigned char resume_key[RESUME_KEY_MAX]; /* the next batch's first key */
     size_t resume_len;
     const char *path;
+    const char *destination;    /* the journal's */
+    uint64_t elsewhere;         /* entries for another bucket, skipped */
     int err;
 };
 
@@ -551,6 +740,13 @@ static int collect(void *arg, const void *key, size_t key_len,
     }
     if (err != 0)
         return err;
+    const char *for_bucket = batch->entries[batch->count].entry.destination;
+    if (for_bucket != NULL && strcmp(for_bucket, batch->destination) != 0) {
+        /* kept for a mount of the bucket it names, never acted on here */
+        free(batch->entries[batch->count].strings);
+        batch->elsewhere++;
+        return 0;
+    }
     batch->count++;
     return 0;
 }
@@ -563,6 +759,7 @@ int journal_scan(struct journal *journal, journal_visit_fn visit, void *arg)
     if (batch == NULL)
         return ENOMEM;
     batch->path = journal->path;
+    batch->destination = journal->destination;
     /* Entries are copied out in batches so that VISIT (which may upload)
      * never runs inside a transaction. */
     for (;;) {
@@ -587,6 +784,11 @@ int journal_scan(struct journal *journal, journal_visit_fn visit, void *arg)
         if (err != 0 || !batch->full)
             break;
     }
+    if (batch->elsewhere > 0)
+        log_error("upload journal %s: %llu entr%s for another bucket than %s "
+                  "left as they are", journal->path,
+                  (unsigned long long)batch->elsewhere,
+                  batch->elsewhere == 1 ? "y" : "ies", journal->destination);
     free(batch);
     return err;
 }

@@ -29,6 +29,7 @@
 #include "cache.h"
 #include "cmd_mount.h"
 #include "crash.h"
+#include "endpoint.h"
 #include "credentials.h"
 #include "shared_cache.h"
 #include "shared_cache_cmd.h"
@@ -41,6 +42,7 @@
 #include "metrics_text.h"
 #include "options.h"
 #include "s3.h"
+#include "staging.h"
 #include "stats_cmd.h"
 #include "sync_cmd.h"
 #include "warm_cmd.h"
@@ -118,6 +120,65 @@ static uint64_t cache_size_limit(const struct options *opts)
     if (statvfs(opts->cache_dir, &st) != 0)
         return 10ull << 30;
     return (uint64_t)((double)st.f_blocks * (double)st.f_frsize * 0.8);
+}
+
+/*
+ * -o cache= when it was not given: one directory per endpoint and bucket
+ * (options_default_cache_dir()), or the one per bucket of older versions
+ * while it exists and no other endpoint's cache is recorded in it (so an
+ * upgrade keeps its cache and, above all, its journal).
+ */
+static int choose_cache_dir(struct options *opts, const struct cache_identity *mine)
+{
+    char *dir = NULL, *legacy = NULL;
+    struct stat st;
+    int err = options_default_cache_dir(opts->bucket, mine->endpoint, &dir,
+                                        &legacy);
+
+    if (err != 0) {
+        fprintf(stderr, "s3cachefs: %s\n", err == ENOENT
+                ? "no cache directory: set -o cache=DIR (HOME is not an "
+                  "absolute path)" : strerror(err));
+        return err;
+    }
+    if (stat(dir, &st) != 0 && stat(legacy, &st) == 0 && S_ISDIR(st.st_mode) &&
+        cache_dir_is_for(legacy, mine)) {
+        free(dir);
+        dir = legacy;
+        legacy = NULL;
+    }
+    opts->cache_dir = dir;
+    free(legacy);
+    return 0;
+}
+
+/*
+ * Bind the locked cache directory to this mount's identity
+ * (cache_dir_claim()), counting what its journal and staging files still
+ * owe a bucket. Before daemonizing: a refusal is one sentence on stderr.
+ */
+static int claim_cache_dir(const char *cache_dir, const struct cache_identity *mine)
+{
+    char errbuf[1024] = "", *journal_dir = NULL;
+    uint64_t entries = 0, marks = 0;
+    struct staging_dir *staging = NULL;
+    int err = 0;
+
+    if (asprintf(&journal_dir, "%s/journal", cache_dir) < 0)
+        return ENOMEM;
+    err = journal_peek(journal_dir, &entries, errbuf, sizeof(errbuf));
+    free(journal_dir);
+    if (err == 0)
+        err = staging_dir_open(cache_dir, &staging);
+    if (err == 0)
+        err = staging_count_marks(staging, &marks);
+    staging_dir_close(&staging);
+    if (err == 0)
+        err = cache_dir_claim(cache_dir, mine, entries + marks, errbuf,
+                              sizeof(errbuf));
+    if (err != 0)
+        fprintf(stderr, "s3cachefs: %s\n", errbuf[0] ? errbuf : strerror(err));
+    return err;
 }
 
 /* Where the keys came from, for messages ("none (no_sign)" without). */
@@ -289,6 +350,7 @@ int main(int argc, char **argv)
     bool mounted = false, handlers = false;
     char errbuf[512];
     char *ca_bundle = NULL;
+    char *endpoint_id = NULL, *destination = NULL; /* whose the cache is */
     struct cache *cache = NULL;
     struct journal *journal = NULL;
     struct metrics_http *metrics = NULL;
@@ -390,6 +452,19 @@ int main(int argc, char **argv)
     if (check_mountpoint(&opts.mountpoint) != 0 ||
         resolve_ca_bundle(&ca_bundle) != 0)
         goto out;
+    /* whose the cache is, and so whose its journal's entries are */
+    if (endpoint_identity(aws.endpoint, aws.region, &endpoint_id, errbuf,
+                          sizeof(errbuf)) != 0 ||
+        asprintf(&destination, "%s/%s", endpoint_id, opts.bucket) < 0) {
+        destination = NULL;
+        fprintf(stderr, "s3cachefs: %s\n", errbuf[0] ? errbuf : strerror(ENOMEM));
+        goto out;
+    }
+    struct cache_identity identity = {
+        .endpoint = endpoint_id, .bucket = opts.bucket, .prefix = opts.prefix,
+    };
+    if (opts.cache_dir == NULL && choose_cache_dir(&opts, &identity) != 0)
+        goto out;
     /* the keys: static, or from a source that refreshes them
      * (credsource.h); the first fetch happens here, so that a source that
      * fails fails the mount */
@@ -448,6 +523,8 @@ int main(int argc, char **argv)
     }
     free(opts.cache_dir);
     opts.cache_dir = cache_dir;
+    if (claim_cache_dir(cache_dir, &identity) != 0)
+        goto out;
     unmount_report_clear(cache_dir); /* an earlier run's (the lock is ours) */
     /* bound now, so that a port in use fails the mount; served once the
      * daemon has forked */
@@ -525,7 +602,8 @@ int main(int argc, char **argv)
             log_error("cannot start: %s", strerror(ENOMEM));
             goto out;
         }
-        int opened = journal_open(journal_dir, &journal, errbuf, sizeof(errbuf));
+        int opened = journal_open(journal_dir, destination, &journal, errbuf,
+                                  sizeof(errbuf));
         free(journal_dir);
         if (opened != 0) {
             log_error("cannot start: %s", errbuf);
@@ -665,6 +743,8 @@ out:
     credentials_destroy(&creds);
     awsconfig_clear(&aws);
     free(ca_bundle);
+    free(endpoint_id);
+    free(destination);
     options_free(&opts);
     curl_global_cleanup();
     return status;

@@ -407,26 +407,42 @@ static void free_dirs(char ***dirs, size_t *count)
     *count = 0;
 }
 
-/* /var/cache/s3cachefs/BUCKET for root, else
- * ${XDG_CACHE_HOME:-$HOME/.cache}/s3cachefs/BUCKET. */
-static int default_cache_dir(const char *bucket, char **out)
+int options_default_cache_dir(const char *bucket, const char *endpoint,
+                              char **out, char **legacy)
 {
     const char *xdg = getenv("XDG_CACHE_HOME");
     const char *home = getenv("HOME");
+    const char *scheme_end = strstr(endpoint, "://");
+    const char *host = scheme_end != NULL ? scheme_end + 3 : endpoint;
+    char *base = NULL;
     int n;
 
+    *out = *legacy = NULL;
     if (geteuid() == 0)
-        n = asprintf(out, "/var/cache/s3cachefs/%s", bucket);
+        n = asprintf(&base, "/var/cache/s3cachefs");
     else if (xdg != NULL && xdg[0] == '/')
-        n = asprintf(out, "%s/s3cachefs/%s", xdg, bucket);
+        n = asprintf(&base, "%s/s3cachefs", xdg);
     else if (home != NULL && home[0] == '/')
-        n = asprintf(out, "%s/.cache/s3cachefs/%s", home, bucket);
+        n = asprintf(&base, "%s/.cache/s3cachefs", home);
     else
         return ENOENT;
-    if (n < 0) {
+    if (n < 0)
+        return ENOMEM;
+    /* (a bucket name has no '@' and no '/', a host no '/': the names of
+     * two endpoints or buckets never meet, nor those of older versions) */
+    if (asprintf(out, "%s/%s@%s", base, bucket, host) < 0) {
         *out = NULL;
+        free(base);
         return ENOMEM;
     }
+    if (asprintf(legacy, "%s/%s", base, bucket) < 0) {
+        *legacy = NULL;
+        free(*out);
+        *out = NULL;
+        free(base);
+        return ENOMEM;
+    }
+    free(base);
     return 0;
 }
 
@@ -610,13 +626,6 @@ int options_parse(int argc, char **argv, struct options *out, char *errbuf,
         err = EINVAL;
         goto out;
     }
-    if (out->cache_dir == NULL) {
-        err = default_cache_dir(out->bucket, &out->cache_dir);
-        if (err != 0) {
-            set_error(&state, "%s", "no cache directory: set -o cache=DIR (HOME is not an absolute path)");
-            goto out;
-        }
-    }
     err = normalize_prefix(&out->prefix);
     if (err == EINVAL)
         set_error(&state, "invalid prefix '%s': it has an empty, '.' or '..' component", out->prefix);
@@ -738,9 +747,10 @@ void options_print_help(FILE *fp, const char *progname)
 "                         background (journaled; fsync and unmount wait)\n"
 "\n"
 "Block cache (data read once stays on local disk, across remounts):\n"
-"  -o cache=DIR           cache directory (default /var/cache/s3cachefs/BUCKET\n"
-"                         for root, else $XDG_CACHE_HOME/s3cachefs/BUCKET\n"
-"                         or ~/.cache/s3cachefs/BUCKET)\n"
+"  -o cache=DIR           cache directory (default /var/cache/s3cachefs/BUCKET@HOST\n"
+"                         for root, else $XDG_CACHE_HOME/s3cachefs/BUCKET@HOST\n"
+"                         or ~/.cache/s3cachefs/BUCKET@HOST; HOST is the\n"
+"                         endpoint's host[:port])\n"
 "  -o cache_size=SIZE     largest size of the cache (default 80%% of its\n"
 "                         filesystem)\n"
 "  -o cache_min_free=SIZE|PCT  free space to leave on that filesystem\n"

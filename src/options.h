@@ -49,7 +49,8 @@ struct options {
     bool allow_other;
 
     /* the block cache */
-    char *cache_dir;          /* -o cache=DIR (default: see options_parse) */
+    char *cache_dir;          /* -o cache=DIR (NULL: not given, see
+                                 options_default_cache_dir()) */
     uint64_t cache_size;      /* bytes; 0: 80% of the cache filesystem */
     uint64_t cache_min_free;  /* bytes to keep free on it ... */
     double cache_min_free_ratio; /* ... or this fraction of it */
@@ -98,6 +99,19 @@ int options_parse(int argc, char **argv, struct options *out, char *errbuf,
 
 /* Free what options_parse() allocated; safe twice. */
 void options_free(struct options *opts);
+
+/*
+ * The default cache directory of BUCKET at ENDPOINT (endpoint_identity(),
+ * "scheme://host[:port]") into *OUT: BASE/BUCKET@HOST[:PORT], one per
+ * endpoint and bucket, BASE being /var/cache/s3cachefs for root, else
+ * $XDG_CACHE_HOME/s3cachefs or ~/.cache/s3cachefs. *LEGACY: the one
+ * versions that did not record a cache's endpoint used, BASE/BUCKET
+ * (cache_dir_is_for() says whether it may be used). Both malloc'd.
+ * Returns 0, ENOENT (neither root nor an absolute HOME or
+ * XDG_CACHE_HOME), ENOMEM.
+ */
+int options_default_cache_dir(const char *bucket, const char *endpoint,
+                              char **out, char **legacy);
 
 /* Print the option summary for --help to FP. */
 void options_print_help(FILE *fp, const char *progname);

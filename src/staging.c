@@ -303,3 +303,20 @@ int staging_scan_marks(struct staging_dir *dir,
     closedir(stream);
     return err;
 }
+
+static int count_mark(void *arg, uint64_t id, const void *record, size_t len)
+{
+    uint64_t *count = arg;
+
+    (void)id;
+    (void)record;
+    (void)len;
+    (*count)++;
+    return 0;
+}
+
+int staging_count_marks(struct staging_dir *dir, uint64_t *count)
+{
+    *count = 0;
+    return staging_scan_marks(dir, count_mark, count);
+}

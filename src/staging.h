@@ -82,4 +82,8 @@ int staging_scan_marks(struct staging_dir *dir,
                                     size_t len),
                        void *arg);
 
+/* How many promises are kept beside their staging files (see
+ * staging_mark()) into *COUNT. 0 or an errno. */
+int staging_count_marks(struct staging_dir *dir, uint64_t *count);
+
 #endif /* S3CFS_STAGING_H */

@@ -350,6 +350,7 @@ void writer_promise_at_drain(struct writer *writer, struct writer_file *file)
     int err = writer_promise(writer, file, &v, NULL);
     if (err != 0 && key != NULL) {
         writer_entry_of(v.staging->id, key, v.size, &v.meta, NULL, false, &entry);
+        entry.destination = journal_destination(writer->conf.journal);
         err = journal_record_encode(&entry, &record, &len);
         if (err == 0)
             err = staging_sync(writer->staging, v.staging->fd, key);

@@ -39,6 +39,8 @@ struct recovery {
     size_t id_count;
     unsigned queued;
     unsigned markers;            /* directory markers owed again */
+    uint64_t *foreign;           /* ids of promises kept for another bucket */
+    size_t foreign_count;
 };
 
 static int collect_entry(void *arg, const struct journal_entry *entry)
@@ -170,6 +172,9 @@ static int sweep_staging(void *arg, uint64_t id)
         bsearch(&id, recovery->ids, recovery->id_count, sizeof(uint64_t),
                 compare_ids) != NULL)
         return 0;
+    for (size_t i = 0; i < recovery->foreign_count; i++)
+        if (recovery->foreign[i] == id)
+            return 0; /* another bucket's promise names it */
     /* a record this version cannot read may name promised data; an
      * unclosed entry whose abort failed keeps its data until a later
      * mount removes both */
@@ -201,6 +206,20 @@ static int collect_mark(void *arg, uint64_t id, const void *record, size_t len)
         log_error("a promise kept in %s (%016" PRIx64 ") does not decode (%s); "
                   "it is left there", staging_dir_path(writer->staging), id,
                   why != NULL ? why : strerror(err));
+        return 0;
+    }
+    const char *ours = journal_destination(writer->conf.journal);
+    if (entry.destination != NULL && strcmp(entry.destination, ours) != 0) {
+        log_error("a promise kept in %s (%016" PRIx64 ") is for %s, not %s; "
+                  "it is left there", staging_dir_path(writer->staging), id,
+                  entry.destination, ours);
+        free(strings);
+        uint64_t *grown = realloc(recovery->foreign, (recovery->foreign_count + 1) *
+                                                         sizeof(*grown));
+        if (grown == NULL)
+            return ENOMEM;
+        recovery->foreign = grown;
+        recovery->foreign[recovery->foreign_count++] = id;
         return 0;
     }
     err = journal_put(writer->conf.journal, &entry);
@@ -288,5 +307,6 @@ int writer_recover(struct writer *writer, writer_adopt_fn adopt, void *arg)
     }
     free(recovery.entries);
     free(recovery.ids);
+    free(recovery.foreign);
     return err;
 }

@@ -74,16 +74,55 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
           (strlen(entry.upload_id) >= 1 && strlen(entry.upload_id) <= 2048));
     CHECK(entry.mtime.tv_nsec >= 0 && entry.mtime.tv_nsec < 1000000000L);
 
-    rc = journal_record_encode(&entry, &record, &record_len);
-    CHECK(rc == 0 || rc == ENOMEM);
-    if (rc == 0) {
-        if (value[0] == 2 && !entry.unclosed) {
-            CHECK(record_len == len - 1);
-            CHECK(record[0] == 1);
-            CHECK(memcmp(record + 1, value + 1, len - 2) == 0);
-        } else {
+    CHECK(entry.kind == JOURNAL_UPLOAD || entry.kind == JOURNAL_MOVE);
+    CHECK(entry.destination == NULL || (strlen(entry.destination) >= 1 &&
+                                        strlen(entry.destination) <= 2048));
+    if (entry.kind == JOURNAL_MOVE) {
+        CHECK(value[0] == 3);
+        CHECK(entry.move_to != NULL && strlen(entry.move_to) >= 1 &&
+              strlen(entry.move_to) <= 1024);
+        CHECK(entry.move_etag != NULL && strlen(entry.move_etag) <= 255);
+    } else {
+        CHECK(entry.move_to == NULL && entry.move_etag == NULL);
+    }
+
+    if (value[0] == 3) {
+        /* the current format: encoding gives back the very bytes */
+        CHECK(entry.destination != NULL);
+        rc = journal_record_encode(&entry, &record, &record_len);
+        CHECK(rc == 0 || rc == ENOMEM);
+        if (rc == 0) {
             CHECK(record_len == len);
             CHECK(memcmp(record, value, len) == 0);
+        }
+    } else {
+        /* an older format (no destination): it goes into the current one
+         * with the journal's, and comes back the same */
+        struct journal_entry again;
+        char *again_strings = NULL;
+        const char *again_why = NULL;
+        CHECK(entry.destination == NULL);
+        entry.destination = "http://127.0.0.1:1/b";
+        rc = journal_record_encode(&entry, &record, &record_len);
+        CHECK(rc == 0 || rc == ENOMEM);
+        if (rc == 0) {
+            CHECK(record[0] == 3);
+            rc = journal_record_decode(key, key_len, record, record_len, &again,
+                                       &again_strings, &again_why);
+            CHECK(rc == 0 || rc == ENOMEM);
+            if (rc == 0) {
+                CHECK(strcmp(again.key, entry.key) == 0);
+                CHECK((again.upload_id == NULL) == (entry.upload_id == NULL));
+                CHECK(again.upload_id == NULL ||
+                      strcmp(again.upload_id, entry.upload_id) == 0);
+                CHECK(again.size == entry.size && again.mode == entry.mode &&
+                      again.uid == entry.uid && again.gid == entry.gid &&
+                      again.unclosed == entry.unclosed);
+                CHECK(again.mtime.tv_sec == entry.mtime.tv_sec &&
+                      again.mtime.tv_nsec == entry.mtime.tv_nsec);
+                CHECK(strcmp(again.destination, entry.destination) == 0);
+            }
+            free(again_strings);
         }
     }
     free(record);

@@ -8,7 +8,9 @@ what it held of another endpoint or bucket is never served, and no
 recovery ever uploads into another bucket than the one a file was closed
 on. Checked with boto3 against the bucket.
 """
+import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -55,36 +57,40 @@ def mount_refused(server, home, mountpoint, bucket, cache, endpoint=None,
 
 def test_pending_uploads_keep_the_cache_for_their_bucket(
         server, s3, bucket, other_bucket, proxy, mount, tmp_path, home):
-    """-o writeback on bucket A, a file closed while the server takes no
-    PUT, kill -9. A mount of bucket B on the same cache directory is
-    refused with one sentence naming both buckets and the way out, and B
-    gets nothing; the next mount of A uploads the file into A."""
+    """-o writeback on bucket A, a file closed while the server refuses
+    every PUT, kill -9. A mount of bucket B on the same cache directory is
+    refused with one sentence naming both buckets and the way out, and so
+    is one of bucket A at another endpoint (the server itself rather than
+    the proxy); B gets nothing. The next mount of A at its endpoint uploads
+    the file into A."""
     cache = tmp_path / 'cache'
     mnt = mount(bucket, options=['writeback'], endpoint=proxy.endpoint,
                 cache=cache)
     data = payload('pending-a', 300 * KiB + 5)
-    proxy.inject('hold', HOLD_ALL, 'PUT')
-    try:
-        write_file(mnt.path / 'ckpt.bin', data)
-        assert read_stats(mnt.path)['uploads_pending'] == 1
-        wait_for(lambda: proxy.holding >= 1, 10, 'the upload at the proxy')
-        kill_9(mnt)
-    finally:
-        proxy.stop()   # the held PUT is reset, never forwarded
+    proxy.inject('denied', HOLD_ALL, 'PUT')
+    write_file(mnt.path / 'ckpt.bin', data)
+    wait_stat(mnt, 'upload_failures', lambda v: v >= 1)
+    kill_9(mnt)
+    proxy.clear_faults()
     assert bucket_keys(s3, bucket) == []
 
-    status, errors = mount_refused(server, home, tmp_path / 'b', other_bucket,
-                                   cache)
-    assert status == 1, errors
-    lines = [line for line in errors.splitlines() if line.strip()]
-    assert len(lines) == 1, errors
-    sentence = lines[0]
-    for word in (bucket, other_bucket, server.endpoint, 's3cachefs pending',
-                 'cache='):
-        assert word in sentence, sentence
+    refusals = [(other_bucket, proxy.endpoint), (bucket, server.endpoint)]
+    for name, endpoint in refusals:
+        status, errors = mount_refused(server, home, tmp_path / 'b', name,
+                                       cache, endpoint=endpoint)
+        assert status == 1, errors
+        lines = [line for line in errors.splitlines() if line.strip()]
+        assert len(lines) == 1, errors
+        sentence = lines[0]
+        for word in (f"bucket '{bucket}' at {proxy.endpoint}",
+                     f"bucket '{name}' at {endpoint}", 's3cachefs pending',
+                     '-o cache='):
+            assert word in sentence, sentence
     assert bucket_keys(s3, other_bucket) == []
+    assert bucket_keys(s3, bucket) == []
 
-    again = mount(bucket, options=['writeback'], cache=cache, name='again')
+    again = mount(bucket, options=['writeback'], endpoint=proxy.endpoint,
+                  cache=cache, name='again')
     wait_stat(again, 'uploads_pending', lambda v: v == 0, timeout=60)
     assert object_bytes(s3, bucket, 'ckpt.bin') == data
     assert bucket_keys(s3, other_bucket) == []
@@ -138,3 +144,64 @@ def test_one_bucket_name_at_two_endpoints_shares_nothing(
     assert sorted(p.name for p in (second.path / 'data').iterdir()) == \
         ['added.bin', 'model.bin']
     assert sha((second.path / 'data' / 'model.bin').read_bytes()) == sha(new)
+
+
+def default_cache_dirs(endpoint, bucket):
+    """The default cache directory of BUCKET at ENDPOINT (root's), and the
+    one per bucket that versions before it used."""
+    host = endpoint.split('://', 1)[1]
+    base = Path('/var/cache/s3cachefs')
+    return base / f'{bucket}@{host}', base / bucket
+
+
+def test_default_cache_directory_is_per_endpoint(server, s3, bucket, proxy,
+                                                 mount, tmp_path):
+    """Without -o cache=, one bucket at two endpoints gets two cache
+    directories, named by bucket and endpoint."""
+    mine, _ = default_cache_dirs(server.endpoint, bucket)
+    behind_proxy, _ = default_cache_dirs(proxy.endpoint, bucket)
+    s3.put_object(Bucket=bucket, Key='f', Body=b'bytes')
+    try:
+        for endpoint, name, where in ((server.endpoint, 'direct', mine),
+                                      (proxy.endpoint, 'proxied', behind_proxy)):
+            mnt = mount(bucket, endpoint=endpoint, name=name, start=False)
+            mnt.options = [o for o in mnt.options if not o.startswith('cache=')]
+            mnt.start()
+            assert (mnt.path / 'f').read_bytes() == b'bytes'
+            mnt.unmount()
+            assert (where / 'identity').is_file(), where
+            assert f'bucket {bucket}\n' in (where / 'identity').read_text()
+    finally:
+        shutil.rmtree(mine, ignore_errors=True)
+        shutil.rmtree(behind_proxy, ignore_errors=True)
+
+
+def test_cache_directory_of_an_older_version_is_kept(server, s3, bucket, proxy,
+                                                     mount, tmp_path):
+    """A cache in the default directory of older versions (one per bucket,
+    no identity recorded) that holds a pending upload: a mount without
+    -o cache= uses it, records its identity and uploads the file."""
+    mine, legacy = default_cache_dirs(proxy.endpoint, bucket)
+    data = payload('legacy', 120 * KiB)
+    try:
+        mnt = mount(bucket, options=['writeback'], endpoint=proxy.endpoint,
+                    cache=legacy)
+        proxy.inject('denied', HOLD_ALL, 'PUT')
+        write_file(mnt.path / 'old.bin', data)
+        wait_stat(mnt, 'upload_failures', lambda v: v >= 1)
+        kill_9(mnt)
+        proxy.clear_faults()
+        (legacy / 'identity').unlink()      # as an older version left it
+
+        again = mount(bucket, options=['writeback'], endpoint=proxy.endpoint,
+                      name='again', start=False)
+        again.options = [o for o in again.options if not o.startswith('cache=')]
+        again.start()
+        wait_stat(again, 'uploads_pending', lambda v: v == 0, timeout=60)
+        assert object_bytes(s3, bucket, 'old.bin') == data
+        again.unmount()
+        assert (legacy / 'identity').is_file()
+        assert not mine.exists()
+    finally:
+        shutil.rmtree(mine, ignore_errors=True)
+        shutil.rmtree(legacy, ignore_errors=True)

@@ -2760,6 +2760,128 @@ static void test_concurrent_bound(void **state)
                  (unsigned long long)f->conf.size_limit);
 }
 
+/* Whether the fixture's one cached block of "k" is still there once the
+ * cache is reopened after claim() (the block is stored first). */
+static bool block_survives(struct fixture *f,
+                           int (*claim)(struct fixture *f, void *arg), void *arg)
+{
+    struct cache_object *o = open_object(f, "k", ETAG, SMALL_BLOCK);
+    store(f, o, 0, 7);
+    cache_object_close(f->cache, &o);
+    cache_stop(f);
+    assert_int_equal(claim(f, arg), 0);
+    cache_start(f);
+    o = open_object(f, "k", ETAG, SMALL_BLOCK);
+    bool present = cache_block_present(f->cache, o, 0);
+    if (present)
+        expect_read(f, o, 0, 0, SMALL_BLOCK, 7);
+    cache_object_close(f->cache, &o);
+    return present;
+}
+
+static int claim_as(struct fixture *f, void *arg)
+{
+    char errbuf[1024] = "";
+    int err = cache_dir_claim(f->dir, arg, 0, errbuf, sizeof(errbuf));
+    if (err != 0)
+        fail_msg("cache_dir_claim: %s (%s)", strerror(err), errbuf);
+    return err;
+}
+
+/*
+ * A cache directory knows whose it is (CACHE/identity): the first claim
+ * records it; the same endpoint and bucket keep the blocks (a new prefix
+ * is only recorded); another endpoint or bucket, or a record that does
+ * not parse, empties the index and the data files, never staging/ or
+ * journal/; with writes still owed, another identity is refused with a
+ * sentence naming both, and nothing changes.
+ */
+static void test_identity_binds_the_directory(void **state)
+{
+    struct fixture *f = *state;
+    struct cache_identity mine = {"http://127.0.0.1:9000", "models", ""};
+    struct cache_identity prefixed = {"http://127.0.0.1:9000", "models", "v2/"};
+    struct cache_identity other_bucket = {"http://127.0.0.1:9000", "data", ""};
+    struct cache_identity other_endpoint = {"https://r2.example.com", "models", ""};
+    char path[512], text[1024], errbuf[1024];
+
+    /* (a staged file and a journal file, which nothing may touch) */
+    snprintf(path, sizeof(path), "%s/staging", f->dir);
+    mkdir(path, 0700);
+    snprintf(path, sizeof(path), "%s/staging/0000000000000001", f->dir);
+    write_text_file(path, "staged");
+    snprintf(path, sizeof(path), "%s/journal", f->dir);
+    mkdir(path, 0700);
+    snprintf(path, sizeof(path), "%s/journal/data.mdb", f->dir);
+    write_text_file(path, "journal");
+
+    assert_true(cache_dir_is_for(f->dir, &other_bucket)); /* no record yet */
+    assert_true(block_survives(f, claim_as, &mine));
+    snprintf(path, sizeof(path), "%s/identity", f->dir);
+    read_text_file(path, text, sizeof(text));
+    assert_string_equal(text, "s3cachefs cache identity 1\n"
+                              "endpoint http://127.0.0.1:9000\n"
+                              "bucket models\nprefix \n");
+    assert_true(block_survives(f, claim_as, &mine));
+    assert_true(block_survives(f, claim_as, &prefixed));
+    read_text_file(path, text, sizeof(text));
+    assert_non_null(strstr(text, "prefix v2/\n"));
+    assert_true(cache_dir_is_for(f->dir, &mine));
+    assert_false(cache_dir_is_for(f->dir, &other_bucket));
+    assert_false(cache_dir_is_for(f->dir, &other_endpoint));
+
+    /* owed writes: refused, the record and the blocks as they were */
+    cache_stop(f);
+    assert_int_equal(cache_dir_claim(f->dir, &other_bucket, 2, errbuf,
+                                     sizeof(errbuf)), EEXIST);
+    assert_non_null(strstr(errbuf, "holds 2 writes not yet in bucket 'models' "
+                                   "(prefix 'v2/') at http://127.0.0.1:9000"));
+    assert_non_null(strstr(errbuf, "this mount is of bucket 'data' at "
+                                   "http://127.0.0.1:9000"));
+    assert_non_null(strstr(errbuf, "s3cachefs pending"));
+    assert_int_equal(cache_dir_claim(f->dir, &mine, 1, errbuf,
+                                     sizeof(errbuf)), EEXIST); /* the prefix */
+    cache_start(f);
+    assert_true(block_survives(f, claim_as, &prefixed));
+
+    assert_false(block_survives(f, claim_as, &other_endpoint));
+    assert_true(cache_dir_is_for(f->dir, &other_endpoint));
+    assert_false(block_survives(f, claim_as, &other_bucket));
+    write_text_file(path, "s3cachefs cache identity 1\nendpoint x\n");
+    assert_false(cache_dir_is_for(f->dir, &other_bucket));
+    assert_false(block_survives(f, claim_as, &other_bucket));
+    assert_true(block_survives(f, claim_as, &other_bucket));
+
+    snprintf(path, sizeof(path), "%s/staging/0000000000000001", f->dir);
+    read_text_file(path, text, sizeof(text));
+    assert_string_equal(text, "staged");
+    snprintf(path, sizeof(path), "%s/journal/data.mdb", f->dir);
+    read_text_file(path, text, sizeof(text));
+    assert_string_equal(text, "journal");
+}
+
+/* A prefix with spaces, '%' and controls is recorded as one word and
+ * read back exactly. */
+static void test_identity_record_escapes(void **state)
+{
+    struct fixture *f = *state;
+    struct cache_identity odd = {"http://127.0.0.1:9000", "models",
+                                 "a b/100%/\x01\xc3\xa9/"};
+    struct cache_identity plain = {"http://127.0.0.1:9000", "models", "a b/"};
+    char path[512], text[1024], errbuf[1024];
+
+    cache_stop(f);
+    assert_int_equal(cache_dir_claim(f->dir, &odd, 0, errbuf, sizeof(errbuf)), 0);
+    snprintf(path, sizeof(path), "%s/identity", f->dir);
+    read_text_file(path, text, sizeof(text));
+    assert_non_null(strstr(text, "prefix a%20b/100%25/%01%C3%A9/\n"));
+    /* the same: nothing to refuse even with writes owed */
+    assert_int_equal(cache_dir_claim(f->dir, &odd, 3, errbuf, sizeof(errbuf)), 0);
+    assert_int_equal(cache_dir_claim(f->dir, &plain, 3, errbuf, sizeof(errbuf)),
+                     EEXIST);
+    cache_start(f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -2767,6 +2889,10 @@ int main(void)
                                                  teardown, (void *)&small_block),
         cmocka_unit_test_prestate_setup_teardown(test_round_trip, setup,
                                                  teardown, (void *)&large_block),
+        cmocka_unit_test_setup_teardown(test_identity_binds_the_directory,
+                                        setup, teardown),
+        cmocka_unit_test_setup_teardown(test_identity_record_escapes, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_fill_outlives_handle, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_errors, setup, teardown),

@@ -117,7 +117,7 @@ static int setup_size(void **state, uint64_t cache_size)
     };
     f->cache = unit_cache_open(&f->cache_conf);
     snprintf(path, sizeof(path), "%s/journal", f->dir);
-    int err = journal_open(path, &f->journal, errbuf, sizeof(errbuf));
+    int err = journal_open(path, "http://fake.invalid/bucket", &f->journal, errbuf, sizeof(errbuf));
     if (err != 0)
         fail_msg("journal_open: %s (%s)", strerror(err), errbuf);
     assert_int_equal(fake_s3_create(&f->s3), 0);

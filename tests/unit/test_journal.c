@@ -39,6 +39,8 @@
 #include "log.h"
 
 #define THREADS 8
+#define HERE "http://fake.invalid/bucket"
+#define ELSEWHERE "http://other.invalid/bucket"
 #define PUTS_PER_THREAD 50
 
 struct fixture {
@@ -78,7 +80,7 @@ static struct journal *open_journal(const struct fixture *f)
 {
     struct journal *journal = NULL;
     char errbuf[512] = "";
-    int err = journal_open(f->path, &journal, errbuf, sizeof(errbuf));
+    int err = journal_open(f->path, HERE, &journal, errbuf, sizeof(errbuf));
     if (err != 0)
         fail_msg("journal_open: %s", errbuf);
     return journal;
@@ -465,7 +467,7 @@ static void test_not_a_journal(void **state)
     memset(garbage, 0x5a, sizeof(garbage));
     assert_int_equal(write(fd, garbage, sizeof(garbage)), (ssize_t)sizeof(garbage));
     close(fd);
-    assert_int_not_equal(journal_open(f->path, &journal, errbuf, sizeof(errbuf)), 0);
+    assert_int_not_equal(journal_open(f->path, HERE, &journal, errbuf, sizeof(errbuf)), 0);
     assert_null(journal);
     assert_non_null(strstr(errbuf, "upload journal"));
     struct stat st;
@@ -479,7 +481,7 @@ static void test_not_a_journal(void **state)
 
     /* a path under a regular file cannot be created */
     snprintf(file, sizeof(file), "%s/data.mdb/journal", f->path);
-    assert_int_equal(journal_open(file, &journal, errbuf, sizeof(errbuf)), ENOTDIR);
+    assert_int_equal(journal_open(file, HERE, &journal, errbuf, sizeof(errbuf)), ENOTDIR);
     assert_null(journal);
 }
 
@@ -598,8 +600,9 @@ static void test_concurrent_puts(void **state)
 
 /* The record codec on its own (journal_record_encode/_decode, which the
  * fuzz target tests/fuzz/fuzz_journal.c drives): what one encodes the
- * other gives back, the first format is what an entry without flags
- * becomes, and a record cut short or with a bad key says why. */
+ * other gives back, in the third format, with its destination, for an
+ * upload and for a move; a record cut short or with a bad key says why;
+ * an entry without a destination or a move without a target is refused. */
 static void test_record_codec(void **state)
 {
     const unsigned char id9[8] = {0, 0, 0, 0, 0, 0, 0, 9};
@@ -612,12 +615,16 @@ static void test_record_codec(void **state)
 
     (void)state;
     entry.unclosed = true;
+    assert_int_equal(journal_record_encode(&entry, &record, &len), EINVAL);
+    entry.destination = HERE;
     assert_int_equal(journal_record_encode(&entry, &record, &len), 0);
-    assert_int_equal(record[0], 2);
+    assert_int_equal(record[0], 3);
     assert_int_equal(journal_record_decode(id9, 8, record, len, &got,
                                            &strings, &why), 0);
     assert_null(why);
     assert_int_equal(got.id, 9);
+    assert_int_equal(got.kind, JOURNAL_UPLOAD);
+    assert_string_equal(got.destination, HERE);
     assert_string_equal(got.key, entry.key);
     assert_string_equal(got.upload_id, "mpu-9");
     assert_int_equal(got.size, entry.size);
@@ -627,14 +634,24 @@ static void test_record_codec(void **state)
     assert_int_equal(got.mtime.tv_sec, entry.mtime.tv_sec);
     assert_int_equal(got.mtime.tv_nsec, entry.mtime.tv_nsec);
     assert_true(got.unclosed);
+    assert_null(got.move_to);
     free(strings);
     strings = NULL;
 
-    /* one byte short: refused, with a reason, nothing to free */
+    /* one byte short, or one too many: refused, with a reason, nothing to
+     * free */
     assert_int_equal(journal_record_decode(id9, 8, record, len - 1, &got,
                                            &strings, &why), EPROTO);
     assert_non_null(why);
     assert_null(strings);
+    unsigned char *longer = malloc(len + 1);
+    assert_non_null(longer);
+    memcpy(longer, record, len);
+    longer[len] = 0;
+    assert_int_equal(journal_record_decode(id9, 8, longer, len + 1, &got,
+                                           &strings, &why), EPROTO);
+    assert_string_equal(why, "bytes after the record");
+    free(longer);
     assert_int_equal(journal_record_decode(id9, 7, record, len, &got,
                                            &strings, &why), EPROTO);
     assert_string_equal(why, "its key is not an id");
@@ -643,7 +660,6 @@ static void test_record_codec(void **state)
     entry.unclosed = false;
     entry.upload_id = NULL;
     assert_int_equal(journal_record_encode(&entry, &record, &len), 0);
-    assert_int_equal(record[0], 1);
     assert_int_equal(journal_record_decode(id9, 8, record, len, &got,
                                            &strings, &why), 0);
     assert_null(got.upload_id);
@@ -651,8 +667,122 @@ static void test_record_codec(void **state)
     free(strings);
     free(record);
 
+    /* a move: its flags, target and ETag come back */
+    struct journal_entry move = {
+        .id = 9, .kind = JOURNAL_MOVE, .destination = HERE, .key = "ckpt/",
+        .move_to = "ckpt.old/", .move_etag = "\"abc\"",
+        .move_flags = JOURNAL_MOVE_PREFIX, .move_replaces = 0x0102030405060708,
+    };
+    assert_int_equal(journal_record_encode(&move, &record, &len), 0);
+    assert_int_equal(journal_record_decode(id9, 8, record, len, &got,
+                                           &strings, &why), 0);
+    assert_int_equal(got.kind, JOURNAL_MOVE);
+    assert_string_equal(got.destination, HERE);
+    assert_string_equal(got.key, "ckpt/");
+    assert_string_equal(got.move_to, "ckpt.old/");
+    assert_string_equal(got.move_etag, "\"abc\"");
+    assert_int_equal(got.move_flags, JOURNAL_MOVE_PREFIX);
+    assert_int_equal(got.move_replaces, 0x0102030405060708);
+    free(strings);
+    free(record);
+    move.move_to = NULL;
+    assert_int_equal(journal_record_encode(&move, &record, &len), EINVAL);
+    move.move_to = "b";
+    move.move_flags = 0x80;
+    assert_int_equal(journal_record_encode(&move, &record, &len), EINVAL);
+
     entry.key = "";
     assert_int_equal(journal_record_encode(&entry, &record, &len), EINVAL);
+}
+
+/* A record of the second format (flags, no destination), as an older
+ * s3cachefs wrote it, is read as the journal's own. */
+static void test_second_format_is_read(void **state)
+{
+    const unsigned char id4[8] = {0, 0, 0, 0, 0, 0, 0, 4};
+    /* format 2: size 7, mode 0100600, uid 1, gid 2, mtime 1700000000.5,
+     * key "k", no upload id, unclosed */
+    const unsigned char v2[] = {
+        2,
+        0, 0, 0, 0, 0, 0, 0, 7,
+        0, 0, 0x81, 0x80,
+        0, 0, 0, 1,
+        0, 0, 0, 2,
+        0, 0, 0, 0, 0x65, 0x53, 0xf1, 0x00,
+        0x1d, 0xcd, 0x65, 0x00,
+        0, 1, 'k',
+        0, 0,
+        1,
+    };
+    struct journal_entry got;
+    char *strings = NULL;
+    const char *why = NULL;
+
+    (void)state;
+    assert_int_equal(journal_record_decode(id4, 8, v2, sizeof(v2), &got,
+                                           &strings, &why), 0);
+    assert_int_equal(got.kind, JOURNAL_UPLOAD);
+    assert_null(got.destination);
+    assert_string_equal(got.key, "k");
+    assert_null(got.upload_id);
+    assert_int_equal(got.size, 7);
+    assert_int_equal(got.mtime.tv_nsec, 500000000);
+    assert_true(got.unclosed);
+    free(strings);
+}
+
+/* Entries name the bucket they are for: a put is stamped with the
+ * journal's; a scan of a journal opened for another bucket hands out
+ * none of them, and keeps them for the first; journal_peek counts all,
+ * with the journal closed. */
+static void test_entries_belong_to_their_bucket(void **state)
+{
+    struct fixture *f = *state;
+    struct journal *journal = open_journal(f);
+    struct journal_entry one = make_entry(1, "a", NULL);
+    struct journal_entry two = make_entry(2, "b", NULL);
+    struct seen seen = {0};
+    char errbuf[256] = "";
+    uint64_t count = 99;
+
+    assert_int_equal(journal_peek(f->path, &count, errbuf, sizeof(errbuf)), 0);
+    assert_int_equal(count, 0);
+    assert_int_equal(journal_put(journal, &one), 0);
+    assert_int_equal(journal_put(journal, &two), 0);
+    assert_int_equal(journal_scan(journal, remember, &seen), 0);
+    assert_int_equal(seen.count, 2);
+    seen_free(&seen);
+    journal_close(&journal);
+    assert_int_equal(journal_peek(f->path, &count, errbuf, sizeof(errbuf)), 0);
+    assert_int_equal(count, 2);
+
+    assert_int_equal(journal_open(f->path, ELSEWHERE, &journal, errbuf,
+                                  sizeof(errbuf)), 0);
+    assert_int_equal(journal_scan(journal, remember, &seen), 0);
+    assert_int_equal(seen.count, 0);
+    assert_int_equal(journal_count(journal), 2);
+    /* what it puts is its own, and only that is handed out */
+    struct journal_entry three = make_entry(3, "c", NULL);
+    assert_int_equal(journal_put(journal, &three), 0);
+    assert_int_equal(journal_scan(journal, remember, &seen), 0);
+    assert_int_equal(seen.count, 1);
+    assert_int_equal(seen.ids[0], 3);
+    seen_free(&seen);
+    journal_close(&journal);
+
+    journal = open_journal(f);
+    assert_int_equal(journal_scan(journal, remember, &seen), 0);
+    assert_int_equal(seen.count, 2);
+    assert_entry(&seen, 0, &one);
+    assert_entry(&seen, 1, &two);
+    seen_free(&seen);
+    journal_close(&journal);
+
+    /* no journal there yet: nothing owed */
+    char absent[128];
+    snprintf(absent, sizeof(absent), "%s/none", f->dir);
+    assert_int_equal(journal_peek(absent, &count, errbuf, sizeof(errbuf)), 0);
+    assert_int_equal(count, 0);
 }
 
 int main(void)
@@ -673,6 +803,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_concurrent_puts_share_one_commit,
                                         setup, teardown),
         cmocka_unit_test(test_record_codec),
+        cmocka_unit_test(test_second_format_is_read),
+        cmocka_unit_test_setup_teardown(test_entries_belong_to_their_bucket,
+                                        setup, teardown),
     };
     log_set_level(LOG_LEVEL_ERROR);
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1184,10 +1184,42 @@ static void test_help_mentions_options(void **state)
     free(text);
 }
 
+/* The default cache directory is one per endpoint and bucket; the one
+ * older versions used (per bucket) is named beside it. */
+static void test_default_cache_dir(void **state)
+{
+    char *dir = NULL, *legacy = NULL, *other = NULL, *other_legacy = NULL;
+    const char *base = geteuid() == 0 ? "/var/cache/s3cachefs" : NULL;
+    char want[512];
+
+    (void)state;
+    if (base == NULL) {
+        setenv("XDG_CACHE_HOME", "/tmp/xdg", 1);
+        base = "/tmp/xdg/s3cachefs";
+    }
+    assert_int_equal(options_default_cache_dir("models", "http://127.0.0.1:9000",
+                                               &dir, &legacy), 0);
+    snprintf(want, sizeof(want), "%s/models@127.0.0.1:9000", base);
+    assert_string_equal(dir, want);
+    snprintf(want, sizeof(want), "%s/models", base);
+    assert_string_equal(legacy, want);
+    assert_int_equal(options_default_cache_dir("models",
+                                               "https://s3.us-east-1.amazonaws.com",
+                                               &other, &other_legacy), 0);
+    snprintf(want, sizeof(want), "%s/models@s3.us-east-1.amazonaws.com", base);
+    assert_string_equal(other, want);
+    assert_string_equal(other_legacy, legacy);
+    free(dir);
+    free(legacy);
+    free(other);
+    free(other_legacy);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parse_size_table),
+        cmocka_unit_test(test_default_cache_dir),
         cmocka_unit_test(test_directory_lists),
         cmocka_unit_test(test_parse_mode_table),
         cmocka_unit_test(test_parse_seconds_table),

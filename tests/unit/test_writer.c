@@ -207,7 +207,7 @@ static void journal_start(struct fixture *f)
     char path[128], errbuf[256] = "";
 
     snprintf(path, sizeof(path), "%s/journal", f->dir);
-    int err = journal_open(path, &f->journal, errbuf, sizeof(errbuf));
+    int err = journal_open(path, "http://fake.invalid/bucket", &f->journal, errbuf, sizeof(errbuf));
     if (err != 0)
         fail_msg("journal_open: %s (%s)", strerror(err), errbuf);
 }
