@@ -1,17 +1,35 @@
 /*
  * db.c - LMDB environment and tables (see db.h).
+ *
+ * A full file system. LMDB writes its data file with pwrite(), so a
+ * full disk is an error there; but it makes a new lock file (its reader
+ * table) with ftruncate(), a hole, and writes it through a shared
+ * mapping, where a store into a page the file system cannot give (a
+ * full tmpfs or ext4) is SIGBUS. db_open() gives the lock file its
+ * blocks first (lock_file_allocate), so that a full disk is ENOSPC at
+ * the open and no later reader slot faults.
  */
 #include "config.h"
 
 #include "db.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <lmdb.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "log.h"
+
+#define DB_READERS 512
+/* Room for LMDB's reader table of DB_READERS slots: 64 bytes a slot (a
+ * cache line) after a header of under a page, in whole pages. LMDB
+ * takes a lock file at least as large as its own table as it is. */
+#define LOCK_FILE_BYTES (((off_t)DB_READERS * 64 + 2 * 4096 - 1) & ~(off_t)4095)
 
 static const char *const table_names[DB_TABLE_COUNT] = {
     [DB_META] = "meta",
@@ -67,6 +85,31 @@ static int mdb_errno(int rc, const char *what)
     }
 }
 
+/* Allocate the blocks of PATH/lock.mdb (created if need be) before LMDB
+ * maps it: 0, ENOSPC when its file system is full, or open's errno. A
+ * file system without fallocate() is left to LMDB as before. */
+static int lock_file_allocate(const char *path)
+{
+    char lock_path[PATH_MAX];
+    struct stat st;
+    int err = 0;
+
+    if (snprintf(lock_path, sizeof(lock_path), "%s/lock.mdb", path) >=
+        (int)sizeof(lock_path))
+        return ENAMETOOLONG;
+    int fd = open(lock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return errno;
+    off_t len = LOCK_FILE_BYTES;
+    if (fstat(fd, &st) == 0 && st.st_size > len)
+        len = st.st_size;
+    /* (mode 0 allocates the holes only: a table in use keeps its bytes) */
+    if (fallocate(fd, 0, 0, len) != 0 && errno != EOPNOTSUPP)
+        err = errno == EDQUOT ? ENOSPC : errno;
+    close(fd);
+    return err;
+}
+
 int db_open(const char *path, uint64_t map_size, bool durable, struct db **out,
             char *errbuf, size_t errlen)
 {
@@ -84,7 +127,9 @@ int db_open(const char *path, uint64_t map_size, bool durable, struct db **out,
     if (rc == 0)
         rc = mdb_env_set_maxdbs(db->env, DB_TABLE_COUNT);
     if (rc == 0)
-        rc = mdb_env_set_maxreaders(db->env, 512);
+        rc = mdb_env_set_maxreaders(db->env, DB_READERS);
+    if (rc == 0)
+        rc = lock_file_allocate(path);
     if (rc == 0)
         rc = mdb_env_open(db->env, path, flags, 0600);
     if (rc == 0)
@@ -95,9 +140,15 @@ int db_open(const char *path, uint64_t map_size, bool durable, struct db **out,
         rc = mdb_txn_commit(txn);
         txn = NULL;
     }
-    if (rc != 0) {
+    if (rc == EDQUOT)
+        rc = ENOSPC;
+    if (rc == ENOSPC)
+        snprintf(errbuf, errlen, "%s is full: its file system has no room "
+                 "for the LMDB files there (%s)", path, strerror(rc));
+    else if (rc != 0)
         snprintf(errbuf, errlen, "cannot open the cache index in %s: %s", path,
                  mdb_strerror(rc));
+    if (rc != 0) {
         if (txn != NULL)
             mdb_txn_abort(txn);
         if (db->env != NULL)
