@@ -7,7 +7,9 @@
  * mapping, where a store into a page the file system cannot give (a
  * full tmpfs or ext4) is SIGBUS. db_open() gives the lock file its
  * blocks first (lock_file_allocate), so that a full disk is ENOSPC at
- * the open and no later reader slot faults.
+ * the open and no later reader slot faults. A commit that does not fit
+ * is ENOSPC, said once a minute at most per environment (commit_result:
+ * LMDB reports a short write as EIO).
  */
 #include "config.h"
 
@@ -17,10 +19,12 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <lmdb.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "log.h"
@@ -30,6 +34,9 @@
  * cache line) after a header of under a page, in whole pages. LMDB
  * takes a lock file at least as large as its own table as it is. */
 #define LOCK_FILE_BYTES (((off_t)DB_READERS * 64 + 2 * 4096 - 1) & ~(off_t)4095)
+/* A file system with less free than this after LMDB's short write is
+ * full (a commit writes at least a page: 4 KiB) */
+#define FULL_BELOW (64u << 10)
 
 static const char *const table_names[DB_TABLE_COUNT] = {
     [DB_META] = "meta",
@@ -46,6 +53,8 @@ static const char *const table_names[DB_TABLE_COUNT] = {
 struct db {
     MDB_env *env;
     MDB_dbi tables[DB_TABLE_COUNT];
+    char *path;                       /* the environment's directory */
+    _Atomic uint64_t full_logged;     /* log_due() of "is full" */
 };
 
 struct db_txn {
@@ -85,6 +94,28 @@ static int mdb_errno(int rc, const char *what)
     }
 }
 
+/* Whether the file system of PATH has (next to) nothing free. */
+static bool file_system_full(const char *path)
+{
+    struct statvfs st;
+
+    return statvfs(path, &st) == 0 &&
+           (uint64_t)st.f_bavail * st.f_frsize < FULL_BELOW;
+}
+
+/* What the commit of a write transaction of DB that returned RC means:
+ * RC, except that a full file system is ENOSPC (a short write is EIO to
+ * LMDB; a quota, EDQUOT), logged once a minute at most. */
+static int commit_result(struct db *db, int rc)
+{
+    if (rc == EDQUOT || (rc == EIO && file_system_full(db->path)))
+        rc = ENOSPC;
+    if (rc == ENOSPC && log_due(&db->full_logged))
+        log_error("%s is full: its commits fail with ENOSPC until its file "
+                  "system has room again", db->path);
+    return rc;
+}
+
 /* Allocate the blocks of PATH/lock.mdb (created if need be) before LMDB
  * maps it: 0, ENOSPC when its file system is full, or open's errno. A
  * file system without fallocate() is left to LMDB as before. */
@@ -119,8 +150,10 @@ int db_open(const char *path, uint64_t map_size, bool durable, struct db **out,
     int rc;
 
     *out = NULL;
-    if (db == NULL)
+    if (db == NULL || (db->path = strdup(path)) == NULL) {
+        free(db);
         return ENOMEM;
+    }
     rc = mdb_env_create(&db->env);
     if (rc == 0)
         rc = mdb_env_set_mapsize(db->env, (size_t)map_size);
@@ -137,7 +170,7 @@ int db_open(const char *path, uint64_t map_size, bool durable, struct db **out,
     for (int i = 0; rc == 0 && i < DB_TABLE_COUNT; i++)
         rc = mdb_dbi_open(txn, table_names[i], MDB_CREATE, &db->tables[i]);
     if (rc == 0) {
-        rc = mdb_txn_commit(txn);
+        rc = commit_result(db, mdb_txn_commit(txn));
         txn = NULL;
     }
     if (rc == EDQUOT)
@@ -153,6 +186,7 @@ int db_open(const char *path, uint64_t map_size, bool durable, struct db **out,
             mdb_txn_abort(txn);
         if (db->env != NULL)
             mdb_env_close(db->env);
+        free(db->path);
         free(db);
         return rc > 0 ? rc : EIO;
     }
@@ -168,6 +202,7 @@ void db_close(struct db **dbp)
         return;
     mdb_env_sync(db->env, 1);
     mdb_env_close(db->env);
+    free(db->path);
     free(db);
     *dbp = NULL;
 }
@@ -213,7 +248,7 @@ uint64_t db_txn_id(struct db_txn *txn)
 int db_txn_commit(struct db_txn **txnp)
 {
     struct db_txn *txn = *txnp;
-    int rc = mdb_txn_commit(txn->txn);
+    int rc = commit_result(txn->db, mdb_txn_commit(txn->txn));
 
     free(txn);
     *txnp = NULL;

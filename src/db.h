@@ -40,7 +40,8 @@ struct db_txn;
  * DURABLE false, commits are not flushed (MDB_NOSYNC): a process crash
  * loses nothing committed, a system crash may corrupt the file, so callers
  * must be able to rebuild it. Returns 0, or an errno with a sentence in
- * ERRBUF.
+ * ERRBUF: ENOSPC when the file system of PATH has no room for the
+ * environment's files (the sentence says PATH is full).
  */
 int db_open(const char *path, uint64_t map_size, bool durable, struct db **out,
             char *errbuf, size_t errlen);
@@ -62,7 +63,9 @@ int db_txn_begin(struct db *db, bool write, struct db_txn **out);
  * before the commit (the transaction is gone after). */
 uint64_t db_txn_id(struct db_txn *txn);
 
-/* Commit (or end a read transaction); *txn = NULL either way. */
+/* Commit (or end a read transaction); *txn = NULL either way. ENOSPC
+ * when the file system is full (logged once a minute at most, naming
+ * the environment's directory) or the map is. */
 int db_txn_commit(struct db_txn **txn);
 /* Abort; *txn = NULL. Safe on NULL. */
 void db_txn_abort(struct db_txn **txn);

@@ -35,6 +35,21 @@ bool log_enabled(enum log_level level)
     return (int)level <= atomic_load(&log_threshold);
 }
 
+#define LOG_DUE_EVERY_MS 60000
+
+bool log_due(_Atomic uint64_t *last)
+{
+    struct timespec now;
+
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    /* (+1: a clock that reads 0 still sets *LAST) */
+    uint64_t now_ms = (uint64_t)now.tv_sec * 1000 +
+                      (uint64_t)now.tv_nsec / 1000000 + 1;
+    uint64_t before = atomic_load(last);
+    return (before == 0 || now_ms - before >= LOG_DUE_EVERY_MS) &&
+           atomic_compare_exchange_strong(last, &before, now_ms);
+}
+
 static const char *level_name(enum log_level level)
 {
     switch (level) {

@@ -9,7 +9,9 @@
 #ifndef S3CFS_LOG_H
 #define S3CFS_LOG_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <syslog.h>
 
 enum log_level {
@@ -30,6 +32,13 @@ bool log_enabled(enum log_level level);
 
 void log_msg(enum log_level level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+
+/* For a condition that lasts (a full disk), so that it is said when it
+ * begins and once a minute while it lasts, not once per failed call:
+ * whether a line limited by *LAST (a monotonic time in milliseconds, 0
+ * before the first line) is due now, in which case *LAST becomes now.
+ * One caller of all those racing gets true. */
+bool log_due(_Atomic uint64_t *last);
 
 #define log_error(...) log_msg(LOG_LEVEL_ERROR, __VA_ARGS__)
 #define log_warn(...) log_msg(LOG_LEVEL_WARN, __VA_ARGS__)
