@@ -263,8 +263,14 @@ static int begin_change(struct writer *writer, struct writer_file *file,
     uint64_t reserved = file->reserved;
     writer_unlock(writer);
     if (end > reserved) {
-        uint64_t step = end - reserved > RESERVE_STEP ? end - reserved : RESERVE_STEP;
+        uint64_t need = end - reserved;
+        uint64_t step = need > RESERVE_STEP ? need : RESERVE_STEP;
         err = cache_reserve_disk(writer->conf.cache, step);
+        /* a disk with less than a step left still takes what fits */
+        if (err == ENOSPC && step > need) {
+            step = need;
+            err = cache_reserve_disk(writer->conf.cache, step);
+        }
         pthread_mutex_lock(&writer->lock);
         if (err == 0 && reserved + step > file->reserved)
             file->reserved = reserved + step;
