@@ -316,9 +316,16 @@ const char *cache_dir_path(const struct cache *cache);
  * free, evicting clean blocks as needed (least recently used first,
  * probation before protected; nothing but cached blocks is ever removed).
  * Nothing is reserved: call it before each step of a few MiB (it costs a
- * statvfs). ENOSPC when that cannot be done even by evicting every block.
+ * statvfs). ENOSPC when that cannot be done even by evicting every block
+ * (not logged: see cache_disk_full()).
  */
 int cache_reserve_disk(struct cache *cache, uint64_t bytes);
+
+/* Say that the cache directory's file system is full (a write to it
+ * failed with ENOSPC, or cache_reserve_disk() did): one line naming the
+ * directory, its free space and what cache_min_free keeps, once a minute
+ * at most. Fills of blocks and adoptions say it themselves. */
+void cache_disk_full(struct cache *cache);
 
 /*
  * Enter the file at PATH (on the cache's filesystem), which holds the

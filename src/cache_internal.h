@@ -206,6 +206,7 @@ struct cache {
     _Atomic uint64_t stored_bytes;
     _Atomic uint64_t evicted_blocks;
     _Atomic uint64_t corrupt_blocks;
+    _Atomic uint64_t full_logged;  /* log_due() of cache_disk_full() */
 };
 
 /* ------------------------------------------------------------ encoding */

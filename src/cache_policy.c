@@ -255,6 +255,27 @@ static void disk_space(const struct cache *cache, uint64_t *free_bytes,
         *keep_free = by_ratio;
 }
 
+/* The line of cache_disk_full(), FREE_BYTES and KEEP_FREE as
+ * disk_space() said them. */
+static void say_disk_full(struct cache *cache, uint64_t free_bytes,
+                          uint64_t keep_free)
+{
+    if (log_due(&cache->full_logged))
+        log_error("cache directory %s is full: %llu KiB free, %llu KiB kept "
+                  "free (cache_min_free); writes fail with ENOSPC and reads "
+                  "bypass the cache until there is room", cache->dir,
+                  (unsigned long long)(free_bytes >> 10),
+                  (unsigned long long)(keep_free >> 10));
+}
+
+void cache_disk_full(struct cache *cache)
+{
+    uint64_t free_bytes, keep_free;
+
+    disk_space(cache, &free_bytes, &keep_free);
+    say_disk_full(cache, free_bytes, keep_free);
+}
+
 /* A + B, saturating (min_free may be set absurdly high on purpose). */
 static uint64_t add_capped(uint64_t a, uint64_t b)
 {
@@ -293,6 +314,10 @@ int cache_make_room(struct cache *cache, uint64_t need, uint64_t disk_need)
             break;
         }
         if (evict_some(cache, want, &err) == 0) {
+            /* (cache_reserve_disk()'s callers say it when they give up:
+             * the writer asks for more than it needs first) */
+            if (err == 0 && over_disk > 0 && need > 0)
+                say_disk_full(cache, free_bytes, keep_free);
             if (err == 0)
                 err = ENOSPC;
             break;

@@ -195,6 +195,8 @@ static int copy_on_write_locked(struct writer *writer, struct writer_file *file,
 
     writebehind_abandon(&wb);
     int err = cache_reserve_disk(writer->conf.cache, length);
+    if (err == ENOSPC)
+        cache_disk_full(writer->conf.cache);
     if (err == 0)
         err = writer_staging_new(writer, &fresh);
     if (err == 0)
@@ -271,6 +273,8 @@ static int begin_change(struct writer *writer, struct writer_file *file,
             step = need;
             err = cache_reserve_disk(writer->conf.cache, step);
         }
+        if (err == ENOSPC)
+            cache_disk_full(writer->conf.cache);
         pthread_mutex_lock(&writer->lock);
         if (err == 0 && reserved + step > file->reserved)
             file->reserved = reserved + step;
@@ -337,6 +341,8 @@ int writer_file_write(struct writer_file *file, uint64_t offset, const void *dat
             if (err == EIO)
                 log_error("staging file of '%s': write: %s", file->key,
                           strerror(errno));
+            else
+                cache_disk_full(writer->conf.cache);
             break;
         }
         at += done;
