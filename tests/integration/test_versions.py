@@ -412,6 +412,10 @@ def test_unmount_keeps_what_the_journal_refused(server, s3, bucket, proxy,
     try:
         mnt = mount(bucket, options=['writeback'], endpoint=proxy.endpoint,
                     cache=cache)
+        # the FUSE mount shows up before the daemon opens its journal: a
+        # request answered says it has (filled first, the journal cannot
+        # be opened and the daemon does not start)
+        os.stat(mnt.path)
         proxy.inject('denied', HOLD_ALL, 'PUT')
         filler = journal_dir / 'filler'
         with open(filler, 'wb', buffering=0) as fill:
