@@ -25,7 +25,8 @@
  *   - lookup and listing: files, directories from prefixes and markers,
  *     "dir wins" (listings and lookups, the directory asked first),
  *     negative lookups, keys that are not names (`e//b`, `d/./y`,
- *     `d/../z`) not shown, a listing of two LIST pages, readdirplus;
+ *     `d/../z`, control characters, CR, not UTF-8) not shown, a listing
+ *     of two LIST pages, readdirplus;
  *     listings trusted within dir_ttl and relisted past it, showing
  *     another client's new and deleted names; a directory probed 8 times
  *     is listed; where lookups are followed by reads, a lookup GETs a
@@ -50,7 +51,8 @@
  *     its descriptor reads on; during an upload: it waits, then deletes
  *     what the upload made), rmdir (ENOTEMPTY, also for pending files
  *     only), mkdir, symlink, chmod (of a pending file: with its upload),
- *     truncate;
+ *     truncate; names no listing carries back refused with EILSEQ by
+ *     every call that makes a name, before any request;
  *   - the ordering fixes of fs_rename.c and fs_write.c:
  *     1. an older object under a journaled file's key is deleted before
  *        the promise leaves the key (rename, unlink, directory rename):
@@ -784,6 +786,31 @@ static void test_listing_shows_files_dirs_and_hides_bad_keys(void **state)
     }
     fs_releasedir(f->fs, dir);
     assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_HEAD, "a.txt")), 1);
+}
+
+/* Keys another tool wrote that cannot be names (bytes no listing carries
+ * back unchanged: controls, CR, not UTF-8) are not shown, and a lookup of
+ * them is negative; the names around them are listed. */
+static void test_listing_hides_keys_no_listing_carries(void **state)
+{
+    struct fixture *f = *state;
+
+    other_put(f, "d/ok", "ok", 2, NULL);
+    other_put(f, "d/ctl\x01name", "c", 1, NULL);
+    other_put(f, "d/cr\rx", "r", 1, NULL);
+    other_put(f, "d/bad\xffname", "b", 1, NULL);
+    other_put(f, "d/sub\x1f/inner", "i", 1, NULL);
+    other_put(f, "d/tab\there", "t", 1, NULL);
+    other_put(f, "d/z", "z", 1, NULL);
+
+    fuse_ino_t d = lookup(f, ROOT, "d", NULL);
+    assert_string_equal(listing_of(f, d), "ok tab\there z");
+    size_t mark = fake_s3_log_count(f->s3);
+    assert_int_equal(lookup(f, d, "ctl\x01name", NULL), 0);
+    assert_int_equal(lookup(f, d, "bad\xffname", NULL), 0);
+    assert_int_equal(lookup(f, d, "sub\x1f", NULL), 0);
+    assert_string_equal(requests_since(f, mark), "");
+    assert_int_not_equal(lookup(f, d, "ok", NULL), 0);
 }
 
 /* Without a listing, a lookup asks "a directory?" (LIST NAME/ max-keys 1)
@@ -2472,6 +2499,67 @@ static void test_unlink_rmdir_mkdir_symlink(void **state)
     assert_string_equal(bucket_of(f), "full/ full/x k/ ln");
 }
 
+/* A name no listing would carry back unchanged is refused with EILSEQ
+ * by every call that makes one (create, mkdir, symlink, mknod, a
+ * rename's target), before any request; names listings do carry are
+ * made as ever. */
+static void test_names_listings_cannot_carry_are_refused(void **state)
+{
+    static const char *const refused[] = {
+        "ctl\x01name", "esc\x1b", "cr\rx", "bad\xffname", "\xc0\xaf",
+        "\xed\xa0\x80", "trunc\xe2\x82", "\xef\xbf\xbf",
+    };
+    static const char *const made[] = {
+        "caf\xc3\xa9", "tab\there", "line\nfeed", "del\x7f",
+        "\xf0\x9f\x98\x80", "\xc2\x85",
+    };
+    struct fixture *f = *state;
+    struct fs_entry entry;
+    struct fs_file *file = NULL;
+
+    other_put(f, "src", "s", 1, NULL);
+    fuse_ino_t src = lookup(f, ROOT, "src", NULL);
+    assert_int_not_equal(src, 0);
+    size_t mark = fake_s3_log_count(f->s3);
+    for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++) {
+        const char *name = refused[i];
+        int err = fs_create_file(f->fs, ROOT, name, 0644, O_WRONLY | O_CREAT,
+                                 1000, 1000, &entry, &file);
+        if (err != EILSEQ)
+            fail_msg("create of name %zu: %d, want EILSEQ", i, err);
+        assert_null(file);
+        err = fs_mkdir(f->fs, ROOT, name, 0755, 1000, 1000, &entry);
+        if (err != EILSEQ)
+            fail_msg("mkdir of name %zu: %d, want EILSEQ", i, err);
+        err = fs_symlink(f->fs, "target", ROOT, name, 1000, 1000, &entry);
+        if (err != EILSEQ)
+            fail_msg("symlink of name %zu: %d, want EILSEQ", i, err);
+        err = fs_mknod(f->fs, ROOT, name, S_IFIFO | 0644, 0, 1000, 1000,
+                       &entry);
+        if (err != EILSEQ)
+            fail_msg("mknod of name %zu: %d, want EILSEQ", i, err);
+        err = fs_rename(f->fs, ROOT, "src", ROOT, name, 0);
+        if (err != EILSEQ)
+            fail_msg("rename to name %zu: %d, want EILSEQ", i, err);
+    }
+    assert_string_equal(changes_since(f, mark), "");
+    assert_string_equal(bucket_of(f), "src");
+    assert_int_equal(lookup(f, ROOT, "src", NULL), src);
+
+    for (size_t i = 0; i < sizeof(made) / sizeof(made[0]); i++) {
+        char dir_name[32];
+        struct fs_file *made_file = create_file(f, ROOT, made[i],
+                                                (const unsigned char *)"m", 1,
+                                                NULL);
+        assert_int_equal(fs_flush(f->fs, made_file), 0);
+        fs_release(f->fs, made_file);
+        snprintf(dir_name, sizeof(dir_name), "%s.d", made[i]);
+        assert_int_equal(fs_mkdir(f->fs, ROOT, dir_name, 0755, 1000, 1000,
+                                  &entry), 0);
+        assert_true(fake_s3_holds(f->s3, made[i], "m", 1));
+    }
+}
+
 /* Writeback: a directory whose only file waits for its upload is not
  * empty. */
 static void test_rmdir_of_a_directory_with_a_pending_file(void **state)
@@ -3727,6 +3815,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         FS_TEST(test_listing_shows_files_dirs_and_hides_bad_keys, default_cached),
+        FS_TEST(test_listing_hides_keys_no_listing_carries, default_cached),
         FS_TEST(test_lookup_without_listing_asks_for_the_directory_first,
                 default_cached),
         FS_TEST(test_listing_of_two_pages, default_cached),
@@ -3771,6 +3860,7 @@ int main(void)
         FS_TEST(test_rename_errors, default_cached),
         FS_TEST(test_rename_of_a_directory_moves_every_key, default_cached),
         FS_TEST(test_unlink_rmdir_mkdir_symlink, default_cached),
+        FS_TEST(test_names_listings_cannot_carry_are_refused, default_cached),
         FS_TEST(test_rmdir_of_a_directory_with_a_pending_file, writeback_cached),
         FS_TEST(test_writeback_marker_is_journaled_and_coalesced, writeback_cached),
         FS_TEST(test_writeback_marker_recovered_after_a_crash, writeback_cached),

@@ -1,6 +1,8 @@
 /*
  * test_names.c - unit tests for names.c: which byte strings can be file
- * names, how a key from a delimiter listing of a directory prefix is
+ * names (every listing carries them back unchanged: strict UTF-8 of
+ * XML 1.0 characters, no CR), how a key from a delimiter listing of a
+ * directory prefix is
  * classified (file, directory, the directory's own marker, invalid), and
  * how a child's key is built, at the bucket root ("") and below.
  *
@@ -89,7 +91,44 @@ static const struct valid_case valid_cases[] = {
     {"length cuts to dot", ".x", 1, 0, false},
     {"UTF-8", "caf\xc3\xa9", 5, 0, true},
     {"UTF-8 CJK", CJK CJK, 6, 0, true},
-    {"control bytes", "a\tb\nc", 5, 0, true},
+    {"tab and newline (XML carries them)", "a\tb\nc", 5, 0, true},
+
+    /* What a listing carries back unchanged: strict UTF-8 of XML 1.0
+     * characters (#x9 | #xA | #xD | [#x20-#xD7FF] | [#xE000-#xFFFD] |
+     * [#x10000-#x10FFFF]), CR left out (XML reads a raw CR as LF). */
+    {"4-byte UTF-8 (U+1F600)", "\xf0\x9f\x98\x80", 4, 0, true},
+    {"last code point U+10FFFF", "\xf4\x8f\xbf\xbf", 4, 0, true},
+    {"U+D7FF, below the surrogates", "\xed\x9f\xbf", 3, 0, true},
+    {"U+E000, above the surrogates", "\xee\x80\x80", 3, 0, true},
+    {"U+FFFD", "\xef\xbf\xbd", 3, 0, true},
+    {"U+FDD0, a non-character XML allows", "\xef\xb7\x90", 3, 0, true},
+    {"DEL", "a\x7f" "b", 3, 0, true},
+    {"C1 control U+0085", "a\xc2\x85" "b", 4, 0, true},
+    {"U+0001", "a\x01" "b", 3, 0, false},
+    {"U+0008", "\x08", 1, 0, false},
+    {"vertical tab", "a\vb", 3, 0, false},
+    {"form feed", "a\fb", 3, 0, false},
+    {"carriage return", "a\rb", 3, 0, false},
+    {"escape", "\x1b[0m", 4, 0, false},
+    {"U+001F", "a\x1f", 2, 0, false},
+    {"0xFF", "a\xff" "b", 3, 0, false},
+    {"0xFE", "\xfe", 1, 0, false},
+    {"lone continuation byte", "a\x80", 2, 0, false},
+    {"overlong '/' (2 bytes)", "a\xc0\xaf", 3, 0, false},
+    {"overlong 'A' (C1 81)", "\xc1\x81", 2, 0, false},
+    {"overlong '/' (3 bytes)", "\xe0\x80\xaf", 3, 0, false},
+    {"overlong '/' (4 bytes)", "\xf0\x80\x80\xaf", 4, 0, false},
+    {"surrogate U+D800", "\xed\xa0\x80", 3, 0, false},
+    {"surrogate U+DFFF", "\xed\xbf\xbf", 3, 0, false},
+    {"above U+10FFFF", "\xf4\x90\x80\x80", 4, 0, false},
+    {"lead byte F5", "\xf5\x80\x80\x80", 4, 0, false},
+    {"5-byte sequence", "\xf8\x88\x80\x80\x80", 5, 0, false},
+    {"truncated at the end", "a\xe2\x82", 3, 0, false},
+    {"truncated before ASCII", "\xe2\x82" "x", 3, 0, false},
+    {"truncated 4-byte", "\xf0\x9f\x98", 3, 0, false},
+    {"length cuts a sequence", "caf\xc3\xa9", 4, 0, false},
+    {"U+FFFE", "\xef\xbf\xbe", 3, 0, false},
+    {"U+FFFF", "a\xef\xbf\xbf", 4, 0, false},
     {"255 bytes", "a", 0, 255, true},
     {"256 bytes", "a", 0, 256, false},
     {"254 bytes", "a", 0, 254, true},
@@ -162,6 +201,15 @@ static const struct classify_case classify_cases[] = {
     ROW("a/: spaces", "a/", "a/my file", NAMES_ENTRY_FILE, "my file"),
     ROW("a/: UTF-8 dir", "a/", "a/caf\xc3\xa9/", NAMES_ENTRY_DIR,
         "caf\xc3\xa9"),
+    ROW("a/: tab", "a/", "a/t\tb", NAMES_ENTRY_FILE, "t\tb"),
+    ROW("a/: control character", "a/", "a/c\x01", NAMES_ENTRY_INVALID, NULL),
+    ROW("a/: control character dir", "a/", "a/c\x1f/", NAMES_ENTRY_INVALID,
+        NULL),
+    ROW("a/: carriage return", "a/", "a/c\rr", NAMES_ENTRY_INVALID, NULL),
+    ROW("a/: not UTF-8", "a/", "a/bad\xff", NAMES_ENTRY_INVALID, NULL),
+    ROW("a/: not UTF-8 dir", "a/", "a/\xc0\xaf/", NAMES_ENTRY_INVALID,
+        NULL),
+    ROW("a/: U+FFFE", "a/", "a/\xef\xbf\xbe", NAMES_ENTRY_INVALID, NULL),
     ROW("a/: deeper key", "a/", "a/b/c", NAMES_ENTRY_INVALID, NULL),
     ROW("a/: deeper dir", "a/", "a/b/c/", NAMES_ENTRY_INVALID, NULL),
     ROW("a/: empty component", "a/", "a//", NAMES_ENTRY_INVALID, NULL),
