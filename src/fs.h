@@ -220,8 +220,9 @@ int fs_symlink(struct fs *fs, const char *target, fuse_ino_t parent,
  * x-amz-meta-rdev. EINVAL for another type. */
 int fs_mknod(struct fs *fs, fuse_ino_t parent, const char *name, mode_t mode,
              dev_t rdev, uid_t uid, gid_t gid, struct fs_entry *entry);
-/* Hard links: EPERM, always. */
-int fs_link(struct fs *fs);
+/* Hard links: EPERM, always, or names_check()'s errno for a NAME that
+ * could not be made at all (EILSEQ...). */
+int fs_link(struct fs *fs, const char *name);
 
 /* chmod, chown, utimens, truncate (TO_SET: FUSE_SET_ATTR_* bits; FILE the
  * open file for ftruncate, or NULL). The new attributes go to *out. */

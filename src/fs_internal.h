@@ -212,7 +212,8 @@ bool fs_reads_follow_lookups_locked(const struct inode *dir);
 
 /* -------------------------------------------------------- fs_listing.c */
 
-/* Log a skipped or hidden key once per mount, whatever the relistings. */
+/* Log a skipped or hidden key once per mount, whatever the relistings
+ * (its control characters and bytes that are not UTF-8 as \xNN). */
 void fs_log_key_once(struct fs *fs, const char *key, const char *why);
 
 /* DIR's listing, fresh from the bucket (at most MAX_PAGES pages: EFBIG
@@ -372,7 +373,9 @@ void fs_file_link(struct fs *fs, struct fs_file *file);
 int fs_find_child(struct fs *fs, fuse_ino_t parent, const char *name,
                   bool must_exist, struct inode **out, char **key);
 
-/* The key of NAME in directory PARENT (checked), malloc'd into *key. */
+/* The key of NAME in directory PARENT (checked), malloc'd into *key.
+ * ENOTDIR, ENAMETOOLONG, EILSEQ (a name no listing carries back:
+ * names_check()), EINVAL, ENOMEM. */
 int fs_child_key(struct fs *fs, fuse_ino_t parent_ino, const char *name,
                  bool dir, char **key);
 

@@ -80,8 +80,11 @@ void fs_log_key_once(struct fs *fs, const char *key, const char *why)
         }
     }
     pthread_mutex_unlock(&fs->logged_lock);
-    if (first)
-        log_warn("key '%s' is not shown: %s", key, why);
+    if (first) {
+        char shown[768];
+        names_printable(key, shown, sizeof(shown));
+        log_warn("key '%s' is not shown: %s", shown, why);
+    }
 }
 
 struct listing_builder {
@@ -160,6 +163,9 @@ static int add_page(struct fs *fs, const char *dir_key,
             break;
         }
     }
+    for (size_t i = 0; i < page->skipped_count; i++)
+        fs_log_key_once(fs, page->skipped[i], "the server's listing holds it "
+                        "with a NUL or a bad %-escape, so it cannot be read");
     return err;
 }
 

@@ -116,6 +116,13 @@ static int move_prefix(struct fs *fs, const char *src_prefix, const char *dst_pr
                               "delete; stopping", src_prefix, moved[j]);
                     err = EIO;
                 }
+        /* a key the listing could not read cannot be copied: the move
+         * would leave it behind */
+        if (err == 0 && page.skipped_count > 0) {
+            log_error("rename of %s: '%s' cannot be read from the listing; "
+                      "stopping", src_prefix, page.skipped[0]);
+            err = EIO;
+        }
         if (err != 0) {
             s3xml_listing_free(&page);
             break;

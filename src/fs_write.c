@@ -76,13 +76,11 @@ int fs_child_key(struct fs *fs, fuse_ino_t parent_ino, const char *name,
     inode_table_lock(fs->inodes);
     if (parent->attrs.kind != INODE_DIR)
         err = ENOTDIR;
-    else if (len > NAMES_NAME_MAX)
-        err = ENAMETOOLONG;
-    else if (!names_is_valid(name, len))
-        err = EINVAL;
-    else if ((*key = names_child_key(parent->key, name, len, dir)) == NULL)
+    else
+        err = names_check(name, len); /* EILSEQ: no listing would show it */
+    if (err == 0 && (*key = names_child_key(parent->key, name, len, dir)) == NULL)
         err = ENOMEM;
-    else if (strlen(*key) > NAMES_KEY_MAX)
+    else if (err == 0 && strlen(*key) > NAMES_KEY_MAX)
         err = ENAMETOOLONG; /* S3's limit: the server would refuse it */
     inode_table_unlock(fs->inodes);
     if (err != 0) {
@@ -573,10 +571,12 @@ int fs_mknod(struct fs *fs, fuse_ino_t parent, const char *name, mode_t mode,
     return create_object(fs, parent, name, &body, &meta, &attrs, NULL, entry);
 }
 
-int fs_link(struct fs *fs)
+int fs_link(struct fs *fs, const char *name)
 {
+    int err = names_check(name, strlen(name));
+
     (void)fs;
-    return EPERM; /* S3 has no hard links */
+    return err != 0 ? err : EPERM; /* S3 has no hard links */
 }
 
 /* ------------------------------------------------------ copies */

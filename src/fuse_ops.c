@@ -552,8 +552,7 @@ static void op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t parent,
 {
     (void)ino;
     (void)parent;
-    (void)name;
-    reply_error(req, fs_link(request_fs(req)));
+    reply_error(req, fs_link(request_fs(req), name));
 }
 
 static void op_unlink(fuse_req_t req, fuse_ino_t parent, const char *name)

@@ -5,18 +5,60 @@
 
 #include "names.h"
 
+#include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "text.h"
+
+int names_check(const char *name, size_t len)
+{
+    if (len > NAMES_NAME_MAX)
+        return ENAMETOOLONG;
+    if (len == 0 || memchr(name, '/', len) != NULL)
+        return EINVAL;
+    if (name[0] == '.' && (len == 1 || (len == 2 && name[1] == '.')))
+        return EINVAL;
+    for (size_t at = 0; at < len;) {
+        size_t n = text_xml_char_len(name + at, len - at);
+        if (n == 0 || name[at] == '\r')
+            return EILSEQ;
+        at += n;
+    }
+    return 0;
+}
+
 bool names_is_valid(const char *name, size_t len)
 {
-    if (len == 0 || len > NAMES_NAME_MAX)
-        return false;
-    if (memchr(name, '/', len) != NULL || memchr(name, '\0', len) != NULL)
-        return false;
-    if (name[0] == '.' && (len == 1 || (len == 2 && name[1] == '.')))
-        return false;
-    return true;
+    return names_check(name, len) == 0;
+}
+
+void names_printable(const char *key, char *out, size_t cap)
+{
+    size_t len = strlen(key);
+    size_t used = 0;
+
+    if (cap == 0)
+        return;
+    for (size_t at = 0; at < len;) {
+        size_t n = text_xml_char_len(key + at, len - at);
+        bool escape = n == 0 || (unsigned char)key[at] < 0x20 ||
+                      key[at] == 0x7f;
+        size_t width = escape ? 4 : n;
+        if (used + width >= cap)
+            break;
+        if (escape) {
+            snprintf(out + used, cap - used, "\\x%02x",
+                     (unsigned)(unsigned char)key[at]);
+            at++;
+        } else {
+            memcpy(out + used, key + at, n);
+            at += n;
+        }
+        used += width;
+    }
+    out[used] = '\0';
 }
 
 enum names_entry_kind names_classify(const char *dir_prefix, const char *key,

@@ -4,8 +4,17 @@
  * A directory's key prefix is "" (the bucket root) or ends in '/'. A child
  * called NAME of a directory with prefix P is the object P+NAME (file or
  * symlink) or the prefix P+NAME+"/" (directory). Keys that cannot be file
- * names (empty components, "." or "..", components over NAME_MAX bytes) are
- * reported so the caller can skip them with one log line.
+ * names (empty components, "." or "..", components over NAME_MAX bytes,
+ * bytes a listing does not carry back) are reported so the caller can skip
+ * them with one log line.
+ *
+ * A name is what every server's listing gives back unchanged: UTF-8 (S3
+ * keys are UTF-8; s3rver stores other bytes as their %-escapes, Swift
+ * refuses them) of characters XML 1.0 carries as they are, so no C0
+ * control but tab and LF (servers that ignore encoding-type=url, s3rver
+ * among them, send keys raw in the XML; a raw CR reads as LF), no U+FFFE
+ * or U+FFFF. The same rule decides what a create may make and what a
+ * listing shows, so every name shown can be made again.
  */
 #ifndef S3CFS_NAMES_H
 #define S3CFS_NAMES_H
@@ -19,9 +28,21 @@
 /* Longest key S3 stores (bytes of UTF-8): a longer path cannot be made. */
 #define NAMES_KEY_MAX 1024
 
-/* Whether LEN bytes of NAME can be a file name: 1..255 bytes, no '/' or
- * NUL, not "." or "..". */
+/* Whether LEN bytes of NAME can be a file name: 1..255 bytes, no '/',
+ * not "." or "..", characters a listing carries back (see above). */
 bool names_is_valid(const char *name, size_t len);
+
+/* names_is_valid() as an errno: 0; ENAMETOOLONG over NAMES_NAME_MAX
+ * bytes; EILSEQ for a byte sequence no listing carries back (not UTF-8,
+ * a control character but tab and LF, U+FFFE, U+FFFF; NUL included);
+ * EINVAL for "", ".", ".." or a '/'. */
+int names_check(const char *name, size_t len);
+
+/* KEY as a log line shows it: every byte of a control character (C0, DEL)
+ * or of a sequence that is not UTF-8 written as \xNN, the rest as it is,
+ * into OUT (CAP bytes, NUL-terminated; cut short, never inside an
+ * escape, when it does not fit). */
+void names_printable(const char *key, char *out, size_t cap);
 
 enum names_entry_kind {
     NAMES_ENTRY_FILE,      /* an object directly under the prefix */

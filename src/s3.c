@@ -141,7 +141,10 @@ int s3_check_bucket(struct s3_client *client, const char *prefix,
     };
     int err;
 
-    if (!query_add(query, sizeof(query), "list-type", "2") ||
+    /* (url-encoded keys: Swift answers 500 to a page with a control
+     * character in a key otherwise) */
+    if (!query_add(query, sizeof(query), "encoding-type", "url") ||
+        !query_add(query, sizeof(query), "list-type", "2") ||
         !query_add(query, sizeof(query), "max-keys", "1") ||
         !query_add(query, sizeof(query), "prefix", prefix ? prefix : "")) {
         why->err = ENAMETOOLONG;

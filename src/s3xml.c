@@ -14,8 +14,20 @@
  * EncodingType=url: S3 percent-encodes keys and prefixes. Only %XX is
  * decoded; '+' stays '+'. AWS, Ceph and Swift encode a literal '+' in a key
  * as %2B and a space as %20, so reading '+' as a space would corrupt keys
- * that contain '+'. Without it, XML end-of-line handling turns a raw CR in
- * a key into LF, so callers should list with encoding-type=url.
+ * that contain '+'. The bytes decoded are the key, UTF-8 or not. The
+ * continuation token is opaque and never decoded (the S3 API encodes
+ * only Delimiter, Prefix, Key and StartAfter).
+ *
+ * Keys sent raw: a server that ignores encoding-type=url (s3rver) writes
+ * keys into the XML as they are, bytes XML 1.0 cannot carry (controls,
+ * not UTF-8) included, and expat would refuse the whole page for one of
+ * them. Such bytes are fed to expat as '|' (scrub(), a copy made only
+ * when there are any), and a key's text is taken from the body's own
+ * bytes wherever expat hands it out as it stands there (key_bytes()): the
+ * key is read exactly, a raw CR too (XML would read it as LF). The body
+ * is read as UTF-8 whatever its declaration says, so scrub() and expat
+ * agree on what a character is. A key no C string holds (a NUL) or that
+ * cannot be decoded is left out of the page, kept in listing->skipped.
  */
 #ifndef _DEFAULT_SOURCE
 #define _DEFAULT_SOURCE 1 /* timegm() */
@@ -28,6 +40,8 @@
 #include <string.h>
 
 #include <expat.h>
+
+#include "text.h"
 
 /* Namespace separator: a character XML forbids even as a character
  * reference, so it can never be part of a namespace URI or a name. */
@@ -117,12 +131,21 @@ struct parse_ctx {
     unsigned obj_seen;          /* SEEN_* bits of the current <Contents> */
     size_t text_len;
     char text[S3XML_MAX_TEXT + 1];
+    bool text_has_nul;          /* the key being captured holds a NUL */
+
+    /* the body as received, and what expat reads: the same, or a copy
+     * with '|' for the bytes XML cannot carry (see the file header) */
+    const char *raw;
+    const char *fed;
+    size_t fed_len;
 
     /* KIND_LISTING */
     struct s3xml_listing listing;
     size_t objects_cap;
     size_t prefixes_cap;
     struct s3xml_object obj;    /* <Contents> being built */
+    bool obj_skipped;           /* its key went to listing.skipped */
+    size_t skipped_cap;
     bool url_encoded;
 
     /* ROOT_ERROR (KIND_ERROR, KIND_ETAG) */
@@ -205,6 +228,9 @@ void s3xml_listing_free(struct s3xml_listing *listing)
         free(listing->prefixes[i]);
     free(listing->prefixes);
     free(listing->next_token);
+    for (size_t i = 0; i < listing->skipped_count; i++)
+        free(listing->skipped[i]);
+    free(listing->skipped);
     memset(listing, 0, sizeof(*listing));
 }
 
@@ -227,7 +253,43 @@ static void *reserve(void *array, size_t *cap, size_t count, size_t size)
 
 static size_t entry_count(const struct parse_ctx *c)
 {
-    return c->listing.object_count + c->listing.prefix_count;
+    return c->listing.object_count + c->listing.prefix_count +
+           c->listing.skipped_count;
+}
+
+/* Leave the key TEXT (LEN bytes) out of the page: keep it for a log
+ * line, as sent, a NUL written %00, cut to S3XML_MAX_TEXT bytes. */
+static int skip_key(struct parse_ctx *c, const char *text, size_t len)
+{
+    struct s3xml_listing *l = &c->listing;
+    size_t shown_len = 0, n = 0;
+    char *shown;
+    void *p;
+
+    for (; n < len; n++) {
+        size_t width = text[n] == '\0' ? 3 : 1;
+        if (shown_len + width > S3XML_MAX_TEXT)
+            break;
+        shown_len += width;
+    }
+    p = reserve(l->skipped, &c->skipped_cap, l->skipped_count,
+                sizeof(*l->skipped));
+    if (p == NULL)
+        return ENOMEM;
+    l->skipped = p;
+    if ((shown = malloc(shown_len + 1)) == NULL)
+        return ENOMEM;
+    for (size_t i = 0, at = 0; i < n; i++) {
+        if (text[i] == '\0') {
+            memcpy(shown + at, "%00", 3);
+            at += 3;
+        } else {
+            shown[at++] = text[i];
+        }
+    }
+    shown[shown_len] = '\0';
+    l->skipped[l->skipped_count++] = shown;
+    return 0;
 }
 
 static char *text_dup(const struct parse_ctx *c)
@@ -317,7 +379,13 @@ static int finish_field(struct parse_ctx *c)
         rc = claim(&c->obj_seen, SEEN_KEY);
         if (rc == 0 && c->text_len == 0)
             rc = EPROTO;
-        slot = &c->obj.key;
+        if (rc == 0 && c->text_has_nul) {
+            c->obj_skipped = true;
+            rc = entry_count(c) >= MAX_ENTRIES
+                     ? EOVERFLOW : skip_key(c, c->text, c->text_len);
+        } else {
+            slot = &c->obj.key;
+        }
         break;
     case F_SIZE:
         rc = claim(&c->obj_seen, SEEN_SIZE);
@@ -338,7 +406,9 @@ static int finish_field(struct parse_ctx *c)
             rc = EPROTO;
         else if (entry_count(c) >= MAX_ENTRIES)
             rc = EOVERFLOW;
-        if (rc != 0)
+        else if (c->text_has_nul)
+            rc = skip_key(c, c->text, c->text_len);
+        if (rc != 0 || c->text_has_nul)
             break;
         p = reserve(l->prefixes, &c->prefixes_cap, l->prefix_count,
                     sizeof(*l->prefixes));
@@ -392,6 +462,8 @@ static int finish_object(struct parse_ctx *c)
         rc = EPROTO;
         goto out;
     }
+    if (c->obj_skipped)
+        goto out;   /* counted among the skipped already */
     if (entry_count(c) >= MAX_ENTRIES) {
         rc = EOVERFLOW;
         goto out;
@@ -441,6 +513,7 @@ static void XMLCALL on_start(void *ud, const XML_Char *name,
         if (c->root == ROOT_LISTING && strcmp(local, "Contents") == 0) {
             c->section = SEC_CONTENTS;
             c->obj_seen = 0;
+            c->obj_skipped = false;
         } else if (c->root == ROOT_LISTING &&
                    strcmp(local, "CommonPrefixes") == 0) {
             c->section = SEC_PREFIXES;
@@ -449,6 +522,7 @@ static void XMLCALL on_start(void *ud, const XML_Char *name,
     c->field = field_for(c, local);
     c->text_len = 0;
     c->text[0] = '\0';
+    c->text_has_nul = false;
 }
 
 static void XMLCALL on_end(void *ud, const XML_Char *name)
@@ -474,13 +548,40 @@ static void XMLCALL on_end(void *ud, const XML_Char *name)
         fail(c, rc);
 }
 
+/* A key's text as the body holds it: where expat hands out TEXT (*LEN
+ * bytes) as it stands in what it was fed, or an end of line for a raw CR,
+ * the body's own bytes in *TEXT and *LEN instead (bytes XML cannot carry,
+ * fed as '|', and a raw CR are the key's). Entities and character
+ * references stay expat's to decode. */
+static void key_bytes(struct parse_ctx *c, const char **text, size_t *len)
+{
+    XML_Index at = XML_GetCurrentByteIndex(c->parser);
+    int count = XML_GetCurrentByteCount(c->parser);
+
+    if (at < 0 || count <= 0 || (uint64_t)at > c->fed_len ||
+        (size_t)count > c->fed_len - (size_t)at)
+        return;
+    const char *fed = c->fed + at;
+    bool as_fed = (size_t)count == *len && memcmp(fed, *text, *len) == 0;
+    bool raw_cr = *len == 1 && **text == '\n' && fed[0] == '\r';
+    if (!as_fed && !raw_cr)
+        return;
+    *text = c->raw + at;
+    *len = (size_t)count;
+    if (memchr(*text, '\0', *len) != NULL)
+        c->text_has_nul = true;
+}
+
 static void XMLCALL on_text(void *ud, const XML_Char *s, int len)
 {
     struct parse_ctx *c = ud;
+    const char *text = s;
     size_t n = (size_t)len;
 
     if (c->err != 0 || c->field == F_NONE || len <= 0)
         return;
+    if (c->field == F_KEY || c->field == F_PREFIX)
+        key_bytes(c, &text, &n);
     if (n > S3XML_MAX_TEXT - c->text_len) {
         /* Error codes and messages are truncated on output anyway. */
         if (c->field != F_CODE && c->field != F_MESSAGE) {
@@ -489,7 +590,7 @@ static void XMLCALL on_text(void *ud, const XML_Char *s, int len)
         }
         n = S3XML_MAX_TEXT - c->text_len;
     }
-    memcpy(c->text + c->text_len, s, n);
+    memcpy(c->text + c->text_len, text, n);
     c->text_len += n;
     c->text[c->text_len] = '\0';
 }
@@ -526,11 +627,38 @@ static void XMLCALL on_entity_decl(void *ud, const XML_Char *name,
     fail(ud, EPROTO);
 }
 
+/* A copy of BODY (LEN bytes) with '|' for every byte that is part of no
+ * XML 1.0 character, into *OUT; NULL there when there is none. '|' is no
+ * markup: where it stands for a byte of markup, the document stays
+ * malformed. 0 or ENOMEM. */
+static int scrub(const char *body, size_t len, char **out)
+{
+    char *copy = NULL;
+
+    *out = NULL;
+    for (size_t at = 0; at < len;) {
+        size_t n = text_xml_char_len(body + at, len - at);
+        if (n > 0) {
+            at += n;
+            continue;
+        }
+        if (copy == NULL) {
+            if ((copy = malloc(len)) == NULL)
+                return ENOMEM;
+            memcpy(copy, body, len);
+        }
+        copy[at++] = '|';
+    }
+    *out = copy;
+    return 0;
+}
+
 /* Parse BODY into C. Leading white space is skipped: S3 and Swift send
  * spaces as keep-alives before a CompleteMultipartUpload result, which
  * would otherwise put text before the XML declaration. */
 static int run_parser(struct parse_ctx *c, const char *body, size_t len)
 {
+    char *scrubbed = NULL;
     int rc = 0;
 
     if (body == NULL)
@@ -545,7 +673,14 @@ static int run_parser(struct parse_ctx *c, const char *body, size_t len)
         goto out;
     }
 
-    c->parser = XML_ParserCreateNS(NULL, NS_SEP);
+    rc = scrub(body, len, &scrubbed);
+    if (rc != 0)
+        goto out;
+    c->raw = body;
+    c->fed = scrubbed != NULL ? scrubbed : body;
+    c->fed_len = len;
+
+    c->parser = XML_ParserCreateNS("UTF-8", NS_SEP);
     if (c->parser == NULL) {
         rc = ENOMEM;
         goto out;
@@ -557,11 +692,11 @@ static int run_parser(struct parse_ctx *c, const char *body, size_t len)
     XML_SetEntityDeclHandler(c->parser, on_entity_decl);
     XML_SetParamEntityParsing(c->parser, XML_PARAM_ENTITY_PARSING_NEVER);
 
-    while (len > 0) {
-        size_t n = len < FEED_CHUNK ? len : FEED_CHUNK;
-        int final = n == len;
+    for (size_t at = 0; at < len;) {
+        size_t n = len - at < FEED_CHUNK ? len - at : FEED_CHUNK;
+        int final = at + n == len;
 
-        if (XML_Parse(c->parser, body, (int)n, final) != XML_STATUS_OK) {
+        if (XML_Parse(c->parser, c->fed + at, (int)n, final) != XML_STATUS_OK) {
             if (c->err != 0)
                 rc = c->err;
             else if (XML_GetErrorCode(c->parser) == XML_ERROR_NO_MEMORY)
@@ -570,13 +705,14 @@ static int run_parser(struct parse_ctx *c, const char *body, size_t len)
                 rc = EPROTO;
             goto out;
         }
-        body += n;
-        len -= n;
+        at += n;
     }
     rc = c->err;
 out:
     XML_ParserFree(c->parser);     /* NULL is fine */
     c->parser = NULL;
+    c->raw = c->fed = NULL;
+    free(scrubbed);
     return rc;
 }
 
@@ -591,70 +727,61 @@ static int hex_value(char ch)
     return -1;
 }
 
-/* Strict UTF-8: no overlongs, no surrogates, nothing above U+10FFFF. */
-static bool utf8_valid(const unsigned char *s)
+/* TEXT with %XX decoded into *OUT (malloc'd). '+' is kept (see the file
+ * header); the bytes decoded are the key's, UTF-8 or not. EPROTO for a bad
+ * escape or an encoded NUL (no string holds it), ENOMEM. */
+static int url_decode(const char *text, char **out)
 {
-    while (*s != '\0') {
-        unsigned char b = *s;
-        unsigned need;
-        uint32_t cp;
+    char *decoded = malloc(strlen(text) + 1);
+    char *w = decoded;
+    int rc = 0;
 
-        if (b < 0x80) {
-            s++;
-            continue;
-        }
-        if (b >= 0xC2 && b <= 0xDF) {
-            need = 1;
-            cp = b & 0x1F;
-        } else if (b >= 0xE0 && b <= 0xEF) {
-            need = 2;
-            cp = b & 0x0F;
-        } else if (b >= 0xF0 && b <= 0xF4) {
-            need = 3;
-            cp = b & 0x07;
-        } else {
-            return false;
-        }
-        for (unsigned i = 1; i <= need; i++) {
-            if ((s[i] & 0xC0) != 0x80)
-                return false;
-            cp = (cp << 6) | (s[i] & 0x3F);
-        }
-        if ((need == 2 && cp < 0x800) || (need == 3 && cp < 0x10000) ||
-            cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
-            return false;
-        s += need + 1;
-    }
-    return true;
-}
+    *out = NULL;
+    if (decoded == NULL)
+        return ENOMEM;
+    for (const char *r = text; *r != '\0' && rc == 0;) {
+        int hi = *r == '%' ? hex_value(r[1]) : -1;
+        int lo = hi < 0 ? -1 : hex_value(r[2]);
 
-/* Decode %XX in place. '+' is kept (see the file header). A bad escape,
- * an encoded NUL or a result that is not UTF-8 is a protocol error. */
-static int url_decode(char *s)
-{
-    char *r = s;
-    char *w = s;
-
-    while (*r != '\0') {
-        if (*r == '%') {
-            int hi = hex_value(r[1]);
-            int lo = hi < 0 ? -1 : hex_value(r[2]);
-
-            if (lo < 0 || (hi | lo) == 0)
-                return EPROTO;
+        if (*r != '%')
+            *w++ = *r++;
+        else if (lo < 0 || (hi | lo) == 0)
+            rc = EPROTO;
+        else {
             *w++ = (char)(hi << 4 | lo);
             r += 3;
-        } else {
-            *w++ = *r++;
         }
     }
     *w = '\0';
-    return utf8_valid((const unsigned char *)s) ? 0 : EPROTO;
+    if (rc == 0)
+        *out = decoded;
+    else
+        free(decoded);
+    return rc;
+}
+
+/* EncodingType=url: *KEY decoded in place of the text sent; one that
+ * cannot be decoded goes to the skipped ones, and *KEY is freed and
+ * NULL. 0 or ENOMEM. */
+static int decode_key(struct parse_ctx *c, char **key)
+{
+    char *decoded = NULL;
+    int rc = url_decode(*key, &decoded);
+
+    if (rc == EPROTO)
+        rc = skip_key(c, *key, strlen(*key));
+    else if (rc != 0)
+        goto out;
+    free(*key);
+    *key = decoded;
+out:
+    return rc;
 }
 
 static int finish_listing(struct parse_ctx *c)
 {
     struct s3xml_listing *l = &c->listing;
+    size_t kept = 0;
     int rc = 0;
 
     /* A truncated page we cannot continue would loop or lose entries. */
@@ -664,20 +791,25 @@ static int finish_listing(struct parse_ctx *c)
     }
     if (!c->url_encoded)
         goto out;
+    /* (entries left out close up; after a failure the rest are kept as
+     * they are, for s3xml_listing_free()) */
     for (size_t i = 0; i < l->object_count; i++) {
-        rc = url_decode(l->objects[i].key);
-        if (rc == 0 && l->objects[i].key[0] == '\0')
-            rc = EPROTO;
-        if (rc != 0)
-            goto out;
+        if (rc == 0)
+            rc = decode_key(c, &l->objects[i].key);
+        if (l->objects[i].key == NULL)
+            free_object(&l->objects[i]);
+        else
+            l->objects[kept++] = l->objects[i];
     }
+    l->object_count = kept;
+    kept = 0;
     for (size_t i = 0; i < l->prefix_count; i++) {
-        rc = url_decode(l->prefixes[i]);
-        if (rc == 0 && l->prefixes[i][0] == '\0')
-            rc = EPROTO;
-        if (rc != 0)
-            goto out;
+        if (rc == 0)
+            rc = decode_key(c, &l->prefixes[i]);
+        if (l->prefixes[i] != NULL)
+            l->prefixes[kept++] = l->prefixes[i];
     }
+    l->prefix_count = kept;
 out:
     return rc;
 }

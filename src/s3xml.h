@@ -8,6 +8,13 @@
  * produce is capped (S3XML_MAX_TEXT), so a hostile server cannot make the
  * daemon allocate without bound.
  *
+ * Keys are bytes, read as the server holds them: a key with bytes XML 1.0
+ * cannot carry (controls, not UTF-8), which servers that ignore
+ * encoding-type=url (s3rver) write raw into the document, is read
+ * exactly, the rest of the page with it; so is a raw CR, which XML would
+ * read as LF. Whether a key can be a file name is names.c's to say. In
+ * every other text, such a byte reads as '|'.
+ *
  * Thread-safe: no shared state.
  */
 #ifndef S3CFS_S3XML_H
@@ -23,8 +30,9 @@
 
 /* One <Contents> entry of a listing. */
 struct s3xml_object {
-    char *key;               /* full key, UTF-8, URL-decoded if the listing
-                                said EncodingType=url */
+    char *key;               /* full key, bytes as the server holds them
+                                (not always UTF-8), URL-decoded if the
+                                listing said EncodingType=url */
     uint64_t size;
     char *etag;              /* as sent, quotes included: "\"abc...\"" */
     struct timespec mtime;   /* LastModified, UTC (fraction kept) */
@@ -38,7 +46,14 @@ struct s3xml_listing {
     char **prefixes;          /* <CommonPrefixes><Prefix> values, decoded */
     size_t prefix_count;
     bool truncated;           /* <IsTruncated>true */
-    char *next_token;         /* <NextContinuationToken>, NULL if none */
+    char *next_token;         /* <NextContinuationToken>, NULL if none
+                                 (opaque: never URL-decoded) */
+    char **skipped;           /* keys and prefixes left out of the page: no
+                                 string holds them (a NUL) or they cannot
+                                 be decoded (a bad %-escape); each as the
+                                 server sent it, a NUL written %00, cut to
+                                 S3XML_MAX_TEXT bytes: for a log line */
+    size_t skipped_count;
 };
 
 /* Parsed <Error> document. Fields are empty strings when absent;
@@ -51,7 +66,8 @@ struct s3xml_error {
 /*
  * Parse a ListObjectsV2 response body of LEN bytes. Returns 0 and fills
  * *out (zeroed first), EPROTO when the body is not a ListBucketResult or is
- * malformed, EOVERFLOW when a text exceeds S3XML_MAX_TEXT, ENOMEM. On error
+ * malformed, EOVERFLOW when a text exceeds S3XML_MAX_TEXT, ENOMEM. A key
+ * that cannot be read is no failure: it goes to out->skipped. On error
  * *out is left empty (nothing to free, though freeing is harmless).
  */
 int s3xml_parse_listing(const char *body, size_t len, struct s3xml_listing *out);

@@ -36,3 +36,38 @@ void text_set_err(char *errbuf, size_t errlen, const char *fmt, ...)
     vsnprintf(errbuf, errlen, fmt, ap);
     va_end(ap);
 }
+
+size_t text_xml_char_len(const char *text, size_t len)
+{
+    const unsigned char *s = (const unsigned char *)text;
+    size_t need;
+    uint32_t code;
+
+    if (s[0] < 0x80)
+        return s[0] >= 0x20 || s[0] == '\t' || s[0] == '\n' || s[0] == '\r'
+                   ? 1 : 0;
+    if (s[0] >= 0xC2 && s[0] <= 0xDF) {
+        need = 2;
+        code = s[0] & 0x1Fu;
+    } else if (s[0] >= 0xE0 && s[0] <= 0xEF) {
+        need = 3;
+        code = s[0] & 0x0Fu;
+    } else if (s[0] >= 0xF0 && s[0] <= 0xF4) {
+        need = 4;
+        code = s[0] & 0x07u;
+    } else {
+        return 0;   /* a continuation byte, C0/C1 (overlong), F5..FF */
+    }
+    if (len < need)
+        return 0;
+    for (size_t i = 1; i < need; i++) {
+        if ((s[i] & 0xC0) != 0x80)
+            return 0;
+        code = code << 6 | (s[i] & 0x3Fu);
+    }
+    if ((need == 3 && code < 0x800) || (need == 4 && code < 0x10000) ||
+        code > 0x10FFFF || (code >= 0xD800 && code <= 0xDFFF) ||
+        code == 0xFFFE || code == 0xFFFF)
+        return 0;
+    return need;
+}

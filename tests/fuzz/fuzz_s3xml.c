@@ -6,8 +6,10 @@
  * struct), and its first line to s3xml_parse_time(). Beyond ASan and UBSan,
  * the target checks what s3xml.h promises: only the errno values listed,
  * empty outputs after a failure, every string produced at most
- * S3XML_MAX_TEXT bytes, valid UTF-8 (expat hands out nothing else, and
- * truncation must not split a sequence), decoded keys never empty, a
+ * S3XML_MAX_TEXT bytes, valid UTF-8 but in keys and prefixes, which are
+ * bytes as the server holds them (expat hands out nothing else, bytes XML
+ * cannot carry read as '|', and truncation must not split a sequence),
+ * keys, prefixes and the keys left out never empty, a
  * truncated page always with a token, times that gmtime() turns back into
  * the digits they came from, and results that do not depend on where the
  * body is cut into feeds. A broken promise aborts, which libFuzzer reports
@@ -86,6 +88,14 @@ static void check_text(const char *text, bool may_be_empty)
     CHECK(utf8_ok(text));
 }
 
+/* A key or prefix: present, capped, not empty; any bytes. */
+static void check_key(const char *key)
+{
+    CHECK(key != NULL);
+    CHECK(strlen(key) <= S3XML_MAX_TEXT);
+    CHECK(key[0] != '\0');
+}
+
 static bool all_zero(const void *p, size_t len)
 {
     const unsigned char *b = p;
@@ -119,12 +129,15 @@ static void fuzz_listing(const char *body, size_t len)
     for (size_t i = 0; i < listing.object_count; i++) {
         const struct s3xml_object *obj = &listing.objects[i];
 
-        check_text(obj->key, false);
+        check_key(obj->key);
         check_text(obj->etag, true);
         CHECK(obj->mtime.tv_nsec >= 0 && obj->mtime.tv_nsec < 1000000000L);
     }
     for (size_t i = 0; i < listing.prefix_count; i++)
-        check_text(listing.prefixes[i], false);
+        check_key(listing.prefixes[i]);
+    CHECK(listing.skipped_count == 0 || listing.skipped != NULL);
+    for (size_t i = 0; i < listing.skipped_count; i++)
+        check_key(listing.skipped[i]);
     if (listing.next_token != NULL)
         check_text(listing.next_token, false);
     CHECK(!listing.truncated || listing.next_token != NULL);
@@ -240,9 +253,13 @@ static bool same_listing(const struct s3xml_listing *a,
                          const struct s3xml_listing *b)
 {
     if (a->object_count != b->object_count ||
-        a->prefix_count != b->prefix_count || a->truncated != b->truncated ||
+        a->prefix_count != b->prefix_count ||
+        a->skipped_count != b->skipped_count || a->truncated != b->truncated ||
         !same_text(a->next_token, b->next_token))
         return false;
+    for (size_t i = 0; i < a->skipped_count; i++)
+        if (!same_text(a->skipped[i], b->skipped[i]))
+            return false;
     for (size_t i = 0; i < a->object_count; i++) {
         const struct s3xml_object *x = &a->objects[i], *y = &b->objects[i];
 

@@ -2501,8 +2501,8 @@ static void test_unlink_rmdir_mkdir_symlink(void **state)
 
 /* A name no listing would carry back unchanged is refused with EILSEQ
  * by every call that makes one (create, mkdir, symlink, mknod, a
- * rename's target), before any request; names listings do carry are
- * made as ever. */
+ * rename's target, a hard link's), before any request; names listings
+ * do carry are made as ever. */
 static void test_names_listings_cannot_carry_are_refused(void **state)
 {
     static const char *const refused[] = {
@@ -2541,7 +2541,11 @@ static void test_names_listings_cannot_carry_are_refused(void **state)
         err = fs_rename(f->fs, ROOT, "src", ROOT, name, 0);
         if (err != EILSEQ)
             fail_msg("rename to name %zu: %d, want EILSEQ", i, err);
+        err = fs_link(f->fs, name);
+        if (err != EILSEQ)
+            fail_msg("link to name %zu: %d, want EILSEQ", i, err);
     }
+    assert_int_equal(fs_link(f->fs, "fine"), EPERM); /* no hard links */
     assert_string_equal(changes_since(f, mark), "");
     assert_string_equal(bucket_of(f), "src");
     assert_int_equal(lookup(f, ROOT, "src", NULL), src);

@@ -24,6 +24,8 @@
 
 #include <cmocka.h>
 
+#include <errno.h>
+
 #include "names.h"
 
 #define ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
@@ -156,6 +158,75 @@ static void test_is_valid_table(void **state)
                      !c->valid, c->valid);
         free(owned);
     }
+}
+
+/* The errno of each way a name is refused: what a create returns. */
+static void test_check_errnos(void **state)
+{
+    static const struct {
+        const char *text;
+        size_t len;
+        int err;
+    } rows[] = {
+        {"a", 1, 0},
+        {"caf\xc3\xa9", 5, 0},
+        {"", 0, EINVAL},
+        {".", 1, EINVAL},
+        {"..", 2, EINVAL},
+        {"a/b", 3, EINVAL},
+        {"a\x01" "b", 3, EILSEQ},
+        {"a\rb", 3, EILSEQ},
+        {"a\0b", 3, EILSEQ},
+        {"\xff", 1, EILSEQ},
+        {"\xef\xbf\xbe", 3, EILSEQ},
+    };
+    char *long_name = build("", "n", NAMES_NAME_MAX + 1, "");
+
+    (void)state;
+    for (size_t i = 0; i < ARRAY_LEN(rows); i++)
+        if (names_check(rows[i].text, rows[i].len) != rows[i].err)
+            fail_msg("row %zu: names_check is %d, expected %d", i,
+                     names_check(rows[i].text, rows[i].len), rows[i].err);
+    assert_int_equal(names_check(long_name, NAMES_NAME_MAX + 1), ENAMETOOLONG);
+    long_name[3] = '\x01';   /* too long first */
+    assert_int_equal(names_check(long_name, NAMES_NAME_MAX + 1), ENAMETOOLONG);
+    free(long_name);
+}
+
+/* How a key that is no name shows in a log line. */
+static void test_printable(void **state)
+{
+    static const struct {
+        const char *key;
+        const char *shown;
+    } rows[] = {
+        {"plain/key", "plain/key"},
+        {"d/ctl\x01name", "d/ctl\\x01name"},
+        {"d/cr\rx\n\t", "d/cr\\x0dx\\x0a\\x09"},
+        {"del\x7f", "del\\x7f"},
+        {"caf\xc3\xa9", "caf\xc3\xa9"},
+        {"bad\xff\xc3", "bad\\xff\\xc3"},
+        {"\xef\xbf\xbe", "\\xef\\xbf\\xbe"},
+        {"back\\slash", "back\\slash"},
+    };
+    char out[64];
+
+    (void)state;
+    for (size_t i = 0; i < ARRAY_LEN(rows); i++) {
+        names_printable(rows[i].key, out, sizeof(out));
+        if (strcmp(out, rows[i].shown) != 0)
+            fail_msg("row %zu: \"%s\", expected \"%s\"", i, out,
+                     rows[i].shown);
+    }
+    /* cut short at a whole escape or character */
+    names_printable("ab\x01" "cd", out, 6);
+    assert_string_equal(out, "ab");
+    names_printable("ab\x01" "cd", out, 7);
+    assert_string_equal(out, "ab\\x01");
+    names_printable("a\xc3\xa9", out, 3);
+    assert_string_equal(out, "a");
+    names_printable("abc", out, 1);
+    assert_string_equal(out, "");
 }
 
 /* ---------------------------------------------------- names_classify */
@@ -388,6 +459,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_is_valid_table),
+        cmocka_unit_test(test_check_errnos),
+        cmocka_unit_test(test_printable),
         cmocka_unit_test(test_classify_table),
         cmocka_unit_test(test_classify_long_prefix),
         cmocka_unit_test(test_child_key_table),

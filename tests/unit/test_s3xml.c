@@ -86,6 +86,8 @@ static void poison_listing(struct s3xml_listing *l)
     l->prefix_count = 7;
     l->truncated = true;
     l->next_token = junk;
+    l->skipped = (char **)(void *)junk;
+    l->skipped_count = 7;
 }
 
 static void assert_listing_empty(const struct s3xml_listing *l)
@@ -96,6 +98,8 @@ static void assert_listing_empty(const struct s3xml_listing *l)
     assert_int_equal(l->prefix_count, 0);
     assert_false(l->truncated);
     assert_null(l->next_token);
+    assert_null(l->skipped);
+    assert_int_equal(l->skipped_count, 0);
 }
 
 /* Expect RC from parsing BODY as a listing, and nothing left behind. */
@@ -544,6 +548,11 @@ static void test_listing_unreadable_keys_are_left_out(void **state)
         if (l.object_count != 0 || l.prefix_count != 0)
             fail_msg("%s: %zu objects, %zu prefixes listed", bad[i],
                      l.object_count, l.prefix_count);
+        /* kept as sent, for the log line */
+        assert_int_equal(l.skipped_count, 2);
+        assert_string_equal(l.skipped[0], bad[i]);
+        assert_memory_equal(l.skipped[1], bad[i], strlen(bad[i]));
+        assert_string_equal(l.skipped[1] + strlen(bad[i]), "/");
         s3xml_listing_free(&l);
         free(body);
     }
@@ -569,6 +578,9 @@ static void test_listing_unreadable_keys_are_left_out(void **state)
     assert_string_equal(l.objects[0].key, "a");
     assert_string_equal(l.objects[1].key, "d");
     assert_int_equal(l.prefix_count, 0);
+    assert_int_equal(l.skipped_count, 2);
+    assert_string_equal(l.skipped[0], "b%00c");
+    assert_string_equal(l.skipped[1], "p%00/");
     s3xml_listing_free(&l);
     assert_int_equal(parse_listing_str(url_bad, &l), 0);
     assert_int_equal(l.object_count, 2);
@@ -576,7 +588,12 @@ static void test_listing_unreadable_keys_are_left_out(void **state)
     assert_string_equal(l.objects[1].key, "e");
     assert_int_equal(l.prefix_count, 1);
     assert_string_equal(l.prefixes[0], "q/");
+    assert_int_equal(l.skipped_count, 3);
+    assert_string_equal(l.skipped[0], "b%00c");
+    assert_string_equal(l.skipped[1], "d%2");
+    assert_string_equal(l.skipped[2], "p%zz/");
     s3xml_listing_free(&l);
+    assert_listing_empty(&l);
 }
 
 /* s3rver ignores encoding-type=url and writes keys into the XML as they
@@ -789,6 +806,47 @@ static void test_listing_entry_cap(void **state)
     body = prefixes_body(100001);
     expect_listing_fails("100001 prefixes", body, strlen(body), EOVERFLOW);
     free(body);
+
+    /* keys left out count too: one more of them is one too many */
+    struct buf b = { 0 };
+    buf_add(&b, "<ListBucketResult><EncodingType>url</EncodingType>");
+    for (size_t i = 0; i < 99999; i++)
+        buf_add(&b, "<CommonPrefixes><Prefix>p%zu/</Prefix>"
+                "</CommonPrefixes>", i);
+    buf_add(&b, "<Contents><Key>k%%00</Key><Size>1</Size></Contents>"
+            "</ListBucketResult>");
+    assert_int_equal(parse_listing_str(b.p, &l), 0);
+    assert_int_equal(l.prefix_count, 99999);
+    assert_int_equal(l.skipped_count, 1);
+    s3xml_listing_free(&l);
+    b.len -= strlen("</ListBucketResult>");
+    buf_add(&b, "<Contents><Key>k%%00</Key><Size>1</Size></Contents>"
+            "</ListBucketResult>");
+    expect_listing_fails("100000 prefixes and 2 keys left out", b.p, b.len,
+                         EOVERFLOW);
+    free(b.p);
+}
+
+/* A key of raw NULs is kept for its log line cut to S3XML_MAX_TEXT bytes,
+ * a whole %00 at a time. */
+static void test_listing_skipped_key_cap(void **state)
+{
+    struct buf b = { 0 };
+    struct s3xml_listing l;
+
+    (void)state;
+    buf_add(&b, "<ListBucketResult><Contents><Key>x");
+    size_t nul_at = b.len;
+    buf_repeat(&b, "n", 2000);
+    buf_add(&b, "</Key><Size>1</Size></Contents></ListBucketResult>");
+    memset(b.p + nul_at, '\0', 2000);
+    assert_int_equal(s3xml_parse_listing(b.p, b.len, &l), 0);
+    assert_int_equal(l.object_count, 0);
+    assert_int_equal(l.skipped_count, 1);
+    assert_int_equal(strlen(l.skipped[0]), 1 + 3 * ((S3XML_MAX_TEXT - 1) / 3));
+    assert_memory_equal(l.skipped[0], "x%00%00", 7);
+    s3xml_listing_free(&l);
+    free(b.p);
 }
 
 /* ------------------------------------------------- broken listings */
@@ -994,7 +1052,7 @@ static const struct error_case error_cases[] = {
       "<Message>The specified key does not exist.</Message>"
       "<Key>dir/a&amp;b.txt</Key></Error>",
       "NoSuchKey", "The specified key does not exist." },
-    { "s3rver NoSuchKey, a control character in the key",
+    { "a raw control character in an element not read",
       XML_DECL "<Error><Code>NoSuchKey</Code>"
       "<Message>The specified key does not exist.</Message>"
       "<Key>d/ctl\x01name</Key></Error>",
@@ -1465,6 +1523,7 @@ int main(void)
         cmocka_unit_test(test_listing_long_token_and_prefix),
         cmocka_unit_test(test_listing_split_across_feeds),
         cmocka_unit_test(test_listing_entry_cap),
+        cmocka_unit_test(test_listing_skipped_key_cap),
         cmocka_unit_test(test_listing_bad),
         cmocka_unit_test(test_doctype_refused),
         cmocka_unit_test(test_error_documents),
