@@ -164,14 +164,19 @@ def test_crash_uploads_what_was_closed(server, s3, bucket, proxy, mount,
     assert sha(object_bytes(s3, bucket, 'model.bin')) == sha(closed)
 
 
+@pytest.mark.parametrize('moment', ['copy', 'delete'])
 def test_crash_during_a_rename_over_a_pending_file(server, s3, bucket, proxy,
-                                                  mount, tmp_path):
+                                                  mount, tmp_path, moment):
     """-o writeback: b closed (journaled, not uploaded: another descriptor
     keeps it open for writing), then a (in the bucket) renamed over b, and
-    kill -9 while the rename's server-side copy is held at the proxy. The
-    next mount leaves b with one of its two versions: b's promise or a's
-    bytes. (Before: b's journal entry was dropped before the copy, and b
-    was gone.)"""
+    kill -9 while the rename's server-side copy is held at the proxy, or
+    once the DELETE of a has been done by the server and its answer lost
+    (its retries reset).
+    The next mount leaves the whole state as before the rename (a with its
+    bytes, b with its promise) or as after it (no a, b with a's bytes).
+    (Before: b's journal entry was dropped before the copy, and b was
+    gone; then the DELETE of a went before b's promise was dropped, and a
+    crash in between uploaded b's promise over the copy: a was lost.)"""
     cache = tmp_path / 'cache'
     mnt = mount(bucket, options=['writeback'], endpoint=proxy.endpoint,
                 cache=cache)
@@ -186,26 +191,43 @@ def test_crash_during_a_rename_over_a_pending_file(server, s3, bucket, proxy,
         write_file(mnt.path / 'b', b_data)
         time.sleep(0.5)   # past the settle: b stays unsent while open
         assert head(s3, bucket, 'b') is None
-        proxy.inject('hold', HOLD_ALL, put_to('b'))
+        if moment == 'copy':
+            proxy.inject('hold', HOLD_ALL, put_to('b'))
+        else:
+            # done by the server, its answer lost, and every retry reset
+            proxy.inject('lost', 1, delete_of('a'))
+            proxy.inject('reset', HOLD_ALL, delete_of('a'))
         renaming = start_in_thread(os.rename, mnt.path / 'a', mnt.path / 'b')
-        wait_for(lambda: proxy.holding >= 1, 10, 'the copy to b at the proxy')
+        if moment == 'copy':
+            wait_for(lambda: proxy.holding >= 1, 10, 'the copy to b at the proxy')
+        else:
+            wait_for(lambda: proxy.faults_injected['lost'] >= 1, 10,
+                     'the DELETE of a, its answer lost')
+            try:
+                renaming.result(timeout=HANG_TIMEOUT)
+            except OSError:
+                pass    # (a rename that says it failed may still be done)
         kill_9(mnt)
-        with pytest.raises(OSError):
-            renaming.result(timeout=HANG_TIMEOUT)
+        if moment == 'copy':
+            with pytest.raises(OSError):
+                renaming.result(timeout=HANG_TIMEOUT)
     finally:
         try:
             os.close(keeper)
         except OSError as error:
             assert error.errno == errno.ENOTCONN
-        proxy.drop_held()   # the held copy is reset, never forwarded
-    assert head(s3, bucket, 'b') is None
+        proxy.drop_held()   # what is held is reset, never forwarded
+        proxy.clear_faults()
     again = mount(bucket, options=['writeback'], endpoint=proxy.endpoint,
                   cache=cache, name='again')
     unmount_command(again)
-    answer = head(s3, bucket, 'b')
-    assert answer is not None, 'b is gone: its promise was dropped before ' \
-                               'the rename was done'
-    assert sha(object_bytes(s3, bucket, 'b')) in (sha(b_data), sha(a_data))
+    state = {key: sha(object_bytes(s3, bucket, key))
+             for key in bucket_keys(s3, bucket)}
+    before = {'a': sha(a_data), 'b': sha(b_data)}
+    after = {'b': sha(a_data)}
+    assert state in (before, after), \
+        f'the bucket is {state}: neither {before} (before the rename) ' \
+        f'nor {after} (after it)'
 
 
 def delete_of(key):

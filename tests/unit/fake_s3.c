@@ -751,18 +751,99 @@ int s3_client_create(const struct s3_conf *conf, struct s3_client **out,
     return fake_s3_create(out);
 }
 
+/* ----------------------------------------------------------- snapshots */
+
+struct fake_s3_snapshot {
+    struct object **objects;
+    size_t count;
+};
+
+/* Free COUNT objects of OBJECTS (their blobs unreferenced; lock held). */
+static void objects_free_locked(struct object **objects, size_t count)
+{
+    for (size_t i = 0; i < count; i++) {
+        blob_unref_locked(objects[i]->blob);
+        free(objects[i]->key);
+        free(objects[i]);
+    }
+    free(objects);
+}
+
+/* A copy of COUNT objects (blobs shared; lock held), or NULL. */
+static struct object **objects_copy_locked(struct object *const *objects,
+                                           size_t count)
+{
+    struct object **copy = calloc(count > 0 ? count : 1, sizeof(*copy));
+
+    for (size_t i = 0; copy != NULL && i < count; i++) {
+        copy[i] = malloc(sizeof(*copy[i]));
+        char *key = copy[i] != NULL ? strdup(objects[i]->key) : NULL;
+        if (key == NULL) {
+            free(copy[i]);
+            objects_free_locked(copy, i);
+            return NULL;
+        }
+        *copy[i] = *objects[i];
+        copy[i]->key = key;
+        copy[i]->blob->refs++;
+    }
+    return copy;
+}
+
+int fake_s3_snapshot_take(struct s3_client *s3, struct fake_s3_snapshot **out)
+{
+    struct fake_s3_snapshot *snap = calloc(1, sizeof(*snap));
+
+    *out = NULL;
+    if (snap == NULL)
+        return ENOMEM;
+    pthread_mutex_lock(&s3->lock);
+    snap->objects = objects_copy_locked(s3->objects, s3->object_count);
+    snap->count = s3->object_count;
+    pthread_mutex_unlock(&s3->lock);
+    if (snap->objects == NULL) {
+        free(snap);
+        return ENOMEM;
+    }
+    *out = snap;
+    return 0;
+}
+
+int fake_s3_snapshot_restore(struct s3_client *s3,
+                             const struct fake_s3_snapshot *snap)
+{
+    pthread_mutex_lock(&s3->lock);
+    struct object **copy = objects_copy_locked(snap->objects, snap->count);
+    if (copy != NULL) {
+        objects_free_locked(s3->objects, s3->object_count);
+        s3->objects = copy;
+        s3->object_cap = snap->count > 0 ? snap->count : 1;
+        s3->object_count = snap->count;
+    }
+    pthread_mutex_unlock(&s3->lock);
+    return copy != NULL ? 0 : ENOMEM;
+}
+
+void fake_s3_snapshot_free(struct s3_client *s3, struct fake_s3_snapshot **snapp)
+{
+    struct fake_s3_snapshot *snap = *snapp;
+
+    if (snap == NULL)
+        return;
+    pthread_mutex_lock(&s3->lock);
+    objects_free_locked(snap->objects, snap->count);
+    pthread_mutex_unlock(&s3->lock);
+    free(snap);
+    *snapp = NULL;
+}
+
 void s3_client_destroy(struct s3_client **client)
 {
     struct s3_client *s3 = *client;
 
     if (s3 == NULL)
         return;
-    for (size_t i = 0; i < s3->object_count; i++) {
-        blob_unref_locked(s3->objects[i]->blob);
-        free(s3->objects[i]->key);
-        free(s3->objects[i]);
-    }
-    free(s3->objects);
+    objects_free_locked(s3->objects, s3->object_count);
     while (s3->uploads != NULL) {
         struct upload *upload = s3->uploads;
         s3->uploads = upload->next;

@@ -196,6 +196,21 @@ void fake_s3_etag_of(const void *data, size_t len, char *out);
 void fake_s3_multipart_etag_of(const void *data, size_t len,
                                uint64_t part_size, char *out);
 
+/* ---------------------------------------------------------- snapshots */
+
+/*
+ * The objects of the bucket as they are now (keys, bytes, ETags, headers,
+ * times; not multipart uploads under way), taken and later put back:
+ * what a crash test restores the bucket to, as the moment of a kill -9
+ * left it. The snapshot belongs to the client S3 and must be freed with
+ * it (before s3_client_destroy()). 0 or ENOMEM.
+ */
+struct fake_s3_snapshot;
+int fake_s3_snapshot_take(struct s3_client *s3, struct fake_s3_snapshot **out);
+int fake_s3_snapshot_restore(struct s3_client *s3,
+                             const struct fake_s3_snapshot *snap);
+void fake_s3_snapshot_free(struct s3_client *s3, struct fake_s3_snapshot **snap);
+
 /* ------------------------------------------------------------ holding */
 
 /*

@@ -157,6 +157,7 @@ struct op_thread {
     char name[64], new_name[64];
     int result;
     struct fs_entry entry;       /* OP_LOOKUP */
+    atomic_bool done;            /* result is set */
 };
 
 struct fixture {
@@ -442,6 +443,8 @@ static int copy_entry(void *arg, const struct journal_entry *entry)
     char *text = arg;
     size_t used = strlen(text);
     size_t key_len = strlen(entry->key);
+    if (entry->kind != JOURNAL_UPLOAD)
+        return 0; /* a rename's move (it leaves once the rename is done) */
     if (key_len > 0 && entry->key[key_len - 1] == '/')
         return 0; /* a directory marker's (markers_of) */
     int n = snprintf(text + used, TEXT_MAX - used, "%s%s:%llu%s",
@@ -457,7 +460,8 @@ static int copy_marker_entry(void *arg, const struct journal_entry *entry)
     char *text = arg;
     size_t used = strlen(text);
     size_t key_len = strlen(entry->key);
-    if (key_len == 0 || entry->key[key_len - 1] != '/')
+    if (entry->kind != JOURNAL_UPLOAD || key_len == 0 ||
+        entry->key[key_len - 1] != '/')
         return 0;
     int n = snprintf(text + used, TEXT_MAX - used, "%s%s:%o", used ? " " : "",
                      entry->key, (unsigned)entry->mode);
@@ -658,6 +662,7 @@ static void *op_main(void *arg)
     else
         op->result = fs_unlink(op->fs, op->parent, op->name);
     CHECK(op->result >= 0);
+    atomic_store(&op->done, true);
     return NULL;
 }
 
@@ -703,6 +708,275 @@ static int op_join(struct fixture *f)
     assert_int_equal(pthread_join(f->op.thread, NULL), 0);
     f->op.started = false;
     return f->op.result;
+}
+
+/* --------------------------------------------------------- crash points
+ *
+ * What a kill -9 would leave at each moment of a change: the bucket, and
+ * the journal and staging files of the cache directory (the index is a
+ * cache, rebuilt empty). A point is taken when a request arrives, before
+ * it acts (the bucket holds what the requests before it did), and before
+ * every journal update (the bucket holds what the requests before it
+ * did, the journal what the updates before it did), so that every
+ * durable step has a point on each side. crash_restart() then mounts
+ * again from a point as the next mount would, recovery included.
+ */
+
+#define CRASH_POINTS_MAX 64
+
+struct crash_point {
+    struct fake_s3_snapshot *bucket;
+    char dir[64];                 /* copies of journal/ and staging/ */
+    char moment[160];             /* what came next, for messages */
+};
+
+/* Collection of points (crash_points_collect): the journal wrappers
+ * below take theirs here, and a snapshot never overlaps a journal update
+ * (the lock is held across the update). */
+static struct {
+    pthread_mutex_t lock;
+    struct fixture *f;            /* NULL: not collecting */
+    struct crash_point points[CRASH_POINTS_MAX];
+    size_t count;
+} crashes = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+/* Copy DIR/NAME (if it exists) into TO/NAME. */
+static void copy_dir_into(const char *dir, const char *name, const char *to)
+{
+    char command[512], path[256];
+    struct stat st;
+
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    if (stat(path, &st) != 0)
+        return;
+    snprintf(command, sizeof(command), "cp -a '%s' '%s/'", path, to);
+    assert_int_equal(system(command), 0);
+}
+
+/* Take a point now (collector lock held). */
+static void crash_point_take_locked(const char *fmt, ...)
+{
+    struct fixture *f = crashes.f;
+    va_list ap;
+
+    if (f == NULL)
+        return;
+    CHECK(crashes.count < CRASH_POINTS_MAX);
+    struct crash_point *point = &crashes.points[crashes.count++];
+    CHECK(fake_s3_snapshot_take(f->s3, &point->bucket) == 0);
+    snprintf(point->dir, sizeof(point->dir), "/tmp/test_fs_crash.XXXXXX");
+    CHECK(mkdtemp(point->dir) != NULL);
+    copy_dir_into(f->dir, "journal", point->dir);
+    copy_dir_into(f->dir, "staging", point->dir);
+    va_start(ap, fmt);
+    vsnprintf(point->moment, sizeof(point->moment), fmt, ap);
+    va_end(ap);
+}
+
+int __real_journal_update(struct journal *journal, const struct journal_entry *puts,
+                          size_t put_count, const uint64_t *dels, size_t del_count);
+int __wrap_journal_update(struct journal *journal, const struct journal_entry *puts,
+                          size_t put_count, const uint64_t *dels, size_t del_count);
+int __real_journal_put(struct journal *journal, const struct journal_entry *entry);
+int __wrap_journal_put(struct journal *journal, const struct journal_entry *entry);
+int __real_journal_del(struct journal *journal, uint64_t id);
+int __wrap_journal_del(struct journal *journal, uint64_t id);
+
+int __wrap_journal_update(struct journal *journal, const struct journal_entry *puts,
+                          size_t put_count, const uint64_t *dels, size_t del_count)
+{
+    pthread_mutex_lock(&crashes.lock);
+    crash_point_take_locked("journal update of %zu put%s (first: %s) and %zu "
+                            "delete%s", put_count, put_count == 1 ? "" : "s",
+                            put_count > 0 ? puts[0].key : "-", del_count,
+                            del_count == 1 ? "" : "s");
+    int err = __real_journal_update(journal, puts, put_count, dels, del_count);
+    pthread_mutex_unlock(&crashes.lock);
+    return err;
+}
+
+int __wrap_journal_put(struct journal *journal, const struct journal_entry *entry)
+{
+    return __wrap_journal_update(journal, entry, 1, NULL, 0);
+}
+
+int __wrap_journal_del(struct journal *journal, uint64_t id)
+{
+    return __wrap_journal_update(journal, NULL, 0, &id, 1);
+}
+
+/*
+ * With every request held (a hold rule the caller made, RULE), and the
+ * fixture's change started on its thread: take a point at each request,
+ * let it go, until the change has returned. The points are in
+ * crashes.points.
+ */
+static void crash_points_collect(struct fixture *f, unsigned rule)
+{
+    time_t deadline = time(NULL) + WAIT_SECONDS;
+
+    pthread_mutex_lock(&crashes.lock);
+    crashes.f = f;
+    crashes.count = 0;
+    pthread_mutex_unlock(&crashes.lock);
+    for (;;) {
+        if (fake_s3_held(f->s3, rule) > 0) {
+            struct fake_s3_request request = {0};
+            pthread_mutex_lock(&crashes.lock);
+            size_t at = fake_s3_log_count(f->s3);
+            /* (the held one is the oldest not done) */
+            for (size_t i = 0; i < at; i++) {
+                assert_int_equal(fake_s3_log_get(f->s3, i, &request), 0);
+                if (!request.done)
+                    break;
+            }
+            crash_point_take_locked("%s %s%s%s", fake_s3_call_name(request.call),
+                                    request.key, request.source ? "<-" : "",
+                                    request.source ? request.source : "");
+            pthread_mutex_unlock(&crashes.lock);
+            assert_int_equal(fake_s3_release(f->s3, rule, false, NULL), 0);
+            continue;
+        }
+        if (atomic_load(&f->op.done))
+            break;
+        if (time(NULL) > deadline)
+            fail_msg("the change did not end with its requests let go");
+        struct timespec pause = {0, 1000000};
+        nanosleep(&pause, NULL);
+    }
+    pthread_mutex_lock(&crashes.lock);
+    crashes.f = NULL;
+    pthread_mutex_unlock(&crashes.lock);
+}
+
+/* Free every point taken. */
+static void crash_points_free(struct fixture *f)
+{
+    for (size_t i = 0; i < crashes.count; i++) {
+        fake_s3_snapshot_free(f->s3, &crashes.points[i].bucket);
+        unit_remove_tree(crashes.points[i].dir);
+    }
+    crashes.count = 0;
+}
+
+/* Mount again from POINT as the next mount would: the bucket as the
+ * point left it, its journal and staging files, an empty index;
+ * recovery run. Every hold and failure rule is cleared first. */
+static void crash_restart(struct fixture *f, const struct crash_point *point)
+{
+    char path[256], errbuf[256] = "";
+    const char *names[] = {"journal", "staging", "index", "data"};
+
+    fake_s3_hold_clear(f->s3, 0);
+    fake_s3_fail_clear(f->s3, 0);
+    if (f->op.started)
+        op_join(f);
+    fs_destroy(&f->fs);
+    journal_close(&f->journal);
+    cache_close(&f->cache);
+    assert_int_equal(fake_s3_snapshot_restore(f->s3, point->bucket), 0);
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        snprintf(path, sizeof(path), "%s/%s", f->dir, names[i]);
+        unit_remove_tree(path);
+    }
+    copy_dir_into(point->dir, "journal", f->dir);
+    copy_dir_into(point->dir, "staging", f->dir);
+    f->cache = unit_cache_open(&f->cache_conf);
+    snprintf(path, sizeof(path), "%s/journal", f->dir);
+    assert_int_equal(journal_open(path, "http://fake.invalid/bucket", &f->journal,
+                                  errbuf, sizeof(errbuf)), 0);
+    fs_start(f);
+    if (fs_recover(f->fs) != 0)
+        fail_msg("recovery failed after a crash before %s", point->moment);
+}
+
+/* One object a state expects: KEY holding LEN bytes of DATA. */
+struct expected_object {
+    const char *key;
+    const unsigned char *data;
+    size_t len;
+};
+
+/* The bucket as text: "key=ETAG key=ETAG" in key order. */
+static const char *contents_of(struct fixture *f)
+{
+    char **keys = NULL;
+    size_t count = 0, used = 0;
+
+    assert_int_equal(fake_s3_keys(f->s3, NULL, &keys, &count), 0);
+    f->bucket_text[0] = '\0';
+    for (size_t i = 0; i < count; i++) {
+        void *data = NULL;
+        size_t len = 0;
+        char etag[S3_ETAG_MAX];
+        assert_int_equal(fake_s3_get(f->s3, keys[i], &data, &len, NULL), 0);
+        fake_s3_etag_of(data, len, etag);
+        free(data);
+        int n = snprintf(f->bucket_text + used, TEXT_MAX - used, "%s%s=%s",
+                         used ? " " : "", keys[i], etag);
+        if (n > 0 && (size_t)n < TEXT_MAX - used)
+            used += (size_t)n;
+    }
+    fake_s3_keys_free(keys, count);
+    return f->bucket_text;
+}
+
+/* The same text for the COUNT objects of WANT (in key order). */
+static void contents_text(const struct expected_object *want, size_t count,
+                          char *out, size_t cap)
+{
+    size_t used = 0;
+
+    out[0] = '\0';
+    for (size_t i = 0; i < count; i++) {
+        char etag[S3_ETAG_MAX];
+        fake_s3_etag_of(want[i].data, want[i].len, etag);
+        int n = snprintf(out + used, cap - used, "%s%s=%s", used ? " " : "",
+                         want[i].key, etag);
+        assert_true(n > 0 && (size_t)n < cap - used);
+        used += (size_t)n;
+    }
+}
+
+/*
+ * After every point crashes.points holds: mount again, let recovery and
+ * the drain finish, and check that the bucket is BEFORE or AFTER (as
+ * contents_text), never another state. The points from the first one
+ * whose outcome is AFTER on must all end AFTER (a change, once it is
+ * recorded, is never undone by a later crash). *AFTER_FROM (may be NULL)
+ * gets the index of that first point.
+ */
+static void check_every_crash(struct fixture *f, const char *before,
+                              const char *after, size_t *after_from)
+{
+    size_t first_after = crashes.count;
+
+    assert_true(crashes.count > 0);
+    for (size_t i = 0; i < crashes.count; i++) {
+        crash_restart(f, &crashes.points[i]);
+        uint64_t left = fs_drain(f->fs);
+        const char *got = contents_of(f);
+        if (left != 0)
+            fail_msg("a crash before %s: %llu uploads left after recovery",
+                     crashes.points[i].moment, (unsigned long long)left);
+        bool is_before = strcmp(got, before) == 0;
+        bool is_after = strcmp(got, after) == 0;
+        if (!is_before && !is_after)
+            fail_msg("a crash before %s (point %zu of %zu) leaves the bucket "
+                     "as [%s]: neither the state before the change [%s] nor "
+                     "the one after it [%s]", crashes.points[i].moment, i + 1,
+                     crashes.count, got, before, after);
+        if (is_after && first_after == crashes.count)
+            first_after = i;
+        if (!is_after && first_after < crashes.count)
+            fail_msg("a crash before %s (point %zu) undoes the change that a "
+                     "crash before %s (point %zu) had already made",
+                     crashes.points[i].moment, i + 1,
+                     crashes.points[first_after].moment, first_after + 1);
+    }
+    if (after_from != NULL)
+        *after_from = first_after;
+    crash_points_free(f);
 }
 
 /* ================================================== lookup and listing */
@@ -3584,6 +3858,139 @@ static void test_lookups_followed_by_reads_fetch_small_files_whole(void **state)
     assert_string_equal(requests_since(f, mark), "GET f8");
 }
 
+/* ================================================ renames under a crash
+ *
+ * Each test takes what a kill -9 would leave at every moment of one
+ * rename (crash points: before each request and each journal update),
+ * mounts again from each, and checks that the bucket ends as it was
+ * before the rename or as it is after it, never another way. */
+
+/* Hold every request (crash_points_collect() lets them go one by one). */
+static unsigned hold_everything(struct fixture *f)
+{
+    unsigned rule = 0;
+    assert_int_equal(fake_s3_hold(f->s3, &(struct fake_s3_match){0}, &rule), 0);
+    return rule;
+}
+
+/* Writeback: a (in the bucket) renamed over b (closed and journaled, not
+ * uploaded). (Before: the DELETE of a went before b's promise left the
+ * journal, and a crash in between uploaded b's bytes over the copy: a
+ * was lost.) */
+static void test_crash_during_a_rename_over_a_pending_file(void **state)
+{
+    struct fixture *f = *state;
+    unsigned char *a = bytes_of(f, 40 * KIB, 40);
+    unsigned char *b = bytes_of(f, 30 * KIB, 41);
+    char before[TEXT_MAX], after[TEXT_MAX];
+
+    other_put(f, "a", a, 40 * KIB, NULL);
+    assert_int_not_equal(lookup(f, ROOT, "a", NULL), 0);
+    struct fs_file *b_file = create_file(f, ROOT, "b", b, 30 * KIB, NULL);
+    assert_int_equal(fs_flush(f->fs, b_file), 0); /* promised; open: not sent */
+    contents_text((struct expected_object[]){{"a", a, 40 * KIB},
+                                             {"b", b, 30 * KIB}}, 2,
+                  before, sizeof(before));
+    contents_text((struct expected_object[]){{"b", a, 40 * KIB}}, 1, after,
+                  sizeof(after));
+    unsigned rule = hold_everything(f);
+    rename_start(f, ROOT, "a", ROOT, "b");
+    crash_points_collect(f, rule);
+    assert_int_equal(op_join(f), 0);
+    fake_s3_hold_clear(f->s3, rule);
+    check_every_crash(f, before, after, NULL);
+}
+
+/* a over b, both in the bucket: a crash between the copy and the delete
+ * left both names with a's bytes. */
+static void test_crash_during_a_rename_over_an_uploaded_file(void **state)
+{
+    struct fixture *f = *state;
+    unsigned char *a = bytes_of(f, 20 * KIB, 42);
+    unsigned char *b = bytes_of(f, 25 * KIB, 43);
+    char before[TEXT_MAX], after[TEXT_MAX];
+
+    other_put(f, "a", a, 20 * KIB, NULL);
+    other_put(f, "b", b, 25 * KIB, NULL);
+    assert_int_not_equal(lookup(f, ROOT, "a", NULL), 0);
+    assert_int_not_equal(lookup(f, ROOT, "b", NULL), 0);
+    contents_text((struct expected_object[]){{"a", a, 20 * KIB},
+                                             {"b", b, 25 * KIB}}, 2,
+                  before, sizeof(before));
+    contents_text((struct expected_object[]){{"b", a, 20 * KIB}}, 1, after,
+                  sizeof(after));
+    unsigned rule = hold_everything(f);
+    rename_start(f, ROOT, "a", ROOT, "b");
+    crash_points_collect(f, rule);
+    assert_int_equal(op_join(f), 0);
+    fake_s3_hold_clear(f->s3, rule);
+    check_every_crash(f, before, after, NULL);
+}
+
+/* Writeback: a closed again (its promise journaled, an older version in
+ * the bucket) renamed over b (in the bucket). */
+static void test_crash_during_a_rename_of_a_pending_file(void **state)
+{
+    struct fixture *f = *state;
+    unsigned char *old = bytes_of(f, 10 * KIB, 44);
+    unsigned char *a = bytes_of(f, 15 * KIB, 45);
+    unsigned char *b = bytes_of(f, 5 * KIB, 46);
+    char before[TEXT_MAX], after[TEXT_MAX];
+
+    other_put(f, "a", old, 10 * KIB, NULL);
+    other_put(f, "b", b, 5 * KIB, NULL);
+    assert_int_not_equal(lookup(f, ROOT, "b", NULL), 0);
+    struct fs_file *a_file = create_file(f, ROOT, "a", a, 15 * KIB, NULL);
+    assert_int_equal(fs_flush(f->fs, a_file), 0);
+    contents_text((struct expected_object[]){{"a", a, 15 * KIB},
+                                             {"b", b, 5 * KIB}}, 2,
+                  before, sizeof(before));
+    contents_text((struct expected_object[]){{"b", a, 15 * KIB}}, 1, after,
+                  sizeof(after));
+    unsigned rule = hold_everything(f);
+    rename_start(f, ROOT, "a", ROOT, "b");
+    crash_points_collect(f, rule);
+    assert_int_equal(op_join(f), 0);
+    fake_s3_hold_clear(f->s3, rule);
+    check_every_crash(f, before, after, NULL);
+}
+
+/* Writeback: `mv d e` with d/x in the bucket and d/y journaled: a crash
+ * between the copies and the deletes left both trees, or d/ and e/ each
+ * with part of the files. */
+static void test_crash_during_a_directory_rename(void **state)
+{
+    struct fixture *f = *state;
+    unsigned char *x = bytes_of(f, 12 * KIB, 47);
+    unsigned char *y = bytes_of(f, 9 * KIB, 48);
+    unsigned char *z = bytes_of(f, 3 * KIB, 49);
+    char before[TEXT_MAX], after[TEXT_MAX];
+
+    other_put_marker(f, "d/");
+    other_put(f, "d/x", x, 12 * KIB, NULL);
+    other_put(f, "d/sub/z", z, 3 * KIB, NULL);
+    fuse_ino_t d = lookup(f, ROOT, "d", NULL);
+    assert_int_not_equal(d, 0);
+    struct fs_file *y_file = create_file(f, d, "y", y, 9 * KIB, NULL);
+    assert_int_equal(fs_flush(f->fs, y_file), 0);
+    contents_text((struct expected_object[]){{"d/", (const unsigned char *)"", 0},
+                                             {"d/sub/z", z, 3 * KIB},
+                                             {"d/x", x, 12 * KIB},
+                                             {"d/y", y, 9 * KIB}}, 4,
+                  before, sizeof(before));
+    contents_text((struct expected_object[]){{"e/", (const unsigned char *)"", 0},
+                                             {"e/sub/z", z, 3 * KIB},
+                                             {"e/x", x, 12 * KIB},
+                                             {"e/y", y, 9 * KIB}}, 4,
+                  after, sizeof(after));
+    unsigned rule = hold_everything(f);
+    rename_start(f, ROOT, "d", ROOT, "e");
+    crash_points_collect(f, rule);
+    assert_int_equal(op_join(f), 0);
+    fake_s3_hold_clear(f->s3, rule);
+    check_every_crash(f, before, after, NULL);
+}
+
 /*
  * A directory that exists only as the prefix of its keys stays when its
  * last file is renamed out of it, as after an unlink: it gets a marker.
@@ -3863,6 +4270,10 @@ int main(void)
                 writeback_cached),
         FS_TEST(test_rename_errors, default_cached),
         FS_TEST(test_rename_of_a_directory_moves_every_key, default_cached),
+        FS_TEST(test_crash_during_a_rename_over_a_pending_file, writeback_cached),
+        FS_TEST(test_crash_during_a_rename_over_an_uploaded_file, default_cached),
+        FS_TEST(test_crash_during_a_rename_of_a_pending_file, writeback_cached),
+        FS_TEST(test_crash_during_a_directory_rename, writeback_cached),
         FS_TEST(test_unlink_rmdir_mkdir_symlink, default_cached),
         FS_TEST(test_names_listings_cannot_carry_are_refused, default_cached),
         FS_TEST(test_rmdir_of_a_directory_with_a_pending_file, writeback_cached),
