@@ -5,6 +5,7 @@ Requests are counted by a proxy between the mount and the server
 (tests/harness/s3proxy.py), so "no data fetched" means the server saw no
 GET for the object, not that the daemon says so.
 """
+import concurrent.futures
 import hashlib
 import mmap
 import os
@@ -340,3 +341,88 @@ def test_a_scan_does_not_flush_hot_data(server, s3, bucket, mount, proxy,
     assert (again.path / 'weights.bin').read_bytes() == weights
     assert object_gets(proxy, bucket, 'weights.bin') == []
     assert object_gets(proxy, bucket, 'dataset.bin') == []
+
+
+
+@pytest.fixture
+def huge_cache(tmp_path):
+    """A directory on a tmpfs mounted with huge=always (its files' pages
+    are large folios, as on XFS or ext4 since Linux 6.16), unmounted at the
+    end (lazily if still busy): ask for it before `mount`, so that it goes
+    after the mounts. Skips the test when the kernel refuses such a
+    mount."""
+    directory = tmp_path / 'huge'
+    directory.mkdir()
+    done = subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=64m,huge=always',
+                           'tmpfs', str(directory)], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f'no tmpfs with huge=always here: {done.stderr.strip()}')
+    yield directory
+    if subprocess.run(['umount', str(directory)]).returncode != 0:
+        subprocess.run(['umount', '-l', str(directory)])
+
+
+SMALL_BLOCK = 64 * 1024
+
+
+@pytest.mark.parametrize('drop', ['evicted', 'squeezed'])
+def test_read_waiting_for_a_block_keeps_the_one_it_holds(
+        server, s3, bucket, huge_cache, mount, proxy, drop):
+    """A read of the end of a cached block and the start of a missing one,
+    the cache directory on a tmpfs with huge=always: the cached block's
+    pages are in the reply's pipe while the missing block is fetched.
+    `evicted`: the file is evicted (`warm --evict`) while the GET of the
+    missing block is held at the proxy; `squeezed`: the cache is full and
+    the cached block, which this open file fetched, is the least recently
+    used, so the missing block's fill makes room. Either way the reply
+    carries the file's bytes, the kernel keeps no zeros for them, and
+    every later read of the file gives its bytes."""
+    body = RNG.randbytes(32 * SMALL_BLOCK)
+    other = RNG.randbytes(15 * SMALL_BLOCK)
+    s3.put_object(Bucket=bucket, Key='f.bin', Body=body)
+    s3.put_object(Bucket=bucket, Key='g.bin', Body=other)
+    # 16 blocks of room, no read-ahead of our own
+    mnt = mount(bucket, endpoint=proxy.endpoint, cache=huge_cache,
+                options=[f'block_size={SMALL_BLOCK}', 'cache_size=1M',
+                         'read_ahead=0', 'cache_min_free=0',
+                         'attr_ttl=600', 'dir_ttl=600'])
+    at, size = SMALL_BLOCK + SMALL_BLOCK // 2, SMALL_BLOCK
+    fd = os.open(mnt.path / 'f.bin', os.O_RDONLY)
+    try:
+        # exactly the pages asked for: no read-ahead by the kernel
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        assert os.pread(fd, SMALL_BLOCK, SMALL_BLOCK) == \
+            body[SMALL_BLOCK:2 * SMALL_BLOCK]               # block 1 cached
+        if drop == 'squeezed':
+            assert (mnt.path / 'g.bin').read_bytes() == other  # the cache full
+            assert read_stats(mnt.path)['cache_used_bytes'] == 16 * SMALL_BLOCK
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        gets = len(object_gets(proxy, bucket, 'f.bin'))
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            if drop == 'evicted':
+                proxy.inject('hold', 1, 'GET')
+            read = pool.submit(os.pread, fd, size, at)
+            if drop == 'evicted':
+                try:
+                    wait_for(lambda: proxy.holding == 1 or read.done(), 30,
+                             'the GET of block 2')
+                    done = subprocess.run([BINARY, 'warm', '--evict',
+                                           str(mnt.path / 'f.bin')],
+                                          capture_output=True, text=True,
+                                          timeout=60)
+                    assert done.returncode == 0, done.stderr
+                finally:
+                    proxy.release()
+            got = read.result(timeout=60)
+        assert len(object_gets(proxy, bucket, 'f.bin')) == gets + 1
+        zeros = sum(1 for a, b in zip(got, body[at:at + size]) if a != b and a == 0)
+        assert got == body[at:at + size], \
+            f"{zeros} bytes of the reply are zeros, not the file's"
+        # what the kernel kept of that reply, read again from its cache
+        assert os.pread(fd, size, at) == body[at:at + size]
+    finally:
+        os.close(fd)
+    drop_caches()
+    assert sha((mnt.path / 'f.bin').read_bytes()) == sha(body)
+    if drop == 'squeezed':
+        assert read_stats(mnt.path)['cache_evicted_blocks'] > 0

@@ -775,6 +775,118 @@ static void test_splice_of_a_punched_block_on_a_full_tmpfs(void **state)
     cache_start(f);
 }
 
+/* A spliced read not yet answered: LEN bytes at OFF in BLOCK of an
+ * object spliced into a pipe of its own (spliced_begin); its answer reads
+ * the pipe out, as the answer's splice on to /dev/fuse does. */
+struct spliced {
+    int fds[2];
+    uint64_t block;
+    uint32_t off, len;
+};
+
+static int spliced_begin(struct fixture *f, struct cache_object *o,
+                         struct spliced *s, uint64_t block, uint32_t off,
+                         uint32_t len)
+{
+    *s = (struct spliced){.block = block, .off = off, .len = len};
+    assert_int_equal(pipe(s->fds), 0);
+    assert_true(fcntl(s->fds[1], F_SETPIPE_SZ, 1 << 20) >= (int)len);
+    return cache_block_splice(f->cache, o, block, off, len, s->fds[1], false);
+}
+
+/* The answer leaves: whether the pipe held the contents SEED; the pipe
+ * closed. */
+static bool spliced_answer(struct fixture *f, struct spliced *s,
+                           uint32_t seed)
+{
+    size_t got = 0;
+
+    while (got < s->len) {
+        ssize_t n = read(s->fds[0], f->buf + got, s->len - got);
+        assert_true(n > 0);
+        got += (size_t)n;
+    }
+    close(s->fds[0]);
+    close(s->fds[1]);
+    make_bytes(f->expect, seed, s->block * f->conf.block_size + s->off, s->len);
+    return memcmp(f->buf, f->expect, s->len) == 0;
+}
+
+/* Flip the byte at AT of the data file PATH. */
+static void damage_byte(const char *path, off_t at)
+{
+    int fd = open(path, O_RDWR);
+    unsigned char byte;
+
+    assert_true(fd >= 0);
+    assert_int_equal(pread(fd, &byte, 1, at), 1);
+    byte ^= 0x5a;
+    assert_int_equal(pwrite(fd, &byte, 1, at), 1);
+    close(fd);
+}
+
+/* Whether the LEN bytes at AT of the data file PATH are all zeros (a
+ * hole: the space given back). */
+static bool zeros_on_disk(struct fixture *f, const char *path, off_t at,
+                          uint32_t len)
+{
+    int fd = open(path, O_RDONLY);
+    bool zeros = true;
+
+    assert_true(fd >= 0);
+    assert_int_equal(pread(fd, f->buf, len, at), (ssize_t)len);
+    for (uint32_t i = 0; i < len && zeros; i++)
+        zeros = f->buf[i] == 0;
+    close(fd);
+    return zeros;
+}
+
+/*
+ * The last block of an object (it ends within a page), its last piece in
+ * the pipe of a read not yet answered, found damaged in its first piece
+ * by another read and dropped: the pipe's bytes stay whole until the
+ * answer (a punch would zero the page it cuts, in place), and the
+ * block's space comes back after it. Dropped so again and filled again
+ * (fetched by the read that found it damaged) before the answer: the
+ * refilled block stays whole after the answer.
+ */
+static void test_spliced_block_dropped_as_damaged(void **state)
+{
+    struct fixture *f = *state;
+    uint32_t bs = f->conf.block_size; /* 256 KiB: four pieces */
+    uint64_t size = 2ull * bs - 1000;
+    struct cache_object *o = open_object(f, "damaged", ETAG, size);
+    uint32_t len = cache_object_block_len(o, 1);
+    uint32_t tail = 3 * PIECE;
+    struct spliced s;
+    char path[256];
+
+    store(f, o, 0, 61);
+    store(f, o, 1, 61);
+    only_data_file(f, path);
+    for (int refill = 0; refill < 2; refill++) {
+        print_message("  %s\n", refill ? "filled again before the answer"
+                                       : "answered, then filled again");
+        assert_int_equal(spliced_begin(f, o, &s, 1, tail, len - tail), 0);
+        damage_byte(path, (off_t)bs + 100);
+        expect_read_error(f, o, 1, 0, 100, ENOENT);
+        expect_missing(f, o, 1);
+        if (refill)
+            store(f, o, 1, 61);
+        if (!spliced_answer(f, &s, 61))
+            fail_msg("the pipe's bytes of block 1 changed after it was "
+                     "dropped, before the answer");
+        if (!refill) {
+            assert_true(zeros_on_disk(f, path, (off_t)bs, len));
+            store(f, o, 1, 61);
+        }
+    }
+    expect_read(f, o, 1, 0, len, 61);
+    expect_read(f, o, 0, 0, bs, 61);
+    assert_int_equal(stats(f).corrupt_blocks, 2);
+    cache_object_close(f->cache, &o);
+}
+
 /* A data file deleted while the cache was down: the index still lists the
  * blocks, reads must not believe it. */
 static void test_integrity_deleted(void **state)
@@ -2905,6 +3017,9 @@ int main(void)
         cmocka_unit_test_prestate_setup_teardown(test_splice_fresh_block,
                                                  setup, teardown,
                                                  (void *)&large_block),
+        cmocka_unit_test_prestate_setup_teardown(
+            test_spliced_block_dropped_as_damaged, setup, teardown,
+            (void *)&large_block),
         cmocka_unit_test_prestate_setup_teardown(test_fill_gathers_writes,
                                                  setup, teardown,
                                                  (void *)&large_block),

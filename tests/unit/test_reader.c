@@ -21,7 +21,13 @@
  * (the next GET with If-Match gets ESTALE, also read-ahead GETs in
  * flight) never returns or caches bytes of the new version for the old
  * one; a GET whose answer breaks off leaves no partial block behind;
- * reads into a pipe (reader_read_pipe) give the same bytes, verified.
+ * reads into a pipe (reader_read_pipe) give the same bytes, verified;
+ * a block whose pages a pipe holds for a read not yet answered stays in
+ * its data file until the answer has gone (the fill of a later block of
+ * the same read evicts another block; an eviction of the key, a new
+ * version or the key forgotten in between leave the pipe's bytes
+ * whole), also on a tmpfs mounted with huge=always, where a punched
+ * block of a large folio reads as zeros, where the test can mount one.
  */
 #ifdef HAVE_CONFIG_H
 #include "config.h"
@@ -44,6 +50,7 @@
 #include <glob.h>
 #include <linux/magic.h>
 #include <pthread.h>
+#include <sys/mount.h>
 #include <sys/statfs.h>
 #include <unistd.h>
 
@@ -67,6 +74,7 @@
 
 struct fixture {
     char dir[64];
+    bool mounted;                 /* a tmpfs of the test's own on dir */
     struct cache_conf cache_conf;
     struct cache *cache;
     struct workers *workers;
@@ -135,6 +143,8 @@ static int teardown(void **state)
     reader_stop_all(f);
     cache_close(&f->cache);
     s3_client_destroy(&f->s3);
+    if (f->mounted)
+        umount2(f->dir, MNT_DETACH);
     unit_remove_tree(f->dir);
     free(f);
     return 0;
@@ -762,6 +772,259 @@ static void test_broken_answer_leaves_no_partial_block(void **state)
     free(bytes);
 }
 
+/* --------------------------------------- reads answered from a pipe */
+
+/* Open the cache again with SIZE_LIMIT bytes of room, on a tmpfs mounted
+ * with huge=always over the test's directory where one can be mounted
+ * (root, and a kernel with huge pages for tmpfs): there the data files'
+ * pages are large folios, which a punch zeroes in place while a pipe
+ * holds them (it cannot split them), so a punched block in a pipe reads
+ * as zeros. Elsewhere a punch shows in the data file (and as zeros in a
+ * pipe only where it cuts a page, at the end of an object). The cache
+ * must hold nothing the test needs. */
+static void restart_cache(struct fixture *f, uint64_t size_limit)
+{
+    reader_stop_all(f);
+    cache_close(&f->cache);
+    if (!f->mounted)
+        f->mounted = mount("tmpfs", f->dir, "tmpfs", 0,
+                           "size=64m,huge=always") == 0;
+    if (!f->mounted)
+        print_message("  (no tmpfs with huge=always here: the cache stays "
+                      "on %s)\n", f->dir);
+    f->cache_conf.size_limit = size_limit;
+    f->cache = unit_cache_open(&f->cache_conf);
+    assert_int_equal(workers_create(2, &f->workers), 0);
+    reader_start(f);
+}
+
+/* Whether block BLOCK of the oldest data file (the version the test
+ * cached first) holds the LEN bytes EXPECTED (the whole object) has
+ * there: its bytes are still in the data file, not punched out. */
+static bool block_on_disk(struct fixture *f, uint64_t block, size_t len,
+                          const unsigned char *expected)
+{
+    char pattern_[128];
+    glob_t found;
+    bool same = false;
+
+    snprintf(pattern_, sizeof(pattern_), "%s/data/*/*", f->dir);
+    assert_int_equal(glob(pattern_, 0, NULL, &found), 0);
+    int fd = open(found.gl_pathv[0], O_RDONLY);   /* (sorted: the lowest id) */
+    globfree(&found);
+    assert_true(fd >= 0);
+    unsigned char *buf = malloc(len);
+    assert_non_null(buf);
+    same = pread(fd, buf, len, (off_t)(block * BLOCK)) == (ssize_t)len &&
+           memcmp(buf, expected + block * BLOCK, len) == 0;
+    free(buf);
+    close(fd);
+    return same;
+}
+
+/* The bytes of KEY at version ETAG the cache holds. */
+static uint64_t cached_bytes(struct fixture *f, const char *key,
+                             const char *etag, uint64_t size)
+{
+    uint64_t bytes = 0;
+
+    assert_int_equal(cache_version_cached_bytes(f->cache, key, etag, size,
+                                                &bytes, NULL), 0);
+    return bytes;
+}
+
+/* A read answered as fuse_ops.c answers one: spliced into a pipe by
+ * reader_read_pipe() (answer_splice, in the test's thread or in one of
+ * its own), then, after what the test makes happen before the answer
+ * leaves, read out of the pipe (answer_send), as libfuse's splice on to
+ * /dev/fuse reads it. */
+struct answer {
+    struct reader_file *file;
+    uint64_t offset;
+    size_t len;
+    int fds[2];
+    size_t got;
+    int err;
+    pthread_t thread;
+};
+
+static void answer_begin(struct answer *a, struct reader_file *file,
+                         uint64_t offset, size_t len)
+{
+    *a = (struct answer){.file = file, .offset = offset, .len = len};
+    assert_int_equal(pipe(a->fds), 0);
+    assert_true(fcntl(a->fds[1], F_SETPIPE_SZ, 1 << 20) >= (int)(2 * BLOCK));
+}
+
+static void answer_splice(struct answer *a)
+{
+    a->err = reader_read_pipe(a->file, a->offset, a->len, a->fds[1], &a->got);
+}
+
+static void *answer_splice_main(void *arg)
+{
+    answer_splice(arg);
+    return NULL;
+}
+
+/* The answer leaves: what the pipe holds compared with EXPECTED (the
+ * whole object); the pipe closed. */
+static void answer_send(struct answer *a, const unsigned char *expected)
+{
+    unsigned char *buf = malloc(a->len);
+    size_t drained = 0;
+
+    assert_non_null(buf);
+    assert_int_equal(a->err, 0);
+    assert_int_equal(a->got, a->len);
+    while (drained < a->got) {
+        ssize_t n = read(a->fds[0], buf + drained, a->got - drained);
+        assert_true(n > 0);
+        drained += (size_t)n;
+    }
+    close(a->fds[0]);
+    close(a->fds[1]);
+    size_t zeros = 0;
+    for (size_t i = 0; i < a->len; i++)
+        zeros += buf[i] != expected[a->offset + i] && buf[i] == 0;
+    if (memcmp(buf, expected + a->offset, a->len) != 0)
+        fail_msg("the answer to a read of %zu bytes at %llu is not the "
+                 "object's bytes (%zu of them zeros)", a->len,
+                 (unsigned long long)a->offset, zeros);
+    free(buf);
+}
+
+/*
+ * A read of two blocks in a full cache: block 0, which this open file
+ * fetched first (the least recently used block, and reading it again
+ * touches nothing), goes into the pipe; block 1 is missing, and its fill
+ * makes room. The room must come from another block: block 0's pages are
+ * in the pipe of a read not yet answered.
+ */
+static void test_pipe_read_keeps_its_blocks_until_answered(void **state)
+{
+    struct fixture *f = *state;
+    char etag[S3_ETAG_MAX], other_etag[S3_ETAG_MAX];
+    struct reader_file *file = NULL, *other = NULL;
+    struct answer a;
+
+    /* room for three blocks; no read-ahead (its window would be a
+     * quarter of the cache: less than a block) */
+    restart_cache(f, 3 * BLOCK);
+    unsigned char *bytes = object_put(f, "k", 4 * BLOCK, 21, etag);
+    unsigned char *other_bytes = object_put(f, "o", 2 * BLOCK, 22, other_etag);
+    open_file(f, "k", etag, 4 * BLOCK, &file);
+    assert_int_equal(read_check(file, 0, 100, bytes), 0);
+    open_file(f, "o", other_etag, 2 * BLOCK, &other);
+    assert_int_equal(read_check(other, 0, 2 * BLOCK, other_bytes), 0);
+    reader_close(&other);
+    struct cache_stats stats;
+    cache_get_stats(f->cache, &stats);
+    assert_int_equal(stats.used_bytes, 3 * BLOCK);
+
+    answer_begin(&a, file, BLOCK / 2, BLOCK);
+    answer_splice(&a);
+    bool kept = block_on_disk(f, 0, BLOCK, bytes);
+    answer_send(&a, bytes);
+    if (!kept)
+        fail_msg("block 0 was punched while a pipe held it for a read "
+                 "not yet answered");
+    /* the room came from the other object; the cache within its size */
+    assert_int_equal(cached_bytes(f, "k", etag, 4 * BLOCK), 2 * BLOCK);
+    assert_int_equal(cached_bytes(f, "o", other_etag, 2 * BLOCK), BLOCK);
+    cache_get_stats(f->cache, &stats);
+    assert_true(stats.used_bytes <= 3 * BLOCK);
+    reader_close(&file);
+    free(bytes);
+    free(other_bytes);
+}
+
+/*
+ * What drops blocks without making room leaves the bytes of a read not
+ * yet answered alone too: the key evicted (`warm --evict`) while the read
+ * waits for the GET of its second block, or between the splice of the
+ * last block and the answer (the object ends within a page, which a
+ * punch zeroes in place on any file system); a new version of the key
+ * opened, and the key forgotten (removed through the mount), before the
+ * answer. An evicted block's space comes back once the answer has gone.
+ * (The blocks are cached through another open file, so that the reads
+ * answered are not sequential ones, with read-ahead GETs of their own.)
+ */
+static void test_pipe_read_outlives_drops(void **state)
+{
+    struct fixture *f = *state;
+    const size_t size = 4 * BLOCK - 1000;
+    const size_t last = size - 3 * BLOCK;
+    char etag[S3_ETAG_MAX], etag2[S3_ETAG_MAX];
+    struct reader_file *file = NULL, *file2 = NULL, *loader = NULL;
+    struct answer a;
+    uint64_t freed = 0;
+    unsigned rule = 0;
+
+    restart_cache(f, 64ull << 20);
+    unsigned char *bytes = object_put(f, "k", size, 23, etag);
+    open_file(f, "k", etag, size, &loader);
+    open_file(f, "k", etag, size, &file);
+    assert_int_equal(read_check(loader, 0, BLOCK, bytes), 0);
+
+    /* 1. evicted while the read waits for the GET of block 1 */
+    assert_int_equal(fake_s3_hold(f->s3, ON(FAKE_S3_GET, "k"), &rule), 0);
+    answer_begin(&a, file, BLOCK / 2, BLOCK);
+    assert_int_equal(pthread_create(&a.thread, NULL, answer_splice_main, &a), 0);
+    assert_int_equal(fake_s3_wait_held(f->s3, rule, 1), 0);
+    assert_int_equal(cache_evict_key(f->cache, "k", &freed), 0);
+    assert_int_equal(freed, BLOCK);
+    bool kept = block_on_disk(f, 0, BLOCK, bytes);
+    fake_s3_hold_clear(f->s3, rule);
+    assert_int_equal(pthread_join(a.thread, NULL), 0);
+    answer_send(&a, bytes);
+    if (!kept)
+        fail_msg("block 0, evicted, was punched while a pipe held it for "
+                 "a read waiting for its next block");
+    assert_false(block_on_disk(f, 0, BLOCK, bytes));   /* (now it is) */
+    assert_int_equal(cached_bytes(f, "k", etag, size), BLOCK);
+
+    /* 2. the last block evicted between its splice and the answer */
+    assert_int_equal(read_check(loader, 3 * BLOCK, last, bytes), 0);
+    answer_begin(&a, file, 3 * BLOCK, last);
+    answer_splice(&a);
+    assert_int_equal(cache_evict_key(f->cache, "k", &freed), 0);
+    assert_int_equal(freed, BLOCK + last);
+    kept = block_on_disk(f, 3, last, bytes);
+    answer_send(&a, bytes);
+    if (!kept)
+        fail_msg("block 3, evicted, was punched while a pipe held it for "
+                 "a read not yet answered");
+    assert_false(block_on_disk(f, 3, last, bytes));
+    assert_int_equal(cached_bytes(f, "k", etag, size), 0);
+
+    /* 3. a new version opened between the splice and the answer (the old
+     * one's blocks go from the index; its file at its last close) */
+    assert_int_equal(read_check(loader, 3 * BLOCK, last, bytes), 0);
+    answer_begin(&a, file, 3 * BLOCK, last);
+    answer_splice(&a);
+    unsigned char *bytes2 = object_put(f, "k", size, 24, etag2);
+    open_file(f, "k", etag2, size, &file2);
+    assert_int_equal(cached_bytes(f, "k", etag, size), 0);
+    assert_true(block_on_disk(f, 3, last, bytes));
+    answer_send(&a, bytes);
+    reader_close(&file);
+    reader_close(&loader);
+
+    /* 4. the key forgotten between the splice and the answer */
+    open_file(f, "k", etag2, size, &loader);
+    assert_int_equal(read_check(loader, 3 * BLOCK, last, bytes2), 0);
+    answer_begin(&a, file2, 3 * BLOCK, last);
+    answer_splice(&a);
+    assert_int_equal(cache_forget_key(f->cache, "k"), 0);
+    assert_int_equal(cached_bytes(f, "k", etag2, size), 0);
+    answer_send(&a, bytes2);
+    reader_close(&file2);
+    reader_close(&loader);
+    free(bytes);
+    free(bytes2);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -780,6 +1043,10 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(
             test_broken_answer_leaves_no_partial_block, setup, teardown),
+        cmocka_unit_test_setup_teardown(
+            test_pipe_read_keeps_its_blocks_until_answered, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_pipe_read_outlives_drops, setup,
+                                        teardown),
     };
     log_set_level(LOG_LEVEL_ERROR);
     return cmocka_run_group_tests(tests, NULL, NULL);
