@@ -800,36 +800,46 @@ static bool pages_unwritten(int fd, uint64_t offset, uint64_t len)
 
 int cache_block_splice(struct cache *cache, struct cache_object *object,
                        uint64_t block, uint32_t offset, uint32_t len,
-                       int pipe_write, bool reuse)
+                       int pipe_write, bool reuse, struct cache_holds *holds)
 {
     struct block_record record, again;
     uint64_t sums[CACHE_MAX_BLOCK_SIZE / CACHE_PIECE_SIZE];
     off_t block_start = (off_t)(block * cache->block_size);
     void *map = MAP_FAILED;
     size_t map_len = 0;
+    size_t moved = 0;
     bool fresh = false;
+    struct stat st;
     int err;
 
     if (len == 0)
         return 0;
-    err = block_record_get(cache, object, block, &record, sums);
+    /* 0. held before its record is read: a drop committed before this
+     * shows there, and one committed after punches nothing until the
+     * answer has left (cache_holds_release()) */
+    err = cache_hold_block(cache, object->id, block, holds);
     if (err != 0)
         return err;
-    if ((uint64_t)offset + len > record.len)
-        return EINVAL;
+    err = block_record_get(cache, object, block, &record, sums);
+    if (err == 0 && (uint64_t)offset + len > record.len)
+        err = EINVAL;
+    if (err != 0)
+        goto out;
     struct piece_span span = piece_span(offset, len, record.len);
-    struct stat st;
-    if (fstat(object->fd, &st) != 0)
-        return errno;
+    if (fstat(object->fd, &st) != 0) {
+        err = errno;
+        goto out;
+    }
     if ((uint64_t)st.st_size < (uint64_t)block_start + span.end) {
         drop_damaged_block(cache, object, block, record.tick, "data file too short");
-        return ENOENT;
+        err = ENOENT;
+        goto out;
     }
 
     /* 1. the bytes into the pipe: references to the data file's pages,
-     * no copy (their page cache pages stay what the pipe holds) */
+     * no copy (their page cache pages stay what the pipe holds; held, the
+     * block is not punched until the answer has left) */
     loff_t at = block_start + offset;
-    size_t moved = 0;
     while (moved < len) {
         ssize_t done = splice(object->fd, &at, pipe_write, NULL, len - moved,
                               SPLICE_F_NONBLOCK);
@@ -894,6 +904,8 @@ int cache_block_splice(struct cache *cache, struct cache_object *object,
 out:
     if (map != MAP_FAILED)
         munmap(map, map_len);
+    if (moved == 0)
+        cache_hold_undo(holds); /* (the pipe has none of its pages) */
     if (err != 0)
         return moved > 0 && err != ENOBUFS ? EAGAIN : err;
     atomic_fetch_add(&cache->served_bytes, len);
@@ -939,6 +951,9 @@ int cache_fill_begin(struct cache *cache, struct cache_object *object,
         return ENOMEM;
     }
     XXH3_64bits_reset(fill->piece_state);
+    /* the block dropped while a read held it: the punch put off for its
+     * range is the fill's (it writes that range), not the release's */
+    fill->took_punch = cache_hold_take_punch(cache, object->id, block);
     pthread_mutex_lock(&cache->lock);
     object->refs++; /* the fill keeps the object (and its fd) alive */
     cache_unlock(cache);
@@ -1046,12 +1061,16 @@ static void fill_free(struct cache_fill *fill)
 
 void cache_fill_abort(struct cache_fill **fillp)
 {
-    if (*fillp == NULL)
+    struct cache_fill *fill = *fillp;
+
+    if (fill == NULL)
         return;
-    if ((*fillp)->written > 0) /* give back what was written */
-        cache_punch_block((*fillp)->cache, (*fillp)->object->id,
-                          (*fillp)->block, (*fillp)->written);
-    fill_free(*fillp);
+    /* give back what was written, and what a punch put off for the
+     * block's range was to give back */
+    if (fill->written > 0 || fill->took_punch)
+        cache_punch_block(fill->cache, fill->object->id, fill->block,
+                          fill->took_punch ? fill->len : fill->written);
+    fill_free(fill);
     *fillp = NULL;
 }
 

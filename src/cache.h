@@ -18,6 +18,15 @@
  * Pins: a pinned version (cache_pin_version(), for model weights) is
  * never evicted; pinned versions take at most half of cache_size.
  *
+ * Holds: a block whose pages a pipe holds for a read not yet answered
+ * (cache_block_splice()) is held until the caller lets it go
+ * (cache_holds_release()), once the answer has left. A held block is
+ * never punched (a punch zeroes in place what it cuts of a page or a
+ * large folio, the pipe's bytes with them) and eviction passes it by;
+ * dropped from the index meanwhile (the key evicted, a damaged block),
+ * its space comes back at the last release, unless a fill of the block
+ * took it over.
+ *
  * Bounds: the bytes recorded (rounded up to 4 KiB) stay under cache_size
  * and the filesystem's free space over min_free; room is made before a
  * block is written, by evicting the least recently used blocks. Eviction
@@ -85,6 +94,7 @@ struct cache_stats {
 struct cache;
 struct cache_object;  /* an open object version, reference-counted */
 struct cache_fill;    /* a block being written */
+struct cache_holds;   /* blocks held for reads not yet answered */
 
 /*
  * Take the directory's lock (EWOULDBLOCK when another mount holds it, with
@@ -252,16 +262,46 @@ int cache_block_read(struct cache *cache, struct cache_object *object,
  * the bytes this process wrote: the block is one of the last it filled,
  * its record unchanged since, and every page of the pieces is still
  * dirty or under writeback (cachestat(2): never read back from the disk
- * since it was written); those bytes count in unhashed_bytes. Returns 0; ENOENT (not cached, or damaged and dropped,
- * with nothing added to the pipe); EAGAIN (bytes were added, and then
- * the block was found damaged, dropped or replaced: what the pipe holds
- * is to be discarded, and the read made again); ENOBUFS (the pipe is
- * full: it holds part of the bytes); or an I/O errno (the pipe may hold
- * part of them).
+ * since it was written); those bytes count in unhashed_bytes. The block
+ * is held in HOLDS (see "Holds" above) whenever bytes of it went into the
+ * pipe, whatever the result: release HOLDS after the pipe is read out or
+ * closed. Returns 0; ENOENT (not cached, or damaged and dropped, with
+ * nothing added to the pipe); EAGAIN (bytes were added, and then the
+ * block was found damaged, dropped or replaced: what the pipe holds is
+ * to be discarded, and the read made again); ENOBUFS (the pipe is full:
+ * it holds part of the bytes; or HOLDS is full or no memory for the
+ * hold, with nothing added); or an I/O errno (the pipe may hold part of
+ * them).
  */
 int cache_block_splice(struct cache *cache, struct cache_object *object,
                        uint64_t block, uint32_t offset, uint32_t len,
-                       int pipe_write, bool reuse);
+                       int pipe_write, bool reuse, struct cache_holds *holds);
+
+/* The most blocks one set of holds takes: a read answered from a pipe of
+ * at most 2 MiB spans at most 33 blocks of 64 KiB. */
+#define CACHE_HOLDS_MAX 40
+
+/*
+ * The blocks a read's pipe holds pages of, until its answer has left:
+ * the caller's (zeroed: empty; no allocation), filled by
+ * cache_block_splice(), emptied by cache_holds_release().
+ */
+struct cache_holds {
+    struct cache *cache;         /* set by the first hold */
+    unsigned count;
+    struct {
+        uint64_t id;
+        uint64_t block;
+    } held[CACHE_HOLDS_MAX];
+};
+
+/*
+ * Let go of the blocks HOLDS holds: call once the pipe they went into is
+ * read out (the answer has left) or closed. A held block dropped
+ * meanwhile gets its space back here (a punch: disk I/O) at the last
+ * release. HOLDS is empty afterwards; an empty one is fine.
+ */
+void cache_holds_release(struct cache_holds *holds);
 
 /*
  * Start writing block BLOCK: makes room first (evicting, or ENOSPC when

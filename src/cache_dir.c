@@ -738,6 +738,7 @@ int cache_open(const struct cache_conf *conf, int lock_fd, struct cache **out,
     pthread_mutex_init(&cache->lock, NULL);
     pthread_mutex_init(&cache->evict_lock, NULL);
     pthread_mutex_init(&cache->fresh_lock, NULL);
+    cache_holds_init(cache);
     /* the flusher's timed waits measure intervals: a clock that setting
      * the date does not move */
     pthread_condattr_t wake_attr;
@@ -848,6 +849,7 @@ void cache_close(struct cache **cachep)
     pthread_mutex_destroy(&cache->lock);
     pthread_mutex_destroy(&cache->evict_lock);
     pthread_mutex_destroy(&cache->fresh_lock);
+    cache_holds_destroy(cache);
     pthread_cond_destroy(&cache->flusher_wake);
     free(cache->touches);
     free(cache->dir);

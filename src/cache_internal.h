@@ -6,7 +6,8 @@
  *   cache_store.c   what the others build on: the index accessors (meta
  *                   values, the usage record, ticks), the data files,
  *                   dropping blocks and versions, the open-version
- *                   registry; the invariant checks
+ *                   registry, the blocks held for reads not yet
+ *                   answered; the invariant checks
  *   cache_policy.c  room and eviction (cache_reserve_disk too), recency
  *                   (touches, promotion, demotion), cache_flush and the
  *                   flusher thread
@@ -39,6 +40,9 @@
  * `evict_lock` lets one thread at a time choose and drop victims and
  * reserve room; it is held across a whole
  * eviction (its write transaction, then the holes and unlinks).
+ * Each of the HOLD_SHARDS shards of `holds` has a mutex of its own, a
+ * leaf (nothing else is taken under it, no I/O under it), over the held
+ * blocks that hash to it (cache_store.c, "holds").
  * Order: evict_lock, then an index transaction, then `lock`. The rule is
  * never to begin an index transaction while holding `lock` (LMDB's writer
  * lock would then be taken in the opposite order); `lock` may be taken
@@ -131,6 +135,8 @@ struct cache_fill {
     struct cache_object *object;
     uint64_t block;
     uint32_t len;             /* the block's full length */
+    bool took_punch;          /* a punch put off for a held block was the
+                                 fill's to do (on abort) */
     uint32_t written;         /* bytes taken (hashed), in order */
     uint32_t reserved;        /* bytes of room reserved */
     XXH3_state_t *piece_state;
@@ -145,6 +151,26 @@ struct cache_fill {
  * whatever CURLOPT_BUFFERSIZE), and a pwrite each was 64 Ki calls per
  * GiB, each paying the syscall and ext4's per-call work. */
 #define FILL_WRITE_SIZE (256u << 10)
+
+/* A block held by reads not yet answered (see "Holds" in cache.h). */
+struct held_block {
+    uint64_t id;
+    uint64_t block;
+    unsigned holds;           /* how many sets of holds have it */
+    uint32_t punch_len;       /* a punch put off until the last release;
+                                 0: none */
+    bool punching;            /* the last release is punching it now */
+};
+
+/* The held blocks that hash to one shard (hold_shard_of()). */
+struct hold_shard {
+    pthread_mutex_t lock;     /* a leaf */
+    pthread_cond_t punched;   /* a punch of one of its blocks ended */
+    struct held_block *blocks;
+    size_t count;
+    size_t capacity;
+};
+#define HOLD_SHARDS 64
 
 /* A block-sized read buffer per reading thread, listed in the cache so
  * that cache_close() frees those of threads still alive. */
@@ -200,6 +226,9 @@ struct cache {
      * cache.c); fresh_lock guards them and is a leaf */
     pthread_mutex_t fresh_lock;
     struct fresh_block fresh[FRESH_SLOTS];
+
+    /* blocks held for reads not yet answered (cache_store.c) */
+    struct hold_shard holds[HOLD_SHARDS];
 
     _Atomic uint64_t served_bytes;
     _Atomic uint64_t unhashed_bytes;
@@ -359,9 +388,40 @@ int cache_open_data_file(const struct cache *cache, uint64_t id, int *fd);
 /* Remove the data file of object ID (a missing one is fine). */
 void cache_unlink_data_file(const struct cache *cache, uint64_t id);
 
-/* Give the disk space of block BLOCK (LEN bytes) of object ID back. */
-void cache_punch_block(const struct cache *cache, uint64_t id, uint64_t block,
+/* Give the disk space of block BLOCK (LEN bytes) of object ID back,
+ * which the index no longer records: now, or, while the block is held,
+ * at its last release (a fill of the block may take that over:
+ * cache_hold_take_punch()). */
+void cache_punch_block(struct cache *cache, uint64_t id, uint64_t block,
                        uint32_t len);
+
+/* ---------------------------------------------- cache_store.c: holds */
+
+/* Set up and tear down the shards of cache->holds (cache_dir.c: the
+ * cache opened, the cache closed with no block held). */
+void cache_holds_init(struct cache *cache);
+void cache_holds_destroy(struct cache *cache);
+
+/* Hold block BLOCK of object ID in HOLDS, before its record is read (so
+ * that a drop committed before the hold is seen, and one committed after
+ * it punches nothing until the release). 0, or ENOBUFS (HOLDS full, or
+ * no memory). */
+int cache_hold_block(struct cache *cache, uint64_t id, uint64_t block,
+                     struct cache_holds *holds);
+
+/* Let go of the last block cache_hold_block() added to HOLDS (nothing of
+ * it went into the pipe). */
+void cache_hold_undo(struct cache_holds *holds);
+
+/* Whether block BLOCK of object ID is held (eviction passes it by).
+ * Takes its shard's lock: callable inside an index transaction. */
+bool cache_block_held(struct cache *cache, uint64_t id, uint64_t block);
+
+/* A fill of block BLOCK of object ID begins: a punch put off for its
+ * range (a held block dropped) is the fill's now (it writes the same
+ * range: true, and an abort punches the block), and one under way is
+ * waited for. */
+bool cache_hold_take_punch(struct cache *cache, uint64_t id, uint64_t block);
 
 /* ------------------------------------------------------------- cache.c */
 

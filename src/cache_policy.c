@@ -6,11 +6,13 @@
  * written once a second by the flusher thread (cache_flush), which moves
  * touched blocks to the recent end of their segment, promotes re-used
  * probation blocks and demotes the oldest protected ones beyond their
- * share. The data path (cache.c) calls in through cache_make_room(),
- * cache_release_room() and cache_add_touch(); cache_dir.c starts and
- * stops the flusher. cache_reserve_disk() (cache.h) is the same room
- * making for the write path's staging files: free space only. Layouts
- * and locking rules: cache_internal.h.
+ * share. Eviction passes by the blocks held by reads not yet answered
+ * (cache.h, "Holds"): they are the most recently used, whatever the
+ * buffered recency says. The data path (cache.c) calls in through
+ * cache_make_room(), cache_release_room() and cache_add_touch();
+ * cache_dir.c starts and stops the flusher. cache_reserve_disk()
+ * (cache.h) is the same room making for the write path's staging files:
+ * free space only. Layouts and locking rules: cache_internal.h.
  */
 #include "config.h"
 
@@ -44,6 +46,8 @@ struct victim_scan {
     struct victim *victims;
     size_t count;
     size_t max;
+    struct cache *passing_held;  /* not NULL: blocks it holds are passed
+                                    by (eviction; demotion takes them) */
 };
 
 static int collect_victim(void *arg, const void *key, size_t key_len,
@@ -56,11 +60,17 @@ static int collect_victim(void *arg, const void *key, size_t key_len,
     if (key_len != sizeof(struct recency_key) || scan->count == scan->max ||
         bytes[0] >= SEGMENT_PINNED)
         return -1; /* (pinned blocks are never victims, nor demoted) */
-    scan->victims[scan->count++] = (struct victim){
+    struct victim victim = {
         .segment = bytes[0],
         .id = get_be64(bytes + 9),
         .block = get_be64(bytes + 17),
     };
+    /* a block in the pipe of a read not yet answered is the most recently
+     * used of all, whatever its tick says (touches wait up to a second) */
+    if (scan->passing_held != NULL &&
+        cache_block_held(scan->passing_held, victim.id, victim.block))
+        return 0;
+    scan->victims[scan->count++] = victim;
     return 0;
 }
 
@@ -122,7 +132,8 @@ static bool retire_object_txn(struct cache *cache, struct db_txn *txn, uint64_t 
 static uint64_t evict_some(struct cache *cache, uint64_t want, int *err)
 {
     struct victim victims[EVICT_BATCH];
-    struct victim_scan scan = {.victims = victims, .max = EVICT_BATCH};
+    struct victim_scan scan = {.victims = victims, .max = EVICT_BATCH,
+                               .passing_held = cache};
     uint64_t retired[EVICT_BATCH];
     size_t retired_count = 0;
     struct db_txn *txn = NULL;

@@ -19,6 +19,21 @@
  * where the lock is released (cache_unlock), and the record against the
  * block records, and the copy against the record, when the cache closes
  * (cache_check_usage).
+ *
+ * Holds (cache.h): the blocks whose pages are in the pipes of reads not
+ * yet answered, HOLD_SHARDS small tables by (id, block), each under a
+ * leaf mutex, so that the reads of different blocks meet on no lock. A
+ * read holds a block before it reads the block's record; whoever drops a
+ * block commits the drop before it asks for the punch: either the hold
+ * came first (the punch waits for the last release: punch_len), or the
+ * drop did (the read finds no record and splices nothing). At the last
+ * release the put-off punch is made outside the lock, the entry marked
+ * `punching` meanwhile, so that a fill of the block (which writes the
+ * same range) waits for it instead of having its bytes punched; a fill
+ * that comes first takes the punch over. A hold lasts for one read of an
+ * open file, and a moment past its answer (the file's release may come
+ * first): a put-off punch of a version no longer open goes by its path,
+ * to its data file or to nothing if that was removed.
  */
 #include "config.h"
 
@@ -232,10 +247,9 @@ void cache_unlink_data_file(const struct cache *cache, uint64_t id)
     free(path);
 }
 
-/* Give the disk space of a dropped block back (the index no longer
- * records it; a reader racing with us sees a checksum failure). */
-void cache_punch_block(const struct cache *cache, uint64_t id, uint64_t block,
-                       uint32_t len)
+/* Give the disk space of a dropped block back, now. */
+static void punch_now(const struct cache *cache, uint64_t id, uint64_t block,
+                      uint32_t len)
 {
     char *path = cache_data_path(cache, id);
     int fd = path ? open(path, O_RDWR | O_CLOEXEC) : -1;
@@ -249,6 +263,190 @@ void cache_punch_block(const struct cache *cache, uint64_t id, uint64_t block,
         close(fd);
     }
     free(path);
+}
+
+/* Whether punching BLOCK of object ID waits for the last release of its
+ * holds (the punch is put off, LEN bytes at least); false: punch now. */
+static bool hold_defer_punch(struct cache *cache, uint64_t id, uint64_t block,
+                             uint32_t len);
+
+void cache_punch_block(struct cache *cache, uint64_t id, uint64_t block,
+                       uint32_t len)
+{
+    if (!hold_defer_punch(cache, id, block, len))
+        punch_now(cache, id, block, len);
+}
+
+/* -------------------------------------------------------------- holds */
+
+static struct hold_shard *hold_shard_of(struct cache *cache, uint64_t id,
+                                        uint64_t block)
+{
+    uint64_t mix = (id * 0x9e3779b97f4a7c15ull) ^ block;
+    return &cache->holds[(mix ^ (mix >> 29)) % HOLD_SHARDS];
+}
+
+/* The entry of (ID, BLOCK) in SHARD (its lock held), or NULL. */
+static struct held_block *held_find_locked(struct hold_shard *shard,
+                                           uint64_t id, uint64_t block)
+{
+    for (size_t i = 0; i < shard->count; i++)
+        if (shard->blocks[i].id == id && shard->blocks[i].block == block)
+            return &shard->blocks[i];
+    return NULL;
+}
+
+/* Remove ENTRY from SHARD (its lock held). */
+static void held_remove_locked(struct hold_shard *shard,
+                               struct held_block *entry)
+{
+    *entry = shard->blocks[--shard->count];
+}
+
+void cache_holds_init(struct cache *cache)
+{
+    for (unsigned i = 0; i < HOLD_SHARDS; i++) {
+        pthread_mutex_init(&cache->holds[i].lock, NULL);
+        pthread_cond_init(&cache->holds[i].punched, NULL);
+    }
+}
+
+void cache_holds_destroy(struct cache *cache)
+{
+    for (unsigned i = 0; i < HOLD_SHARDS; i++) {
+        INVARIANT(cache->holds[i].count == 0,
+                  "no block held once the cache closes");
+        free(cache->holds[i].blocks);
+        pthread_mutex_destroy(&cache->holds[i].lock);
+        pthread_cond_destroy(&cache->holds[i].punched);
+    }
+}
+
+int cache_hold_block(struct cache *cache, uint64_t id, uint64_t block,
+                     struct cache_holds *holds)
+{
+    struct hold_shard *shard = hold_shard_of(cache, id, block);
+    int err = 0;
+
+    if (holds->count == CACHE_HOLDS_MAX ||
+        (holds->cache != NULL && holds->cache != cache))
+        return ENOBUFS;
+    pthread_mutex_lock(&shard->lock);
+    struct held_block *entry = held_find_locked(shard, id, block);
+    if (entry == NULL && shard->count == shard->capacity) {
+        size_t capacity = shard->capacity ? shard->capacity * 2 : 8;
+        struct held_block *grown = realloc(shard->blocks,
+                                           capacity * sizeof(*grown));
+        if (grown == NULL) {
+            err = ENOBUFS;
+            goto out;
+        }
+        shard->blocks = grown;
+        shard->capacity = capacity;
+    }
+    if (entry == NULL) {
+        entry = &shard->blocks[shard->count++];
+        *entry = (struct held_block){.id = id, .block = block};
+    }
+    entry->holds++;
+out:
+    pthread_mutex_unlock(&shard->lock);
+    if (err == 0) {
+        holds->cache = cache;
+        holds->held[holds->count].id = id;
+        holds->held[holds->count].block = block;
+        holds->count++;
+    }
+    return err;
+}
+
+/* Let go of one hold of (ID, BLOCK); the last one makes the punch put
+ * off for it (and one put off again meanwhile). */
+static void hold_release(struct cache *cache, uint64_t id, uint64_t block)
+{
+    struct hold_shard *shard = hold_shard_of(cache, id, block);
+
+    pthread_mutex_lock(&shard->lock);
+    struct held_block *entry = held_find_locked(shard, id, block);
+    INVARIANT(entry != NULL && entry->holds > 0, "a hold released once");
+    if (entry == NULL || --entry->holds > 0 || entry->punching) {
+        pthread_mutex_unlock(&shard->lock);
+        return; /* (a release that is punching removes it) */
+    }
+    while (entry->holds == 0 && entry->punch_len > 0) {
+        uint32_t punch_len = entry->punch_len;
+        entry->punch_len = 0;
+        entry->punching = true;
+        pthread_mutex_unlock(&shard->lock);
+        punch_now(cache, id, block, punch_len);
+        pthread_mutex_lock(&shard->lock);
+        entry = held_find_locked(shard, id, block); /* (it may have moved) */
+        entry->punching = false;
+        pthread_cond_broadcast(&shard->punched);
+    }
+    if (entry->holds == 0)
+        held_remove_locked(shard, entry);
+    pthread_mutex_unlock(&shard->lock);
+}
+
+void cache_hold_undo(struct cache_holds *holds)
+{
+    if (holds->count == 0)
+        return;
+    holds->count--;
+    hold_release(holds->cache, holds->held[holds->count].id,
+                 holds->held[holds->count].block);
+}
+
+void cache_holds_release(struct cache_holds *holds)
+{
+    while (holds->count > 0)
+        cache_hold_undo(holds);
+}
+
+bool cache_block_held(struct cache *cache, uint64_t id, uint64_t block)
+{
+    struct hold_shard *shard = hold_shard_of(cache, id, block);
+
+    pthread_mutex_lock(&shard->lock);
+    struct held_block *entry = held_find_locked(shard, id, block);
+    bool held = entry != NULL && entry->holds > 0;
+    pthread_mutex_unlock(&shard->lock);
+    return held;
+}
+
+static bool hold_defer_punch(struct cache *cache, uint64_t id, uint64_t block,
+                             uint32_t len)
+{
+    struct hold_shard *shard = hold_shard_of(cache, id, block);
+
+    /* (a hold taken after this lock reads the block's record after the
+     * drop's commit, which came before it: it finds none) */
+    pthread_mutex_lock(&shard->lock);
+    struct held_block *entry = held_find_locked(shard, id, block);
+    bool defer = entry != NULL && entry->holds > 0;
+    if (defer && len > entry->punch_len)
+        entry->punch_len = len;
+    pthread_mutex_unlock(&shard->lock);
+    return defer;
+}
+
+bool cache_hold_take_punch(struct cache *cache, uint64_t id, uint64_t block)
+{
+    struct hold_shard *shard = hold_shard_of(cache, id, block);
+    bool taken = false;
+
+    pthread_mutex_lock(&shard->lock);
+    struct held_block *entry;
+    while ((entry = held_find_locked(shard, id, block)) != NULL &&
+           entry->punching)
+        pthread_cond_wait(&shard->punched, &shard->lock);
+    if (entry != NULL && entry->punch_len > 0) {
+        entry->punch_len = 0;
+        taken = true;
+    }
+    pthread_mutex_unlock(&shard->lock);
+    return taken;
 }
 
 int cache_compare_object_id(const void *a, const void *b)

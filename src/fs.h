@@ -174,9 +174,12 @@ int fs_read(struct fs *fs, struct fs_file *file, uint64_t offset, size_t size,
  * EOPNOTSUPP for staged data, and reader_read_pipe()'s errno values;
  * after an error the pipe holds anything, and EOPNOTSUPP, ENOSPC,
  * ENOBUFS, EAGAIN, ENOENT and ESTALE ask for fs_read() instead (which
- * also reads a file unlinked or replaced while open). */
+ * also reads a file unlinked or replaced while open). The cache blocks
+ * the pipe holds pages of are in HOLDS, to release once the answer has
+ * left or the pipe is discarded (cache_holds_release()). */
 int fs_read_pipe(struct fs *fs, struct fs_file *file, uint64_t offset,
-                 size_t size, int pipe_write, size_t *got);
+                 size_t size, int pipe_write, struct cache_holds *holds,
+                 size_t *got);
 
 void fs_release(struct fs *fs, struct fs_file *file);
 

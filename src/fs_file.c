@@ -172,14 +172,16 @@ int fs_read(struct fs *fs, struct fs_file *file, uint64_t offset, size_t size,
 }
 
 int fs_read_pipe(struct fs *fs, struct fs_file *file, uint64_t offset,
-                 size_t size, int pipe_write, size_t *got)
+                 size_t size, int pipe_write, struct cache_holds *holds,
+                 size_t *got)
 {
     (void)fs;
     *got = 0;
     if (__atomic_load_n(&file->wfile, __ATOMIC_ACQUIRE) != NULL ||
         file->reader_file == NULL)
         return EOPNOTSUPP; /* staged data: fs_read() */
-    return reader_read_pipe(file->reader_file, offset, size, pipe_write, got);
+    return reader_read_pipe(file->reader_file, offset, size, pipe_write, holds,
+                            got);
 }
 
 void fs_release(struct fs *fs, struct fs_file *file)

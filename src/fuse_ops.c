@@ -271,7 +271,11 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
  * data file into a pipe of this thread (verified where they are, see
  * cache_block_splice()), and libfuse splices the pipe into /dev/fuse
  * (FUSE_CAP_SPLICE_WRITE; the kernel copies once, into the file's page
- * cache). Each thread keeps one pipe, sized for the largest read.
+ * cache). Each thread keeps one pipe, sized for the largest read. The
+ * cache blocks whose pages the pipe holds are held (cache.h, "Holds")
+ * until fuse_reply_data() has returned: by then the kernel has copied
+ * them (the splice on to /dev/fuse copies before it returns, and
+ * libfuse's own pipe is emptied or dropped), or the pipe is discarded.
  */
 #define READ_PIPE_SIZE (2u << 20)   /* a 1 MiB read, and libfuse's headers */
 #define READ_SIZE_MAX (1u << 20)    /* what the kernel sends at most anyway */
@@ -380,6 +384,7 @@ static bool read_spliced(fuse_req_t req, struct fs_file *file, size_t size,
                          off_t offset)
 {
     struct read_pipe *pipe_ = read_pipe_get();
+    struct cache_holds holds = {0};
     size_t got = 0;
 
     /* the pages the read spans must fit the pipe (it is never waited on:
@@ -389,9 +394,10 @@ static bool read_spliced(fuse_req_t req, struct fs_file *file, size_t size,
     if (pipe_ == NULL || spanned > pipe_->capacity)
         return false;
     int err = fs_read_pipe(request_fs(req), file, (uint64_t)offset, size,
-                           pipe_->fds[1], &got);
+                           pipe_->fds[1], &holds, &got);
     if (err != 0) {
         read_pipe_discard(pipe_);
+        cache_holds_release(&holds);
         if (err == EOPNOTSUPP || err == ENOSPC || err == ENOBUFS ||
             err == EAGAIN || err == ENOENT || err == ESTALE)
             return false;
@@ -406,6 +412,7 @@ static bool read_spliced(fuse_req_t req, struct fs_file *file, size_t size,
      * pipe is left empty, unless the reply failed */
     if (fuse_reply_data(req, &data, 0) != 0)
         read_pipe_discard(pipe_);
+    cache_holds_release(&holds);
     return true;
 }
 

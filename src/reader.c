@@ -14,6 +14,11 @@
  * counts its blocks as fetched by that open file, so reading them is
  * neither a cache hit nor a second use that protects them from eviction.
  *
+ * A read into a pipe holds each block it splices (cache.h, "Holds") for
+ * its caller, who lets go once the answer has left: the blocks spliced
+ * first stay in the pipe while a later one is fetched, for seconds
+ * maybe, and must not be punched meanwhile.
+ *
  * Per file: file->lock guards the sequential-reader state (next_offset,
  * window, last_block, prefetched_to) and the scattered-reader state
  * (random_fetches, scatter_*, claimed_map).
@@ -538,10 +543,12 @@ static void schedule_read_ahead(struct reader_file *file, uint64_t from,
 
 /* ------------------------------------------------------------- reading */
 
-/* Where a read's bytes go: a buffer, or (buf NULL) a pipe. */
+/* Where a read's bytes go: a buffer, or (buf NULL) a pipe, with the
+ * blocks it holds pages of in holds. */
 struct read_target {
     char *buf;
     int pipe_write;
+    struct cache_holds *holds;
 };
 
 /* The bytes of one block, from the cache, fetching the block when it is
@@ -562,7 +569,8 @@ static int read_block(struct reader_file *file, uint64_t block, uint32_t offset,
                       ? cache_block_read(reader->conf.cache, file->object, block,
                                          offset, len, to->buf + at, reuse)
                       : cache_block_splice(reader->conf.cache, file->object, block,
-                                           offset, len, to->pipe_write, reuse);
+                                           offset, len, to->pipe_write, reuse,
+                                           to->holds);
         if (err == 0 && !fetched_here)
             *hits += len;
         if (err != ENOENT)
@@ -779,9 +787,9 @@ int reader_read(struct reader_file *file, uint64_t offset, size_t size,
 }
 
 int reader_read_pipe(struct reader_file *file, uint64_t offset, size_t size,
-                     int pipe_write, size_t *got)
+                     int pipe_write, struct cache_holds *holds, size_t *got)
 {
-    struct read_target to = {NULL, pipe_write};
+    struct read_target to = {NULL, pipe_write, holds};
     return read_into(file, offset, size, &to, got);
 }
 

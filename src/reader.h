@@ -79,17 +79,19 @@ int reader_read(struct reader_file *file, uint64_t offset, size_t size,
 /*
  * reader_read() without a copy: the bytes go into the pipe PIPE_WRITE
  * (empty, with room for SIZE bytes) as references to the cache's pages,
- * verified as reader_read() verifies them (cache_block_splice()).
- * *GOT is less than SIZE only at the end of the file. On failure the
- * pipe holds anything (the caller discards it) and the result is an
- * errno: EOPNOTSUPP (the file is read around the cache), ENOSPC (the
- * cache cannot hold the blocks), ENOBUFS (the pipe is too small) and
- * EAGAIN (a block was found damaged, and dropped, after part of the
- * read was in the pipe) ask for reader_read() instead; the others are
- * reader_read()'s.
+ * verified as reader_read() verifies them (cache_block_splice()). The
+ * blocks they come from are held in HOLDS (the caller's, empty), also on
+ * failure: the caller releases them (cache_holds_release()) once the
+ * pipe is read out by the answer, or closed. *GOT is less than SIZE only
+ * at the end of the file. On failure the pipe holds anything (the caller
+ * discards it) and the result is an errno: EOPNOTSUPP (the file is read
+ * around the cache), ENOSPC (the cache cannot hold the blocks), ENOBUFS
+ * (the pipe or HOLDS is too small) and EAGAIN (a block was found
+ * damaged, and dropped, after part of the read was in the pipe) ask for
+ * reader_read() instead; the others are reader_read()'s.
  */
 int reader_read_pipe(struct reader_file *file, uint64_t offset, size_t size,
-                     int pipe_write, size_t *got);
+                     int pipe_write, struct cache_holds *holds, size_t *got);
 
 /* Never read ahead past byte END (0: no limit): a reader that knows the
  * range it needs (the base of an edit) fetches nothing else. */

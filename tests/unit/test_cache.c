@@ -731,6 +731,7 @@ static void test_splice_of_a_punched_block_on_a_full_tmpfs(void **state)
     uint32_t bs = f->conf.block_size;
     struct cache_object *o;
     char path[256], filler[320];
+    struct cache_holds holds = {0};
     int pipe_fds[2], fd;
 
     cache_stop(f);
@@ -760,7 +761,7 @@ static void test_splice_of_a_punched_block_on_a_full_tmpfs(void **state)
     assert_int_equal(pipe(pipe_fds), 0);
     assert_true(fcntl(pipe_fds[1], F_SETPIPE_SZ, 2 * bs) >= (int)bs);
     assert_int_equal(cache_block_splice(f->cache, o, 0, 0, bs, pipe_fds[1],
-                                        false), EAGAIN);   /* and alive */
+                                        false, &holds), EAGAIN); /* and alive */
     /* (the full tmpfs refused the index's write that drops it; with
      * room again, a read finds the block damaged and drops it) */
     assert_int_equal(unlink(filler), 0);
@@ -769,6 +770,7 @@ static void test_splice_of_a_punched_block_on_a_full_tmpfs(void **state)
     expect_read(f, o, 1, 0, bs, 42);             /* the other is intact */
     close(pipe_fds[0]);
     close(pipe_fds[1]);
+    cache_holds_release(&holds);
     cache_object_close(f->cache, &o);
     cache_stop(f);
     assert_int_equal(umount2(f->dir, MNT_DETACH), 0);
@@ -782,6 +784,7 @@ struct spliced {
     int fds[2];
     uint64_t block;
     uint32_t off, len;
+    struct cache_holds holds;
 };
 
 static int spliced_begin(struct fixture *f, struct cache_object *o,
@@ -791,7 +794,8 @@ static int spliced_begin(struct fixture *f, struct cache_object *o,
     *s = (struct spliced){.block = block, .off = off, .len = len};
     assert_int_equal(pipe(s->fds), 0);
     assert_true(fcntl(s->fds[1], F_SETPIPE_SZ, 1 << 20) >= (int)len);
-    return cache_block_splice(f->cache, o, block, off, len, s->fds[1], false);
+    return cache_block_splice(f->cache, o, block, off, len, s->fds[1], false,
+                              &s->holds);
 }
 
 /* The answer leaves: whether the pipe held the contents SEED; the pipe
@@ -808,6 +812,7 @@ static bool spliced_answer(struct fixture *f, struct spliced *s,
     }
     close(s->fds[0]);
     close(s->fds[1]);
+    cache_holds_release(&s->holds);
     make_bytes(f->expect, seed, s->block * f->conf.block_size + s->off, s->len);
     return memcmp(f->buf, f->expect, s->len) == 0;
 }
@@ -930,12 +935,14 @@ static int splice_check(struct fixture *f, struct cache_object *o,
                         uint64_t block, uint32_t off, uint32_t len,
                         uint32_t seed)
 {
+    struct cache_holds holds = {0};
     int fds[2];
     size_t got = 0;
 
     assert_int_equal(pipe(fds), 0);
     assert_true(fcntl(fds[1], F_SETPIPE_SZ, 1 << 20) >= (int)len);
-    int rc = cache_block_splice(f->cache, o, block, off, len, fds[1], false);
+    int rc = cache_block_splice(f->cache, o, block, off, len, fds[1], false,
+                                &holds);
     if (rc == 0) {
         while (got < len) {
             ssize_t n = read(fds[0], f->buf + got, len - got);
@@ -949,6 +956,7 @@ static int splice_check(struct fixture *f, struct cache_object *o,
     }
     close(fds[0]);
     close(fds[1]);
+    cache_holds_release(&holds);
     return rc;
 }
 

@@ -485,10 +485,11 @@ static int pipe_read_check(struct reader_file *file, const int pipe_fds[2],
                            const unsigned char *expected)
 {
     char *buf = malloc(len);
+    struct cache_holds holds = {0};
     size_t got = 0, drained = 0;
 
     assert_non_null(buf);
-    int err = reader_read_pipe(file, offset, len, pipe_fds[1], &got);
+    int err = reader_read_pipe(file, offset, len, pipe_fds[1], &holds, &got);
     if (err == 0) {
         assert_int_equal(got, len);
         while (drained < got) {
@@ -498,6 +499,7 @@ static int pipe_read_check(struct reader_file *file, const int pipe_fds[2],
         }
         assert_memory_equal(buf, expected + offset, len);
     }
+    cache_holds_release(&holds);
     free(buf);
     return err;
 }
@@ -577,8 +579,10 @@ static void test_pipe_read(void **state)
                                      bytes), 0);
     assert_int_equal(pipe_read_check(file, fds, 3 * BLOCK + 7, 1000, bytes), 0);
     size_t got = 1;
-    assert_int_equal(reader_read_pipe(file, size, 100, fds[1], &got), 0);
+    struct cache_holds holds = {0};
+    assert_int_equal(reader_read_pipe(file, size, 100, fds[1], &holds, &got), 0);
     assert_int_equal(got, 0);
+    assert_int_equal(holds.count, 0);
     assert_int_equal(fake_s3_count(f->s3, NULL), cold);
 
     /* a byte flipped on disk in block 3, part of block 5 zeroed (written
@@ -600,16 +604,17 @@ static void test_pipe_read(void **state)
     assert_int_equal(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
     close(fd);
     cache_get_stats(f->cache, &before);
-    assert_int_equal(reader_read_pipe(file, 2 * BLOCK, 3 * BLOCK, fds[1], &got),
-                     EAGAIN);
-    assert_int_equal(reader_read_pipe(file, 5 * BLOCK, BLOCK, fds[1], &got),
-                     EAGAIN);
+    assert_int_equal(reader_read_pipe(file, 2 * BLOCK, 3 * BLOCK, fds[1], &holds,
+                                      &got), EAGAIN);
+    assert_int_equal(reader_read_pipe(file, 5 * BLOCK, BLOCK, fds[1], &holds,
+                                      &got), EAGAIN);
     cache_get_stats(f->cache, &after);
     assert_int_equal(after.corrupt_blocks - before.corrupt_blocks, 2);
     assert_int_equal(read_check(file, 2 * BLOCK, 4 * BLOCK, bytes), 0);
     assert_int_equal(fake_s3_count(f->s3, NULL), cold + 2);
     close(fds[0]);
     close(fds[1]);
+    cache_holds_release(&holds);
     assert_int_equal(pipe(fds), 0);
     assert_true(fcntl(fds[1], F_SETPIPE_SZ, 1 << 20) >= (1 << 20));
     assert_int_equal(pipe_read_check(file, fds, 2 * BLOCK, 4 * BLOCK, bytes), 0);
@@ -622,14 +627,15 @@ static void test_pipe_read(void **state)
     assert_int_equal(pipe(small), 0);
     assert_true(fcntl(small[1], F_SETPIPE_SZ, BLOCK) == (int)BLOCK);
     uint64_t hits = reader_stats_of(f).hit_bytes;
-    assert_int_equal(reader_read_pipe(file, 0, 4 * BLOCK, small[1], &got),
-                     ENOBUFS);
+    assert_int_equal(reader_read_pipe(file, 0, 4 * BLOCK, small[1], &holds,
+                                      &got), ENOBUFS);
     assert_int_equal(reader_stats_of(f).hit_bytes, hits);
     assert_int_equal(read_check(file, 0, 4 * BLOCK, bytes), 0);
     /* (block 3 this open file fetched again above: not a hit) */
     assert_int_equal(reader_stats_of(f).hit_bytes - hits, 3 * BLOCK);
     close(small[0]);
     close(small[1]);
+    cache_holds_release(&holds);
     reader_close(&file);
     close(fds[0]);
     close(fds[1]);
@@ -843,6 +849,7 @@ struct answer {
     uint64_t offset;
     size_t len;
     int fds[2];
+    struct cache_holds holds;
     size_t got;
     int err;
     pthread_t thread;
@@ -858,7 +865,8 @@ static void answer_begin(struct answer *a, struct reader_file *file,
 
 static void answer_splice(struct answer *a)
 {
-    a->err = reader_read_pipe(a->file, a->offset, a->len, a->fds[1], &a->got);
+    a->err = reader_read_pipe(a->file, a->offset, a->len, a->fds[1], &a->holds,
+                              &a->got);
 }
 
 static void *answer_splice_main(void *arg)
@@ -884,6 +892,7 @@ static void answer_send(struct answer *a, const unsigned char *expected)
     }
     close(a->fds[0]);
     close(a->fds[1]);
+    cache_holds_release(&a->holds);
     size_t zeros = 0;
     for (size_t i = 0; i < a->len; i++)
         zeros += buf[i] != expected[a->offset + i] && buf[i] == 0;
