@@ -14,6 +14,7 @@ import random
 import socket
 import subprocess
 import threading
+import time
 
 import pytest
 import xxhash
@@ -310,6 +311,75 @@ def test_slow_shared_cache_is_skipped(server, s3, bucket, mount, home,
         assert stats['bytes_from_bucket'] == len(files['w.bin'])
         assert tier_proxy.counts['GET'] == 1
         assert tier_proxy.counts['PUT'] == 0
+
+
+# A tier request's deadline (shared_cache.h: 5 s, and the bytes at
+# 8 MiB/s: a block's frame). A read may pay one, then the tier is skipped.
+DEADLINE = 5.0 + (BLOCK + 64) / (8 * MiB)
+READERS = 4
+
+
+def timed_reads(mnt, files):
+    """Each file read by a thread of its own, all at the same moment: the
+    seconds each read took, and the SHA-256 of what it read."""
+    start = threading.Barrier(len(files))
+    seconds, digests = {}, {}
+
+    def read(key):
+        start.wait()
+        began = time.monotonic()
+        digests[key] = sha((mnt.path / key).read_bytes())
+        seconds[key] = time.monotonic() - began
+
+    threads = [threading.Thread(target=read, args=(k,)) for k in files]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return seconds, digests
+
+
+@pytest.mark.parametrize('stalled', ['PUT', 'all'])
+def test_stalled_shared_cache_costs_a_read_one_deadline(
+        server, s3, bucket, mount, home, origin, tier_server, tier_bucket,
+        stalled):
+    """A tier that stalls its writes while its reads answer, or stalls
+    every request: readers that miss at the same moment each wait at most
+    one request's deadline, all at once (not one after another), then
+    the tier is skipped and the bytes come from the origin, each once."""
+    files = {f'r{i}.bin': RNG.randbytes(4 * MiB) for i in range(READERS)}
+    warm = {'warm.bin': RNG.randbytes(BLOCK)}
+    for key, body in {**files, **warm}.items():
+        s3.put_object(Bucket=bucket, Key=key, Body=body)
+    tier_profile(home, tier_server)
+    with s3proxy.S3Proxy(tier_server.endpoint) as tier_proxy:
+        node = mount(bucket, endpoint=origin.endpoint,
+                     options=shared_options(tier_server, tier_bucket,
+                                            tier_proxy.endpoint))
+        read_all(node, warm)        # the lease mode known, the tier answering
+        assert tier_settled(node)['tier_written_blocks'] == 1
+        tier_proxy.reset_counters()
+        tier_proxy.inject('stall', 10000, seconds=60,
+                          match='PUT' if stalled == 'PUT' else None)
+        seconds, digests = timed_reads(node, files)
+        assert digests == {key: sha(body) for key, body in files.items()}
+        stats = read_stats(node.path)
+        assert stats['tier_skipping'] == 1
+        assert max(seconds.values()) < DEADLINE + 2.5, seconds
+        assert stats['bytes_from_bucket'] == sum(
+            len(body) for body in {**files, **warm}.values())
+        # each reader sent what it waited for at once, then nothing more:
+        # a lease write (or a block read, when everything stalls) apiece
+        # and at most one of its read-ahead's
+        leases = tier_proxy.records(
+            lambda r: r.kind == 'PUT' and '/lease-' in r.path)
+        reads = tier_proxy.records(
+            lambda r: r.kind == 'GET' and '/lease-' not in r.path)
+        if stalled == 'PUT':
+            assert 1 <= len(leases) <= 2 * READERS, len(leases)
+        else:
+            assert len(leases) == 0
+            assert 1 <= len(reads) <= 2 * READERS, len(reads)
 
 
 def test_shared_cache_refused_fails_the_mount(server, bucket, home, tmp_path,

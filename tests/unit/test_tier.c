@@ -143,6 +143,8 @@ static int teardown(void **state)
 {
     struct fixture *f = *state;
 
+    fake_s3_hold_clear(f->tier_s3, 0);
+    fake_s3_hold_clear(f->origin, 0);
     fake_s3_fail_clear(f->tier_s3, 0);
     for (int i = 0; i < NODES; i++)
         node_stop(&f->nodes[i]);
@@ -1030,6 +1032,132 @@ static void test_busy_timeout_of_a_claim_fetches_one_block(void **state)
     free(scratch);
 }
 
+/* Until HOLD holds COUNT requests, or SECONDS have passed: how many it
+ * holds (a node that sends its requests one after another never has
+ * more than one held). */
+static unsigned held_within(struct s3_client *s3, unsigned hold,
+                            unsigned count, double seconds)
+{
+    double started = clock_monotonic_seconds();
+
+    while (fake_s3_held(s3, hold) < count &&
+           clock_monotonic_seconds() - started < seconds)
+        usleep(1000);
+    return fake_s3_held(s3, hold);
+}
+
+/* One block read on NODE and flushed to the tier: the lease mode is
+ * known and the tier has answered a write. Returns the origin's bytes
+ * so far. */
+static uint64_t tier_warmed(struct fixture *f, struct node *node)
+{
+    const size_t size = BLOCK;
+    unsigned char *bytes = pattern(size, 40);
+    char etag[S3_ETAG_MAX];
+
+    assert_int_equal(fake_s3_put(f->origin, "warm.bin", bytes, size, NULL,
+                                 etag), 0);
+    assert_int_equal(read_all(node, "warm.bin", etag, size, bytes), 0);
+    assert_true(tier_flush(node->tier, 0));
+    assert_int_equal(tier_stats_of(node).puts, 1);
+    free(bytes);
+    return origin_bytes(f);
+}
+
+#define READERS 3
+
+/* A tier whose writes stall while its reads answer: readers of one node
+ * that miss blocks at once each send one lease write, all at the same
+ * time (no lock across a request), and when they time out the tier is
+ * skipped: no reader pays a second request's deadline, and none waits
+ * for another's. Before, the node's claims went one at a time under a
+ * lock held across their requests, and a write's timeout counted as a
+ * busy tier's as long as its reads answered, so each block cost one
+ * deadline, one reader after another. */
+static void test_stalled_lease_writes_skip_the_tier_at_once(void **state)
+{
+    struct fixture *f = *state;
+    struct node *node = &f->nodes[0];
+    const size_t size = 4 * BLOCK;
+    unsigned char *bytes[READERS];
+    char etags[READERS][S3_ETAG_MAX], keys[READERS][16];
+    struct node_read reads[READERS];
+    pthread_t threads[READERS];
+    unsigned rule = 0;
+
+    uint64_t before = tier_warmed(f, node);
+    unsigned puts_before = fake_s3_count(f->tier_s3, ON(FAKE_S3_PUT, NULL));
+    assert_int_equal(fake_s3_hold(f->tier_s3, UNDER(FAKE_S3_PUT, "shared/"),
+                                  &rule), 0);
+    assert_int_equal(fake_s3_fail(f->tier_s3, UNDER(FAKE_S3_PUT, "shared/"),
+                                  FAKE_S3_ALWAYS, ETIMEDOUT, false, NULL), 0);
+    for (int i = 0; i < READERS; i++) {
+        bytes[i] = pattern(size, 41 + i);
+        snprintf(keys[i], sizeof(keys[i]), "r%d.bin", i);
+        assert_int_equal(fake_s3_put(f->origin, keys[i], bytes[i], size, NULL,
+                                     etags[i]), 0);
+        reads[i] = (struct node_read){node, keys[i], etags[i], size, bytes[i], -1};
+        assert_int_equal(pthread_create(&threads[i], NULL, node_read_main,
+                                        &reads[i]), 0);
+    }
+    unsigned held = held_within(f->tier_s3, rule, READERS, 3);
+    fake_s3_hold_clear(f->tier_s3, rule);      /* they time out */
+    for (int i = 0; i < READERS; i++) {
+        assert_int_equal(pthread_join(threads[i], NULL), 0);
+        assert_int_equal(reads[i].result, 0);
+    }
+    if (held < READERS)
+        fail_msg("%u lease write(s) under way at once, not one per reader "
+                 "(%d)", held, READERS);
+    struct tier_stats stats = tier_stats_of(node);
+    assert_true(stats.skipping);
+    /* one write per reader, none after the timeouts */
+    assert_int_equal(fake_s3_count(f->tier_s3, ON(FAKE_S3_PUT, NULL)) -
+                         puts_before, held);
+    assert_int_equal(origin_bytes(f) - before, READERS * size);
+    for (int i = 0; i < READERS; i++)
+        free(bytes[i]);
+}
+
+/* A tier skipped because its writes time out is probed with a write,
+ * not a HEAD, which its reads would answer: it stays skipped while its
+ * writes fail, and is asked again once one is answered. Before, a lease
+ * write that timed out while reads answered did not skip it at all. */
+static void test_tier_whose_writes_fail_is_probed_with_a_write(void **state)
+{
+    struct fixture *f = *state;
+    struct node *node = &f->nodes[0];
+    const size_t size = 4 * BLOCK;
+    unsigned char *bytes = pattern(size, 45);
+    char etag[S3_ETAG_MAX];
+    unsigned fail = 0;
+
+    node_stop(node);
+    node_start(f, node, 0, 0.05);
+    tier_warmed(f, node);
+    assert_int_equal(fake_s3_fail(f->tier_s3, UNDER(FAKE_S3_PUT, "shared/"),
+                                  FAKE_S3_ALWAYS, ETIMEDOUT, false, &fail), 0);
+    assert_int_equal(fake_s3_put(f->origin, "p.bin", bytes, size, NULL, etag), 0);
+    assert_int_equal(read_all(node, "p.bin", etag, size, bytes), 0);
+    assert_true(tier_stats_of(node).skipping);
+    unsigned heads = fake_s3_count(f->tier_s3, ON(FAKE_S3_HEAD, NULL));
+    unsigned puts = fake_s3_count(f->tier_s3, ON(FAKE_S3_PUT, NULL));
+    double started = clock_monotonic_seconds();
+    while (fake_s3_count(f->tier_s3, ON(FAKE_S3_PUT, NULL)) < puts + 3 &&
+           clock_monotonic_seconds() - started < 5)
+        usleep(10000);
+    assert_true(tier_stats_of(node).skipping);  /* failing probes */
+    assert_int_equal(fake_s3_count(f->tier_s3, ON(FAKE_S3_HEAD, NULL)), heads);
+    assert_true(fake_s3_count(f->tier_s3, ON(FAKE_S3_PUT, NULL)) >= puts + 3);
+    fake_s3_fail_clear(f->tier_s3, fail);
+    started = clock_monotonic_seconds();
+    while (tier_stats_of(node).skipping &&
+           clock_monotonic_seconds() - started < 5)
+        usleep(10000);
+    assert_false(tier_stats_of(node).skipping);
+    free(bytes);
+}
+
 /* A lease past its time (its node died) is taken over: the block is
  * fetched from the origin at once, not waited for. */
 static void test_expired_lease_is_taken_over(void **state)
@@ -1314,6 +1442,10 @@ int main(void)
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(test_expired_lease_is_taken_over,
                                         setup, teardown),
+        cmocka_unit_test_setup_teardown(
+            test_stalled_lease_writes_skip_the_tier_at_once, setup, teardown),
+        cmocka_unit_test_setup_teardown(
+            test_tier_whose_writes_fail_is_probed_with_a_write, setup, teardown),
         cmocka_unit_test_setup_teardown(test_first_writer_wins, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_server_without_conditional_writes,
