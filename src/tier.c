@@ -3,9 +3,14 @@
  *
  * tier->lock guards the write queue (a FIFO of offered blocks and the
  * bytes it holds), the writers' state and the skip state (skip_until, the
- * current pause), and whether a thread probes for the lease mode. The
- * counters are atomics. No lock is held during a request but
- * claim_lock, which makes this node's lease claims go one at a time.
+ * current pause, the last answers to reads and to writes), and whether a
+ * thread probes for the lease mode. lease_lock guards own[] (this node's
+ * leases) and the list of groups being claimed (claiming): a thread
+ * claims a group only while no other thread of the node does (it waits
+ * on claim_done), so the node's claims of one group go one at a time and
+ * those of different groups at once. The counters are atomics. No lock
+ * is held during a request or a sleep: a tier that stalls costs each
+ * reader at most the request it waits for, at the same time.
  */
 #include "config.h"
 
@@ -67,7 +72,11 @@ struct tier {
     bool stopping;
     double skip_until;           /* monotonic seconds; 0: not skipped */
     double skip_pause;           /* the pause the next failure sets */
-    double last_answer;          /* monotonic: the last answer came */
+    double last_read_answer;     /* monotonic: the last answer to a GET
+                                    or HEAD came */
+    double last_write_answer;    /* ... to a PUT or DELETE */
+    bool probe_writes;           /* the skip began with a write's failure:
+                                    the probes are writes */
     double probe_every;          /* seconds between probes; <= 0: none */
     double next_probe;           /* monotonic: while skipped, the next */
     bool probe_running;          /* a writer is probing the tier */
@@ -82,8 +91,13 @@ struct tier {
                                     seen damaged (0: none), a ring: their
                                     next write replaces them (lock) */
     unsigned damaged_next;
-    pthread_mutex_t claim_lock;  /* one claim at a time (held during its
-                                    requests), and own[] */
+    pthread_mutex_t lease_lock;  /* own[] and claiming (never held across
+                                    a request) */
+    pthread_cond_t claim_done;   /* a claim left claiming */
+    struct claim_busy {
+        struct claim_busy *next;
+        const char *lease_key;
+    } *claiming;                 /* the groups whose claims are under way */
     struct own_lease {
         char *key;
         struct lease lease;
@@ -111,18 +125,23 @@ static bool skipped_now(struct tier *tier)
     return skipped;
 }
 
-/* A request to the tier, sent at SENT (monotonic), failed with ERR: skip
- * it for a while (longer each time it keeps failing). Not for a timeout
- * while the tier answered a request sent after this one: four nodes'
- * reads, leases and writes on one busy server (s3rver) time one out now
- * and then, and skipping it for that sent the rest of a 1 GiB read to
- * the origin (2.75x the file, four nodes at once). */
-static void note_failure(struct tier *tier, const char *what, int err,
-                         double sent)
+/* A request to the tier, sent at SENT (monotonic), a write (PUT, DELETE)
+ * or not (GET, HEAD), failed with ERR: skip it for a while (longer each
+ * time it keeps failing). Not for a timeout while the tier answered a
+ * request of the same kind after this one was sent: four nodes' reads,
+ * leases and writes on one busy server (s3rver) time one out now and
+ * then, and skipping it for that sent the rest of a 1 GiB read to the
+ * origin (2.75x the file, four nodes at once). A read's answer says
+ * nothing of writes, though: a tier whose writes stall while its reads
+ * answer is a failing tier (before, such a tier was never skipped, and
+ * each lease write cost a read the whole deadline). */
+static void note_failure(struct tier *tier, const char *what, bool write,
+                         int err, double sent)
 {
     atomic_fetch_add(&tier->errors, 1);
     pthread_mutex_lock(&tier->lock);
-    bool busy = err == ETIMEDOUT && tier->last_answer > sent;
+    double answered = write ? tier->last_write_answer : tier->last_read_answer;
+    bool busy = err == ETIMEDOUT && answered > sent;
     bool already = busy || skipped_now_locked(tier);
     double pause = tier->skip_pause;
     if (busy)
@@ -132,6 +151,7 @@ static void note_failure(struct tier *tier, const char *what, int err,
         tier->skip_until = now + pause;
         tier->skip_pause = pause * 2 < TIER_SKIP_MAX ? pause * 2 : TIER_SKIP_MAX;
         tier->next_probe = now + tier->probe_every;
+        tier->probe_writes = write;
         pthread_cond_broadcast(&tier->work); /* a writer times the probe */
     }
     pthread_mutex_unlock(&tier->lock);
@@ -140,11 +160,15 @@ static void note_failure(struct tier *tier, const char *what, int err,
                  "only for %.0f s", what, strerror(err), pause);
 }
 
-/* A request to the tier worked: the next failure pauses briefly again. */
-static void note_success(struct tier *tier)
+/* A request to the tier, a write or not, was answered: the next failure
+ * pauses briefly again. */
+static void note_success(struct tier *tier, bool write)
 {
     pthread_mutex_lock(&tier->lock);
-    tier->last_answer = clock_monotonic_seconds();
+    if (write)
+        tier->last_write_answer = clock_monotonic_seconds();
+    else
+        tier->last_read_answer = clock_monotonic_seconds();
     bool back = tier->skip_until > 0 && !skipped_now_locked(tier);
     if (back) {
         tier->skip_until = 0;
@@ -227,10 +251,10 @@ static int get_block(struct tier *tier, const char *key, const char *etag,
         /* (EINVAL: a range past the end, an empty object) */
         if (count_miss)
             atomic_fetch_add(&tier->misses, 1);
-        note_success(tier);
+        note_success(tier, false);
         err = ENOENT;
     } else if (err != 0) {
-        note_failure(tier, "a read", err, sent);
+        note_failure(tier, "a read", false, err, sent);
     } else if (tier_frame_check(&id, scratch, got, len) != 0) {
         atomic_fetch_add(&tier->bad, 1);
         damaged_remember(tier, tier_key);
@@ -241,7 +265,7 @@ static int get_block(struct tier *tier, const char *key, const char *etag,
     } else {
         atomic_fetch_add(&tier->hits, 1);
         atomic_fetch_add(&tier->hit_bytes, len);
-        note_success(tier);
+        note_success(tier, false);
         *data = scratch + TIER_HEADER_LEN;
     }
     free(tier_key);
@@ -280,6 +304,21 @@ static bool lease_runs(const struct lease *lease)
     return left > 0 && left <= TIER_LEASE_SECONDS + 1;
 }
 
+/* ERR, the outcome of a lease request (WRITE: a PUT or DELETE) sent at
+ * SENT, noted: an answer (the object, no such key, a condition that
+ * failed or is refused, an empty or garbled object) or a failure, which
+ * may skip the tier. Returns ERR. */
+static int lease_noted(struct tier *tier, bool write, double sent, int err)
+{
+    if (err == 0 || err == ENOENT || err == ESTALE || err == EBUSY ||
+        err == ENOSYS || err == EINVAL || (!write && err == EIO))
+        note_success(tier, write);
+    else
+        note_failure(tier, write ? "a lease write" : "a lease read", write,
+                     err, sent);
+    return err;
+}
+
 /* Read the lease at LEASE_KEY: 0 (an unreadable text reads as a lease
  * long past, of no node), ENOENT (also for a text without its newline:
  * one being written), or the client's errno. */
@@ -289,8 +328,11 @@ static int read_lease(struct tier *tier, const char *lease_key,
     char text[LEASE_TEXT_MAX];
     unsigned long long first = 0, last = 0, node = 0, intends = 0;
     size_t got = 0;
-    int err = s3_get_object_range(tier->s3, lease_key, 0, sizeof(text) - 2,
-                                  NULL, text, &got, NULL);
+    double sent = clock_monotonic_seconds();
+    int err = lease_noted(tier, false, sent,
+                          s3_get_object_range(tier->s3, lease_key, 0,
+                                              sizeof(text) - 2, NULL, text,
+                                              &got, NULL));
 
     memset(lease, 0, sizeof(*lease));
     if (err != 0)       /* (EINVAL: empty; EIO: being rewritten in place) */
@@ -327,42 +369,93 @@ static int write_lease(struct tier *tier, const char *lease_key,
                        (unsigned long long)lease.node,
                        (unsigned long long)lease.intends);
     struct s3_body body = {.data = text, .fd = -1, .length = (uint64_t)len};
-    int err = s3_put_object(tier->s3, lease_key, &body, &meta, NULL);
+    double sent = clock_monotonic_seconds();
+    int err = lease_noted(tier, true, sent,
+                          s3_put_object(tier->s3, lease_key, &body, &meta,
+                                        NULL));
 
     if (err == 0)
         *written = lease;
     return err;
 }
 
-/* This node's lease at LEASE_KEY, as remembered (claim_lock held); NULL
+/* This node's lease at LEASE_KEY, as remembered (lease_lock held); NULL
  * when it is not. */
-static struct lease *own_find(struct tier *tier, const char *lease_key)
+static struct own_lease *own_find_locked(struct tier *tier,
+                                         const char *lease_key)
 {
     for (unsigned i = 0; i < TIER_OWN_LEASES; i++)
         if (tier->own[i].key != NULL && strcmp(tier->own[i].key, lease_key) == 0)
-            return &tier->own[i].lease;
+            return &tier->own[i];
     return NULL;
 }
 
-/* Remember LEASE, this node's at LEASE_KEY (claim_lock held), in place of
- * the oldest remembered (a forgotten one is read from the tier). */
+/* A copy of this node's lease at LEASE_KEY into *LEASE: whether it is
+ * remembered. */
+static bool own_get(struct tier *tier, const char *lease_key,
+                    struct lease *lease)
+{
+    pthread_mutex_lock(&tier->lease_lock);
+    struct own_lease *known = own_find_locked(tier, lease_key);
+    if (known != NULL)
+        *lease = known->lease;
+    pthread_mutex_unlock(&tier->lease_lock);
+    return known != NULL;
+}
+
+/* Remember LEASE, this node's at LEASE_KEY, in place of the oldest
+ * remembered (a forgotten one is read from the tier). */
 static void own_remember(struct tier *tier, const char *lease_key,
                          const struct lease *lease)
 {
-    struct lease *known = own_find(tier, lease_key);
-    char *key;
+    char *key = strdup(lease_key);
 
-    if (known != NULL) {
-        *known = *lease;
-        return;
+    pthread_mutex_lock(&tier->lease_lock);
+    struct own_lease *slot = own_find_locked(tier, lease_key);
+    if (slot == NULL && key != NULL) {
+        slot = &tier->own[tier->own_next];
+        tier->own_next = (tier->own_next + 1) % TIER_OWN_LEASES;
+        free(slot->key);
+        slot->key = key;
+        key = NULL;
     }
-    if ((key = strdup(lease_key)) == NULL)
-        return;
-    struct own_lease *slot = &tier->own[tier->own_next];
-    tier->own_next = (tier->own_next + 1) % TIER_OWN_LEASES;
-    free(slot->key);
-    slot->key = key;
-    slot->lease = *lease;
+    if (slot != NULL)
+        slot->lease = *lease;
+    pthread_mutex_unlock(&tier->lease_lock);
+    free(key);
+}
+
+/* This thread claims the group of LEASE_KEY (BUSY, the caller's, goes on
+ * the list while it does), once no other thread of the node does: the
+ * wait is for a claim under way, which its requests' deadlines bound. */
+static void claim_begin(struct tier *tier, const char *lease_key,
+                        struct claim_busy *busy)
+{
+    pthread_mutex_lock(&tier->lease_lock);
+    for (;;) {
+        struct claim_busy *other = tier->claiming;
+        while (other != NULL && strcmp(other->lease_key, lease_key) != 0)
+            other = other->next;
+        if (other == NULL)
+            break;
+        pthread_cond_wait(&tier->claim_done, &tier->lease_lock);
+    }
+    busy->lease_key = lease_key;
+    busy->next = tier->claiming;
+    tier->claiming = busy;
+    pthread_mutex_unlock(&tier->lease_lock);
+}
+
+/* The claim of BUSY is over: threads waiting to claim its group go on. */
+static void claim_end(struct tier *tier, struct claim_busy *busy)
+{
+    pthread_mutex_lock(&tier->lease_lock);
+    struct claim_busy **at = &tier->claiming;
+    while (*at != busy)
+        at = &(*at)->next;
+    *at = busy->next;
+    pthread_cond_broadcast(&tier->claim_done);
+    pthread_mutex_unlock(&tier->lease_lock);
 }
 
 /* This node's random token, which its leases carry. */
@@ -394,11 +487,17 @@ static int probe_leases(struct tier *tier)
                  (long)getpid(), (long)now.tv_sec, now.tv_nsec) < 0)
         return TIER_LEASES_UNKNOWN;
     double sent = clock_monotonic_seconds();
-    int first = s3_put_object(tier->s3, key, &body, &meta, NULL);
-    int second = first == 0 ? s3_put_object(tier->s3, key, &body, &meta, NULL)
-                            : first;
-    if (first == 0 || second == 0)
-        s3_delete_object(tier->s3, key);
+    int first = lease_noted(tier, true, sent,
+                            s3_put_object(tier->s3, key, &body, &meta, NULL));
+    sent = clock_monotonic_seconds();
+    int second = first != 0 ? first
+                            : lease_noted(tier, true, sent,
+                                          s3_put_object(tier->s3, key, &body,
+                                                        &meta, NULL));
+    if (first == 0 || second == 0) {
+        sent = clock_monotonic_seconds();
+        lease_noted(tier, true, sent, s3_delete_object(tier->s3, key));
+    }
     free(key);
     if (first == 0 && second == ESTALE)
         return TIER_LEASES_CONDITIONAL;
@@ -408,8 +507,7 @@ static int probe_leases(struct tier *tier)
                  "a block at the same moment may still both fetch it)");
         return TIER_LEASES_READ_BACK;
     }
-    note_failure(tier, "a write", first != 0 ? first : second, sent);
-    return TIER_LEASES_UNKNOWN;
+    return TIER_LEASES_UNKNOWN;     /* (the failure was noted) */
 }
 
 /* The lease mode, found out on first use (threads that need it
@@ -521,10 +619,12 @@ static int claim_read_back(struct tier *tier, const char *lease_key,
 
 /* Claim WANT's blocks of the group of its first (all within it): 0 (this
  * node's lease in HELD), ESTALE (another node's lease: it in HELD; one
- * that does not run covers no block), or an errno. *RENEWED says the
- * group was this node's already (its lease now covers WANT's too).
- * The node's claims go one at a time (claim_lock), so that two threads
- * renewing one lease do not each write over the other's blocks. */
+ * that does not run covers no block), ECANCELED (the tier is skipped,
+ * maybe by the claim this one waited for), or an errno. *RENEWED says
+ * the group was this node's already (its lease now covers WANT's too).
+ * The node's claims of one group go one at a time (claim_begin()), so
+ * that two threads renewing one lease do not each write over the other's
+ * blocks. */
 static int claim_group(struct tier *tier, int mode,
                        const struct tier_block_id *id,
                        const struct lease *want, struct lease *held,
@@ -532,6 +632,8 @@ static int claim_group(struct tier *tier, int mode,
 {
     char *lease_key = NULL;
     struct tier_block_id group = *id;
+    struct claim_busy busy;
+    struct lease own;
     int err;
 
     *renewed = false;
@@ -539,12 +641,17 @@ static int claim_group(struct tier *tier, int mode,
     err = tier_lease_key(tier->prefix, &group, TIER_LEASE_BLOCKS, &lease_key);
     if (err != 0)
         return err;
-    pthread_mutex_lock(&tier->claim_lock);
-    struct lease *own = own_find(tier, lease_key);
-    if (own != NULL && lease_runs(own)) {
+    claim_begin(tier, lease_key, &busy);
+    if (skipped_now(tier)) {
+        err = ECANCELED;
+        goto out;
+    }
+    if (own_get(tier, lease_key, &own) && lease_runs(&own)) {
         *renewed = true;
-        err = renew_own(tier, lease_key, own, want);
-        *held = *own;
+        err = renew_own(tier, lease_key, &own, want);
+        *held = own;
+        if (err == 0)
+            own_remember(tier, lease_key, &own);
         goto out;
     }
     for (int attempt = 0; err == 0; attempt++) {
@@ -559,7 +666,10 @@ static int claim_group(struct tier *tier, int mode,
         if ((!gone && !past) || attempt == 1)
             break;
         /* past its time (its node died or is stuck): take it over */
-        err = gone ? 0 : s3_delete_object(tier->s3, lease_key);
+        double sent = clock_monotonic_seconds();
+        err = gone ? 0
+                   : lease_noted(tier, true, sent,
+                                 s3_delete_object(tier->s3, lease_key));
     }
     if (err == EAGAIN) {
         memset(held, 0, sizeof(*held));
@@ -572,7 +682,7 @@ static int claim_group(struct tier *tier, int mode,
     if (err == 0)
         own_remember(tier, lease_key, held);
 out:
-    pthread_mutex_unlock(&tier->claim_lock);
+    claim_end(tier, &busy);
     free(lease_key);
     if (err == ESTALE && !lease_runs(held))
         held->first = 1, held->last = 0;     /* covers nothing: fetch */
@@ -692,21 +802,19 @@ enum tier_claim tier_claim_blocks(struct tier *tier, const char *key,
     if (skipped_now(tier) ||
         (mode = lease_mode(tier)) == TIER_LEASES_UNKNOWN)
         return TIER_FETCH;
-    double sent = clock_monotonic_seconds();
     int err = claim_group(tier, mode, &id, &want, &held, &renewed);
     if (err == 0) {
         if (!renewed)
             atomic_fetch_add(&tier->leases, 1);
-        note_success(tier);
         *covered = claim_next_group(tier, mode, &id, group_last, last,
                                     reading_on);
         return TIER_FETCH;
     }
     if (err != ESTALE) {
-        note_failure(tier, "a lease", err, sent);
-        /* a busy tier's timeout, not a skip: another node may hold the
-         * group; fetch FIRST alone and ask the tier again for the rest */
-        if (!skipped_now(tier))
+        /* (the failure was noted where it happened.) A busy tier's
+         * timeout, not a skip: another node may hold the group; fetch
+         * FIRST alone and ask the tier again for the rest */
+        if (err != ECANCELED && !skipped_now(tier))
             *covered = first;
         return TIER_FETCH;
     }
@@ -839,13 +947,13 @@ static void write_block(struct tier *tier, struct tier_put *put, char *buffer)
     if (err == 0) {
         atomic_fetch_add(&tier->puts, 1);
         atomic_fetch_add(&tier->put_bytes, put->len);
-        note_success(tier);
+        note_success(tier, true);
     } else if (err == ESTALE) {
         atomic_fetch_add(&tier->put_exists, 1); /* another node was first */
-        note_success(tier);
+        note_success(tier, true);
     } else {
         atomic_fetch_add(&tier->put_dropped, 1);
-        note_failure(tier, "a write", err, sent);
+        note_failure(tier, "a write", true, err, sent);
     }
     free(tier_key);
 }
@@ -864,27 +972,32 @@ static bool probe_due_locked(struct tier *tier, double *wake)
     return false;
 }
 
-/* One probe of a skipped tier: a HEAD of a key no block has. Any answer
- * but an error (the object, or "no such key") ends the skip; its pause
- * goes back to the first on the next answer to a real request
+/* One probe of a skipped tier: a HEAD of a key no block has, or, when
+ * the skip began with a write's failure (a tier whose writes stall may
+ * answer reads), a PUT of that key (a few bytes). Any answer but an
+ * error (to a HEAD, "no such key" too) ends the skip; its pause goes
+ * back to the first on the next answer to a real request
  * (note_success()), so a tier that answers probes and fails requests
  * still backs off. Called and returns with the lock held. */
 static void probe_locked(struct tier *tier)
 {
     struct s3_object_info info;
+    struct s3_body body = {.data = "alive\n", .fd = -1, .length = 6};
+    bool write = tier->probe_writes;
     char *key = NULL;
+    int err = ENOMEM;
 
     tier->probe_running = true;
     pthread_mutex_unlock(&tier->lock);
-    int err = asprintf(&key, "%s%salive", tier->prefix, TIER_ROOT) < 0
-                  ? ENOMEM
-                  : s3_head_object(tier->s3, key, &info);
+    if (asprintf(&key, "%s%salive", tier->prefix, TIER_ROOT) >= 0)
+        err = write ? s3_put_object(tier->s3, key, &body, NULL, NULL)
+                    : s3_head_object(tier->s3, key, &info);
     free(key);
     pthread_mutex_lock(&tier->lock);
     tier->probe_running = false;
     double now = clock_monotonic_seconds();
     tier->next_probe = now + tier->probe_every;
-    if ((err == 0 || err == ENOENT) && skipped_now_locked(tier)) {
+    if ((err == 0 || (err == ENOENT && !write)) && skipped_now_locked(tier)) {
         tier->skip_until = now;   /* (> 0: note_success() resets the pause) */
         log_debug("shared cache: a probe was answered; asking it again");
     }
@@ -984,7 +1097,8 @@ int tier_create(const struct tier_conf *conf, struct tier **out)
     atomic_init(&tier->lease_mode, TIER_LEASES_UNKNOWN);
     tier->node = node_token();
     pthread_mutex_init(&tier->lock, NULL);
-    pthread_mutex_init(&tier->claim_lock, NULL);
+    pthread_mutex_init(&tier->lease_lock, NULL);
+    pthread_cond_init(&tier->claim_done, NULL);
     pthread_cond_init(&tier->probed, NULL);
     pthread_condattr_t monotonic;       /* (tier_flush and the writers'
                                            probes wait with deadlines) */
@@ -1030,7 +1144,8 @@ void tier_destroy(struct tier **tierp)
     pthread_cond_destroy(&tier->work);
     pthread_cond_destroy(&tier->probed);
     pthread_mutex_destroy(&tier->lock);
-    pthread_mutex_destroy(&tier->claim_lock);
+    pthread_mutex_destroy(&tier->lease_lock);
+    pthread_cond_destroy(&tier->claim_done);
     for (unsigned i = 0; i < TIER_OWN_LEASES; i++)
         free(tier->own[i].key);
     free(tier->prefix);

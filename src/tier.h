@@ -28,12 +28,17 @@
  * request timeout) is skipped, reads and writes, for skip_seconds,
  * doubling while it keeps failing up to TIER_SKIP_MAX: it can never fail
  * a read, only cost the time of the request that found it failing.
- * Meanwhile a writer thread sends a probe (a HEAD of one key) every
- * probe_seconds; the first the tier answers ends the skip, so a stall of
- * a few seconds does not send the next 10 s of reads to the origin. A
- * request that timed out while the tier answered another one sent after
- * it is a busy tier's slow answer, not a failing tier: it is counted
- * (an error) and the tier is not skipped.
+ * Meanwhile a writer thread sends a probe (a HEAD of one key; a small
+ * PUT of it when a write's failure began the skip) every probe_seconds;
+ * the first the tier answers ends the skip, so a stall of a few seconds
+ * does not send the next 10 s of reads to the origin. A request that
+ * timed out while the tier answered another of its kind (a read, a
+ * write) after it was sent is a busy tier's slow answer, not a failing
+ * tier: it is counted (an error) and the tier is not skipped. Lease
+ * writes, deletes and block writes count as failures as reads do, so a
+ * tier that answers reads and stalls writes is skipped too. No lock is
+ * held across a request: readers that meet a stalling tier at once each
+ * wait for their own request, at the same time.
  *
  * Thread-safe. The tier's S3 client is the caller's and must outlive it.
  */
