@@ -402,6 +402,7 @@ int s3_put_object(struct s3_client *client, const char *key,
 {
     char md5[32];
     char md5_header[64];
+    char if_match_header[S3_ETAG_MAX + 16];
     char meta_storage[META_LINES][160];
     struct s3_object_info info;
     struct s3_put_meta default_meta = {0};
@@ -421,6 +422,12 @@ int s3_put_object(struct s3_client *client, const char *key,
     if (meta != NULL && meta->if_none_match) {
         /* a retry of a PUT that ran finds the key taken: also ESTALE */
         req.extra_headers[slot++] = "If-None-Match: *";
+        req.quiet = true;
+    }
+    if (meta != NULL && meta->if_match != NULL) {
+        snprintf(if_match_header, sizeof(if_match_header), "If-Match: %s",
+                 meta->if_match);
+        req.extra_headers[slot++] = if_match_header;
         req.quiet = true;
     }
     err = s3_client_perform(client, &req, NULL);

@@ -152,6 +152,17 @@ struct s3_put_meta {
                                        conditional writes ignore it. Not
                                        logged: failures are the caller's
                                        to report */
+    const char *if_match;           /* PUT only over the object of this
+                                       ETag (If-Match; NULL: none): ESTALE
+                                       when it has another, ENOENT (or
+                                       ESTALE, by server) when there is
+                                       none, EBUSY when another
+                                       conditional write of it is under
+                                       way; also ESTALE when a retry finds
+                                       the first attempt's write. Servers
+                                       may ignore it (s3rver) or refuse it
+                                       (Swift: ENOSYS). Not logged, as
+                                       if_none_match */
 };
 
 /* Why a request failed, for messages to the user (no secrets inside). */

@@ -124,6 +124,7 @@ struct s3_client {
     unsigned under_way;             /* requests begun and not ended */
     time_t clock;
     enum fake_s3_conditions conditions;  /* what If-None-Match does */
+    enum fake_s3_conditions if_match;    /* what If-Match on a PUT does */
     struct s3_stats stats;
 };
 
@@ -173,6 +174,15 @@ void fake_s3_set_conditions(struct s3_client *s3,
 {
     pthread_mutex_lock(&s3->lock);
     s3->conditions = conditions;
+    s3->if_match = conditions;
+    pthread_mutex_unlock(&s3->lock);
+}
+
+void fake_s3_set_if_match_conditions(struct s3_client *s3,
+                                     enum fake_s3_conditions conditions)
+{
+    pthread_mutex_lock(&s3->lock);
+    s3->if_match = conditions;
     pthread_mutex_unlock(&s3->lock);
 }
 
@@ -1201,8 +1211,9 @@ int s3_put_object(struct s3_client *client, const char *key,
                   const struct s3_body *body, const struct s3_put_meta *meta,
                   char *etag_out)
 {
+    const char *if_match = meta != NULL ? meta->if_match : NULL;
     struct request request = {.call = FAKE_S3_PUT, .key = key,
-                              .length = body->length};
+                              .length = body->length, .condition = if_match};
     struct stored_meta stored;
     struct blob *blob = NULL;
     int err = request_begin(client, &request);
@@ -1214,13 +1225,20 @@ int s3_put_object(struct s3_client *client, const char *key,
         quoted_md5(blob->md5, request.etag);
         pthread_mutex_lock(&client->lock);
         bool conditional = meta != NULL && meta->if_none_match;
-        if (conditional && client->conditions == FAKE_S3_CONDITIONS_REFUSED)
+        struct object *there = object_find_locked(client, key);
+        if ((conditional && client->conditions == FAKE_S3_CONDITIONS_REFUSED) ||
+            (if_match != NULL && client->if_match == FAKE_S3_CONDITIONS_REFUSED))
             err = ENOSYS; /* 501, as Swift answers */
         else if (conditional &&
                  client->conditions == FAKE_S3_CONDITIONS_HONOURED &&
-                 object_find_locked(client, key) != NULL)
+                 there != NULL)
             err = ESTALE; /* If-None-Match: * and the key is taken */
-        else
+        else if (if_match != NULL &&
+                 client->if_match == FAKE_S3_CONDITIONS_HONOURED)
+            err = there == NULL                        ? ENOENT
+                  : strcmp(there->etag, if_match) != 0 ? ESTALE
+                                                       : 0;
+        if (err == 0)
             err = object_store_locked(client, key, blob, &stored, request.etag);
         if (err == 0)
             client->stats.bytes_sent += body->length;

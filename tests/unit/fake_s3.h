@@ -6,7 +6,7 @@
  * reader.c, upload.c or s3walk.c without a server: what s3.h promises
  * (errno values, quoted ETags, If-Match, ranges, streamed GETs, listings
  * with delimiters and continuation tokens, copies with and without
- * x-amz-copy-source-if-match, PUTs with If-None-Match: *, multipart
+ * x-amz-copy-source-if-match, PUTs with If-None-Match: * or If-Match, multipart
  * uploads with AWS's ETags) holds here too. On top of that, the hooks
  * below let a test
  *   - hold requests until it releases them, and wait for them to arrive;
@@ -116,7 +116,7 @@ struct fake_s3_request {
     const char *key;         /* the key; LIST: the prefix; COPY: the
                                 destination */
     const char *source;      /* COPY, MP_COPY_PART: the source key; NULL */
-    const char *condition;   /* the If-Match (GET) or
+    const char *condition;   /* the If-Match (GET, PUT) or
                                 x-amz-copy-source-if-match sent, or NULL */
     uint64_t offset;         /* GET, MP_COPY_PART: first byte asked for */
     uint64_t length;         /* GET, MP_COPY_PART: bytes asked for; PUT,
@@ -133,16 +133,25 @@ struct fake_s3_request {
  * ENOMEM. (s3_client_create() does the same, ignoring its conf.) */
 int fake_s3_create(struct s3_client **out);
 
-/* What a write with If-None-Match: * (s3_put_meta.if_none_match) does. */
+/* What a write with If-None-Match: * (s3_put_meta.if_none_match) or
+ * If-Match (s3_put_meta.if_match) does. */
 enum fake_s3_conditions {
-    FAKE_S3_CONDITIONS_HONOURED,   /* ESTALE when the key is taken, as AWS
-                                      (the default) */
+    FAKE_S3_CONDITIONS_HONOURED,   /* ESTALE when the key is taken (If-
+                                      None-Match) or holds another ETag
+                                      (If-Match; ENOENT when it is free),
+                                      as AWS (the default) */
     FAKE_S3_CONDITIONS_IGNORED,    /* written anyway, as s3rver */
     FAKE_S3_CONDITIONS_REFUSED,    /* ENOSYS (501), as Swift's s3api */
 };
 
+/* Both conditions of writes behave as CONDITIONS. */
 void fake_s3_set_conditions(struct s3_client *s3,
                             enum fake_s3_conditions conditions);
+
+/* If-Match on writes alone behaves as CONDITIONS (a server may honour
+ * If-None-Match and not If-Match). */
+void fake_s3_set_if_match_conditions(struct s3_client *s3,
+                                     enum fake_s3_conditions conditions);
 
 /* The name of CALL ("PUT", "MP_COMPLETE"...), for messages. Static. */
 const char *fake_s3_call_name(enum fake_s3_call call);

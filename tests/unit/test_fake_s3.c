@@ -10,6 +10,7 @@
  * order, also walked through s3walk.c's guard; multipart uploads (AWS's
  * ETag, parts too small or unknown, abort, UploadPartCopy and its
  * condition); CopyObject with and without its condition and metadata;
+ * PUTs with If-None-Match: * and If-Match (honoured, ignored, refused);
  * holds (wait, release oldest or newest, clear); failures before acting
  * and lost answers (the work done, the error returned; a lost complete
  * taken as done after one HEAD, as s3.c does); the log and the counters.
@@ -482,6 +483,47 @@ static void test_copy_condition(void **state)
     assert_int_equal(request.result, ESTALE);
 }
 
+/* Writes with If-None-Match: * and with If-Match, on a server that
+ * honours them (AWS), ignores them (s3rver) or refuses them (Swift). */
+static void test_conditional_writes(void **state)
+{
+    struct s3_client *s3 = *state;
+    struct s3_body body = {.data = "two", .length = 3};
+    char etag[S3_ETAG_MAX], next[S3_ETAG_MAX];
+    struct fake_s3_request logged;
+
+    put_text(s3, "c", "one", etag);
+    struct s3_put_meta fresh = {.if_none_match = true};
+    assert_int_equal(s3_put_object(s3, "c", &body, &fresh, NULL), ESTALE);
+    assert_int_equal(s3_put_object(s3, "d", &body, &fresh, NULL), 0);
+    struct s3_put_meta wrong = {.if_match = "\"0\""};
+    assert_int_equal(s3_put_object(s3, "c", &body, &wrong, NULL), ESTALE);
+    assert_int_equal(s3_put_object(s3, "none", &body, &wrong, NULL), ENOENT);
+    assert_true(fake_s3_holds(s3, "c", "one", 3));
+    struct s3_put_meta same = {.if_match = etag};
+    assert_int_equal(s3_put_object(s3, "c", &body, &same, next), 0);
+    assert_true(fake_s3_holds(s3, "c", "two", 3));
+    assert_string_not_equal(next, etag);
+    assert_int_equal(s3_put_object(s3, "c", &body, &same, NULL), ESTALE);
+    assert_int_equal(fake_s3_log_get(s3, fake_s3_log_count(s3) - 1, &logged), 0);
+    assert_string_equal(logged.condition, etag);
+
+    /* If-Match alone ignored: written over whatever is there */
+    fake_s3_set_if_match_conditions(s3, FAKE_S3_CONDITIONS_IGNORED);
+    assert_int_equal(s3_put_object(s3, "c", &body, &fresh, NULL), ESTALE);
+    put_text(s3, "c", "one", NULL);
+    assert_int_equal(s3_put_object(s3, "c", &body, &wrong, NULL), 0);
+    assert_true(fake_s3_holds(s3, "c", "two", 3));
+    /* both refused */
+    fake_s3_set_conditions(s3, FAKE_S3_CONDITIONS_REFUSED);
+    assert_int_equal(s3_put_object(s3, "c", &body, &fresh, NULL), ENOSYS);
+    assert_int_equal(s3_put_object(s3, "c", &body, &same, NULL), ENOSYS);
+    /* both ignored */
+    fake_s3_set_conditions(s3, FAKE_S3_CONDITIONS_IGNORED);
+    assert_int_equal(s3_put_object(s3, "c", &body, &fresh, NULL), 0);
+    assert_int_equal(s3_put_object(s3, "c", &body, &wrong, NULL), 0);
+}
+
 /* A PUT in a thread of its own (it may be held). */
 struct put_thread {
     pthread_t thread;
@@ -713,6 +755,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_listing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_multipart, setup, teardown),
         cmocka_unit_test_setup_teardown(test_copy_condition, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_conditional_writes, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_hold_and_release, setup, teardown),
         cmocka_unit_test_setup_teardown(test_failures_and_lost_answers, setup,
                                         teardown),
