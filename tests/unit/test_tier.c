@@ -32,6 +32,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -1184,6 +1185,79 @@ static void test_expired_lease_is_taken_over(void **state)
     free(bytes);
 }
 
+/* A claim on a thread of its own that says when it is done. */
+struct claim_run {
+    struct claim_call call;
+    atomic_bool done;
+};
+
+static void *claim_run_main(void *arg)
+{
+    struct claim_run *run = arg;
+
+    claim_main(&run->call);
+    atomic_store(&run->done, true);
+    return NULL;
+}
+
+/* Two nodes find the same expired lease and take it over at the same
+ * moment: one wins the group and fetches it, the other finds that
+ * node's lease and waits for the blocks. Before, a takeover was a
+ * DELETE and a new conditional write: the second node's DELETE removed
+ * the lease the first had just written, and both fetched the group. */
+static void test_expired_lease_is_taken_over_once(void **state)
+{
+    struct fixture *f = *state;
+    char etag[] = "\"e4\"", *lease = NULL;
+    struct tier_block_id id = {ORIGIN, "t.bin", etag, BLOCK, 0};
+    const char old[] = "1000.000 0 7\n";       /* expired in 1970 */
+    struct claim_run runs[NODES];
+    pthread_t threads[NODES];
+    unsigned reads = 0, writes = 0;
+
+    assert_int_equal(tier_lease_key("shared/", &id, TIER_LEASE_BLOCKS, &lease), 0);
+    assert_int_equal(fake_s3_put(f->tier_s3, lease, old, strlen(old), NULL,
+                                 NULL), 0);
+    /* both read the expired lease before either takes it over */
+    assert_int_equal(fake_s3_hold(f->tier_s3, ON(FAKE_S3_GET, lease), &reads), 0);
+    for (int i = 0; i < NODES; i++) {
+        runs[i].call = (struct claim_call){f->nodes[i].tier, "t.bin", etag, 0,
+                                           3, false, -1, 0, 0};
+        atomic_init(&runs[i].done, false);
+        assert_int_equal(pthread_create(&threads[i], NULL, claim_run_main,
+                                        &runs[i]), 0);
+        assert_int_equal(fake_s3_wait_held(f->tier_s3, reads, i + 1), 0);
+    }
+    struct fake_s3_match lease_writes = {
+        .calls = FAKE_S3_CALL(FAKE_S3_PUT) | FAKE_S3_CALL(FAKE_S3_DELETE),
+        .key = lease};
+    assert_int_equal(fake_s3_hold(f->tier_s3, &lease_writes, &writes), 0);
+    for (unsigned i = 0; i < NODES; i++) {
+        assert_int_equal(fake_s3_release(f->tier_s3, reads, false, NULL), 0);
+        assert_int_equal(fake_s3_wait_held(f->tier_s3, writes, i + 1), 0);
+    }
+    fake_s3_hold_clear(f->tier_s3, reads);
+    /* node 0's takeover goes first, all of it; node 1's after */
+    assert_int_equal(fake_s3_release(f->tier_s3, writes, false, NULL), 0);
+    double started = clock_monotonic_seconds();
+    while (!atomic_load(&runs[0].done) &&
+           clock_monotonic_seconds() - started < 5) {
+        if (fake_s3_held(f->tier_s3, writes) >= 2)
+            fake_s3_release(f->tier_s3, writes, true, NULL);
+        usleep(1000);
+    }
+    fake_s3_hold_clear(f->tier_s3, writes);
+    for (int i = 0; i < NODES; i++)
+        assert_int_equal(pthread_join(threads[i], NULL), 0);
+    assert_int_equal(runs[0].call.claim, TIER_FETCH);
+    assert_int_equal(runs[0].call.covered, 3);
+    assert_int_equal(runs[1].call.claim, TIER_AWAIT);   /* node 0's lease */
+    assert_int_equal(runs[1].call.covered, 3);
+    assert_int_equal(tier_stats_of(&f->nodes[0]).leases +
+                         tier_stats_of(&f->nodes[1]).leases, 1);
+    free(lease);
+}
+
 /* Another node leased the blocks and never wrote them (its writes
  * failed, or it went). A node waiting for them, when the lease runs out,
  * claims the group in turn, and a node that misses them then waits for
@@ -1441,6 +1515,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_lease_that_ran_out_is_claimed_by_its_waiter,
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(test_expired_lease_is_taken_over,
+                                        setup, teardown),
+        cmocka_unit_test_setup_teardown(test_expired_lease_is_taken_over_once,
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(
             test_stalled_lease_writes_skip_the_tier_at_once, setup, teardown),
