@@ -49,6 +49,8 @@ struct lease {
     uint64_t first, last;
     uint64_t node;
     uint64_t intends;
+    char etag[S3_ETAG_MAX];      /* of the object it was read from or
+                                    written as; "": not known */
 };
 
 #define TIER_OWN_LEASES 64            /* this node's leases remembered */
@@ -86,6 +88,9 @@ struct tier {
     atomic_bool conditional;     /* writes carry If-None-Match: * (until
                                     the server refuses it) */
     atomic_int lease_mode;       /* enum tier_lease_mode */
+    atomic_bool if_match;        /* the server takes If-Match on writes
+                                    (found by the lease probe): leases
+                                    are taken over over the ETag seen */
     uint64_t node;               /* this node's token, in its leases */
     uint64_t damaged[TIER_DAMAGED_MAX]; /* hashes of the keys of blocks
                                     seen damaged (0: none), a ring: their
@@ -305,13 +310,18 @@ static bool lease_runs(const struct lease *lease)
 }
 
 /* ERR, the outcome of a lease request (WRITE: a PUT or DELETE) sent at
- * SENT, noted: an answer (the object, no such key, a condition that
- * failed or is refused, an empty or garbled object) or a failure, which
- * may skip the tier. Returns ERR. */
+ * SENT, noted: an answer (lease_answered(): the object, no such key, a
+ * condition that failed or is refused, an empty or garbled object) or a
+ * failure, which may skip the tier. Returns ERR. */
+static bool lease_answered(bool write, int err)
+{
+    return err == 0 || err == ENOENT || err == ESTALE || err == EBUSY ||
+           err == ENOSYS || err == EINVAL || (!write && err == EIO);
+}
+
 static int lease_noted(struct tier *tier, bool write, double sent, int err)
 {
-    if (err == 0 || err == ENOENT || err == ESTALE || err == EBUSY ||
-        err == ENOSYS || err == EINVAL || (!write && err == EIO))
+    if (lease_answered(write, err))
         note_success(tier, write);
     else
         note_failure(tier, write ? "a lease write" : "a lease read", write,
@@ -319,22 +329,25 @@ static int lease_noted(struct tier *tier, bool write, double sent, int err)
     return err;
 }
 
-/* Read the lease at LEASE_KEY: 0 (an unreadable text reads as a lease
- * long past, of no node), ENOENT (also for a text without its newline:
- * one being written), or the client's errno. */
+/* Read the lease at LEASE_KEY (with its ETag): 0 (an unreadable text
+ * reads as a lease long past, of no node), ENOENT (also for a text
+ * without its newline: one being written), or the client's errno. */
 static int read_lease(struct tier *tier, const char *lease_key,
                       struct lease *lease)
 {
     char text[LEASE_TEXT_MAX];
     unsigned long long first = 0, last = 0, node = 0, intends = 0;
+    struct s3_object_info info;
     size_t got = 0;
     double sent = clock_monotonic_seconds();
     int err = lease_noted(tier, false, sent,
                           s3_get_object_range(tier->s3, lease_key, 0,
                                               sizeof(text) - 2, NULL, text,
-                                              &got, NULL));
+                                              &got, &info));
 
     memset(lease, 0, sizeof(*lease));
+    if (err == 0)
+        snprintf(lease->etag, sizeof(lease->etag), "%s", info.etag);
     if (err != 0)       /* (EINVAL: empty; EIO: being rewritten in place) */
         return err == EINVAL || err == EIO ? ENOENT : err;
     if (got == 0 || text[got - 1] != '\n')
@@ -351,17 +364,20 @@ static int read_lease(struct tier *tier, const char *lease_key,
     return 0;
 }
 
-/* Write WANT (its blocks; this node's, from now) to LEASE_KEY,
- * conditionally or not; what was written in *WRITTEN. */
+/* Write WANT (its blocks; this node's, from now) to LEASE_KEY: with
+ * If-None-Match: * when CONDITIONAL, over the object of ETag IF_MATCH
+ * only when not NULL (a copy: *WRITTEN may hold it), plainly else; what
+ * was written (and its ETag) in *WRITTEN. */
 static int write_lease(struct tier *tier, const char *lease_key,
                        const struct lease *want, bool conditional,
-                       struct lease *written)
+                       const char *if_match, struct lease *written)
 {
-    struct s3_put_meta meta = {.if_none_match = conditional};
+    struct s3_put_meta meta = {.if_none_match = conditional,
+                               .if_match = if_match};
     struct lease lease = {clock_wall_seconds() + TIER_LEASE_SECONDS,
                           want->first, want->last, tier->node,
                           want->intends > want->last ? want->intends
-                                                     : want->last};
+                                                     : want->last, ""};
     char text[LEASE_TEXT_MAX];
     int len = snprintf(text, sizeof(text), "%.3f %llu %llu %016llx %llu\n",
                        lease.expires, (unsigned long long)lease.first,
@@ -372,7 +388,7 @@ static int write_lease(struct tier *tier, const char *lease_key,
     double sent = clock_monotonic_seconds();
     int err = lease_noted(tier, true, sent,
                           s3_put_object(tier->s3, lease_key, &body, &meta,
-                                        NULL));
+                                        lease.etag));
 
     if (err == 0)
         *written = lease;
@@ -472,42 +488,67 @@ static uint64_t node_token(void)
     return token != 0 ? token : 1;
 }
 
+/* A write of the lease probe's object KEY with META, noted; its ETag
+ * into ETAG_OUT (may be NULL). */
+static int probe_write(struct tier *tier, const char *key,
+                       const struct s3_put_meta *meta, char *etag_out)
+{
+    struct s3_body body = {.data = "probe\n", .fd = -1, .length = 6};
+    double sent = clock_monotonic_seconds();
+
+    return lease_noted(tier, true, sent,
+                       s3_put_object(tier->s3, key, &body, meta, etag_out));
+}
+
 /* Whether the server refuses a second conditional write of one key: two
- * writes of a probe object, then its delete. The lease mode, or
+ * writes of a probe object; where it does, whether it takes If-Match on
+ * writes too (tier->if_match): refused over another ETag, done over the
+ * one written; then the object's delete. The lease mode, or
  * TIER_LEASES_UNKNOWN when the tier failed (ask later). */
 static int probe_leases(struct tier *tier)
 {
-    struct s3_put_meta meta = {.if_none_match = true};
-    struct s3_body body = {.data = "probe\n", .fd = -1, .length = 6};
+    struct s3_put_meta fresh = {.if_none_match = true};
+    struct s3_put_meta other = {.if_match = "\"00000000000000000000000000000000\""};
+    struct s3_put_meta same = {0};
+    char etag[S3_ETAG_MAX] = "";
     struct timespec now;
     char *key = NULL;
+    int mode = TIER_LEASES_UNKNOWN;
 
     clock_gettime(CLOCK_REALTIME, &now);
     if (asprintf(&key, "%s%sprobe-%ld-%ld%09ld", tier->prefix, TIER_ROOT,
                  (long)getpid(), (long)now.tv_sec, now.tv_nsec) < 0)
         return TIER_LEASES_UNKNOWN;
-    double sent = clock_monotonic_seconds();
-    int first = lease_noted(tier, true, sent,
-                            s3_put_object(tier->s3, key, &body, &meta, NULL));
-    sent = clock_monotonic_seconds();
-    int second = first != 0 ? first
-                            : lease_noted(tier, true, sent,
-                                          s3_put_object(tier->s3, key, &body,
-                                                        &meta, NULL));
+    int first = probe_write(tier, key, &fresh, etag);
+    int second = first != 0 ? first : probe_write(tier, key, &fresh, NULL);
+    if (first == 0 && second == ESTALE)
+        mode = TIER_LEASES_CONDITIONAL;
+    else if (first == ENOSYS || second == ENOSYS || (first == 0 && second == 0))
+        mode = TIER_LEASES_READ_BACK;
+    if (mode == TIER_LEASES_CONDITIONAL) {
+        same.if_match = etag;
+        int refused = probe_write(tier, key, &other, NULL);
+        int done = refused == ESTALE ? probe_write(tier, key, &same, NULL)
+                                     : refused;
+        if (!lease_answered(true, refused) || !lease_answered(true, done))
+            mode = TIER_LEASES_UNKNOWN;
+        atomic_store(&tier->if_match, refused == ESTALE && done == 0);
+    }
     if (first == 0 || second == 0) {
-        sent = clock_monotonic_seconds();
+        double sent = clock_monotonic_seconds();
         lease_noted(tier, true, sent, s3_delete_object(tier->s3, key));
     }
     free(key);
-    if (first == 0 && second == ESTALE)
-        return TIER_LEASES_CONDITIONAL;
-    if (first == ENOSYS || second == ENOSYS || (first == 0 && second == 0)) {
+    if (mode == TIER_LEASES_READ_BACK)
         log_info("shared cache: the server has no conditional writes; "
                  "leases are written, then read back (two nodes that miss "
                  "a block at the same moment may still both fetch it)");
-        return TIER_LEASES_READ_BACK;
-    }
-    return TIER_LEASES_UNKNOWN;     /* (the failure was noted) */
+    else if (mode == TIER_LEASES_CONDITIONAL && !atomic_load(&tier->if_match))
+        log_info("shared cache: the server has If-None-Match but not "
+                 "If-Match on writes; a lease past its time is taken over "
+                 "by a write read back after a pause (two nodes taking "
+                 "it over at once may both fetch its blocks)");
+    return mode;                    /* (a failure was noted) */
 }
 
 /* The lease mode, found out on first use (threads that need it
@@ -547,9 +588,10 @@ static int lease_mode(struct tier *tier)
 static int claim_conditional(struct tier *tier, const char *lease_key,
                              const struct lease *want, struct lease *held)
 {
-    int err = write_lease(tier, lease_key, want, true, held);
+    int err = write_lease(tier, lease_key, want, true, NULL, held);
 
-    if (err != ESTALE)
+    if (err != ESTALE && err != EBUSY)  /* (EBUSY: another's write of it
+                                           under way, 409 on AWS) */
         return err;
     err = read_lease(tier, lease_key, held);
     return err == 0 ? ESTALE : err == ENOENT ? EAGAIN : err;
@@ -578,15 +620,38 @@ static int renew_own(struct tier *tier, const char *lease_key,
         if (own->intends > wider.intends)
             wider.intends = own->intends;
     }
-    return write_lease(tier, lease_key, &wider, false, own);
+    return write_lease(tier, lease_key, &wider, false, NULL, own);
+}
+
+/* Write WANT plainly to LEASE_KEY, then read it back after a pause as
+ * long as the write took, the time another node's write begun meanwhile
+ * needs to land: 0 (this node's lease is there: in HELD), ESTALE
+ * (another node's: in HELD) or the client's errno. */
+static int write_read_back(struct tier *tier, const char *lease_key,
+                           const struct lease *want, struct lease *held)
+{
+    double began = clock_monotonic_seconds();
+    int err = write_lease(tier, lease_key, want, false, NULL, held);
+
+    if (err != 0)
+        return err;
+    double pause = clock_monotonic_seconds() - began;
+    sleep_seconds(pause < READ_BACK_PAUSE_MIN   ? READ_BACK_PAUSE_MIN
+                  : pause > READ_BACK_PAUSE_MAX ? READ_BACK_PAUSE_MAX
+                                                : pause);
+    err = read_lease(tier, lease_key, held);
+    if (err == ENOENT)
+        return 0;       /* pruned meanwhile: fetch, as the holder */
+    if (err != 0)
+        return err;
+    return held->node == tier->node ? 0 : ESTALE;
 }
 
 /* Claim the blocks of WANT at LEASE_KEY without conditional writes: a
  * running lease of another node there already wins; else this node's is
- * written, and read back after a pause as long as the write took, the
- * time another node's write begun meanwhile needs to land. 0, ESTALE
- * (another node's lease is there: it in HELD) or the client's errno;
- * *RENEWED says the lease was this node's already. */
+ * written and read back (write_read_back()). 0, ESTALE (another node's
+ * lease is there: it in HELD) or the client's errno; *RENEWED says the
+ * lease was this node's already. */
 static int claim_read_back(struct tier *tier, const char *lease_key,
                            const struct lease *want, struct lease *held,
                            bool *renewed)
@@ -601,20 +666,30 @@ static int claim_read_back(struct tier *tier, const char *lease_key,
         *renewed = true;
         return renew_own(tier, lease_key, held, want);
     }
-    double began = clock_monotonic_seconds();
-    err = write_lease(tier, lease_key, want, false, held);
-    if (err != 0)
-        return err;
-    double pause = clock_monotonic_seconds() - began;
-    sleep_seconds(pause < READ_BACK_PAUSE_MIN   ? READ_BACK_PAUSE_MIN
-                  : pause > READ_BACK_PAUSE_MAX ? READ_BACK_PAUSE_MAX
-                                                : pause);
-    err = read_lease(tier, lease_key, held);
-    if (err == ENOENT)
-        return 0;       /* pruned meanwhile: fetch, as the holder */
-    if (err != 0)
-        return err;
-    return held->node == tier->node ? 0 : ESTALE;
+    return write_read_back(tier, lease_key, want, held);
+}
+
+/* Take over for WANT's blocks the lease HELD, another node's, found past
+ * its time at LEASE_KEY (its node died, or is stuck). Where the server
+ * takes If-Match on writes, by a write over that very object (HELD's
+ * ETag): of nodes taking it over at once one wins, the others' writes
+ * are refused and they look again (EAGAIN). Without, by a plain write
+ * read back (write_read_back()): nodes whose writes land within each
+ * other's pause agree on the last; one whose write lands later, after
+ * the other read back, fetches the group too (a duplicate fetch, never
+ * other bytes, and never a wait past a lease's time). 0 (this node's
+ * lease: in HELD), ESTALE (another node's: in HELD), EAGAIN, or the
+ * client's errno. */
+static int take_over(struct tier *tier, const char *lease_key,
+                     const struct lease *want, struct lease *held)
+{
+    char expired[S3_ETAG_MAX];
+
+    if (!atomic_load(&tier->if_match) || held->etag[0] == '\0')
+        return write_read_back(tier, lease_key, want, held);
+    snprintf(expired, sizeof(expired), "%s", held->etag);
+    int err = write_lease(tier, lease_key, want, false, expired, held);
+    return err == ESTALE || err == ENOENT || err == EBUSY ? EAGAIN : err;
 }
 
 /* Claim WANT's blocks of the group of its first (all within it): 0 (this
@@ -654,22 +729,18 @@ static int claim_group(struct tier *tier, int mode,
             own_remember(tier, lease_key, &own);
         goto out;
     }
-    for (int attempt = 0; err == 0; attempt++) {
+    for (int attempt = 0;; attempt++) {
         if (mode == TIER_LEASES_READ_BACK) {
             err = claim_read_back(tier, lease_key, want, held, renewed);
             break;
         }
+        /* (EAGAIN: deleted between the write and the read, or another
+         * node's takeover came first: once more) */
         err = claim_conditional(tier, lease_key, want, held);
-        bool gone = err == EAGAIN;  /* deleted between the write and read */
-        bool past = err == ESTALE && !lease_runs(held) &&
-                    held->node != tier->node;
-        if ((!gone && !past) || attempt == 1)
+        if (err == ESTALE && !lease_runs(held) && held->node != tier->node)
+            err = take_over(tier, lease_key, want, held);
+        if (err != EAGAIN || attempt == 1)
             break;
-        /* past its time (its node died or is stuck): take it over */
-        double sent = clock_monotonic_seconds();
-        err = gone ? 0
-                   : lease_noted(tier, true, sent,
-                                 s3_delete_object(tier->s3, lease_key));
     }
     if (err == EAGAIN) {
         memset(held, 0, sizeof(*held));

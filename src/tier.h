@@ -77,7 +77,8 @@ struct tier_conf {
  * probe: tier_claim_blocks()). */
 enum tier_lease_mode {
     TIER_LEASES_UNKNOWN = -1,    /* not probed yet */
-    TIER_LEASES_CONDITIONAL = 1, /* If-None-Match: * on writes */
+    TIER_LEASES_CONDITIONAL = 1, /* If-None-Match: * on writes (and
+                                    If-Match, where it has it) */
     TIER_LEASES_READ_BACK = 2,   /* no conditional writes: written, then
                                     read back after a pause */
 };
@@ -162,8 +163,12 @@ int tier_get_block(struct tier *tier, const char *key, const char *etag,
  * LAST; or the claim failed and the tier is not skipped, a busy tier's
  * timeout: *covered is FIRST). TIER_AWAIT: another node's lease covers
  * blocks FIRST..*covered (up to *until, monotonic seconds): wait for them with
- * tier_await_block(). A lease past its time is claimed again (deleted
- * first where writes are conditional).
+ * tier_await_block(). A lease past its time is taken over: where the
+ * server has If-Match on writes too, by a write over that very lease
+ * (its ETag), so that of nodes taking it over at once one wins and the
+ * others wait for it; without (If-None-Match alone), by a write read
+ * back, as above: two nodes may then both fetch the group (at most a
+ * duplicate fetch, never other bytes or a wait past the lease).
  */
 #define TIER_LEASE_BLOCKS 8
 #define TIER_LEASE_SECONDS 10.0

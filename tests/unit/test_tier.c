@@ -1160,25 +1160,37 @@ static void test_tier_whose_writes_fail_is_probed_with_a_write(void **state)
 }
 
 /* A lease past its time (its node died) is taken over: the block is
- * fetched from the origin at once, not waited for. */
+ * fetched from the origin at once, not waited for. The takeover is a
+ * write over that very lease (If-Match its ETag), never a DELETE, which
+ * could remove another node's takeover. */
 static void test_expired_lease_is_taken_over(void **state)
 {
     struct fixture *f = *state;
     const size_t size = 2 * BLOCK;
     unsigned char *bytes = pattern(size, 9);
     struct tier_block_id id = {ORIGIN, "x.bin", NULL, BLOCK, 0};
-    char etag[S3_ETAG_MAX], *lease = NULL;
+    char etag[S3_ETAG_MAX], old_etag[S3_ETAG_MAX], *lease = NULL;
     const char old[] = "1000.000 0 7\n";       /* expired in 1970 */
+    struct fake_s3_request takeover;
 
     assert_int_equal(fake_s3_put(f->origin, "x.bin", bytes, size, NULL, etag), 0);
     id.etag = etag;
     assert_int_equal(tier_lease_key("shared/", &id, TIER_LEASE_BLOCKS, &lease), 0);
-    assert_int_equal(fake_s3_put(f->tier_s3, lease, old, strlen(old), NULL, NULL), 0);
+    assert_int_equal(fake_s3_put(f->tier_s3, lease, old, strlen(old), NULL,
+                                 old_etag), 0);
     assert_int_equal(read_all(&f->nodes[0], "x.bin", etag, size, bytes), 0);
     struct tier_stats stats = tier_stats_of(&f->nodes[0]);
     assert_int_equal(stats.leases, 1);
     assert_int_equal(stats.lease_waits, 0);
-    assert_int_equal(fake_s3_count(f->tier_s3, ON(FAKE_S3_DELETE, lease)), 1);
+    assert_int_equal(fake_s3_count(f->tier_s3, ON(FAKE_S3_DELETE, lease)), 0);
+    long at = fake_s3_log_find(f->tier_s3, 0, ON(FAKE_S3_PUT, lease));
+    assert_true(at >= 0);                       /* If-None-Match: refused */
+    at = fake_s3_log_find(f->tier_s3, (size_t)at + 1, ON(FAKE_S3_PUT, lease));
+    assert_true(at >= 0);
+    assert_int_equal(fake_s3_log_get(f->tier_s3, (size_t)at, &takeover), 0);
+    assert_non_null(takeover.condition);
+    assert_string_equal(takeover.condition, old_etag);
+    assert_int_equal(takeover.result, 0);
     assert_false(fake_s3_holds(f->tier_s3, lease, old, strlen(old)));
     assert_int_equal(origin_bytes(f), size);
     free(lease);
@@ -1201,13 +1213,17 @@ static void *claim_run_main(void *arg)
 }
 
 /* Two nodes find the same expired lease and take it over at the same
- * moment: one wins the group and fetches it, the other finds that
- * node's lease and waits for the blocks. Before, a takeover was a
- * DELETE and a new conditional write: the second node's DELETE removed
- * the lease the first had just written, and both fetched the group. */
-static void test_expired_lease_is_taken_over_once(void **state)
+ * moment, node 0's takeover landing first, whole, then node 1's, on a
+ * server that has If-Match on writes or (IF_MATCH false) only
+ * If-None-Match. With If-Match: one wins the group and fetches it, the
+ * other finds that node's lease and waits for the blocks. Before, a
+ * takeover was a DELETE and a new conditional write: the second node's
+ * DELETE removed the lease the first had just written, and both
+ * fetched the group. Without: a plain write read back, and node 1's
+ * landing after node 0 read back, both fetch: the bound there, a
+ * duplicate fetch and no more. */
+static void expired_lease_taken_over_at_once(struct fixture *f, bool if_match)
 {
-    struct fixture *f = *state;
     char etag[] = "\"e4\"", *lease = NULL;
     struct tier_block_id id = {ORIGIN, "t.bin", etag, BLOCK, 0};
     const char old[] = "1000.000 0 7\n";       /* expired in 1970 */
@@ -1215,6 +1231,8 @@ static void test_expired_lease_is_taken_over_once(void **state)
     pthread_t threads[NODES];
     unsigned reads = 0, writes = 0;
 
+    if (!if_match)
+        fake_s3_set_if_match_conditions(f->tier_s3, FAKE_S3_CONDITIONS_IGNORED);
     assert_int_equal(tier_lease_key("shared/", &id, TIER_LEASE_BLOCKS, &lease), 0);
     assert_int_equal(fake_s3_put(f->tier_s3, lease, old, strlen(old), NULL,
                                  NULL), 0);
@@ -1251,11 +1269,28 @@ static void test_expired_lease_is_taken_over_once(void **state)
         assert_int_equal(pthread_join(threads[i], NULL), 0);
     assert_int_equal(runs[0].call.claim, TIER_FETCH);
     assert_int_equal(runs[0].call.covered, 3);
-    assert_int_equal(runs[1].call.claim, TIER_AWAIT);   /* node 0's lease */
     assert_int_equal(runs[1].call.covered, 3);
-    assert_int_equal(tier_stats_of(&f->nodes[0]).leases +
-                         tier_stats_of(&f->nodes[1]).leases, 1);
+    unsigned leases = tier_stats_of(&f->nodes[0]).leases +
+                      tier_stats_of(&f->nodes[1]).leases;
+    if (if_match) {
+        assert_int_equal(runs[1].call.claim, TIER_AWAIT); /* node 0's lease */
+        assert_int_equal(leases, 1);
+    } else {
+        assert_int_equal(runs[1].call.claim, TIER_FETCH);
+        assert_int_equal(leases, 2);
+    }
+    assert_int_equal(fake_s3_count(f->tier_s3, ON(FAKE_S3_DELETE, lease)), 0);
     free(lease);
+}
+
+static void test_expired_lease_is_taken_over_once(void **state)
+{
+    expired_lease_taken_over_at_once(*state, true);
+}
+
+static void test_expired_lease_taken_over_without_if_match(void **state)
+{
+    expired_lease_taken_over_at_once(*state, false);
 }
 
 /* Another node leased the blocks and never wrote them (its writes
@@ -1518,6 +1553,8 @@ int main(void)
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(test_expired_lease_is_taken_over_once,
                                         setup, teardown),
+        cmocka_unit_test_setup_teardown(
+            test_expired_lease_taken_over_without_if_match, setup, teardown),
         cmocka_unit_test_setup_teardown(
             test_stalled_lease_writes_skip_the_tier_at_once, setup, teardown),
         cmocka_unit_test_setup_teardown(
