@@ -1293,6 +1293,41 @@ static void test_expired_lease_taken_over_without_if_match(void **state)
     expired_lease_taken_over_at_once(*state, false);
 }
 
+/* This node's lease on a group was taken over by another node (its
+ * clock ahead, say, saw it past its time): the next run of the group
+ * here renews the lease only over the object it wrote (If-Match), finds
+ * the other node's instead, leaves it and waits for its blocks. Before,
+ * the renewal was a plain write: it replaced the other node's lease,
+ * and both fetched the group (the other node's waiters, that lease's
+ * blocks, from either). */
+static void test_renewal_never_writes_over_another_nodes_lease(void **state)
+{
+    struct fixture *f = *state;
+    char etag[] = "\"e5\"", text[96], *lease = NULL;
+    struct tier_block_id id = {ORIGIN, "o.bin", etag, BLOCK, 0};
+    struct tier *tier = f->nodes[0].tier;
+    uint64_t covered = 0;
+    double until = 0;
+
+    assert_int_equal(tier_claim_blocks(tier, "o.bin", etag, 0, 1, false,
+                                       &covered, &until), TIER_FETCH);
+    assert_int_equal(covered, 1);
+    assert_int_equal(tier_stats_of(&f->nodes[0]).leases, 1);
+    /* another node's lease in its place, on the whole group */
+    assert_int_equal(tier_lease_key("shared/", &id, TIER_LEASE_BLOCKS, &lease), 0);
+    snprintf(text, sizeof(text), "%.3f 0 7 00000000000000ab 7\n",
+             clock_wall_seconds() + 9);
+    assert_int_equal(fake_s3_put(f->tier_s3, lease, text, strlen(text), NULL,
+                                 NULL), 0);
+    /* this node's next run of the group */
+    enum tier_claim claim = tier_claim_blocks(tier, "o.bin", etag, 2, 3, false,
+                                              &covered, &until);
+    assert_true(fake_s3_holds(f->tier_s3, lease, text, strlen(text)));
+    assert_int_equal(claim, TIER_AWAIT);
+    assert_int_equal(covered, 7);
+    free(lease);
+}
+
 /* Another node leased the blocks and never wrote them (its writes
  * failed, or it went). A node waiting for them, when the lease runs out,
  * claims the group in turn, and a node that misses them then waits for
@@ -1555,6 +1590,9 @@ int main(void)
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(
             test_expired_lease_taken_over_without_if_match, setup, teardown),
+        cmocka_unit_test_setup_teardown(
+            test_renewal_never_writes_over_another_nodes_lease, setup,
+            teardown),
         cmocka_unit_test_setup_teardown(
             test_stalled_lease_writes_skip_the_tier_at_once, setup, teardown),
         cmocka_unit_test_setup_teardown(
