@@ -293,6 +293,9 @@ int tier_get_block(struct tier *tier, const char *key, const char *etag,
 #define LEASE_TEXT_MAX 128
 #define READ_BACK_PAUSE_MIN 0.005     /* seconds between a lease's write */
 #define READ_BACK_PAUSE_MAX 0.5       /* and its read back */
+#define RENEW_BLIND_MIN 2.0           /* seconds a lease must have left to
+                                         be renewed without If-Match and
+                                         without reading it first */
 
 static void sleep_seconds(double seconds)
 {
@@ -599,13 +602,19 @@ static int claim_conditional(struct tier *tier, const char *lease_key,
 
 /* This node claims a group again, for a later run of it: its lease OWN
  * (running or not) is rewritten to cover WANT's blocks as well as what
- * it covers while it runs (other nodes may be waiting for those), with
- * no read back (other nodes do not write over a running lease), unless
- * it covers them already for a while yet. 0 (OWN is what the tier holds
- * now) or the client's errno. */
+ * it covers while it runs (other nodes may be waiting for those), unless
+ * it covers them already for a while yet. Where the server takes
+ * If-Match on writes, only over the object OWN was written as (or read
+ * from): EAGAIN when the tier holds another now (another node took the
+ * group over: read it and see). Without If-Match, plainly, with no read
+ * back: other nodes do not write over a running lease, unless one saw it
+ * past its time while this one did not (their clocks more than
+ * RENEW_BLIND_MIN apart): then both fetch the group. 0 (OWN is what the
+ * tier holds now), EAGAIN, or the client's errno. */
 static int renew_own(struct tier *tier, const char *lease_key,
                      struct lease *own, const struct lease *want)
 {
+    char written[S3_ETAG_MAX];
     struct lease wider = *want;
 
     if (lease_runs(own) && own->first <= own->last) {
@@ -620,7 +629,21 @@ static int renew_own(struct tier *tier, const char *lease_key,
         if (own->intends > wider.intends)
             wider.intends = own->intends;
     }
-    return write_lease(tier, lease_key, &wider, false, NULL, own);
+    if (!atomic_load(&tier->if_match) || own->etag[0] == '\0')
+        return write_lease(tier, lease_key, &wider, false, NULL, own);
+    snprintf(written, sizeof(written), "%s", own->etag);
+    int err = write_lease(tier, lease_key, &wider, false, written, own);
+    return err == ESTALE || err == ENOENT || err == EBUSY ? EAGAIN : err;
+}
+
+/* Whether this node renews its remembered lease OWN without reading the
+ * tier first: it runs, and the write is conditional (If-Match) or comes
+ * while no other node's clock should see OWN past its time. */
+static bool renew_blind(struct tier *tier, const struct lease *own)
+{
+    return lease_runs(own) &&
+           (atomic_load(&tier->if_match) ||
+            own->expires - clock_wall_seconds() > RENEW_BLIND_MIN);
 }
 
 /* Write WANT plainly to LEASE_KEY, then read it back after a pause as
@@ -721,13 +744,15 @@ static int claim_group(struct tier *tier, int mode,
         err = ECANCELED;
         goto out;
     }
-    if (own_get(tier, lease_key, &own) && lease_runs(&own)) {
+    if (own_get(tier, lease_key, &own) && renew_blind(tier, &own)) {
         *renewed = true;
         err = renew_own(tier, lease_key, &own, want);
         *held = own;
         if (err == 0)
             own_remember(tier, lease_key, &own);
-        goto out;
+        if (err != EAGAIN)
+            goto out;
+        *renewed = false;   /* not this node's any more: see whose */
     }
     for (int attempt = 0;; attempt++) {
         if (mode == TIER_LEASES_READ_BACK) {
@@ -749,6 +774,10 @@ static int claim_group(struct tier *tier, int mode,
     if (err == ESTALE && held->node == tier->node) {
         *renewed = true;    /* (one this node no longer remembered) */
         err = renew_own(tier, lease_key, held, want);
+        if (err == EAGAIN) {
+            memset(held, 0, sizeof(*held));
+            err = ESTALE;   /* (changed again: fetch without a lease) */
+        }
     }
     if (err == 0)
         own_remember(tier, lease_key, held);
