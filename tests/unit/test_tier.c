@@ -1373,6 +1373,85 @@ static void test_lease_that_ran_out_is_claimed_by_its_waiter(void **state)
     free(bytes);
 }
 
+/* Node 0 leases a file's blocks and fetches them, but they do not
+ * reach the tier: with QUEUE_FULL its write queue (one block) is full,
+ * else the write of block 0 times out while the tier answers the
+ * others (not a skip). Node 1, waiting for block 0 under node 0's
+ * lease, must not sit out the lease (10 s): node 0 gives it back, and
+ * node 1 claims and fetches the blocks at once (a duplicate fetch, the
+ * cost of a block that never reached the tier). */
+static void dropped_offer_gives_the_lease_back(struct fixture *f,
+                                               bool queue_full)
+{
+    struct node *first = &f->nodes[0];
+    const size_t size = 6 * BLOCK;
+    unsigned char *bytes = pattern(size, 50);
+    char etag[S3_ETAG_MAX], prefix[160], *block0 = NULL;
+    unsigned fetches = 0, writes = 0;
+    pthread_t threads[NODES];
+
+    if (queue_full) {
+        node_stop(first);
+        node_start(f, first, 1, -1);
+    }
+    assert_int_equal(fake_s3_put(f->origin, "g.bin", bytes, size, NULL, etag), 0);
+    blocks_prefix("g.bin", etag, prefix, sizeof(prefix));
+    struct tier_block_id id = {ORIGIN, "g.bin", etag, BLOCK, 0};
+    assert_int_equal(tier_block_key("shared/", &id, &block0), 0);
+    /* node 0's block writes wait (block 0's, to time out) */
+    assert_int_equal(fake_s3_hold(f->tier_s3, queue_full
+                                                  ? UNDER(FAKE_S3_PUT, prefix)
+                                                  : ON(FAKE_S3_PUT, block0),
+                                  &writes), 0);
+    if (!queue_full)
+        assert_int_equal(fake_s3_fail(f->tier_s3, ON(FAKE_S3_PUT, block0), 1,
+                                      ETIMEDOUT, false, NULL), 0);
+    /* node 0's fetch waits until node 1 waits on its lease */
+    assert_int_equal(fake_s3_hold(f->origin, ON(FAKE_S3_GET, "g.bin"),
+                                  &fetches), 0);
+    struct node_read reads[NODES] = {
+        {&f->nodes[0], "g.bin", etag, size, bytes, -1},
+        {&f->nodes[1], "g.bin", etag, size, bytes, -1},
+    };
+    assert_int_equal(pthread_create(&threads[0], NULL, node_read_main, &reads[0]), 0);
+    assert_int_equal(fake_s3_wait_held(f->origin, fetches, 1), 0);
+    assert_int_equal(pthread_create(&threads[1], NULL, node_read_main, &reads[1]), 0);
+    WAIT_STATS(&f->nodes[1], stats.lease_waits >= 1);
+    assert_true(tier_stats_of(&f->nodes[1]).lease_waits >= 1);
+    double released = clock_monotonic_seconds();
+    fake_s3_hold_clear(f->origin, fetches);
+    if (!queue_full) {
+        /* the other blocks' writes are answered, then block 0's times out */
+        WAIT_STATS(first, stats.puts >= 5);
+        fake_s3_release_all(f->tier_s3, writes);
+    }
+    assert_int_equal(pthread_join(threads[1], NULL), 0);
+    double waited = clock_monotonic_seconds() - released;
+    fake_s3_hold_clear(f->tier_s3, writes);
+    assert_int_equal(pthread_join(threads[0], NULL), 0);
+    for (int i = 0; i < NODES; i++)
+        assert_int_equal(reads[i].result, 0);
+    struct tier_stats a = tier_stats_of(first);
+    assert_true(a.put_dropped >= 1);
+    assert_false(a.skipping);
+    if (waited >= TIER_LEASE_SECONDS / 2)
+        fail_msg("node 1 waited %.1f s for a block node 0 dropped (its lease "
+                 "ran %.0f s)", waited, TIER_LEASE_SECONDS);
+    assert_true(origin_bytes(f) <= 2 * size);
+    free(block0);
+    free(bytes);
+}
+
+static void test_offer_dropped_by_a_full_queue_gives_the_lease_back(void **state)
+{
+    dropped_offer_gives_the_lease_back(*state, true);
+}
+
+static void test_offer_whose_write_failed_gives_the_lease_back(void **state)
+{
+    dropped_offer_gives_the_lease_back(*state, false);
+}
+
 /* Of two nodes writing one block, the first wins; the second learns it
  * from the If-None-Match answer. */
 static void test_first_writer_wins(void **state)
@@ -1597,6 +1676,12 @@ int main(void)
             test_stalled_lease_writes_skip_the_tier_at_once, setup, teardown),
         cmocka_unit_test_setup_teardown(
             test_tier_whose_writes_fail_is_probed_with_a_write, setup, teardown),
+        cmocka_unit_test_setup_teardown(
+            test_offer_dropped_by_a_full_queue_gives_the_lease_back, setup,
+            teardown),
+        cmocka_unit_test_setup_teardown(
+            test_offer_whose_write_failed_gives_the_lease_back, setup,
+            teardown),
         cmocka_unit_test_setup_teardown(test_first_writer_wins, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_server_without_conditional_writes,
