@@ -69,6 +69,10 @@ struct tier {
     pthread_cond_t work;         /* a block was queued, or stopping */
     pthread_cond_t idle;         /* the queue emptied and no one writes */
     struct tier_put *head, *tail;
+    struct tier_release {
+        struct tier_release *next;
+        char *lease_key;
+    } *releases;                 /* this node's leases to give back, LIFO */
     uint64_t queued_bytes;
     unsigned writing;            /* writers inside a PUT */
     bool stopping;
@@ -106,6 +110,7 @@ struct tier {
     struct own_lease {
         char *key;
         struct lease lease;
+        bool releasing;          /* to be given back (a writer will) */
     } own[TIER_OWN_LEASES];      /* this node's latest leases */
     unsigned own_next;
     bool probing;                /* a thread is finding lease_mode out */
@@ -293,6 +298,10 @@ int tier_get_block(struct tier *tier, const char *key, const char *etag,
 #define LEASE_TEXT_MAX 128
 #define READ_BACK_PAUSE_MIN 0.005     /* seconds between a lease's write */
 #define READ_BACK_PAUSE_MAX 0.5       /* and its read back */
+#define LEASE_RECHECK 0.5             /* seconds between looks at the lease
+                                         a wait is for */
+#define LEASE_GIVEN_BACK 1.0          /* (wall seconds) a lease given back
+                                         says it ran out then */
 #define RENEW_BLIND_MIN 2.0           /* seconds a lease must have left to
                                          be renewed without If-Match and
                                          without reading it first */
@@ -367,17 +376,20 @@ static int read_lease(struct tier *tier, const char *lease_key,
     return 0;
 }
 
-/* Write WANT (its blocks; this node's, from now) to LEASE_KEY: with
+/* Write WANT (its blocks; this node's, from now) to LEASE_KEY, until
+ * EXPIRES (wall seconds; 0: a lease's time from now): with
  * If-None-Match: * when CONDITIONAL, over the object of ETag IF_MATCH
  * only when not NULL (a copy: *WRITTEN may hold it), plainly else; what
  * was written (and its ETag) in *WRITTEN. */
 static int write_lease(struct tier *tier, const char *lease_key,
-                       const struct lease *want, bool conditional,
-                       const char *if_match, struct lease *written)
+                       const struct lease *want, double expires,
+                       bool conditional, const char *if_match,
+                       struct lease *written)
 {
     struct s3_put_meta meta = {.if_none_match = conditional,
                                .if_match = if_match};
-    struct lease lease = {clock_wall_seconds() + TIER_LEASE_SECONDS,
+    struct lease lease = {expires > 0 ? expires
+                                      : clock_wall_seconds() + TIER_LEASE_SECONDS,
                           want->first, want->last, tier->node,
                           want->intends > want->last ? want->intends
                                                      : want->last, ""};
@@ -436,6 +448,7 @@ static void own_remember(struct tier *tier, const char *lease_key,
         tier->own_next = (tier->own_next + 1) % TIER_OWN_LEASES;
         free(slot->key);
         slot->key = key;
+        slot->releasing = false;
         key = NULL;
     }
     if (slot != NULL)
@@ -591,7 +604,7 @@ static int lease_mode(struct tier *tier)
 static int claim_conditional(struct tier *tier, const char *lease_key,
                              const struct lease *want, struct lease *held)
 {
-    int err = write_lease(tier, lease_key, want, true, NULL, held);
+    int err = write_lease(tier, lease_key, want, 0, true, NULL, held);
 
     if (err != ESTALE && err != EBUSY)  /* (EBUSY: another's write of it
                                            under way, 409 on AWS) */
@@ -630,9 +643,9 @@ static int renew_own(struct tier *tier, const char *lease_key,
             wider.intends = own->intends;
     }
     if (!atomic_load(&tier->if_match) || own->etag[0] == '\0')
-        return write_lease(tier, lease_key, &wider, false, NULL, own);
+        return write_lease(tier, lease_key, &wider, 0, false, NULL, own);
     snprintf(written, sizeof(written), "%s", own->etag);
-    int err = write_lease(tier, lease_key, &wider, false, written, own);
+    int err = write_lease(tier, lease_key, &wider, 0, false, written, own);
     return err == ESTALE || err == ENOENT || err == EBUSY ? EAGAIN : err;
 }
 
@@ -654,7 +667,7 @@ static int write_read_back(struct tier *tier, const char *lease_key,
                            const struct lease *want, struct lease *held)
 {
     double began = clock_monotonic_seconds();
-    int err = write_lease(tier, lease_key, want, false, NULL, held);
+    int err = write_lease(tier, lease_key, want, 0, false, NULL, held);
 
     if (err != 0)
         return err;
@@ -711,7 +724,7 @@ static int take_over(struct tier *tier, const char *lease_key,
     if (!atomic_load(&tier->if_match) || held->etag[0] == '\0')
         return write_read_back(tier, lease_key, want, held);
     snprintf(expired, sizeof(expired), "%s", held->etag);
-    int err = write_lease(tier, lease_key, want, false, expired, held);
+    int err = write_lease(tier, lease_key, want, 0, false, expired, held);
     return err == ESTALE || err == ENOENT || err == EBUSY ? EAGAIN : err;
 }
 
@@ -931,11 +944,33 @@ enum tier_claim tier_claim_blocks(struct tier *tier, const char *key,
     return TIER_AWAIT;
 }
 
+/* Whether a lease still promises block INDEX of version ETAG of KEY: it
+ * runs and covers it. Not when it was given back (its node dropped a
+ * block), taken over for other blocks, or is gone; a request that
+ * failed says nothing (the wait goes on, to its end). */
+static bool lease_still_covers(struct tier *tier, const char *key,
+                               const char *etag, uint64_t index)
+{
+    struct tier_block_id id = {tier->origin, key, etag, tier->block_size, index};
+    struct lease lease;
+    char *lease_key = NULL;
+
+    if (tier_lease_key(tier->prefix, &id, TIER_LEASE_BLOCKS, &lease_key) != 0)
+        return true;
+    int err = read_lease(tier, lease_key, &lease);
+    free(lease_key);
+    if (err == ENOENT)
+        return false;
+    return err != 0 || (lease_runs(&lease) && lease.first <= index &&
+                        index <= lease.last);
+}
+
 int tier_await_block(struct tier *tier, const char *key, const char *etag,
                      uint64_t index, uint32_t len, char *scratch,
                      const char **data, double until)
 {
     double pause = LEASE_POLL_FIRST;
+    double looked = clock_monotonic_seconds();  /* (the claim read it) */
     int err;
 
     atomic_fetch_add(&tier->lease_waits, 1);
@@ -943,9 +978,15 @@ int tier_await_block(struct tier *tier, const char *key, const char *etag,
         err = get_block(tier, key, etag, index, len, scratch, data, false);
         if (err != ENOENT || skipped_now(tier))
             break;
-        double left = until - clock_monotonic_seconds();
+        double now = clock_monotonic_seconds();
+        double left = until - now;
         if (left <= 0)
             break;
+        if (now - looked >= LEASE_RECHECK) {
+            looked = now;
+            if (!lease_still_covers(tier, key, etag, index))
+                break;  /* claimed again by the caller */
+        }
         sleep_seconds(pause < left ? pause : left);
         pause = pause * 2 < LEASE_POLL_MAX ? pause * 2 : LEASE_POLL_MAX;
     }
@@ -954,7 +995,82 @@ int tier_await_block(struct tier *tier, const char *key, const char *etag,
     return err;
 }
 
+/* Block INDEX of version ETAG of KEY will not reach the tier from this
+ * node (its offer was dropped: the queue full, the block evicted, its
+ * write failed). If this node's running lease covers it, other nodes
+ * may be waiting for it: the lease is given back, by a writer thread
+ * (lease_release()), so that they claim the block now rather than when
+ * the lease runs out. Not while the tier is skipped: no request goes
+ * there, and the waits end with the lease. */
+static void lease_give_back(struct tier *tier, const char *key,
+                            const char *etag, uint64_t index)
+{
+    struct tier_block_id id = {tier->origin, key, etag, tier->block_size, index};
+    struct tier_release *release = NULL;
+    char *lease_key = NULL;
+
+    if (skipped_now(tier) ||
+        tier_lease_key(tier->prefix, &id, TIER_LEASE_BLOCKS, &lease_key) != 0)
+        return;
+    pthread_mutex_lock(&tier->lease_lock);
+    struct own_lease *own = own_find_locked(tier, lease_key);
+    bool give = own != NULL && !own->releasing && lease_runs(&own->lease) &&
+                own->lease.first <= index && index <= own->lease.last &&
+                (release = calloc(1, sizeof(*release))) != NULL;
+    if (give)
+        own->releasing = true;
+    pthread_mutex_unlock(&tier->lease_lock);
+    if (!give) {
+        free(lease_key);
+        return;
+    }
+    release->lease_key = lease_key;
+    pthread_mutex_lock(&tier->lock);
+    release->next = tier->releases;
+    tier->releases = release;
+    pthread_cond_signal(&tier->work);
+    pthread_mutex_unlock(&tier->lock);
+}
+
+/* Give back this node's lease at LEASE_KEY (marked by lease_give_back()):
+ * written as past its time, over its ETag where the server takes
+ * If-Match (a lease another node took over meanwhile is left alone),
+ * plainly else, and then only while renew_blind() would renew it. */
+static void lease_release(struct tier *tier, const char *lease_key)
+{
+    struct claim_busy busy;
+    struct lease own, released;
+    char written[S3_ETAG_MAX];
+
+    claim_begin(tier, lease_key, &busy);
+    pthread_mutex_lock(&tier->lease_lock);
+    struct own_lease *known = own_find_locked(tier, lease_key);
+    bool give = known != NULL && known->releasing;
+    if (give) {
+        own = known->lease;
+        known->releasing = false;
+    }
+    pthread_mutex_unlock(&tier->lease_lock);
+    if (give && renew_blind(tier, &own) && !skipped_now(tier)) {
+        bool if_match = atomic_load(&tier->if_match) && own.etag[0] != '\0';
+        snprintf(written, sizeof(written), "%s", own.etag);
+        if (write_lease(tier, lease_key, &own, LEASE_GIVEN_BACK, false,
+                        if_match ? written : NULL, &released) == 0)
+            own_remember(tier, lease_key, &released);
+    }
+    claim_end(tier, &busy);
+}
+
 /* ------------------------------------------------------------ writing */
+
+/* An offered block of KEY (version ETAG), INDEX, not written: counted,
+ * and the lease on it given back (lease_give_back()). */
+static void offer_dropped(struct tier *tier, const char *key,
+                          const char *etag, uint64_t index)
+{
+    atomic_fetch_add(&tier->put_dropped, 1);
+    lease_give_back(tier, key, etag, index);
+}
 
 static void put_free(struct tier *tier, struct tier_put *put)
 {
@@ -983,7 +1099,7 @@ void tier_offer_block(struct tier *tier, struct cache_object *object,
     }
     if (put == NULL || put->key == NULL || put->etag == NULL ||
         put->object == NULL) {
-        atomic_fetch_add(&tier->put_dropped, 1);
+        offer_dropped(tier, key, etag, index);
         put_free(tier, put);
         return;
     }
@@ -1003,7 +1119,7 @@ void tier_offer_block(struct tier *tier, struct cache_object *object,
     }
     pthread_mutex_unlock(&tier->lock);
     if (!take) {
-        atomic_fetch_add(&tier->put_dropped, 1);
+        offer_dropped(tier, key, etag, index);
         put_free(tier, put);
     }
 }
@@ -1021,7 +1137,7 @@ static void write_block(struct tier *tier, struct tier_put *put, char *buffer)
 
     if (cache_block_read(tier->cache, put->object, put->index, 0, put->len,
                          buffer + TIER_HEADER_LEN, false) != 0) {
-        atomic_fetch_add(&tier->put_dropped, 1); /* evicted meanwhile */
+        offer_dropped(tier, put->key, put->etag, put->index); /* evicted */
         return;
     }
     int err = tier_frame_header(&id, buffer + TIER_HEADER_LEN, put->len,
@@ -1052,8 +1168,8 @@ static void write_block(struct tier *tier, struct tier_put *put, char *buffer)
         atomic_fetch_add(&tier->put_exists, 1); /* another node was first */
         note_success(tier, true);
     } else {
-        atomic_fetch_add(&tier->put_dropped, 1);
         note_failure(tier, "a write", true, err, sent);
+        offer_dropped(tier, put->key, put->etag, put->index);
     }
     free(tier_key);
 }
@@ -1110,7 +1226,8 @@ static void *writer_main(void *arg)
 
     pthread_mutex_lock(&tier->lock);
     for (;;) {
-        while (!tier->stopping && tier->head == NULL) {
+        while (!tier->stopping && tier->head == NULL &&
+               tier->releases == NULL) {
             double wake;
             if (probe_due_locked(tier, &wake)) {
                 probe_locked(tier);
@@ -1126,6 +1243,21 @@ static void *writer_main(void *arg)
         }
         if (tier->stopping)
             break;
+        if (tier->releases != NULL) {   /* first: nodes may be waiting */
+            struct tier_release *release = tier->releases;
+            tier->releases = release->next;
+            tier->writing++;
+            pthread_mutex_unlock(&tier->lock);
+            lease_release(tier, release->lease_key);
+            free(release->lease_key);
+            free(release);
+            pthread_mutex_lock(&tier->lock);
+            tier->writing--;
+            if (tier->head == NULL && tier->releases == NULL &&
+                tier->writing == 0)
+                pthread_cond_broadcast(&tier->idle);
+            continue;
+        }
         struct tier_put *put = tier->head;
         tier->head = put->next;
         if (tier->head == NULL)
@@ -1134,7 +1266,7 @@ static void *writer_main(void *arg)
         tier->writing++;
         pthread_mutex_unlock(&tier->lock);
         if (skipped || buffer == NULL)
-            atomic_fetch_add(&tier->put_dropped, 1);
+            offer_dropped(tier, put->key, put->etag, put->index);
         else
             write_block(tier, put, buffer);
         uint32_t len = put->len;
@@ -1143,7 +1275,8 @@ static void *writer_main(void *arg)
         tier->writing--;
         tier->queued_bytes -= len;
         tier->queued_blocks--;
-        if (tier->head == NULL && tier->writing == 0)
+        if (tier->head == NULL && tier->releases == NULL &&
+            tier->writing == 0)
             pthread_cond_broadcast(&tier->idle);
     }
     pthread_mutex_unlock(&tier->lock);
@@ -1156,14 +1289,16 @@ bool tier_flush(struct tier *tier, double seconds)
     struct timespec deadline = clock_monotonic_after(seconds > 0 ? seconds : 0);
 
     pthread_mutex_lock(&tier->lock);
-    while (!tier->stopping && (tier->head != NULL || tier->writing > 0)) {
+    while (!tier->stopping && (tier->head != NULL || tier->releases != NULL ||
+                               tier->writing > 0)) {
         if (seconds <= 0)
             pthread_cond_wait(&tier->idle, &tier->lock);
         else if (pthread_cond_timedwait(&tier->idle, &tier->lock, &deadline) ==
                  ETIMEDOUT)
             break;
     }
-    bool empty = tier->head == NULL && tier->writing == 0;
+    bool empty = tier->head == NULL && tier->releases == NULL &&
+                 tier->writing == 0;
     pthread_mutex_unlock(&tier->lock);
     return empty;
 }
@@ -1239,6 +1374,12 @@ void tier_destroy(struct tier **tierp)
         struct tier_put *put = tier->head;
         tier->head = put->next;
         put_free(tier, put);
+    }
+    while (tier->releases != NULL) {    /* (they run out in a lease) */
+        struct tier_release *release = tier->releases;
+        tier->releases = release->next;
+        free(release->lease_key);
+        free(release);
     }
     pthread_cond_destroy(&tier->idle);
     pthread_cond_destroy(&tier->work);

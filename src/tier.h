@@ -182,15 +182,21 @@ enum tier_claim tier_claim_blocks(struct tier *tier, const char *key,
                                   uint64_t *covered, double *until);
 
 /* tier_get_block(), asked again (at growing intervals) while the block
- * is not there, until UNTIL (monotonic seconds): 0 with the block, or
- * the last answer (ENOENT: it did not come in time). */
+ * is not there, until UNTIL (monotonic seconds), or until the lease it
+ * is waited for under no longer covers it (looked at every 0.5 s: given
+ * back by its node, which dropped the block, taken over for other
+ * blocks, gone): 0 with the block, or the last answer (ENOENT: it did
+ * not come; claim it again). */
 int tier_await_block(struct tier *tier, const char *key, const char *etag,
                      uint64_t index, uint32_t len, char *scratch,
                      const char **data, double until);
 
 /* Offer block INDEX of version ETAG of KEY, cached in OBJECT (a
  * reference is taken while it waits): written to the tier later, if it
- * is still cached then. */
+ * is still cached then. A block that does not get there (the queue
+ * full, evicted first, its write failed) and that this node's lease
+ * covers has the lease given back (written as past its time, by a
+ * writer thread), so that nodes waiting for it claim it at once. */
 void tier_offer_block(struct tier *tier, struct cache_object *object,
                       const char *key, const char *etag, uint64_t index);
 
