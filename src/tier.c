@@ -379,8 +379,8 @@ static int read_lease(struct tier *tier, const char *lease_key,
 /* Write WANT (its blocks; this node's, from now) to LEASE_KEY, until
  * EXPIRES (wall seconds; 0: a lease's time from now): with
  * If-None-Match: * when CONDITIONAL, over the object of ETag IF_MATCH
- * only when not NULL (a copy: *WRITTEN may hold it), plainly else; what
- * was written (and its ETag) in *WRITTEN. */
+ * only when not NULL (it may be *WRITTEN's: that is written after the
+ * request), plainly else; what was written (and its ETag) in *WRITTEN. */
 static int write_lease(struct tier *tier, const char *lease_key,
                        const struct lease *want, double expires,
                        bool conditional, const char *if_match,
@@ -408,6 +408,31 @@ static int write_lease(struct tier *tier, const char *lease_key,
     if (err == 0)
         *written = lease;
     return err;
+}
+
+/* The ETag to write over LEASE with (If-Match: only over that very
+ * object), or NULL where the server does not take If-Match on writes,
+ * or it is not known. */
+static const char *over_etag(struct tier *tier, const struct lease *lease)
+{
+    return atomic_load(&tier->if_match) && lease->etag[0] != '\0'
+               ? lease->etag
+               : NULL;
+}
+
+/* write_lease() of WANT, not with If-None-Match, and over the object of
+ * ETag OVER only when not NULL (over_etag()): 0, EAGAIN when the tier
+ * holds another object there now, or none (look again), or the client's
+ * errno. */
+static int write_lease_over(struct tier *tier, const char *lease_key,
+                            const struct lease *want, double expires,
+                            const char *over, struct lease *written)
+{
+    int err = write_lease(tier, lease_key, want, expires, false, over, written);
+
+    return over != NULL && (err == ESTALE || err == ENOENT || err == EBUSY)
+               ? EAGAIN
+               : err;
 }
 
 /* This node's lease at LEASE_KEY, as remembered (lease_lock held); NULL
@@ -626,9 +651,7 @@ static int claim_conditional(struct tier *tier, const char *lease_key,
  * tier holds now), EAGAIN, or the client's errno. */
 static int renew_own(struct tier *tier, const char *lease_key,
                      struct lease *own, const struct lease *want)
-{
-    char written[S3_ETAG_MAX];
-    struct lease wider = *want;
+{    struct lease wider = *want;
 
     if (lease_runs(own) && own->first <= own->last) {
         if (own->first <= want->first && want->last <= own->last &&
@@ -642,11 +665,8 @@ static int renew_own(struct tier *tier, const char *lease_key,
         if (own->intends > wider.intends)
             wider.intends = own->intends;
     }
-    if (!atomic_load(&tier->if_match) || own->etag[0] == '\0')
-        return write_lease(tier, lease_key, &wider, 0, false, NULL, own);
-    snprintf(written, sizeof(written), "%s", own->etag);
-    int err = write_lease(tier, lease_key, &wider, 0, false, written, own);
-    return err == ESTALE || err == ENOENT || err == EBUSY ? EAGAIN : err;
+    return write_lease_over(tier, lease_key, &wider, 0, over_etag(tier, own),
+                            own);
 }
 
 /* Whether this node renews its remembered lease OWN without reading the
@@ -719,13 +739,11 @@ static int claim_read_back(struct tier *tier, const char *lease_key,
 static int take_over(struct tier *tier, const char *lease_key,
                      const struct lease *want, struct lease *held)
 {
-    char expired[S3_ETAG_MAX];
+    const char *expired = over_etag(tier, held);
 
-    if (!atomic_load(&tier->if_match) || held->etag[0] == '\0')
+    if (expired == NULL)
         return write_read_back(tier, lease_key, want, held);
-    snprintf(expired, sizeof(expired), "%s", held->etag);
-    int err = write_lease(tier, lease_key, want, 0, false, expired, held);
-    return err == ESTALE || err == ENOENT || err == EBUSY ? EAGAIN : err;
+    return write_lease_over(tier, lease_key, want, 0, expired, held);
 }
 
 /* Claim WANT's blocks of the group of its first (all within it): 0 (this
@@ -1040,7 +1058,6 @@ static void lease_release(struct tier *tier, const char *lease_key)
 {
     struct claim_busy busy;
     struct lease own, released;
-    char written[S3_ETAG_MAX];
 
     claim_begin(tier, lease_key, &busy);
     pthread_mutex_lock(&tier->lease_lock);
@@ -1051,13 +1068,10 @@ static void lease_release(struct tier *tier, const char *lease_key)
         known->releasing = false;
     }
     pthread_mutex_unlock(&tier->lease_lock);
-    if (give && renew_blind(tier, &own) && !skipped_now(tier)) {
-        bool if_match = atomic_load(&tier->if_match) && own.etag[0] != '\0';
-        snprintf(written, sizeof(written), "%s", own.etag);
-        if (write_lease(tier, lease_key, &own, LEASE_GIVEN_BACK, false,
-                        if_match ? written : NULL, &released) == 0)
-            own_remember(tier, lease_key, &released);
-    }
+    if (give && renew_blind(tier, &own) && !skipped_now(tier) &&
+        write_lease_over(tier, lease_key, &own, LEASE_GIVEN_BACK,
+                         over_etag(tier, &own), &released) == 0)
+        own_remember(tier, lease_key, &released);
     claim_end(tier, &busy);
 }
 
