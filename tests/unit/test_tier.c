@@ -13,7 +13,10 @@
  * from the origin by itself; a tier that fails is skipped (no more requests for a
  * while) and never fails a read; of two nodes writing a block the first
  * wins (If-None-Match); a full write queue drops offers instead of
- * holding memory.
+ * holding memory. Leases: waited on, read back, taken over (by
+ * If-Match, one node of two at once), renewed without writing over
+ * another node's, given back when a block is dropped; a tier whose
+ * writes stall is skipped after one write per reader, at once.
  */
 #ifdef HAVE_CONFIG_H
 #include "config.h"
