@@ -2,15 +2,19 @@
  * tier.c - the shared cache tier (see tier.h).
  *
  * tier->lock guards the write queue (a FIFO of offered blocks and the
- * bytes it holds), the writers' state and the skip state (skip_until, the
- * current pause, the last answers to reads and to writes), and whether a
- * thread probes for the lease mode. lease_lock guards own[] (this node's
- * leases) and the list of groups being claimed (claiming): a thread
+ * bytes it holds), the leases to give back (releases), the writers'
+ * state and the skip state (skip_until, the current pause, the last
+ * answers to reads and to writes), and whether a thread probes for the
+ * lease mode. lease_lock guards own[] (this node's leases, with their
+ * ETags and whether each is to be given back) and the list of groups
+ * being claimed (claiming): a thread
  * claims a group only while no other thread of the node does (it waits
  * on claim_done), so the node's claims of one group go one at a time and
- * those of different groups at once. The counters are atomics. No lock
- * is held during a request or a sleep: a tier that stalls costs each
- * reader at most the request it waits for, at the same time.
+ * those of different groups at once (a writer giving a lease back
+ * claims its group too). The two locks are never held together. The
+ * counters are atomics. No lock is held during a request or a sleep: a
+ * tier that stalls costs each reader at most the request it waits for,
+ * at the same time.
  */
 #include "config.h"
 
