@@ -1,15 +1,16 @@
 /*
  * fs.c - the fs layer as a whole (see fs.h): creating it (the inode
- * table, the reader, the writer and their thread pools), recovery at
- * mount, the drain and the end, statfs, the counters, and the list of
- * open handles that the end frees.
+ * table, the reader, the writer and their thread pools), the drain and
+ * the end, statfs, the counters, and the list of open handles that the
+ * end frees (recovery at mount is fs_recover.c's).
  *
  * The layer's files, each using only those before it: fs_attrs.c (what
  * an inode shows), fs_listing.c (directory listings), fs_ahead.c (the
  * HEADs ahead of a walk's lookups), fs_lookup.c (lookup, getattr),
  * fs_stage.c (inodes and staged files), fs.c, fs_dir.c (open
  * directories), fs_file.c (open files), fs_write.c (changes),
- * fs_rename.c (rename). fs_internal.h is what they share.
+ * fs_rename.c (rename), fs_recover.c (recovery at mount). fs_internal.h
+ * is what they share.
  *
  * Pattern for every operation: pin the inode, copy what the request needs
  * under the table lock, release the lock, talk to S3, relock and store what
@@ -234,13 +235,6 @@ out:
         fs_destroy(&fs);
     *out = fs;
     return err;
-}
-
-int fs_recover(struct fs *fs)
-{
-    if (fs->writer == NULL)
-        return 0;
-    return writer_recover(fs->writer, fs_recovered, fs);
 }
 
 uint64_t fs_drain(struct fs *fs)

@@ -2,7 +2,8 @@
  * fs_internal.h - what the files of the fs layer share: struct fs, open
  * handles, and each file's functions for the files above it, in the
  * order fs.c's header gives: fs_attrs, fs_listing, fs_lookup, fs_ahead,
- * fs_stage, fs, fs_dir, fs_file, fs_write, fs_rename. Not for other modules.
+ * fs_stage, fs, fs_dir, fs_file, fs_write, fs_rename, fs_recover. Not for
+ * other modules.
  */
 #ifndef S3CFS_FS_INTERNAL_H
 #define S3CFS_FS_INTERNAL_H
@@ -42,7 +43,7 @@ struct fs_handle {
     void (*release)(struct fs *fs, struct fs_handle *handle);
 };
 
-/* A directory rename under way (rename_dir in fs_write.c): listings of
+/* A directory rename under way (rename_dir in fs_rename.c): listings of
  * prefixes under either side fetched meanwhile are not kept. */
 struct fs_dir_move {
     const char *src_prefix, *dst_prefix;
@@ -399,5 +400,14 @@ int fs_copy_object(struct fs *fs, const char *src_key, const char *etag,
                    uint64_t size, const char *dst_key,
                    const struct s3_put_meta *meta, char *new_etag,
                    uint64_t *new_size);
+
+/* --------------------------------------------------------- fs_rename.c */
+
+/* Server-side move of every key under SRC_PREFIX to DST_PREFIX: copies
+ * first (a batch at a time, in parallel), deletes after, so that a
+ * failure leaves every key somewhere; a marker for DST_PREFIX if none
+ * moved and none is there. Run again after a crash, it moves what is
+ * left. 0 or an errno. */
+int fs_move_prefix(struct fs *fs, const char *src_prefix, const char *dst_prefix);
 
 #endif /* S3CFS_FS_INTERNAL_H */

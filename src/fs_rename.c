@@ -4,10 +4,17 @@
  * A file moves with a server-side copy and a delete, or, while its data
  * waits for its upload, by changing the key it will be uploaded to (the
  * journal follows, and an older object under the old key goes first). A
- * directory moves key by key (copies of a batch, then its deletes), not
- * atomically; the staged files under it are held until the keys have
- * moved, so no upload of theirs lands under the new name before the old
- * object moved there.
+ * directory moves key by key (copies of a batch, then its deletes); the
+ * staged files under it are held until the keys have moved, so no upload
+ * of theirs lands under the new name before the old object moved there.
+ *
+ * Whatever changes the bucket in more than one request is recorded in the
+ * journal as a move first (writer_move_begin()) and the record dropped
+ * once the rename is done: a crash in between has the next mount finish
+ * it (fs_recover.c), so a crash never leaves a state between the one
+ * before the rename and the one after it. A request that fails undoes
+ * the rename while nothing is copied yet; once the copy is there, it is
+ * done.
  */
 #include "config.h"
 
@@ -84,10 +91,7 @@ static void run_move_jobs(struct fs *fs, struct move_job *jobs, size_t count)
     pthread_mutex_unlock(&lock);
 }
 
-/* Server-side move of every key under SRC_PREFIX to DST_PREFIX: copies
- * first (a batch at a time, in parallel), deletes after, so a failure
- * leaves every key somewhere. Not atomic (documented). */
-static int move_prefix(struct fs *fs, const char *src_prefix, const char *dst_prefix)
+int fs_move_prefix(struct fs *fs, const char *src_prefix, const char *dst_prefix)
 {
     size_t src_len = strlen(src_prefix);
     bool had_marker = false;
@@ -169,6 +173,12 @@ static int move_prefix(struct fs *fs, const char *src_prefix, const char *dst_pr
     }
     for (size_t i = 0; i < moved_count; i++)
         free(moved[i]);
+    /* no marker moved: the new directory gets one, unless it has one
+     * already (a move finished again after a crash moved it before) */
+    struct s3_object_info marker;
+    if (err == 0 && !had_marker &&
+        s3_head_object(fs->s3, dst_prefix, &marker) == 0)
+        had_marker = true;
     if (err == 0 && !had_marker) {
         struct writer_meta meta = {
             .mode = S_IFDIR | fs->conf.dir_mode, .uid = fs->conf.uid,
@@ -249,10 +259,14 @@ static void collect_staged(void *arg, struct inode *inode)
     rename->count++;
 }
 
-static int rename_dir(struct fs *fs, const char *src_prefix, const char *dst_prefix)
+/* Rename the directory SRC_PREFIX to DST_PREFIX in the bucket (an empty
+ * directory there, REPLACES_DIR, is replaced). */
+static int rename_dir(struct fs *fs, const char *src_prefix, const char *dst_prefix,
+                      bool replaces_dir)
 {
     struct staged_rename staged = {src_prefix, dst_prefix, NULL, 0, 0};
     struct fs_dir_move move = {src_prefix, dst_prefix, NULL};
+    uint64_t move_id = 0;
     /* directory markers waiting to be sent (writeback mode) go first: the
      * move copies what the bucket holds */
     int err = fs->writer ? writer_marker_flush(fs->writer, src_prefix) : EROFS;
@@ -282,15 +296,32 @@ static int rename_dir(struct fs *fs, const char *src_prefix, const char *dst_pre
         if (err == 0 && state == WRITER_RENAMED_JOURNALED)
             err = drop_older_object(fs, file->inode);
     }
+    /* From here the journal says the move is under way: a crash before it
+     * is done has the next mount finish it (fs_finish_move), the files'
+     * promises moved to the new prefix included, so that the bucket holds
+     * the tree before the rename or after it, never a mix. */
+    if (err == 0) {
+        struct writer_move record = {
+            .from = src_prefix, .to = dst_prefix, .flags = JOURNAL_MOVE_PREFIX,
+        };
+        err = writer_move_begin(fs->writer, &record, NULL, &move_id);
+    }
+    /* the empty target directory is replaced: its marker goes, so that
+     * the moved one (or a new one) takes its place */
+    if (err == 0 && replaces_dir)
+        err = s3_delete_object(fs->s3, dst_prefix);
     for (; err == 0 && renamed < staged.count; renamed++)
         err = writer_file_rename(staged.files[renamed].wfile,
                                  staged.files[renamed].new_key, NULL);
     if (err == 0)
-        err = move_prefix(fs, src_prefix, dst_prefix);
-    if (err != 0) {
-        /* what moved in the bucket stays moved (not atomic); files not
-         * uploaded yet go back where the directory still is, before
-         * anything of theirs is uploaded under the new name */
+        err = fs_move_prefix(fs, src_prefix, dst_prefix);
+    if (err == 0) {
+        writer_move_end(fs->writer, move_id, NULL);
+    } else {
+        /* a request failed (no crash): what moved in the bucket stays
+         * moved; files not uploaded yet go back where the directory
+         * still is, before anything of theirs is uploaded under the new
+         * name, and the move is not finished by a later mount */
         size_t len = strlen(dst_prefix);
         for (size_t i = 0; i < renamed; i++) {
             char *back = NULL;
@@ -298,6 +329,7 @@ static int rename_dir(struct fs *fs, const char *src_prefix, const char *dst_pre
                 writer_file_rename_back(staged.files[i].wfile, back);
             free(back);
         }
+        writer_move_cancel(fs->writer, move_id);
     }
     inode_table_lock(fs->inodes);
     if (err == 0)
@@ -334,6 +366,44 @@ static int rename_dir(struct fs *fs, const char *src_prefix, const char *dst_pre
     if (known)
         fs_store_dir_attrs(fs, dst_prefix, &moved);
     return err;
+}
+
+/*
+ * The bucket's part of a file's rename recorded as a move: the object
+ * SRC_KEY (version ETAG of SIZE bytes) is copied to DST_KEY, then deleted.
+ * A request whose answer was lost may have been done all the same: a HEAD
+ * says. Once the copy is there the rename goes on whatever happens, for
+ * the object it replaced is gone and the state before cannot come back:
+ * a delete that fails leaves SRC_KEY to the next mount (*LEFT). Returns
+ * 0 (the copy's ETag in NEW_ETAG, S3_ETAG_MAX bytes, and its size), or
+ * the copy's errno when the copy is not there (ENOENT: no SRC_KEY).
+ */
+static int move_object(struct fs *fs, const char *src_key, const char *etag,
+                       uint64_t size, const char *dst_key, char *new_etag,
+                       uint64_t *new_size, bool *left)
+{
+    struct s3_object_info info;
+
+    *left = false;
+    int err = fs_copy_object(fs, src_key, etag, size, dst_key, NULL, new_etag,
+                             new_size);
+    if (err != 0 && err != ENOENT && etag[0] != '\0' &&
+        s3_head_object(fs->s3, dst_key, &info) == 0 &&
+        strcmp(info.etag, etag) == 0) {
+        /* its answer was lost, not the copy */
+        snprintf(new_etag, S3_ETAG_MAX, "%s", info.etag);
+        *new_size = info.size;
+        err = 0;
+    }
+    if (err != 0)
+        return err;
+    err = s3_delete_object(fs->s3, src_key);
+    if (err != 0 && s3_head_object(fs->s3, src_key, &info) != ENOENT) {
+        log_warn("rename of '%s' to '%s': the old key cannot be deleted (%s); "
+                 "the next mount deletes it", src_key, dst_key, strerror(err));
+        *left = true;
+    }
+    return 0;
 }
 
 /* Rename the file INODE from SRC_KEY to DST_KEY in the bucket, replacing
@@ -390,46 +460,64 @@ static int rename_file(struct fs *fs, struct inode *inode, const char *src_key,
         if (writer_file_etag(wfile, etag))
             snprintf(attrs.etag, sizeof(attrs.etag), "%s", etag);
     }
+    /* Every change of the bucket below is journaled as a move first (the
+     * journaled file's is one journal transaction and needs none): a
+     * crash between its requests has the next mount finish it
+     * (fs_finish_move), with REPLACED's promise dropped, rather than leave
+     * both names, or neither. A request that fails undoes it instead. */
+    uint64_t move_id = 0;
+    struct writer_move record = {.from = src_key, .to = dst_key};
+    struct s3_object_info info;
+    bool left = false;
     if (err == 0 && state == WRITER_RENAMED_UNSAVED && own_object) {
         /* not uploaded yet, and its new bytes saved nowhere else (open,
          * written): the object at the old key is its only saved version,
          * so it moves first, and a crash before the file's upload leaves
          * it under the new name. Whatever version is there now (the
          * inode's ETag may be older than a copy's): a HEAD says. */
-        struct s3_object_info info;
         char etag[S3_ETAG_MAX] = "";
         uint64_t size;
         err = s3_head_object(fs->s3, src_key, &info);
+        record.flags = JOURNAL_MOVE_COPY;
+        record.etag = err == 0 ? info.etag : "";
         if (err == 0)
-            err = fs_copy_object(fs, src_key, info.etag, info.size, dst_key, NULL,
-                                 etag, &size);
-        if (err == 0 || err == ENOENT)
-            err = s3_delete_object(fs->s3, src_key);
+            err = writer_move_begin(fs->writer, &record, replaced, &move_id);
+        if (err == 0)
+            err = move_object(fs, src_key, info.etag, info.size, dst_key, etag,
+                              &size, &left);
+        if (err == ENOENT)
+            err = s3_delete_object(fs->s3, src_key); /* (gone: nothing moves) */
     } else if (err == 0 && state != WRITER_RENAMED_UPLOADED) {
         /* not uploaded yet: only where it goes changes; an object under
-         * the old name goes away as rename says (journaled: gone above) */
-        if (state == WRITER_RENAMED_UNSAVED && some_object)
-            err = s3_delete_object(fs->s3, src_key);
-        /* saved nowhere (never closed, no older version): the object the
+         * the old name goes away as rename says (journaled: gone above).
+         * Saved nowhere (never closed, no older version): the object the
          * rename replaces is not kept until this file's upload, for a
-         * crash before it would bring the replaced file back */
-        if (err == 0 && state == WRITER_RENAMED_UNSAVED && dst_object)
+         * crash before it would bring the replaced file back. */
+        bool unsaved = state == WRITER_RENAMED_UNSAVED;
+        record.flags = dst_object ? JOURNAL_MOVE_DROP_TARGET : 0;
+        if (unsaved && (some_object || dst_object))
+            err = writer_move_begin(fs->writer, &record, replaced, &move_id);
+        if (err == 0 && unsaved && some_object)
+            err = s3_delete_object(fs->s3, src_key);
+        if (err == 0 && unsaved && dst_object)
             err = s3_delete_object(fs->s3, dst_key);
-        if (err == 0 && state == WRITER_RENAMED_UNSAVED) {
+        if (err == 0 && unsaved) {
             inode_table_lock(fs->inodes);
             inode->attrs.etag[0] = '\0'; /* nothing under the new key */
             inode_table_unlock(fs->inodes);
         }
     } else if (err == 0) {
         char etag[S3_ETAG_MAX] = "";
-        err = fs_copy_object(fs, src_key, attrs.etag, attrs.size, dst_key, NULL,
-                             etag, &attrs.size);
+        record.flags = JOURNAL_MOVE_COPY;
+        record.etag = attrs.etag;
+        err = writer_move_begin(fs->writer, &record, replaced, &move_id);
+        if (err == 0)
+            err = move_object(fs, src_key, attrs.etag, attrs.size, dst_key, etag,
+                              &attrs.size, &left);
         /* the staged data, adopted by the cache once released, is the
          * copy's version (its own ETag when the upload was of parts) */
         if (err == 0 && wfile != NULL && etag[0] != '\0')
             writer_file_copied(wfile, etag);
-        if (err == 0)
-            err = s3_delete_object(fs->s3, src_key);
         if (err == 0 && etag[0] != '\0')
             snprintf(attrs.etag, sizeof(attrs.etag), "%s", etag);
         if (err == 0) {
@@ -444,6 +532,19 @@ static int rename_file(struct fs *fs, struct inode *inode, const char *src_key,
                 metacache_put_link(fs->conf.cache, dst_key, attrs.etag, link);
             free(link);
         }
+    }
+    /* done: the move's record goes with REPLACED's promise, in one
+     * transaction (but for an old key left to delete, which stays
+     * recorded, guarded by its ETag); failed: the record goes, REPLACED
+     * keeps its promise */
+    if (err == 0 && left) {
+        struct writer_move rest = {.from = src_key, .to = dst_key,
+                                   .etag = record.etag};
+        writer_move_narrow(fs->writer, move_id, &rest, replaced);
+    } else if (err == 0) {
+        writer_move_end(fs->writer, move_id, replaced);
+    } else {
+        writer_move_cancel(fs->writer, move_id);
     }
     if (err != 0 && wfile != NULL)
         writer_file_rename_back(wfile, src_key); /* back where it was */
@@ -527,13 +628,9 @@ int fs_rename(struct fs *fs, fuse_ino_t parent, const char *name,
             dst_unknown = true;
     }
 
-    /* the empty target directory is replaced: its marker goes first, so
-     * that the moved one takes its place */
-    if (dst_dir)
-        err = s3_delete_object(fs->s3, dst_key);
     enum writer_renamed state = WRITER_RENAMED_UPLOADED;
     if (err == 0)
-        err = src_dir ? rename_dir(fs, src_key, dst_file_key)
+        err = src_dir ? rename_dir(fs, src_key, dst_file_key, dst_dir)
                       : rename_file(fs, src, src_key, dst_file_key, dst_wfile,
                                     dst_etag[0] != '\0' || dst_unknown, &held,
                                     &state);

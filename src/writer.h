@@ -114,9 +114,14 @@ void writer_destroy(struct writer **writer);
 void writer_get_stats(struct writer *writer, struct writer_stats *out);
 
 /*
- * After a crash: queue an upload for every journal entry (aborting the
- * multipart upload it records, if any) and remove staging files the
- * journal does not name (never closed: nobody was promised them). For
+ * After a crash: first finish every rename the journal records a move of
+ * (writer_move_begin()), in order: for a directory's, the promises under
+ * its old prefix move to the new one; FINISH does the rest in the bucket;
+ * then the record goes, with the promise it replaces. A FINISH that fails
+ * fails the recovery (the records stay for the next mount). Then queue
+ * an upload for every journal entry (aborting the multipart upload it
+ * records, if any) and remove staging files the journal does not name
+ * (never closed: nobody was promised them). For
  * each entry, ADOPT is told its key, size and metadata with a new
  * reference to its file (the fs layer attaches it to an inode, so that
  * the pending file is visible). Returns 0 or an errno.
@@ -124,7 +129,11 @@ void writer_get_stats(struct writer *writer, struct writer_stats *out);
 typedef void (*writer_adopt_fn)(void *arg, struct writer_file *file,
                                 const char *key, uint64_t size,
                                 const struct writer_meta *meta);
-int writer_recover(struct writer *writer, writer_adopt_fn adopt, void *arg);
+/* Finish in the bucket the move MOVE (a JOURNAL_MOVE entry) that a crash
+ * interrupted, idempotently: 0 once it is done, or an errno. */
+typedef int (*writer_finish_fn)(void *arg, const struct journal_entry *move);
+int writer_recover(struct writer *writer, writer_adopt_fn adopt,
+                   writer_finish_fn finish, void *arg);
 
 /*
  * Upload everything pending (queued, failed or dirty and closed), and wait.
@@ -384,6 +393,51 @@ bool writer_file_etag(struct writer_file *file, char *etag_out);
  * its staged data now, the one the cache adopts it as (an ETag of its
  * own when the copy was of parts). Nothing if FILE changed since. */
 void writer_file_copied(struct writer_file *file, const char *etag);
+
+/* ------------------------------------------------------ renames
+ * (writer_journal.c; see HACKING.md, "Renames") */
+
+/* A rename's change of the bucket, as the journal records it. */
+struct writer_move {
+    const char *from;             /* a key, or a directory's prefix */
+    const char *to;
+    unsigned flags;               /* JOURNAL_MOVE_* (journal.h) */
+    const char *etag;             /* a file's ETag at FROM ("" or NULL) */
+};
+
+/*
+ * Record MOVE in the journal before the first request of a rename that
+ * changes the bucket, so that a crash between its requests is finished
+ * by the next mount (writer_recover()'s FINISH) rather than left half
+ * done. REPLACED (may be NULL): the staged file the rename replaces at
+ * MOVE->to (unlinked with writer_file_unlink(REPLACED, false)): the move
+ * names its promise, which recovery drops once it has finished the move,
+ * and writer_move_end() in the same transaction as the move's record.
+ * *ID gets the record's id. 0 or the journal's errno (logged; nothing was
+ * recorded, nothing must be changed).
+ */
+int writer_move_begin(struct writer *writer, const struct writer_move *move,
+                      struct writer_file *replaced, uint64_t *id);
+
+/* The move ID is done in the bucket: its record goes, with REPLACED's
+ * promise (the one writer_move_begin() was given, or NULL) in the same
+ * transaction. ID 0: nothing. 0 or the journal's errno (logged: the next
+ * mount finishes the move again, which changes nothing). */
+int writer_move_end(struct writer *writer, uint64_t id,
+                    struct writer_file *replaced);
+
+/* The rename of move ID failed and is undone (REPLACED keeps its
+ * promise): the record goes. ID 0: nothing. 0 or the journal's errno
+ * (logged). */
+int writer_move_cancel(struct writer *writer, uint64_t id);
+
+/* The rename of move ID is done but for LEFT (what the next mount is to
+ * finish: an old key whose delete got no answer): the record becomes
+ * LEFT, and REPLACED's promise goes, in one transaction. 0 or the
+ * journal's errno (logged; the whole move stays recorded). */
+int writer_move_narrow(struct writer *writer, uint64_t id,
+                       const struct writer_move *left,
+                       struct writer_file *replaced);
 
 /* ------------------------------------------ directory markers
  * (writer_marker.c; see HACKING.md, "Directory markers in writeback mode") */

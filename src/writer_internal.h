@@ -401,6 +401,12 @@ int writer_promise(struct writer *writer, struct writer_file *file,
 void writer_forget_entry(struct writer *writer, struct writer_file *file,
                          uint64_t up_to);
 
+/* The same, putting PUT (NULL: none) and deleting the record ALSO (0:
+ * none) in the same transaction; returns the journal's errno. */
+int writer_forget_entry_with(struct writer *writer, struct writer_file *file,
+                             uint64_t up_to, const struct journal_entry *put,
+                             uint64_t also);
+
 /* Promise FILE's current version in the journal (writeback close). */
 int writer_promise_current(struct writer *writer, struct writer_file *file);
 

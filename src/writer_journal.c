@@ -159,6 +159,13 @@ int writer_promise(struct writer *writer, struct writer_file *file,
 void writer_forget_entry(struct writer *writer, struct writer_file *file,
                          uint64_t up_to)
 {
+    writer_forget_entry_with(writer, file, up_to, NULL, 0);
+}
+
+int writer_forget_entry_with(struct writer *writer, struct writer_file *file,
+                             uint64_t up_to, const struct journal_entry *put,
+                             uint64_t also)
+{
     pthread_mutex_lock(&writer->lock);
     writer_journal_begin_locked(writer, file);
     struct staging_file *entry = file->entry;
@@ -168,12 +175,20 @@ void writer_forget_entry(struct writer *writer, struct writer_file *file,
                   (up_to == 0 ||
                    (file->entry_unclosed ? file->wb == NULL
                                          : file->entry_gen <= up_to));
-    uint64_t id = forget ? entry->id : 0;
+    uint64_t ids[2];
+    size_t count = 0;
+    if (forget)
+        ids[count++] = entry->id;
+    if (also != 0)
+        ids[count++] = also;
     writer_unlock(writer);
 
-    int err = forget ? journal_del(writer->conf.journal, id) : 0;
+    int err = count > 0 || put != NULL
+                  ? journal_update(writer->conf.journal, put, put != NULL ? 1 : 0,
+                                   ids, count)
+                  : 0;
     if (forget && err == 0)
-        log_debug("'%s': entry %016" PRIx64 " dropped", file->key, id);
+        log_debug("'%s': entry %016" PRIx64 " dropped", file->key, ids[0]);
 
     struct staging_file *freed = NULL;
     pthread_mutex_lock(&writer->lock);
@@ -190,6 +205,95 @@ void writer_forget_entry(struct writer *writer, struct writer_file *file,
         log_warn("'%s' stays in the journal (%s): the next mount uploads it "
                  "again", file->key, strerror(err));
     writer_staging_free(writer, freed, false);
+    return err;
+}
+
+/* --------------------------------------------------------------- moves */
+
+int writer_move_begin(struct writer *writer, const struct writer_move *move,
+                      struct writer_file *replaced, uint64_t *id)
+{
+    struct journal_entry entry = {
+        .id = journal_next_id(writer->conf.journal),
+        .kind = JOURNAL_MOVE,
+        .key = move->from,
+        .move_to = move->to,
+        .move_etag = move->etag,
+        .move_flags = move->flags,
+    };
+
+    *id = 0;
+    if (replaced != NULL) {
+        pthread_mutex_lock(&writer->lock);
+        if (replaced->entry != NULL && !replaced->entry_unclosed)
+            entry.move_replaces = replaced->entry->id;
+        writer_unlock(writer);
+    }
+    int err = journal_put(writer->conf.journal, &entry);
+    if (err != 0) {
+        log_error("cannot journal the rename of '%s' to '%s': %s", move->from,
+                  move->to, strerror(err));
+        return err;
+    }
+    log_debug("'%s' -> '%s': move %016" PRIx64 " journaled", move->from,
+              move->to, entry.id);
+    *id = entry.id;
+    return 0;
+}
+
+/* Delete the record of move ID (with REPLACED's promise: DONE). A
+ * failure is tried once more, then logged: a move record left behind is
+ * finished again by the next mount. */
+static int move_record_drop(struct writer *writer, uint64_t id,
+                            struct writer_file *replaced, const char *what)
+{
+    int err = 0;
+
+    for (int attempt = 0; attempt < 2; attempt++) {
+        err = replaced != NULL
+                  ? writer_forget_entry_with(writer, replaced, 0, NULL, id)
+                  : journal_del(writer->conf.journal, id);
+        if (err == 0)
+            return 0;
+    }
+    log_error("cannot drop the journal's record of a %s rename (%016" PRIx64
+              "): %s; the next mount finishes it again", what, id,
+              strerror(err));
+    return err;
+}
+
+int writer_move_end(struct writer *writer, uint64_t id,
+                    struct writer_file *replaced)
+{
+    return id != 0 ? move_record_drop(writer, id, replaced, "finished") : 0;
+}
+
+int writer_move_cancel(struct writer *writer, uint64_t id)
+{
+    return id != 0 ? move_record_drop(writer, id, NULL, "failed") : 0;
+}
+
+int writer_move_narrow(struct writer *writer, uint64_t id,
+                       const struct writer_move *left,
+                       struct writer_file *replaced)
+{
+    struct journal_entry entry = {
+        .id = id,
+        .kind = JOURNAL_MOVE,
+        .key = left->from,
+        .move_to = left->to,
+        .move_etag = left->etag,
+        .move_flags = left->flags,
+    };
+    int err = replaced != NULL
+                  ? writer_forget_entry_with(writer, replaced, 0, &entry, 0)
+                  : journal_put(writer->conf.journal, &entry);
+
+    if (err != 0)
+        log_error("cannot journal what is left of the rename of '%s' (%s); "
+                  "the next mount finishes the whole rename again", left->from,
+                  strerror(err));
+    return err;
 }
 
 struct writer_file *writer_file_ref(struct writer_file *file)

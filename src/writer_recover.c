@@ -26,15 +26,18 @@
 /* A journal entry read back, its strings copied. */
 struct recovered {
     struct journal_entry entry;
-    char *key, *upload_id;
+    char *key, *upload_id, *move_to, *move_etag;
+    bool dropped;                /* a finished move's replaced promise */
 };
 
 struct recovery {
     struct writer *writer;
     writer_adopt_fn adopt;
     void *arg;
-    struct recovered *entries;   /* every entry, in id order */
+    struct recovered *entries;   /* every upload entry, in id order */
     size_t count, capacity;
+    struct recovered *moves;     /* every move, in id order */
+    size_t move_count, move_capacity;
     uint64_t *ids;               /* ids of staging files kept (sorted) */
     size_t id_count;
     unsigned queued;
@@ -43,30 +46,129 @@ struct recovery {
     size_t foreign_count;
 };
 
+static void recovered_free(struct recovered *copy)
+{
+    free(copy->key);
+    free(copy->upload_id);
+    free(copy->move_to);
+    free(copy->move_etag);
+}
+
+/* A copy of TEXT, or NULL for NULL; *FAILED when out of memory. */
+static char *copy_text(const char *text, bool *failed)
+{
+    char *copy = text != NULL ? strdup(text) : NULL;
+    *failed = *failed || (text != NULL && copy == NULL);
+    return copy;
+}
+
 static int collect_entry(void *arg, const struct journal_entry *entry)
 {
     struct recovery *recovery = arg;
+    bool move = entry->kind == JOURNAL_MOVE;
+    struct recovered **list = move ? &recovery->moves : &recovery->entries;
+    size_t *count = move ? &recovery->move_count : &recovery->count;
+    size_t *cap = move ? &recovery->move_capacity : &recovery->capacity;
 
-    if (recovery->count == recovery->capacity) {
-        size_t capacity = recovery->capacity ? recovery->capacity * 2 : 64;
-        void *grown = realloc(recovery->entries, capacity * sizeof(*recovery->entries));
+    if (*count == *cap) {
+        size_t capacity = *cap ? *cap * 2 : 64;
+        void *grown = realloc(*list, capacity * sizeof(**list));
         if (grown == NULL)
             return ENOMEM;
-        recovery->entries = grown;
-        recovery->capacity = capacity;
+        *list = grown;
+        *cap = capacity;
     }
-    struct recovered *copy = &recovery->entries[recovery->count];
-    copy->entry = *entry;
-    copy->key = strdup(entry->key);
-    copy->upload_id = entry->upload_id != NULL ? strdup(entry->upload_id) : NULL;
-    if (copy->key == NULL || (entry->upload_id != NULL && copy->upload_id == NULL)) {
-        free(copy->key);
-        free(copy->upload_id);
+    struct recovered *copy = &(*list)[*count];
+    bool failed = false;
+    *copy = (struct recovered){.entry = *entry};
+    copy->key = copy_text(entry->key, &failed);
+    copy->upload_id = copy_text(entry->upload_id, &failed);
+    copy->move_to = copy_text(entry->move_to, &failed);
+    copy->move_etag = copy_text(entry->move_etag, &failed);
+    if (failed) {
+        recovered_free(copy);
         return ENOMEM;
     }
     copy->entry.key = copy->key;
     copy->entry.upload_id = copy->upload_id;
-    recovery->count++;
+    copy->entry.move_to = copy->move_to;
+    copy->entry.move_etag = copy->move_etag;
+    copy->entry.destination = NULL; /* (the journal's: a scan gives no other) */
+    (*count)++;
+    return 0;
+}
+
+/* A directory's move: every promise (and marker) under its old prefix
+ * is made to name the new one, in the journal and here. The file being
+ * written when the crash came (unclosed) keeps its key: only its
+ * write-behind upload, of the old key, is to be aborted. */
+static int move_promises(struct recovery *recovery, const struct journal_entry *move)
+{
+    size_t from_len = strlen(move->key);
+
+    for (size_t i = 0; i < recovery->count; i++) {
+        struct recovered *copy = &recovery->entries[i];
+        if (copy->entry.unclosed || strncmp(copy->key, move->key, from_len) != 0)
+            continue;
+        char *key = NULL;
+        if (asprintf(&key, "%s%s", move->move_to, copy->key + from_len) < 0)
+            return ENOMEM;
+        struct journal_entry moved = copy->entry;
+        moved.key = key;
+        int err = journal_put(recovery->writer->conf.journal, &moved);
+        if (err != 0) {
+            free(key);
+            return err;
+        }
+        free(copy->key);
+        copy->key = key;
+        copy->entry.key = key;
+    }
+    return 0;
+}
+
+/*
+ * Finish the renames a crash interrupted, in the order they began: a
+ * directory's promises move to its new prefix, FINISH does what is left
+ * in the bucket, then the move's record goes with the promise it
+ * replaced (which is not uploaded). The first failure stops the recovery:
+ * the records stay for the next mount.
+ */
+static int finish_moves(struct recovery *recovery, writer_finish_fn finish,
+                        void *arg)
+{
+    struct journal *journal = recovery->writer->conf.journal;
+
+    for (size_t m = 0; m < recovery->move_count; m++) {
+        const struct journal_entry *move = &recovery->moves[m].entry;
+        int err = 0;
+        if ((move->move_flags & JOURNAL_MOVE_PREFIX) != 0)
+            err = move_promises(recovery, move);
+        if (err == 0)
+            err = finish != NULL ? finish(arg, move) : ENOTSUP;
+        if (err != 0) {
+            log_error("cannot finish the rename of '%s' to '%s' that the last "
+                      "mount began: %s; the next mount tries again", move->key,
+                      move->move_to, strerror(err));
+            return err;
+        }
+        uint64_t ids[2] = {move->id, 0};
+        size_t count = 1;
+        for (size_t i = 0; move->move_replaces != 0 && i < recovery->count; i++) {
+            if (recovery->entries[i].entry.id == move->move_replaces &&
+                !recovery->entries[i].dropped) {
+                recovery->entries[i].dropped = true;
+                ids[count++] = move->move_replaces;
+            }
+        }
+        err = journal_update(journal, NULL, 0, ids, count);
+        if (err != 0)
+            log_warn("the rename of '%s' to '%s' is done, but its journal "
+                     "record stays (%s): the next mount finishes it again",
+                     move->key, move->move_to, strerror(err));
+        log_info("finished the rename of '%s' to '%s' that the last mount "
+                 "began", move->key, move->move_to);
+    }
     return 0;
 }
 
@@ -234,13 +336,16 @@ static int collect_mark(void *arg, uint64_t id, const void *record, size_t len)
     return err;
 }
 
-int writer_recover(struct writer *writer, writer_adopt_fn adopt, void *arg)
+int writer_recover(struct writer *writer, writer_adopt_fn adopt,
+                   writer_finish_fn finish, void *arg)
 {
     struct recovery recovery = {.writer = writer, .adopt = adopt, .arg = arg};
     int err = journal_scan(writer->conf.journal, collect_entry, &recovery);
 
     if (err == 0)
         err = staging_scan_marks(writer->staging, collect_mark, &recovery);
+    if (err == 0)
+        err = finish_moves(&recovery, finish, arg);
 
     if (err == 0 && recovery.count > 0 &&
         (recovery.ids = calloc(recovery.count, sizeof(uint64_t))) == NULL)
@@ -250,6 +355,8 @@ int writer_recover(struct writer *writer, writer_adopt_fn adopt, void *arg)
               compare_by_key);
     for (size_t i = 0; err == 0 && i < recovery.count; i++) {
         const struct journal_entry *entry = &recovery.entries[i].entry;
+        if (recovery.entries[i].dropped)
+            continue; /* replaced by a rename that recovery finished */
         if (entry->unclosed) {
             /* written when the crash came, never closed: nobody was
              * promised its data (its staging file goes with the others
@@ -276,7 +383,8 @@ int writer_recover(struct writer *writer, writer_adopt_fn adopt, void *arg)
         for (size_t j = i + 1; j < recovery.count; j++) {
             if (strcmp(recovery.entries[j].key, entry->key) != 0)
                 break;
-            superseded = superseded || !recovery.entries[j].entry.unclosed;
+            superseded = superseded || (!recovery.entries[j].entry.unclosed &&
+                                        !recovery.entries[j].dropped);
         }
         if (superseded) {
             log_warn("the journal holds more than one upload of '%s'; the "
@@ -301,11 +409,12 @@ int writer_recover(struct writer *writer, writer_adopt_fn adopt, void *arg)
             qsort(recovery.ids, recovery.id_count, sizeof(uint64_t), compare_ids);
         staging_scan(writer->staging, sweep_staging, &recovery);
     }
-    for (size_t i = 0; i < recovery.count; i++) {
-        free(recovery.entries[i].key);
-        free(recovery.entries[i].upload_id);
-    }
+    for (size_t i = 0; i < recovery.count; i++)
+        recovered_free(&recovery.entries[i]);
+    for (size_t i = 0; i < recovery.move_count; i++)
+        recovered_free(&recovery.moves[i]);
     free(recovery.entries);
+    free(recovery.moves);
     free(recovery.ids);
     free(recovery.foreign);
     return err;

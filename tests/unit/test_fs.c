@@ -499,6 +499,28 @@ static const char *journal_of(struct fixture *f)
     return f->journal_text;
 }
 
+static int copy_move(void *arg, const struct journal_entry *entry)
+{
+    char *text = arg;
+    size_t used = strlen(text);
+
+    if (entry->kind != JOURNAL_MOVE)
+        return 0;
+    int n = snprintf(text + used, TEXT_MAX - used, "%s%s->%s%s%s", used ? " " : "",
+                     entry->key, entry->move_to,
+                     entry->move_flags & JOURNAL_MOVE_COPY ? "(copy)" : "",
+                     entry->move_flags & JOURNAL_MOVE_PREFIX ? "(tree)" : "");
+    return n > 0 && (size_t)n < TEXT_MAX - used ? 0 : ENOSPC;
+}
+
+/* The renames the journal records as under way: "from->to(copy)". */
+static const char *moves_of(struct fixture *f)
+{
+    f->journal_text[0] = '\0';
+    assert_int_equal(journal_scan(f->journal, copy_move, f->journal_text), 0);
+    return f->journal_text;
+}
+
 /* The bucket's keys in order, separated by one space. */
 static const char *bucket_of(struct fixture *f)
 {
@@ -837,8 +859,13 @@ static void crash_points_collect(struct fixture *f, unsigned rule)
             assert_int_equal(fake_s3_release(f->s3, rule, false, NULL), 0);
             continue;
         }
-        if (atomic_load(&f->op.done))
+        if (atomic_load(&f->op.done)) {
+            /* and once it has returned: a crash then is no crash of it */
+            pthread_mutex_lock(&crashes.lock);
+            crash_point_take_locked("the end (the change returned)");
+            pthread_mutex_unlock(&crashes.lock);
             break;
+        }
         if (time(NULL) > deadline)
             fail_msg("the change did not end with its requests let go");
         struct timespec pause = {0, 1000000};
@@ -943,8 +970,9 @@ static void contents_text(const struct expected_object *want, size_t count,
  * the drain finish, and check that the bucket is BEFORE or AFTER (as
  * contents_text), never another state. The points from the first one
  * whose outcome is AFTER on must all end AFTER (a change, once it is
- * recorded, is never undone by a later crash). *AFTER_FROM (may be NULL)
- * gets the index of that first point.
+ * recorded, is never undone by a later crash), and the last one, taken
+ * once the change returned, must. *AFTER_FROM (may be NULL) gets the
+ * index of that first point.
  */
 static void check_every_crash(struct fixture *f, const char *before,
                               const char *after, size_t *after_from)
@@ -974,6 +1002,13 @@ static void check_every_crash(struct fixture *f, const char *before,
                      crashes.points[i].moment, i + 1,
                      crashes.points[first_after].moment, first_after + 1);
     }
+    if (first_after == crashes.count)
+        fail_msg("the change, done, leaves the bucket as before it");
+    if (getenv("TEST_FS_CRASH_VERBOSE") != NULL)
+        for (size_t i = 0; i < crashes.count; i++)
+            fprintf(stderr, "crash point %zu: before %s -> %s\n", i + 1,
+                    crashes.points[i].moment,
+                    i >= first_after ? "after" : "before");
     if (after_from != NULL)
         *after_from = first_after;
     crash_points_free(f);
@@ -3858,6 +3893,110 @@ static void test_lookups_followed_by_reads_fetch_small_files_whole(void **state)
     assert_string_equal(requests_since(f, mark), "GET f8");
 }
 
+/* ================================================ renames that fail
+ *
+ * A request of a rename may fail with its work done at the server (its
+ * answer lost): once the copy is at the new key, the rename goes on, for
+ * the object it replaced is gone; an old key that cannot be deleted is
+ * left, recorded, to the next mount. */
+
+/* The copy's answer is lost, and the DELETE's, then every DELETE fails:
+ * HEADs say both were done, the rename is. */
+static void test_rename_whose_answers_are_lost_is_done(void **state)
+{
+    struct fixture *f = *state;
+    unsigned char *a = bytes_of(f, 20 * KIB, 50);
+    unsigned char *b = bytes_of(f, 10 * KIB, 51);
+
+    other_put(f, "a", a, 20 * KIB, NULL);
+    other_put(f, "b", b, 10 * KIB, NULL);
+    assert_int_not_equal(lookup(f, ROOT, "a", NULL), 0);
+    assert_int_not_equal(lookup(f, ROOT, "b", NULL), 0);
+    assert_int_equal(fake_s3_fail(f->s3, ON(FAKE_S3_COPY, "b"), 1, EIO, true,
+                                  NULL), 0);
+    assert_int_equal(fake_s3_fail(f->s3, ON(FAKE_S3_DELETE, "a"), 1, EIO, true,
+                                  NULL), 0);
+    assert_int_equal(fake_s3_fail(f->s3, ON(FAKE_S3_DELETE, "a"),
+                                  FAKE_S3_ALWAYS, EIO, false, NULL), 0);
+    assert_int_equal(fs_rename(f->fs, ROOT, "a", ROOT, "b", 0), 0);
+    assert_string_equal(bucket_of(f), "b");
+    assert_true(fake_s3_holds(f->s3, "b", a, 20 * KIB));
+    assert_string_equal(moves_of(f), "");
+    assert_string_equal(listing_of(f, ROOT), "b");
+}
+
+/* Every DELETE of the old key fails: the rename is done, the old key
+ * stays recorded, and the next mount deletes it, while it is still the
+ * version that moved. */
+static void test_old_key_a_rename_could_not_delete_goes_at_the_next_mount(
+    void **state)
+{
+    struct fixture *f = *state;
+    unsigned char *a = bytes_of(f, 20 * KIB, 52);
+    unsigned char *again = bytes_of(f, 7 * KIB, 53);
+
+    other_put(f, "a", a, 20 * KIB, NULL);
+    other_put(f, "c", a, 20 * KIB, NULL);
+    assert_int_not_equal(lookup(f, ROOT, "a", NULL), 0);
+    assert_int_not_equal(lookup(f, ROOT, "c", NULL), 0);
+    assert_int_equal(fake_s3_fail(f->s3, ON(FAKE_S3_DELETE, NULL),
+                                  FAKE_S3_ALWAYS, EIO, false, NULL), 0);
+    assert_int_equal(fs_rename(f->fs, ROOT, "a", ROOT, "b", 0), 0);
+    assert_int_equal(fs_rename(f->fs, ROOT, "c", ROOT, "d", 0), 0);
+    assert_string_equal(bucket_of(f), "a b c d");
+    assert_string_equal(moves_of(f), "a->b c->d");
+    fake_s3_fail_clear(f->s3, 0);
+    /* c is another version by the next mount (another client's): kept */
+    other_put(f, "c", again, 7 * KIB, NULL);
+
+    fs_destroy(&f->fs);
+    fs_start(f);
+    assert_int_equal(fs_recover(f->fs), 0);
+    assert_string_equal(bucket_of(f), "b c d");
+    assert_true(fake_s3_holds(f->s3, "b", a, 20 * KIB));
+    assert_true(fake_s3_holds(f->s3, "c", again, 7 * KIB));
+    assert_string_equal(moves_of(f), "");
+}
+
+/* A rename the next mount cannot finish (its copy fails) fails the
+ * recovery, and stays recorded for the mount after it; a rename of a
+ * file whose old key holds another version by then moves nothing. */
+static void test_recovery_finishes_recorded_renames_or_fails(void **state)
+{
+    struct fixture *f = *state;
+    unsigned char *a = bytes_of(f, 9 * KIB, 54);
+    unsigned char *other = bytes_of(f, 4 * KIB, 55);
+    char etag[S3_ETAG_MAX], old_etag[S3_ETAG_MAX];
+
+    other_put(f, "a", a, 9 * KIB, NULL);
+    other_put(f, "x", other, 4 * KIB, NULL);
+    fake_s3_etag_of(a, 9 * KIB, etag);
+    fake_s3_etag_of("not x", 5, old_etag);
+    struct journal_entry moves[] = {
+        {.id = journal_next_id(f->journal), .kind = JOURNAL_MOVE, .key = "a",
+         .move_to = "b", .move_etag = etag, .move_flags = JOURNAL_MOVE_COPY},
+        {.id = journal_next_id(f->journal), .kind = JOURNAL_MOVE, .key = "x",
+         .move_to = "y", .move_etag = old_etag, .move_flags = JOURNAL_MOVE_COPY},
+    };
+    assert_int_equal(journal_update(f->journal, moves, 2, NULL, 0), 0);
+    fs_destroy(&f->fs);
+    fs_start(f);
+    assert_int_equal(fake_s3_fail(f->s3, ON(FAKE_S3_COPY, "b"), FAKE_S3_ALWAYS,
+                                  EIO, false, NULL), 0);
+    assert_int_equal(fs_recover(f->fs), EIO);
+    assert_string_equal(moves_of(f), "a->b(copy) x->y(copy)");
+    assert_string_equal(bucket_of(f), "a x");
+
+    fake_s3_fail_clear(f->s3, 0);
+    fs_destroy(&f->fs);
+    fs_start(f);
+    assert_int_equal(fs_recover(f->fs), 0);
+    assert_string_equal(moves_of(f), "");
+    assert_string_equal(bucket_of(f), "b x");
+    assert_true(fake_s3_holds(f->s3, "b", a, 9 * KIB));
+    assert_true(fake_s3_holds(f->s3, "x", other, 4 * KIB));
+}
+
 /* ================================================ renames under a crash
  *
  * Each test takes what a kill -9 would leave at every moment of one
@@ -3865,12 +4004,22 @@ static void test_lookups_followed_by_reads_fetch_small_files_whole(void **state)
  * mounts again from each, and checks that the bucket ends as it was
  * before the rename or as it is after it, never another way. */
 
-/* Hold every request (crash_points_collect() lets them go one by one). */
-static unsigned hold_everything(struct fixture *f)
+/* Rename PARENT/NAME to NEW_PARENT/NEW_NAME with a crash point at every
+ * moment (every request held, let go one by one), then mount from each:
+ * the bucket ends BEFORE or AFTER (check_every_crash()). */
+static void rename_at_every_crash(struct fixture *f, fuse_ino_t parent,
+                                  const char *name, fuse_ino_t new_parent,
+                                  const char *new_name, const char *before,
+                                  const char *after)
 {
     unsigned rule = 0;
+
     assert_int_equal(fake_s3_hold(f->s3, &(struct fake_s3_match){0}, &rule), 0);
-    return rule;
+    rename_start(f, parent, name, new_parent, new_name);
+    crash_points_collect(f, rule);
+    assert_int_equal(op_join(f), 0);
+    fake_s3_hold_clear(f->s3, rule);
+    check_every_crash(f, before, after, NULL);
 }
 
 /* Writeback: a (in the bucket) renamed over b (closed and journaled, not
@@ -3893,12 +4042,7 @@ static void test_crash_during_a_rename_over_a_pending_file(void **state)
                   before, sizeof(before));
     contents_text((struct expected_object[]){{"b", a, 40 * KIB}}, 1, after,
                   sizeof(after));
-    unsigned rule = hold_everything(f);
-    rename_start(f, ROOT, "a", ROOT, "b");
-    crash_points_collect(f, rule);
-    assert_int_equal(op_join(f), 0);
-    fake_s3_hold_clear(f->s3, rule);
-    check_every_crash(f, before, after, NULL);
+    rename_at_every_crash(f, ROOT, "a", ROOT, "b", before, after);
 }
 
 /* a over b, both in the bucket: a crash between the copy and the delete
@@ -3919,12 +4063,7 @@ static void test_crash_during_a_rename_over_an_uploaded_file(void **state)
                   before, sizeof(before));
     contents_text((struct expected_object[]){{"b", a, 20 * KIB}}, 1, after,
                   sizeof(after));
-    unsigned rule = hold_everything(f);
-    rename_start(f, ROOT, "a", ROOT, "b");
-    crash_points_collect(f, rule);
-    assert_int_equal(op_join(f), 0);
-    fake_s3_hold_clear(f->s3, rule);
-    check_every_crash(f, before, after, NULL);
+    rename_at_every_crash(f, ROOT, "a", ROOT, "b", before, after);
 }
 
 /* Writeback: a closed again (its promise journaled, an older version in
@@ -3939,6 +4078,8 @@ static void test_crash_during_a_rename_of_a_pending_file(void **state)
 
     other_put(f, "a", old, 10 * KIB, NULL);
     other_put(f, "b", b, 5 * KIB, NULL);
+    assert_int_not_equal(lookup(f, ROOT, "a", NULL), 0); /* (the kernel's,
+                                                            before a create) */
     assert_int_not_equal(lookup(f, ROOT, "b", NULL), 0);
     struct fs_file *a_file = create_file(f, ROOT, "a", a, 15 * KIB, NULL);
     assert_int_equal(fs_flush(f->fs, a_file), 0);
@@ -3947,12 +4088,7 @@ static void test_crash_during_a_rename_of_a_pending_file(void **state)
                   before, sizeof(before));
     contents_text((struct expected_object[]){{"b", a, 15 * KIB}}, 1, after,
                   sizeof(after));
-    unsigned rule = hold_everything(f);
-    rename_start(f, ROOT, "a", ROOT, "b");
-    crash_points_collect(f, rule);
-    assert_int_equal(op_join(f), 0);
-    fake_s3_hold_clear(f->s3, rule);
-    check_every_crash(f, before, after, NULL);
+    rename_at_every_crash(f, ROOT, "a", ROOT, "b", before, after);
 }
 
 /* Writeback: `mv d e` with d/x in the bucket and d/y journaled: a crash
@@ -3983,12 +4119,7 @@ static void test_crash_during_a_directory_rename(void **state)
                                              {"e/x", x, 12 * KIB},
                                              {"e/y", y, 9 * KIB}}, 4,
                   after, sizeof(after));
-    unsigned rule = hold_everything(f);
-    rename_start(f, ROOT, "d", ROOT, "e");
-    crash_points_collect(f, rule);
-    assert_int_equal(op_join(f), 0);
-    fake_s3_hold_clear(f->s3, rule);
-    check_every_crash(f, before, after, NULL);
+    rename_at_every_crash(f, ROOT, "d", ROOT, "e", before, after);
 }
 
 /*
@@ -4270,6 +4401,10 @@ int main(void)
                 writeback_cached),
         FS_TEST(test_rename_errors, default_cached),
         FS_TEST(test_rename_of_a_directory_moves_every_key, default_cached),
+        FS_TEST(test_rename_whose_answers_are_lost_is_done, default_cached),
+        FS_TEST(test_old_key_a_rename_could_not_delete_goes_at_the_next_mount,
+                default_cached),
+        FS_TEST(test_recovery_finishes_recorded_renames_or_fails, default_cached),
         FS_TEST(test_crash_during_a_rename_over_a_pending_file, writeback_cached),
         FS_TEST(test_crash_during_a_rename_over_an_uploaded_file, default_cached),
         FS_TEST(test_crash_during_a_rename_of_a_pending_file, writeback_cached),

@@ -1110,7 +1110,7 @@ static void test_older_upload_begun_after_a_newer_promise(void **state)
     fake_s3_fail_clear(f->s3, 0);
     journal_start(f);
     writer_start(f);
-    assert_int_equal(writer_recover(f->writer, on_adopt, f), 0);
+    assert_int_equal(writer_recover(f->writer, on_adopt, NULL, f), 0);
     assert_int_equal(writer_drain(f->writer), 0);
     assert_true(fake_s3_holds(f->s3, "ckpt", v2, 10 * KIB));
     assert_int_equal(fake_s3_uploads(f->s3, "ckpt"), 0);
@@ -1171,7 +1171,7 @@ static void test_writeback_closes_share_a_commit_and_survive_a_crash(
     fake_s3_fail_clear(f->s3, 0);
     journal_start(f);
     writer_start(f);
-    assert_int_equal(writer_recover(f->writer, on_adopt, f), 0);
+    assert_int_equal(writer_recover(f->writer, on_adopt, NULL, f), 0);
     assert_int_equal(writer_drain(f->writer), 0);
     for (unsigned i = 0; i < FILES; i++) {
         snprintf(key, sizeof(key), "small%u", i);
@@ -1282,7 +1282,7 @@ static void test_recovery_uploads_what_was_closed(void **state)
     fake_s3_log_clear(f->s3);
     journal_start(f);
     writer_start(f);
-    assert_int_equal(writer_recover(f->writer, on_adopt, f), 0);
+    assert_int_equal(writer_recover(f->writer, on_adopt, NULL, f), 0);
     /* the staging files no promise names are gone (a's copy, c, d, g's
      * copy): the five promised ones stay */
     assert_int_equal(staging_files(f), 5);
@@ -1800,7 +1800,7 @@ static void test_pending_list_and_drop(void **state)
     fake_s3_log_clear(f->s3);
     journal_start(f);
     writer_start(f);
-    assert_int_equal(writer_recover(f->writer, on_adopt, f), 0);
+    assert_int_equal(writer_recover(f->writer, on_adopt, NULL, f), 0);
     assert_int_equal(writer_drain(f->writer), 0);
     for (unsigned i = 0; i < f->adopted_count; i++)
         assert_string_not_equal(f->adopted_keys[i], "refused");
