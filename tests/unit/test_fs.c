@@ -3893,6 +3893,126 @@ static void test_lookups_followed_by_reads_fetch_small_files_whole(void **state)
     assert_string_equal(requests_since(f, mark), "GET f8");
 }
 
+/* ================================= changes inside a directory being renamed
+ *
+ * The kernel runs a rename of a directory (which locks only its parent)
+ * at the same time as changes of names inside it: each test holds the
+ * directory's move at a request, starts the other change, waits until it
+ * is under way (it waits, or it sent a request), then lets both go. */
+
+/* A second change on a thread of its own (the fixture's op is the
+ * first). */
+static void op_begin(struct op_thread *op, struct fs *fs, int kind,
+                     fuse_ino_t parent, const char *name, fuse_ino_t new_parent,
+                     const char *new_name)
+{
+    *op = (struct op_thread){.fs = fs, .kind = kind, .parent = parent,
+                             .new_parent = new_parent, .result = -1};
+    snprintf(op->name, sizeof(op->name), "%s", name);
+    snprintf(op->new_name, sizeof(op->new_name), "%s", new_name ? new_name : "");
+    assert_int_equal(pthread_create(&op->thread, NULL, op_main, op), 0);
+    op->started = true;
+}
+
+static int op_end(struct op_thread *op)
+{
+    assert_int_equal(pthread_join(op->thread, NULL), 0);
+    op->started = false;
+    return op->result;
+}
+
+/* Wait until OP waits in the fs layer (inode_table_wait() was called
+ * more often than WAITS times), reached writer_file_hold() (more than
+ * HOLDS times), sent a request that RULE holds (more than HELD of them),
+ * or returned. */
+static void wait_under_way(struct fixture *f, struct op_thread *op,
+                           unsigned waits, unsigned holds, unsigned rule,
+                           unsigned held)
+{
+    time_t deadline = time(NULL) + WAIT_SECONDS;
+
+    while (seam_calls_now(SEAM_WAIT) <= waits &&
+           seam_calls_now(SEAM_HOLD) <= holds &&
+           fake_s3_held(f->s3, rule) <= held && !atomic_load(&op->done)) {
+        if (time(NULL) > deadline)
+            fail_msg("the second change is not under way");
+        struct timespec pause = {0, 1000000};
+        nanosleep(&pause, NULL);
+    }
+}
+
+/* Writeback: `mv ckpt ckpt.old` while the trainer does os.replace(
+ * "ckpt/last.tmp", "ckpt/last") of the checkpoint it just closed. The new
+ * checkpoint ends in ckpt.old/last, and ckpt/ does not come back.
+ * (Before: the file's rename took its keys before it waited for the
+ * directory's hold, then sent its upload to ckpt/last.) */
+static void test_rename_inside_a_directory_being_renamed(void **state)
+{
+    struct fixture *f = *state;
+    unsigned char *old = bytes_of(f, 20 * KIB, 60);
+    unsigned char *fresh = bytes_of(f, 30 * KIB, 61);
+    struct op_thread inner;
+    unsigned rule = 0;
+
+    other_put_marker(f, "ckpt/");
+    other_put(f, "ckpt/last", old, 20 * KIB, NULL);
+    fuse_ino_t ckpt = lookup(f, ROOT, "ckpt", NULL);
+    assert_int_not_equal(lookup(f, ckpt, "last", NULL), 0);
+    struct fs_file *tmp = create_file(f, ckpt, "last.tmp", fresh, 30 * KIB, NULL);
+    assert_int_equal(fs_flush(f->fs, tmp), 0); /* journaled (open: not sent) */
+
+    assert_int_equal(fake_s3_hold(f->s3, FAKE_S3_UNDER(FAKE_S3_CALL(FAKE_S3_COPY),
+                                                       "ckpt.old/"), &rule), 0);
+    rename_start(f, ROOT, "ckpt", ROOT, "ckpt.old");
+    assert_int_equal(fake_s3_wait_held(f->s3, rule, 1), 0);
+    unsigned waits = seam_calls_now(SEAM_WAIT), holds = seam_calls_now(SEAM_HOLD);
+    op_begin(&inner, f->fs, OP_RENAME, ckpt, "last.tmp", ckpt, "last");
+    wait_under_way(f, &inner, waits, holds, rule, fake_s3_held(f->s3, rule));
+    fake_s3_hold_clear(f->s3, rule);
+    assert_int_equal(op_join(f), 0);
+    assert_int_equal(op_end(&inner), 0);
+
+    fs_release(f->fs, tmp);
+    assert_int_equal(fs_drain(f->fs), 0);
+    assert_string_equal(bucket_of(f), "ckpt.old/ ckpt.old/last");
+    assert_true(fake_s3_holds(f->s3, "ckpt.old/last", fresh, 30 * KIB));
+    assert_string_equal(journal_of(f), "");
+    assert_int_equal(lookup(f, ROOT, "ckpt", NULL), 0);
+    fuse_ino_t moved = lookup(f, ROOT, "ckpt.old", NULL);
+    assert_string_equal(listing_of(f, moved), "last");
+}
+
+/* `rm d/x` while `mv d e` has copied d/x to e/x and is deleting the old
+ * keys: x stays gone. (Before: the unlink deleted d/x, and the move's copy
+ * e/x brought the unlinked file back.) */
+static void test_unlink_inside_a_directory_being_renamed(void **state)
+{
+    struct fixture *f = *state;
+    struct op_thread inner;
+    unsigned rule = 0;
+
+    other_put_marker(f, "d/");
+    other_put(f, "d/x", "x", 1, NULL);
+    other_put(f, "d/y", "y", 1, NULL);
+    fuse_ino_t d = lookup(f, ROOT, "d", NULL);
+    assert_int_not_equal(lookup(f, d, "x", NULL), 0);
+
+    assert_int_equal(fake_s3_hold(f->s3, FAKE_S3_UNDER(FAKE_S3_CALL(FAKE_S3_DELETE),
+                                                       "d/"), &rule), 0);
+    rename_start(f, ROOT, "d", ROOT, "e");
+    assert_int_equal(fake_s3_wait_held(f->s3, rule, 1), 0);
+    unsigned waits = seam_calls_now(SEAM_WAIT), holds = seam_calls_now(SEAM_HOLD);
+    unsigned held = fake_s3_held(f->s3, rule);
+    op_begin(&inner, f->fs, OP_UNLINK, d, "x", 0, NULL);
+    wait_under_way(f, &inner, waits, holds, rule, held);
+    fake_s3_hold_clear(f->s3, rule);
+    assert_int_equal(op_join(f), 0);
+    assert_int_equal(op_end(&inner), 0);
+
+    assert_string_equal(bucket_of(f), "e/ e/y");
+    assert_string_equal(listing_of(f, d), "y");
+}
+
 /* ================================================ renames that fail
  *
  * A request of a rename may fail with its work done at the server (its
@@ -4401,6 +4521,8 @@ int main(void)
                 writeback_cached),
         FS_TEST(test_rename_errors, default_cached),
         FS_TEST(test_rename_of_a_directory_moves_every_key, default_cached),
+        FS_TEST(test_rename_inside_a_directory_being_renamed, writeback_cached),
+        FS_TEST(test_unlink_inside_a_directory_being_renamed, default_cached),
         FS_TEST(test_rename_whose_answers_are_lost_is_done, default_cached),
         FS_TEST(test_old_key_a_rename_could_not_delete_goes_at_the_next_mount,
                 default_cached),
