@@ -5,7 +5,8 @@
  * end frees (recovery at mount is fs_recover.c's).
  *
  * The layer's files, each using only those before it: fs_attrs.c (what
- * an inode shows), fs_listing.c (directory listings), fs_ahead.c (the
+ * an inode shows), fs_change.c (changes of names under way),
+ * fs_listing.c (directory listings), fs_ahead.c (the
  * HEADs ahead of a walk's lookups), fs_lookup.c (lookup, getattr),
  * fs_stage.c (inodes and staged files), fs.c, fs_dir.c (open
  * directories), fs_file.c (open files), fs_write.c (changes),

@@ -1,7 +1,7 @@
 /*
  * fs_internal.h - what the files of the fs layer share: struct fs, open
  * handles, and each file's functions for the files above it, in the
- * order fs.c's header gives: fs_attrs, fs_listing, fs_lookup, fs_ahead,
+ * order fs.c's header gives: fs_attrs, fs_change, fs_listing, fs_lookup, fs_ahead,
  * fs_stage, fs, fs_dir, fs_file, fs_write, fs_rename, fs_recover. Not for
  * other modules.
  */
@@ -43,11 +43,21 @@ struct fs_handle {
     void (*release)(struct fs *fs, struct fs_handle *handle);
 };
 
-/* A directory rename under way (rename_dir in fs_rename.c): listings of
- * prefixes under either side fetched meanwhile are not kept. */
+/* A directory rename registered (fs_change_enter_move(), fs_change.c):
+ * changes of names under either prefix wait for it; once started,
+ * listings of prefixes under either side fetched meanwhile are not kept,
+ * and files are not staged there (fs_move_under_way_locked()). */
 struct fs_dir_move {
     const char *src_prefix, *dst_prefix;
+    bool started;                 /* (inode table lock) it moves keys */
     struct fs_dir_move *next;
+};
+
+/* Any other change of names under way (fs_change.c): the keys it is
+ * about to change (the second may be NULL). */
+struct fs_change {
+    const char *keys[2];
+    struct fs_change *next;
 };
 
 struct fs {
@@ -77,7 +87,11 @@ struct fs {
     atomic_bool stopping;         /* unmounting (fs_drain, fs_destroy):
                                      queued relistings do nothing */
     struct fs_dir_move *dir_moves; /* (inode table lock) directory
-                                     renames under way */
+                                     renames registered, in order */
+    struct fs_change *changes;    /* (inode table lock) other changes of
+                                     names under way */
+    uint64_t moves_ended;         /* (inode table lock) directory renames
+                                     ended since the mount */
     struct head_ahead *aheads;    /* (inode table lock) directories whose
                                      headers are fetched ahead of the
                                      lookups (fs_ahead.c) */
@@ -89,7 +103,8 @@ struct fs {
     pthread_cond_t detach_done;   /* with the inode table lock: an inode's
                                      detaching ended */
     pthread_cond_t move_done;     /* with the inode table lock: a directory
-                                     rename left dir_moves */
+                                     rename left dir_moves, or a change
+                                     left changes */
     pthread_mutex_t handles_lock; /* guards the two lists below */
     struct fs_handle open_dirs;   /* circular lists with a sentinel */
     struct fs_handle open_files;
@@ -211,6 +226,44 @@ bool fs_known_file_attrs(struct fs *fs, const char *key,
  * read (a data loader opening files by name). Lock held. */
 bool fs_reads_follow_lookups_locked(const struct inode *dir);
 
+/* --------------------------------------------------------- fs_change.c */
+
+/* The count of directory renames ended, to give fs_change_enter(): take
+ * it before computing the keys of a change. */
+uint64_t fs_change_seen(struct fs *fs);
+
+/*
+ * Enter a change of KEY and OTHER_KEY (may be NULL; both the caller's,
+ * valid until fs_change_leave()), whose keys were computed after SEEN
+ * (fs_change_seen()). True: registered, do it, then fs_change_leave().
+ * False: a directory rename moves (or moved, since SEEN) keys of it: it
+ * waited for that rename to end, and the keys are to be computed again
+ * from the inodes (then enter again, with a new SEEN).
+ */
+bool fs_change_enter(struct fs *fs, struct fs_change *change, uint64_t seen,
+                     const char *key, const char *other_key);
+void fs_change_leave(struct fs *fs, struct fs_change *change);
+
+/* A lookup in PARENT for a change, begun after SEEN, found nothing: true
+ * when a directory rename moved PARENT meanwhile (waited for, if it is
+ * under way), and the name is to be looked up again. */
+bool fs_change_missed(struct fs *fs, uint64_t seen, fuse_ino_t parent);
+
+/*
+ * Enter the directory rename MOVE (its prefixes the caller's, valid until
+ * it leaves): false as fs_change_enter() (compute its prefixes again);
+ * true once it is registered, the changes under its prefixes already
+ * inside have left and no earlier rename meets it: started. Leave with
+ * fs_change_leave_move_locked() (inode table lock held: the inodes are
+ * re-keyed in the same locked section).
+ */
+bool fs_change_enter_move(struct fs *fs, struct fs_dir_move *move, uint64_t seen);
+void fs_change_leave_move_locked(struct fs *fs, struct fs_dir_move *move);
+
+/* Whether a started directory rename moving keys from or to a prefix of
+ * KEY is under way (fs->dir_moves). Lock held. */
+bool fs_move_under_way_locked(const struct fs *fs, const char *key);
+
 /* -------------------------------------------------------- fs_listing.c */
 
 /* Log a skipped or hidden key once per mount, whatever the relistings
@@ -232,10 +285,6 @@ void fs_staged_visit_locked(struct fs *fs, const char *prefix,
 
 /* Whether a file under PREFIX waits for its upload. Lock held. */
 bool fs_staged_pending_under_locked(struct fs *fs, const char *prefix);
-
-/* Whether a directory rename moving keys from or to a prefix of KEY is
- * under way (fs->dir_moves). Lock held. */
-bool fs_move_under_way_locked(const struct fs *fs, const char *key);
 
 /* A local change of KEY: patch its parent's cached listing (ATTRS NULL:
  * removed) and forget the stored one. */

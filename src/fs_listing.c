@@ -359,21 +359,6 @@ static void merge_staged_locked(struct fs *fs, struct inode *dir)
         writer_marker_visit(fs->writer, dir->key, merge_marker_locked, &merge);
 }
 
-/* Whether PREFIX starts KEY. */
-static bool key_under(const char *key, const char *prefix)
-{
-    return strncmp(key, prefix, strlen(prefix)) == 0;
-}
-
-bool fs_move_under_way_locked(const struct fs *fs, const char *dir_key)
-{
-    for (const struct fs_dir_move *move = fs->dir_moves; move != NULL;
-         move = move->next)
-        if (key_under(dir_key, move->src_prefix) || key_under(dir_key, move->dst_prefix))
-            return true;
-    return false;
-}
-
 /* An empty listing for the caller alone (a removed directory's): NULL
  * when out of memory. */
 static struct inode_listing *empty_listing(void)

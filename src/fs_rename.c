@@ -259,27 +259,31 @@ static void collect_staged(void *arg, struct inode *inode)
     rename->count++;
 }
 
-/* Rename the directory SRC_PREFIX to DST_PREFIX in the bucket (an empty
- * directory there, REPLACES_DIR, is replaced). */
-static int rename_dir(struct fs *fs, const char *src_prefix, const char *dst_prefix,
-                      bool replaces_dir)
+/* Rename the directory MOVE->src_prefix to MOVE->dst_prefix in the
+ * bucket (an empty directory there, REPLACES_DIR, is replaced). MOVE has
+ * started (fs_change_enter_move()) and ends here, whatever happens: the
+ * inodes are re-keyed as it leaves. */
+static int rename_dir(struct fs *fs, struct fs_dir_move *move, bool replaces_dir)
 {
+    const char *src_prefix = move->src_prefix, *dst_prefix = move->dst_prefix;
     struct staged_rename staged = {src_prefix, dst_prefix, NULL, 0, 0};
-    struct fs_dir_move move = {src_prefix, dst_prefix, NULL};
     uint64_t move_id = 0;
     /* directory markers waiting to be sent (writeback mode) go first: the
      * move copies what the bucket holds */
     int err = fs->writer ? writer_marker_flush(fs->writer, src_prefix) : EROFS;
     if (err == 0)
         err = writer_marker_flush(fs->writer, dst_prefix);
-    if (err != 0)
+    if (err != 0) {
+        inode_table_lock(fs->inodes);
+        fs_change_leave_move_locked(fs, move);
+        inode_table_unlock(fs->inodes);
         return err;
+    }
 
-    /* files not uploaded yet go to their new names when they are; a
-     * listing fetched meanwhile is not kept (fs_get_listing) */
+    /* files not uploaded yet go to their new names when they are (the
+     * move started: no other is staged meanwhile); a listing fetched
+     * meanwhile is not kept (fs_get_listing) */
     inode_table_lock(fs->inodes);
-    move.next = fs->dir_moves;
-    fs->dir_moves = &move;
     fs_staged_visit_locked(fs, src_prefix, collect_staged, &staged);
     inode_table_unlock(fs->inodes);
     size_t held = 0, renamed = 0;
@@ -334,11 +338,7 @@ static int rename_dir(struct fs *fs, const char *src_prefix, const char *dst_pre
     inode_table_lock(fs->inodes);
     if (err == 0)
         err = inode_rekey_prefix_locked(fs->inodes, src_prefix, dst_prefix);
-    struct fs_dir_move **link = &fs->dir_moves;
-    while (*link != &move)
-        link = &(*link)->next;
-    *link = move.next;
-    pthread_cond_broadcast(&fs->move_done);
+    fs_change_leave_move_locked(fs, move);
     inode_table_unlock(fs->inodes);
     /* uploads may go now: their inodes have the files' keys (fs_uploaded) */
     for (size_t i = 0; i < held; i++)
@@ -553,19 +553,25 @@ static int rename_file(struct fs *fs, struct inode *inode, const char *src_key,
     return err;
 }
 
-int fs_rename(struct fs *fs, fuse_ino_t parent, const char *name,
-              fuse_ino_t new_parent, const char *new_name, unsigned flags)
+/* fs_rename() with the keys of its names as the inodes give them now
+ * (SEEN: fs_change_seen() before they were computed). *STALE: a directory
+ * rename moved them meanwhile; nothing was done, do it again. */
+static int rename_names(struct fs *fs, fuse_ino_t parent, const char *name,
+                        fuse_ino_t new_parent, const char *new_name,
+                        unsigned flags, uint64_t seen, bool *stale)
 {
     struct inode *src = NULL, *dst = NULL;
     char *src_key = NULL, *dst_key = NULL, *dst_file_key = NULL;
     struct writer_file *dst_wfile = NULL, *held = NULL;
+    struct fs_change change;
+    struct fs_dir_move move;
+    bool entered = false, moving = false;
     int err;
 
-    if (fs->writer == NULL)
-        return EROFS;
-    if (flags & ~(unsigned)RENAME_NOREPLACE)
-        return EINVAL; /* RENAME_EXCHANGE, RENAME_WHITEOUT */
+    *stale = false;
     err = fs_find_child(fs, parent, name, true, &src, &src_key);
+    if (err == ENOENT)
+        *stale = fs_change_missed(fs, seen, parent);
     if (err == 0)
         err = fs_find_child(fs, new_parent, new_name, false, &dst, &dst_key);
     if (err != 0)
@@ -575,9 +581,25 @@ int fs_rename(struct fs *fs, fuse_ino_t parent, const char *name,
     bool src_dir = src->attrs.kind == INODE_DIR && src->wfile == NULL;
     bool dst_dir = dst != NULL && dst->attrs.kind == INODE_DIR && dst->wfile == NULL;
     inode_table_unlock(fs->inodes);
+    if (dst == src)
+        goto out; /* the same file: nothing to do */
+    err = fs_child_key(fs, new_parent, new_name, src_dir, &dst_file_key);
+    if (err != 0)
+        goto out;
+    /* no directory rename may move these keys while this one changes
+     * them (fs_change.c): after waiting for one, they are computed again */
+    if (src_dir) {
+        move = (struct fs_dir_move){.src_prefix = src_key,
+                                    .dst_prefix = dst_file_key};
+        moving = fs_change_enter_move(fs, &move, seen);
+        *stale = !moving;
+    } else {
+        entered = fs_change_enter(fs, &change, seen, src_key, dst_file_key);
+        *stale = !entered;
+    }
+    if (*stale)
+        goto out;
     if (dst != NULL) {
-        if (dst == src)
-            goto out; /* the same file: nothing to do */
         if (flags & RENAME_NOREPLACE)
             err = EEXIST;
         else if (src_dir && !dst_dir)
@@ -589,9 +611,6 @@ int fs_rename(struct fs *fs, fuse_ino_t parent, const char *name,
         if (err != 0)
             goto out;
     }
-    err = fs_child_key(fs, new_parent, new_name, src_dir, &dst_file_key);
-    if (err != 0)
-        goto out;
     if (src_dir && strncmp(dst_file_key, src_key, strlen(src_key)) == 0) {
         err = EINVAL; /* into itself */
         goto out;
@@ -629,11 +648,13 @@ int fs_rename(struct fs *fs, fuse_ino_t parent, const char *name,
     }
 
     enum writer_renamed state = WRITER_RENAMED_UPLOADED;
-    if (err == 0)
-        err = src_dir ? rename_dir(fs, src_key, dst_file_key, dst_dir)
-                      : rename_file(fs, src, src_key, dst_file_key, dst_wfile,
-                                    dst_etag[0] != '\0' || dst_unknown, &held,
-                                    &state);
+    if (src_dir) {
+        moving = false; /* (rename_dir ends the move, whatever happens) */
+        err = rename_dir(fs, &move, dst_dir);
+    } else {
+        err = rename_file(fs, src, src_key, dst_file_key, dst_wfile,
+                          dst_etag[0] != '\0' || dst_unknown, &held, &state);
+    }
     if (err != 0) {
         if (dst_wfile != NULL)
             writer_file_relink(dst_wfile); /* the target stays */
@@ -673,6 +694,13 @@ out:
         writer_file_release(held);
         fs_staged_put(fs, src, &held);
     }
+    if (entered)
+        fs_change_leave(fs, &change);
+    if (moving) {
+        inode_table_lock(fs->inodes);
+        fs_change_leave_move_locked(fs, &move);
+        inode_table_unlock(fs->inodes);
+    }
     if (dst != NULL) {
         fs_staged_put(fs, dst, &dst_wfile);
         fs_maybe_detach(fs, dst);
@@ -683,5 +711,21 @@ out:
     free(src_key);
     free(dst_key);
     free(dst_file_key);
+    return err;
+}
+
+int fs_rename(struct fs *fs, fuse_ino_t parent, const char *name,
+              fuse_ino_t new_parent, const char *new_name, unsigned flags)
+{
+    bool stale = true;
+    int err = 0;
+
+    if (fs->writer == NULL)
+        return EROFS;
+    if (flags & ~(unsigned)RENAME_NOREPLACE)
+        return EINVAL; /* RENAME_EXCHANGE, RENAME_WHITEOUT */
+    while (stale)
+        err = rename_names(fs, parent, name, new_parent, new_name, flags,
+                           fs_change_seen(fs), &stale);
     return err;
 }

@@ -167,13 +167,28 @@ int fs_create_file(struct fs *fs, fuse_ino_t parent, const char *name,
     char *key = NULL;
     int err;
 
+    struct fs_change change;
+    bool entered = false;
+
     memset(entry, 0, sizeof(*entry));
     *out = NULL;
     if (fs->writer == NULL)
         return EROFS;
-    err = fs_child_key(fs, parent, name, false, &key);
-    if (err != 0)
+    err = 0;
+    /* (a directory rename moving the parent: its key is computed again
+     * once it is done, fs_change.c) */
+    while (err == 0 && !entered) {
+        uint64_t seen = fs_change_seen(fs);
+        free(key);
+        key = NULL;
+        err = fs_child_key(fs, parent, name, false, &key);
+        if (err == 0)
+            entered = fs_change_enter(fs, &change, seen, key, NULL);
+    }
+    if (err != 0) {
+        free(key);
         return err;
+    }
     file = calloc(1, sizeof(*file));
     if (file == NULL) {
         err = ENOMEM;
@@ -217,6 +232,7 @@ int fs_create_file(struct fs *fs, fuse_ino_t parent, const char *name,
         fs_forget(fs, inode->ino, 1);
     }
 out:
+    fs_change_leave(fs, &change);
     if (err != 0) {
         free(file);
         file = NULL;
@@ -322,12 +338,24 @@ int fs_mkdir(struct fs *fs, fuse_ino_t parent, const char *name, mode_t mode,
         .mtime = clock_wall_now(),
     };
     struct inode_attrs attrs;
+    struct fs_change change;
+    bool entered = false;
     char *key = NULL;
 
     memset(entry, 0, sizeof(*entry));
     if (fs->writer == NULL)
         return EROFS;
-    int err = fs_child_key(fs, parent, name, true, &key);
+    int err = 0;
+    /* (a directory rename moving the parent: its key is computed again
+     * once it is done, fs_change.c) */
+    while (err == 0 && !entered) {
+        uint64_t seen = fs_change_seen(fs);
+        free(key);
+        key = NULL;
+        err = fs_child_key(fs, parent, name, true, &key);
+        if (err == 0)
+            entered = fs_change_enter(fs, &change, seen, key, NULL);
+    }
     if (err == 0)
         err = fs_put_marker(fs, key, &meta);
     if (err != 0)
@@ -340,19 +368,30 @@ int fs_mkdir(struct fs *fs, fuse_ino_t parent, const char *name, mode_t mode,
     attrs.headers_known = true;
     err = enter_created(fs, key, &attrs, NULL, entry);
 out:
+    if (entered)
+        fs_change_leave(fs, &change);
     free(key);
     return err;
 }
 
-int fs_rmdir(struct fs *fs, fuse_ino_t parent, const char *name)
+/* fs_rmdir() as unlink_name() for fs_unlink(). */
+static int rmdir_name(struct fs *fs, fuse_ino_t parent, const char *name,
+                      uint64_t seen, bool *stale)
 {
     struct inode *inode = NULL;
+    struct fs_change change;
+    bool entered = false;
     char *key = NULL;
 
-    if (fs->writer == NULL)
-        return EROFS;
+    *stale = false;
     int err = fs_find_child(fs, parent, name, true, &inode, &key);
+    if (err == ENOENT)
+        *stale = fs_change_missed(fs, seen, parent);
     if (err != 0)
+        goto out;
+    entered = fs_change_enter(fs, &change, seen, key, NULL);
+    *stale = !entered;
+    if (*stale)
         goto out;
     inode_table_lock(fs->inodes);
     bool is_dir = inode->attrs.kind == INODE_DIR;
@@ -378,9 +417,23 @@ int fs_rmdir(struct fs *fs, fuse_ino_t parent, const char *name)
     fs_patch_parent(fs, key, NULL);
     fs_entry_changed(fs, key);
 out:
+    if (entered)
+        fs_change_leave(fs, &change);
     if (inode != NULL)
         inode_put(fs->inodes, inode);
     free(key);
+    return err;
+}
+
+int fs_rmdir(struct fs *fs, fuse_ino_t parent, const char *name)
+{
+    bool stale = true;
+    int err = 0;
+
+    if (fs->writer == NULL)
+        return EROFS;
+    while (stale)
+        err = rmdir_name(fs, parent, name, fs_change_seen(fs), &stale);
     return err;
 }
 
@@ -418,16 +471,27 @@ void fs_keep_parent_dir(struct fs *fs, const char *key)
     free(parent_key);
 }
 
-int fs_unlink(struct fs *fs, fuse_ino_t parent, const char *name)
+/* fs_unlink() with the key of NAME as the inodes give it now (SEEN:
+ * fs_change_seen() before it was computed). *STALE: a directory rename
+ * moved it meanwhile; nothing was done. */
+static int unlink_name(struct fs *fs, fuse_ino_t parent, const char *name,
+                       uint64_t seen, bool *stale)
 {
     struct writer_file *wfile = NULL;
     struct inode *inode = NULL;
+    struct fs_change change;
+    bool entered = false;
     char *key = NULL;
 
-    if (fs->writer == NULL)
-        return EROFS;
+    *stale = false;
     int err = fs_find_child(fs, parent, name, true, &inode, &key);
+    if (err == ENOENT)
+        *stale = fs_change_missed(fs, seen, parent);
     if (err != 0)
+        goto out;
+    entered = fs_change_enter(fs, &change, seen, key, NULL);
+    *stale = !entered;
+    if (*stale)
         goto out;
     inode_table_lock(fs->inodes);
     bool is_dir = inode->attrs.kind == INODE_DIR && inode->wfile == NULL;
@@ -473,11 +537,25 @@ int fs_unlink(struct fs *fs, fuse_ino_t parent, const char *name)
     fs_entry_changed(fs, key);
     fs_keep_parent_dir(fs, key);
 out:
+    if (entered)
+        fs_change_leave(fs, &change);
     if (wfile != NULL)
         fs_staged_put(fs, inode, &wfile);
     if (inode != NULL)
         inode_put(fs->inodes, inode);
     free(key);
+    return err;
+}
+
+int fs_unlink(struct fs *fs, fuse_ino_t parent, const char *name)
+{
+    bool stale = true;
+    int err = 0;
+
+    if (fs->writer == NULL)
+        return EROFS;
+    while (stale)
+        err = unlink_name(fs, parent, name, fs_change_seen(fs), &stale);
     return err;
 }
 
@@ -490,10 +568,22 @@ static int create_object(struct fs *fs, fuse_ino_t parent, const char *name,
                          struct fs_entry *entry)
 {
     struct s3_put_meta put_meta;
+    struct fs_change change;
+    bool entered = false;
     char *key = NULL;
+    int err = 0;
 
     memset(entry, 0, sizeof(*entry));
-    int err = fs_child_key(fs, parent, name, false, &key);
+    /* (a directory rename moving the parent: its key is computed again
+     * once it is done, fs_change.c) */
+    while (err == 0 && !entered) {
+        uint64_t seen = fs_change_seen(fs);
+        free(key);
+        key = NULL;
+        err = fs_child_key(fs, parent, name, false, &key);
+        if (err == 0)
+            entered = fs_change_enter(fs, &change, seen, key, NULL);
+    }
     fs_put_meta_of(meta, NULL, &put_meta);
     fs_put_meta_extras(attrs, &put_meta);
     if (err == 0)
@@ -505,6 +595,8 @@ static int create_object(struct fs *fs, fuse_ino_t parent, const char *name,
         metacache_put_link(fs->conf.cache, key, attrs->etag, symlink_target);
     err = enter_created(fs, key, attrs, symlink_target, entry);
 out:
+    if (entered)
+        fs_change_leave(fs, &change);
     free(key);
     return err;
 }
@@ -661,6 +753,8 @@ int fs_setattr(struct fs *fs, fuse_ino_t ino, const struct stat *want, int to_se
     struct inode *inode = inode_get(fs->inodes, ino);
     struct writer_file *wfile = NULL;
     struct inode_attrs attrs;
+    struct fs_change change;
+    bool entered = false;
     char *key = NULL;
     int err = 0;
 
@@ -670,11 +764,19 @@ int fs_setattr(struct fs *fs, fuse_ino_t ino, const struct stat *want, int to_se
         err = EROFS;
         goto out;
     }
-    key = inode_key_dup(fs->inodes, inode);
-    if (key == NULL) {
-        err = ENOMEM;
-        goto out;
+    /* (the object is copied onto itself, or the marker written again,
+     * under the key: not while a directory rename moves it, fs_change.c) */
+    while (err == 0 && !entered) {
+        uint64_t seen = fs_change_seen(fs);
+        free(key);
+        key = inode_key_dup(fs->inodes, inode);
+        if (key == NULL)
+            err = ENOMEM;
+        else
+            entered = fs_change_enter(fs, &change, seen, key, NULL);
     }
+    if (err != 0)
+        goto out;
 
     if (to_set & FUSE_SET_ATTR_SIZE) {
         inode_table_lock(fs->inodes);
@@ -783,6 +885,8 @@ int fs_setattr(struct fs *fs, fuse_ino_t ino, const struct stat *want, int to_se
     fs_attrs_to_stat(fs, ino, &attrs, out);
     *timeout = fs->conf.attr_ttl;
 out:
+    if (entered)
+        fs_change_leave(fs, &change);
     fs_staged_put(fs, inode, &wfile);
     fs_maybe_detach(fs, inode);
     inode_put(fs->inodes, inode);

@@ -230,6 +230,60 @@ def test_crash_during_a_rename_over_a_pending_file(server, s3, bucket, proxy,
         f'nor {after} (after it)'
 
 
+def puts_under(prefix):
+    """inject() matcher: every PUT (copies included) of a key under
+    PREFIX."""
+    def match(method, path, query):
+        return method == 'PUT' and f'/{prefix}' in path
+    return match
+
+
+@pytest.mark.parametrize('mode', ['default', 'writeback'])
+def test_checkpoint_replaced_while_its_directory_is_renamed(
+        server, s3, bucket, proxy, mount, mode):
+    """`mv ckpt ckpt.old` (held at the proxy while it copies) while the
+    trainer does os.replace(ckpt/last.tmp, ckpt/last): the kernel sends
+    both (the directory's rename locks only the root). The new checkpoint
+    ends in ckpt.old/last, or the replace fails cleanly; no key comes back
+    under ckpt/. (Before: the file's rename used the keys it took before
+    the directory moved, and put ckpt/last back.)"""
+    options = ['writeback'] if mode == 'writeback' else []
+    mnt = mount(bucket, options=options, endpoint=proxy.endpoint)
+    old, new = payload('old', 60 * KiB), payload('new', 80 * KiB)
+    (mnt.path / 'ckpt').mkdir()
+    write_file(mnt.path / 'ckpt' / 'last', old)
+    write_file(mnt.path / 'ckpt' / 'last.tmp', new)
+    if mode == 'writeback':
+        wait_stat(mnt, 'uploads_pending', lambda v: v == 0)
+    proxy.inject('hold', HOLD_ALL, puts_under('ckpt.old/'))
+    try:
+        moving = start_in_thread(os.rename, mnt.path / 'ckpt',
+                                 mnt.path / 'ckpt.old')
+        wait_for(lambda: proxy.holding >= 1, 10, 'the move of ckpt at the proxy')
+        replacing = start_in_thread(os.replace, mnt.path / 'ckpt' / 'last.tmp',
+                                    mnt.path / 'ckpt' / 'last')
+        # (nothing outside the daemon tells when the replace reached it;
+        # it does within this, and is then held or waiting)
+        time.sleep(0.5)
+    finally:
+        proxy.release()
+    moving.result(timeout=HANG_TIMEOUT)
+    try:
+        replacing.result(timeout=HANG_TIMEOUT)
+        replaced = True
+    except OSError:
+        replaced = False
+    unmount_command(mnt)
+    keys = bucket_keys(s3, bucket)
+    assert not [key for key in keys if key.startswith('ckpt/')], keys
+    if replaced:
+        assert sorted(keys) == ['ckpt.old/', 'ckpt.old/last'], keys
+        assert object_bytes(s3, bucket, 'ckpt.old/last') == new
+    else:
+        assert sorted(keys) == ['ckpt.old/', 'ckpt.old/last',
+                                'ckpt.old/last.tmp'], keys
+
+
 def delete_of(key):
     """inject() matcher: the DELETE of KEY."""
     def match(method, path, query):
