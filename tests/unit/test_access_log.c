@@ -97,7 +97,7 @@ static void test_first_open_of_each_version(void **state)
 {
     struct fixture *f = *state;
     struct access_log *log = open_log(f, "");
-    char expected[512];
+    char expected[6 * sizeof(f->mnt) + 128];
 
     access_log_opened(log, "a.bin", "\"e1\"");
     access_log_opened(log, "d/b.bin", "\"e2\"");
