@@ -198,3 +198,98 @@ def test_a_journal_on_a_full_disk_at_mount(server, s3, bucket, mount,
         again.process = None
         assert_no_crash(again.log())
         assert object_bytes(s3, bucket, 'after.bin') == data
+
+
+def rewrite(path, data, flags=os.O_WRONLY | os.O_TRUNC, chunk=32 * KiB):
+    """Writes DATA over the file PATH from byte 0, CHUNK bytes a write,
+    stopping at the first write that fails, then closes it: (bytes the
+    writes that returned took, the errno of the write that failed or 0,
+    the errno of close() or 0)."""
+    fd = os.open(path, flags)
+    done, write_errno, close_errno = 0, 0, 0
+    try:
+        while done < len(data):
+            done += os.write(fd, data[done:done + chunk])
+    except OSError as error:
+        write_errno = error.errno
+    try:
+        os.close(fd)
+    except OSError as error:
+        close_errno = error.errno
+    return done, write_errno, close_errno
+
+
+def unmount_and_wait(mnt):
+    """`s3cachefs --unmount`: (its exit status and stderr, the daemon's
+    exit status, the daemon's log)."""
+    done = subprocess.run([BINARY, '--unmount', str(mnt.path)],
+                          capture_output=True, text=True, timeout=120)
+    code = mnt.process.wait(timeout=HANG_TIMEOUT)
+    mnt.process = None
+    return done.returncode, done.stderr, code, mnt.log()
+
+
+@pytest.mark.parametrize('room', ['none', 'some', 'again'])
+@pytest.mark.parametrize('kind', ['tmpfs', 'ext4'])
+def test_a_rewrite_that_fails_never_replaces_the_object(server, s3, bucket,
+                                                        mount, tmp_path,
+                                                        kind, room):
+    """-o writeback, cache_min_free=0: ckpt.bin is in the bucket with OLD
+    bytes; the cache disk is filled (room 'none': to its last block;
+    'some': all but the size of the new bytes, part of which the index
+    and journal take), then ckpt.bin is rewritten (O_TRUNC) with NEW
+    bytes: a write or the close fails with ENOSPC. `--unmount` then
+    leaves the bucket with OLD (exit status 1, the log naming the file
+    and the write that failed) or exactly NEW (exit status 0), never
+    anything else. Room 'again': the filler is removed after the failure
+    and the file written again over the same descriptor's bytes (reopened
+    without O_TRUNC): closed without error, it goes up as NEW exactly.
+    Before: the bucket got the part written (0 or 96 KiB of 128 KiB)
+    with exit status 0 when the close had returned 0."""
+    old = payload('old', 128 * KiB)
+    new = payload('new', 128 * KiB)
+    s3.put_object(Bucket=bucket, Key='ckpt.bin', Body=old)
+    with small_fs(kind, tmp_path / 'small') as small:
+        cache = small / 'cache'
+        mnt = mount(bucket, options=['writeback', 'cache_min_free=0'],
+                    cache=cache)
+        wait_serving(mnt)
+        assert os.stat(mnt.path / 'ckpt.bin').st_size == len(old)
+        fill_up(small)
+        filler = small / 'filler'
+        if room != 'none':
+            os.truncate(filler, max(0, filler.stat().st_size - len(new)))
+        outcome, _ = run_within(HANG_TIMEOUT, rewrite, mnt.path / 'ckpt.bin', new)
+        assert not isinstance(outcome, Exception), outcome
+        written, write_errno, close_errno = outcome
+        assert errno.ENOSPC in (write_errno, close_errno), \
+            f'wrote {written} bytes, write errno {write_errno}, close errno ' \
+            f'{close_errno} on a full {kind}\n{mnt.log()[-3000:]}'
+        assert write_errno in (0, errno.ENOSPC), outcome
+        assert mnt.process.poll() is None, f'the daemon died:\n{mnt.log()[-4000:]}'
+        if room == 'again':
+            filler.unlink()
+            outcome, _ = run_within(HANG_TIMEOUT, rewrite, mnt.path / 'ckpt.bin',
+                                    new, os.O_WRONLY)
+            assert outcome == (len(new), 0, 0), \
+                f'{outcome!r} with room again\n{mnt.log()[-3000:]}'
+
+        status, stderr, code, log = unmount_and_wait(mnt)
+        assert_no_crash(log)
+        landed = object_bytes(s3, bucket, 'ckpt.bin')
+        assert sha(landed) in (sha(old), sha(new)), \
+            f'the bucket has {len(landed)} bytes of ckpt.bin, neither the ' \
+            f'old ({len(old)}) nor the new ({len(new)}) after {outcome!r}; ' \
+            f'--unmount exit {status}, daemon exit {code}\n{log[-3000:]}'
+        if room == 'again':
+            assert landed == new, 'the whole rewrite did not go up'
+        if landed == new:
+            assert status == 0 and code == 0, \
+                f'--unmount {status} ({stderr}), daemon {code}\n{log[-3000:]}'
+        else:
+            assert status == 1 and code == 1, \
+                f'--unmount {status} ({stderr}), daemon {code}: the bucket ' \
+                f'kept the old bytes\n{log[-3000:]}'
+            assert re.search(r"'ckpt\.bin' is not uploaded: a write to it "
+                             r"failed \(No space left on device\)", log), \
+                log[-3000:]

@@ -48,7 +48,11 @@
  *     interrupted sync returns at once; two syncs of 100 files at once;
  *   - the pending list (each state, errno and retries) and drop: refused
  *     for a file open or uploading, its journal entry and staging file
- *     gone otherwise, and not recovered after a crash.
+ *     gone otherwise, and not recovered after a crash;
+ *   - a rewrite whose write fails on a full staging directory (a tmpfs of
+ *     its own; root only): close, fsync and sync say so, the drain leaves
+ *     the old object alone, and once the failed bytes are written again
+ *     the new ones go up exactly.
  */
 #ifdef HAVE_CONFIG_H
 #include "config.h"
@@ -69,6 +73,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -117,6 +122,7 @@ struct fixture {
     struct s3_client *s3;
     struct writer *writer;
     unsigned char *scratch;        /* a test's bytes, freed in teardown */
+    bool staging_tmpfs;            /* CACHE/staging is a tmpfs of the test */
 
     /* what the writer's callbacks told (under lock, signalled on told) */
     pthread_mutex_t lock;
@@ -256,6 +262,11 @@ static int teardown(void **state)
         writer_drain(f->writer);
     adopted_put(f);
     writer_destroy(&f->writer);
+    if (f->staging_tmpfs) {
+        char path[128];
+        snprintf(path, sizeof(path), "%s/staging", f->dir);
+        umount2(path, MNT_DETACH);
+    }
     workers_destroy(&f->workers);
     journal_close(&f->journal);
     cache_close(&f->cache);
@@ -1813,6 +1824,107 @@ static void test_pending_list_and_drop(void **state)
     free(reopened_bytes);
 }
 
+/* ----------------------------------------------------- a full staging disk */
+
+/* Put CACHE/staging on a tmpfs of its own mounted with OPTIONS
+ * ("size=64k"; MS_REMOUNT in FLAGS: change the one there), the writer
+ * started again over it when it is new. Whether that could be done (root
+ * only; nothing changed otherwise). */
+static bool staging_tmpfs(struct fixture *f, unsigned long flags,
+                          const char *options)
+{
+    char path[128];
+
+    snprintf(path, sizeof(path), "%s/staging", f->dir);
+    if (flags & MS_REMOUNT)
+        return mount("tmpfs", path, "tmpfs", flags, options) == 0;
+    assert_int_equal(writer_drain(f->writer), 0);
+    writer_destroy(&f->writer);
+    f->staging_tmpfs = mount("tmpfs", path, "tmpfs", flags, options) == 0;
+    writer_start(f);
+    return f->staging_tmpfs;
+}
+
+/*
+ * The object "ckpt" is in the bucket; it is rewritten (a new staged
+ * file, as open(O_TRUNC) makes) on a staging directory that fills up (a
+ * 64 KiB tmpfs): a write fails with ENOSPC. Every write that returned is
+ * in the staging file, but the file is not what was asked for (a write
+ * failed and was not written again): close() and fsync() return ENOSPC,
+ * a sync reports it failed with ENOSPC, the pending list shows it failed
+ * with ENOSPC and nothing promised, and the drain leaves it (1 file
+ * left): no PUT, the bucket keeps the old bytes. With room again, the
+ * failed bytes written again, close() returns 0 and the drain puts the
+ * new bytes exactly. Before: close() returned 0 (and in the default mode
+ * uploaded the part written), and the part written replaced the old
+ * object.
+ */
+static void test_a_failed_write_never_replaces_the_object(void **state)
+{
+    struct fixture *f = *state;
+    const size_t old_len = 48 * KIB, new_len = 256 * KIB, chunk = 16 * KIB;
+    struct writer_sync_report report;
+    struct writer_pending *list = NULL;
+    size_t count = 0, written = 0;
+    uint64_t journal_count = 0;
+    atomic_bool interrupted = false;
+    int err = 0;
+
+    unsigned char *old = pattern(old_len, 80);
+    f->scratch = pattern(new_len, 81);
+    assert_int_equal(fake_s3_put(f->s3, "ckpt", old, old_len, NULL, NULL), 0);
+    if (!staging_tmpfs(f, 0, "size=64k")) {
+        free(old);
+        skip();
+    }
+    struct writer_file *file = file_open(f, "ckpt");
+    while (written < new_len &&
+           (err = writer_file_write(file, written, f->scratch + written,
+                                    chunk)) == 0)
+        written += chunk;
+    assert_int_equal(err, ENOSPC);
+    assert_true(written > 0 && written < new_len);
+    unsigned char *back = malloc(written);
+    size_t got = 0;
+    assert_non_null(back);
+    assert_int_equal(writer_file_read(file, 0, written, back, &got), 0);
+    assert_int_equal(got, written);
+    assert_memory_equal(back, f->scratch, written);
+    free(back);
+
+    assert_int_equal(writer_file_flush(file), ENOSPC);
+    assert_int_equal(writer_file_sync(file), ENOSPC);
+    writer_file_close_writer(file);
+    assert_int_equal(writer_sync(f->writer, &interrupted, &report), 0);
+    assert_int_equal(report.count, 1);
+    assert_int_equal(report.files[0].outcome, WRITER_SYNC_FAILED);
+    assert_int_equal(report.files[0].err, ENOSPC);
+    writer_sync_report_free(&report);
+    assert_int_equal(writer_pending_list(f->writer, &list, &count,
+                                         &journal_count), 0);
+    const struct writer_pending *item = pending_of(list, count, "ckpt");
+    assert_non_null(item);
+    assert_int_equal(item->state, WRITER_PENDING_FAILED);
+    assert_int_equal(item->last_error, ENOSPC);
+    assert_false(item->promised);
+    writer_pending_free(list, count);
+    assert_int_equal(writer_drain(f->writer), 1);
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_PUT, "ckpt")), 0);
+    assert_true(fake_s3_holds(f->s3, "ckpt", old, old_len));
+    assert_true(writer_file_pending(file));
+
+    /* room again: the failed write's bytes written again */
+    assert_true(staging_tmpfs(f, MS_REMOUNT, "size=1m"));
+    writer_file_open_writer(file);
+    file_write(file, written, f->scratch + written, new_len - written, chunk);
+    assert_int_equal(writer_file_flush(file), 0);
+    writer_file_close_writer(file);
+    assert_int_equal(writer_drain(f->writer), 0);
+    assert_true(fake_s3_holds(f->s3, "ckpt", f->scratch, new_len));
+    writer_file_put(&file);
+    free(old);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1876,6 +1988,12 @@ int main(void)
             (void *)&writeback_mode),
         cmocka_unit_test_prestate_setup_teardown(
             test_pending_list_and_drop, setup, teardown,
+            (void *)&writeback_mode),
+        cmocka_unit_test_prestate_setup_teardown(
+            test_a_failed_write_never_replaces_the_object, setup, teardown,
+            (void *)&default_mode),
+        cmocka_unit_test_prestate_setup_teardown(
+            test_a_failed_write_never_replaces_the_object, setup, teardown,
             (void *)&writeback_mode),
     };
     log_set_level(LOG_LEVEL_ERROR);
