@@ -234,8 +234,9 @@ int unmount_main(int argc, char **argv)
     }
     if (left > 0) {
         fprintf(stderr, "s3cachefs: %llu file%s of %s could not be uploaded "
-                "(the daemon's log says which and why); they stay in %s, and "
-                "the next mount on it uploads them\n", (unsigned long long)left,
+                "(the daemon's log says which and why); what its journal "
+                "holds stays in %s, and the next mount on it uploads it\n",
+                (unsigned long long)left,
                 left == 1 ? "" : "s", mountpoint, cache_dir);
         return 1;
     }

@@ -40,6 +40,13 @@
  *   active_writes writes and truncates running outside the lock; a seal
  *                 and a copy wait for them
  *   queued        in the upload queue (the queue holds a reference)
+ *   unwritten_*   a write or truncate that failed (a full disk, a failed
+ *                 fetch of an edit's base) left a range of the file other
+ *                 than what was asked for: until it is written again or
+ *                 cut off, the file's data is neither promised (close()
+ *                 and fsync() return that errno) nor uploaded, but its
+ *                 last promise still is. So a rewrite that fails never
+ *                 puts a short or empty object in place of a good one.
  * A file is pending when gen != uploaded_gen and it is not unlinked. The
  * fs layer keeps a reference while a file is pending.
  *
@@ -317,13 +324,19 @@ int writer_file_write(struct writer_file *file, uint64_t offset, const void *dat
     uint64_t pos = offset;
     size_t left = len;
 
-    if (err != 0)
+    if (err != 0) {
+        /* (nothing of it landed: a version taken meanwhile is whole) */
+        pthread_mutex_lock(&writer->lock);
+        writer_unwritten_add_locked(file, offset, offset + len, err);
+        writer_unlock(writer);
         return err;
+    }
     /* an edit: the base's bytes around the written range first */
     err = writer_make_present(writer, file, offset, len, true);
     if (err != 0) {
         pthread_mutex_lock(&writer->lock);
         writer_settle_covered_locked(writer, file, offset, len, 0);
+        writer_unwritten_add_locked(file, offset, offset + len, err);
         writer_unlock(writer);
         end_change(writer, file, false, 0, false, 0);
         return err;
@@ -351,6 +364,12 @@ int writer_file_write(struct writer_file *file, uint64_t offset, const void *dat
     }
     pthread_mutex_lock(&writer->lock);
     writer_settle_covered_locked(writer, file, offset, len, pos - offset);
+    /* (before end_change: no version is taken with part of a failed
+     * write in it and no mark of it) */
+    if (err != 0)
+        writer_unwritten_add_locked(file, offset, offset + len, err);
+    else
+        writer_unwritten_cover_locked(file, offset, offset + len);
     if (pos > offset && offset <= file->seq_end && pos > file->seq_end)
         file->seq_end = pos;
     struct writebehind *wb = file->wb;
@@ -415,13 +434,28 @@ int writer_file_read(struct writer_file *file, uint64_t offset, size_t len,
     return err;
 }
 
+/* A truncate of FILE to SIZE failed with ERR (lock held, FILE's size
+ * still the old one): the bytes between the two sizes are not as asked. */
+static void truncate_failed_locked(struct writer_file *file, uint64_t size,
+                                   int err)
+{
+    uint64_t low = size < file->size ? size : file->size;
+    uint64_t high = size < file->size ? file->size : size;
+
+    writer_unwritten_add_locked(file, low, high, err);
+}
+
 int writer_file_truncate(struct writer_file *file, uint64_t size)
 {
     struct writer *writer = file->writer;
     int err = begin_change(writer, file, size, size, size);
 
-    if (err != 0)
+    if (err != 0) {
+        pthread_mutex_lock(&writer->lock);
+        truncate_failed_locked(file, size, err);
+        writer_unlock(writer);
         return err;
+    }
     pthread_mutex_lock(&writer->lock);
     if (size < file->base_limit) {
         /* past SIZE the base is gone: zeros if the file grows again; a
@@ -448,6 +482,10 @@ int writer_file_truncate(struct writer_file *file, uint64_t size)
     pthread_mutex_lock(&writer->lock);
     if (err == 0 && size < file->seq_end)
         file->seq_end = size;
+    if (err != 0)
+        truncate_failed_locked(file, size, err);
+    else
+        writer_unwritten_cover_locked(file, size, UINT64_MAX);
     struct writebehind *wb = err == 0 ? file->wb : NULL;
     writer_unlock(writer);
     if (wb != NULL)
@@ -845,11 +883,12 @@ uint64_t writer_drain(struct writer *writer)
         writer_wait(writer, &writer->upload_done);
     /* what is left must be in the journal for the next mount: a promise
      * that could not be written before (a full disk, an I/O error) gets
-     * one more try now */
+     * one more try now; data with bytes a write failed to write is
+     * nobody's to promise */
     for (;;) {
         struct writer_file *file = writer->all;
         while (file != NULL && !(is_pending(file) && !has_promise(file) &&
-                                 !file->drain_tried))
+                                 file->unwritten_err == 0 && !file->drain_tried))
             file = file->all_next;
         if (file == NULL)
             break;
@@ -863,7 +902,16 @@ uint64_t writer_drain(struct writer *writer)
     for (struct writer_file *file = writer->all; file != NULL; file = file->all_next)
         if (is_pending(file)) {
             left++;
-            if (has_promise(file) || file->marked)
+            if (file->unwritten_err != 0)
+                log_error("'%s' is not uploaded: a write to it failed (%s) "
+                          "and its bytes were not written again; %s",
+                          file->key, strerror(file->unwritten_err),
+                          has_promise(file)
+                              ? "the next mount uploads its last closed "
+                                "version"
+                              : "its data is dropped, and the bucket keeps "
+                                "what it had");
+            else if (has_promise(file) || file->marked)
                 log_error("'%s' could not be uploaded; it stays in the cache "
                           "directory and the next mount uploads it", file->key);
             else

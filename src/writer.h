@@ -21,7 +21,14 @@
  *     in the background (backoff from 1 s up to 5 min), by the next sync,
  *     the drain at unmount, or the next mount (writer_recover());
  *   - versions of one file reach the bucket in the order they were written,
- *     and a version that was not closed never replaces one that was.
+ *     and a version that was not closed never replaces one that was;
+ *   - a write or truncate that fails (ENOSPC, EIO, a failed fetch of an
+ *     edit's base) leaves the file's data other than what was asked for:
+ *     until those bytes are written again (or cut off by a truncate), its
+ *     data is neither journaled nor uploaded, flush and sync return that
+ *     errno, and only its last promise, if any, goes up; the drain leaves
+ *     it (counted, logged) and its data goes with the mount. A rewrite
+ *     that fails never puts a short or empty object in place of a good one.
  *   - writer_drain() (unmount) returns once nothing is left to upload, or
  *     what is left has failed again (it stays journaled for the next mount).
  *
@@ -152,7 +159,8 @@ enum writer_sync_outcome {
     WRITER_SYNC_FAILED,       /* an upload of it begun by the sync, or
                                  after it began, failed (err): it stays
                                  pending, journaled, retried in the
-                                 background */
+                                 background; or a write to it failed (err)
+                                 and was not written again: not uploaded */
     WRITER_SYNC_REMOVED,      /* unlinked or dropped meanwhile */
     WRITER_SYNC_NOT_CLOSED,   /* open for writing with nothing closed to
                                  wait for (no promise): not waited for */
@@ -208,7 +216,9 @@ enum writer_pending_state {
                                  backoff */
     WRITER_PENDING_UPLOADING, /* an upload of it is under way */
     WRITER_PENDING_FAILED,    /* its last upload failed (last_error); a
-                                 retry is queued */
+                                 retry is queued. Or a write to it failed
+                                 (last_error) and was not written again:
+                                 not uploaded until it is */
 };
 
 struct writer_pending {
@@ -279,7 +289,9 @@ int writer_file_create_edit(struct writer *writer, const char *key,
 struct writer_file *writer_file_ref(struct writer_file *file);
 void writer_file_put(struct writer_file **file);
 
-/* Write (makes the file dirty, updates mtime). ENOSPC, EIO, EFBIG. */
+/* Write (makes the file dirty, updates mtime). ENOSPC, EIO, EFBIG; on
+ * a failure but EFBIG the file is not uploaded until [OFFSET, OFFSET +
+ * LEN) is written again (see the promise above). */
 int writer_file_write(struct writer_file *file, uint64_t offset, const void *data,
                       size_t len);
 

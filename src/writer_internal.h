@@ -71,6 +71,12 @@ struct writer_file {
     bool drain_tried;             /* the drain tried to journal it */
     bool marked;                  /* its promise is kept beside its staging
                                      file (the journal refused it) */
+    /* a write or truncate of it that failed (writer.c): the bytes of
+     * [unwritten_from, unwritten_to) are not what was asked for, so its
+     * data is neither promised nor uploaded (its promise still is) until
+     * they are written again or cut off; 0: none */
+    int unwritten_err;            /* (W) the failure's errno */
+    uint64_t unwritten_from, unwritten_to; /* (W) non-empty iff an errno */
     unsigned active_writes;
     unsigned open_writers;        /* handles open for writing */
     double due;                   /* upload not before (monotonic) */
@@ -290,6 +296,20 @@ void writer_staging_drop(struct writer *writer, struct staging_file **staging);
  */
 void writer_version_take_locked(struct writer *writer, struct writer_file *file,
                                 bool for_upload, struct version *out);
+
+/* A write or truncate of FILE over [FROM, TO) failed with ERR (lock
+ * held): those bytes are not what was asked for, and FILE's data is not
+ * promised nor uploaded until writer_unwritten_cover_locked() says they
+ * are. Nothing for an empty range or EFBIG (a size refused before
+ * anything was tried). */
+void writer_unwritten_add_locked(struct writer_file *file, uint64_t from,
+                                 uint64_t to, int err);
+
+/* [FROM, TO) of FILE was written as asked (a write; a truncate to FROM
+ * passes TO = UINT64_MAX): what it covers of the unwritten bytes is good
+ * again (lock held). */
+void writer_unwritten_cover_locked(struct writer_file *file, uint64_t from,
+                                   uint64_t to);
 
 /* Queue FILE for a background upload not before DELAY seconds from now
  * (a reference goes with it). Lock held. */

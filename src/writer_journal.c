@@ -325,6 +325,8 @@ void writer_file_put(struct writer_file **filep)
     if (file->all_next != NULL)
         file->all_next->all_prev = file->all_prev;
     bool pending = is_pending(file);
+    /* data with bytes a write failed to write: promised to nobody */
+    bool unwritten = pending && file->unwritten_err != 0;
     /* an entry left by a failed delete, for a file in the bucket */
     bool stale_entry = file->entry != NULL && !pending;
     writer_unlock(writer);
@@ -342,12 +344,16 @@ void writer_file_put(struct writer_file **filep)
     writer_unlock(writer);
 
     if (pending) {
-        /* cannot happen while the fs layer keeps pending files; the data
-         * and its entry stay for the next mount all the same */
-        log_warn("'%s' is not uploaded yet; its staged data is kept", file->key);
+        /* only the fs layer's end (the drain said why); the data and its
+         * entry stay for the next mount, but data that is not what was
+         * written goes */
+        bool keep = !unwritten || entry == data;
+        if (keep)
+            log_warn("'%s' is not uploaded yet; its staged data is kept",
+                     file->key);
         if (entry != NULL && entry != data)
             writer_staging_free(writer, entry, true);
-        writer_staging_free(writer, data, true);
+        writer_staging_free(writer, data, keep);
     } else {
         staging_path(writer->staging, data->id, path, sizeof(path));
         /* the uploaded data becomes the cached version */
@@ -376,8 +382,13 @@ int writer_promise_current(struct writer *writer, struct writer_file *file)
 
     pthread_mutex_lock(&writer->lock);
     writer_version_take_locked(writer, file, false, &v);
+    /* bytes a write failed to write: not what anybody asked for */
+    int err = file->unwritten_err;
+    if (err != 0)
+        end_promising_locked(file, v.staging);
     writer_unlock(writer);
-    int err = writer_promise(writer, file, &v, NULL);
+    if (err == 0)
+        err = writer_promise(writer, file, &v, NULL);
     writer_staging_drop(writer, &v.staging);
     return err;
 }

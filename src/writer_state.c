@@ -88,6 +88,36 @@ void writer_version_take_locked(struct writer *writer, struct writer_file *file,
         begin_promising_locked(out->staging, file->size);
 }
 
+/* ------------------------------------------------- bytes not written */
+
+void writer_unwritten_add_locked(struct writer_file *file, uint64_t from,
+                                 uint64_t to, int err)
+{
+    if (to <= from || err == EFBIG)
+        return;
+    if (file->unwritten_err == 0 || from < file->unwritten_from)
+        file->unwritten_from = from;
+    if (file->unwritten_err == 0 || to > file->unwritten_to)
+        file->unwritten_to = to;
+    file->unwritten_err = err;
+}
+
+void writer_unwritten_cover_locked(struct writer_file *file, uint64_t from,
+                                   uint64_t to)
+{
+    if (file->unwritten_err == 0 || to <= from)
+        return;
+    /* (one range: a write in its middle leaves all of it unwritten) */
+    if (from <= file->unwritten_from && to >= file->unwritten_to)
+        file->unwritten_err = 0;
+    else if (from <= file->unwritten_from && to > file->unwritten_from)
+        file->unwritten_from = to;
+    else if (from < file->unwritten_to && to >= file->unwritten_to)
+        file->unwritten_to = from;
+    if (file->unwritten_err == 0)
+        file->unwritten_from = file->unwritten_to = 0;
+}
+
 /* ------------------------------------------------------------- queue */
 
 /* Queue FILE for a background upload not before DELAY seconds from now
@@ -251,6 +281,8 @@ void writer_check_invariants_locked(const struct writer *writer)
         INVARIANT(!file->unlinked || (!file->queued && file->wb == NULL),
                   file->key);
         INVARIANT(file->missing <= file->granules, file->key);
+        INVARIANT((file->unwritten_err != 0) ==
+                      (file->unwritten_to > file->unwritten_from), file->key);
         if (file->queued)
             queued++;
     }

@@ -327,7 +327,8 @@ int writer_pending_list(struct writer *writer, struct writer_pending **list,
             .key = strdup(file->key),
             .owner = file->owner,
             .state = file->sending != NULL ? WRITER_PENDING_UPLOADING
-                     : file->failed        ? WRITER_PENDING_FAILED
+                     : file->failed || file->unwritten_err != 0
+                                           ? WRITER_PENDING_FAILED
                      : open && !promised   ? WRITER_PENDING_OPEN
                                            : WRITER_PENDING_WAITING,
             .size = file->size,
@@ -337,7 +338,9 @@ int writer_pending_list(struct writer *writer, struct writer_pending **list,
             .staging_id = promised ? file->entry->id : file->data->id,
             .closed_at = file->closed_at,
             .retries = file->retries,
-            .last_error = file->failed ? file->last_error : 0,
+            .last_error = file->unwritten_err != 0 ? file->unwritten_err
+                          : file->failed               ? file->last_error
+                                                       : 0,
         };
         if (item->key == NULL)
             err = ENOMEM;

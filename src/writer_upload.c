@@ -150,14 +150,22 @@ int writer_upload_version(struct writer *writer, struct writer_file *file,
     int err;
 
     pthread_mutex_lock(&writer->lock);
-    while (file->held || file->sending != NULL)
+    /* (writes under way end first: one that fails leaves the data not
+     * to be sent) */
+    while (file->held || file->sending != NULL ||
+           (!promised_only && (file->active_writes > 0 || file->copying)))
         writer_wait(writer, &writer->file_idle);
+    /* bytes a write failed to write: only the promise may go */
+    int unwritten = is_pending(file) ? file->unwritten_err : 0;
+    if (unwritten != 0)
+        promised_only = true;
     if (!is_pending(file) || (promised_only && !has_promise(file))) {
-        err = file->unlinked || !file->failed || !is_pending(file)
+        err = unwritten != 0 ? unwritten
+              : file->unlinked || !file->failed || !is_pending(file)
                   ? 0 : file->last_error;
         /* an attempt that had nothing to send (a sync counts them) */
         file->attempts++;
-        file->attempt_err = 0;
+        file->attempt_err = unwritten;
         writer_sync_touch_locked(writer, file);
         pthread_cond_broadcast(&writer->file_idle);
         writer_unlock(writer);
@@ -269,11 +277,13 @@ int writer_upload_version(struct writer *writer, struct writer_file *file,
     pthread_mutex_lock(&writer->lock);
     file->sending = NULL;
     v.staging->upload_seal = 0;
+    if (err != 0)
+        writer_schedule_retry_locked(writer, file);
+    else if (unwritten != 0 && is_pending(file))
+        err = unwritten; /* its promise went, not its data */
     file->attempts++;
     file->attempt_err = err;
     writer_sync_touch_locked(writer, file);
-    if (err != 0)
-        writer_schedule_retry_locked(writer, file);
     pthread_cond_broadcast(&writer->file_idle);
     writer_unlock(writer);
     writer_staging_drop(writer, &v.staging);

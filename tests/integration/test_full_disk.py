@@ -80,7 +80,8 @@ def wait_serving(mnt):
 
 def write_until_full(mnt):
     """Writes and closes FILE_SIZE files until one fails: (the files
-    closed, name -> bytes; the failure: stage and OSError)."""
+    closed, name -> bytes; the failure: name, stage ('open', 'write' or
+    'close': the first call that failed) and OSError)."""
     closed = {}
     for i in range(MAX_FILES):
         name = f'f{i:03d}.bin'
@@ -89,16 +90,23 @@ def write_until_full(mnt):
         try:
             fd = os.open(mnt.path / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
                          0o644)
-            try:
-                stage = 'write'
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view):]
-            finally:
-                stage = 'close'
-                os.close(fd)
         except OSError as error:
             return closed, (name, stage, error)
+        failure = None
+        try:
+            stage = 'write'
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            stage = 'close'
+        except OSError as error:
+            failure = error
+        try:
+            os.close(fd)
+        except OSError as error:
+            failure = failure or error
+        if failure is not None:
+            return closed, (name, stage, failure)
         closed[name] = data
     return closed, None
 
@@ -106,6 +114,35 @@ def write_until_full(mnt):
 def assert_no_crash(log):
     for marker in CRASH_MARKERS:
         assert marker not in log, f'{marker!r} in the daemon log:\n{log[-4000:]}'
+
+
+def rewrite(path, data, flags=os.O_WRONLY | os.O_TRUNC, chunk=32 * KiB):
+    """Writes DATA over the file PATH from byte 0, CHUNK bytes a write,
+    stopping at the first write that fails, then closes it: (bytes the
+    writes that returned took, the errno of the write that failed or 0,
+    the errno of close() or 0)."""
+    fd = os.open(path, flags)
+    done, write_errno, close_errno = 0, 0, 0
+    try:
+        while done < len(data):
+            done += os.write(fd, data[done:done + chunk])
+    except OSError as error:
+        write_errno = error.errno
+    try:
+        os.close(fd)
+    except OSError as error:
+        close_errno = error.errno
+    return done, write_errno, close_errno
+
+
+def unmount_and_wait(mnt):
+    """`s3cachefs --unmount`: (its exit status and stderr, the daemon's
+    exit status, the daemon's log)."""
+    done = subprocess.run([BINARY, '--unmount', str(mnt.path)],
+                          capture_output=True, text=True, timeout=120)
+    code = mnt.process.wait(timeout=HANG_TIMEOUT)
+    mnt.process = None
+    return done.returncode, done.stderr, code, mnt.log()
 
 
 @pytest.mark.parametrize('min_free', ['default', '0'])
@@ -117,10 +154,12 @@ def test_writes_until_the_cache_disk_is_full(server, s3, bucket, mount,
     until one fails. It fails with ENOSPC, some closed before it (before:
     on the 1 MiB tmpfs the first write failed already, each write asking
     for 8 MiB of room), the mount still answers and its daemon lives, the
-    log names the full directory once, `--unmount` exits 0 and every file
-    closed is in the bucket byte for byte. With cache_min_free=0 the disk
-    fills up to its last block, so the staging files, the journal and the
-    index meet it themselves."""
+    log names the full directory once, and every file closed is in the
+    bucket byte for byte. The file whose write failed is not uploaded
+    short: `--unmount` exits 1 and the log names it (a close that failed
+    after whole writes: it goes up whole, exit 0). With cache_min_free=0
+    the disk fills up to its last block, so the staging files, the
+    journal and the index meet it themselves."""
     options = ['writeback']
     if min_free != 'default':
         options.append(f'cache_min_free={min_free}')
@@ -148,19 +187,26 @@ def test_writes_until_the_cache_disk_is_full(server, s3, bucket, mount,
         assert all(path.startswith(str(cache)) for path in full), full
         assert len(full) == len(set(full)), f'said more than once: {full}'
 
-        done = subprocess.run([BINARY, '--unmount', str(mnt.path)],
-                              capture_output=True, text=True, timeout=120)
-        code = mnt.process.wait(timeout=HANG_TIMEOUT)
-        mnt.process = None
-        log = mnt.log()
+        status, stderr, code, log = unmount_and_wait(mnt)
         assert_no_crash(log)
-        assert code == 0 and done.returncode == 0, \
-            f'--unmount {done.returncode} ({done.stderr}), daemon {code}:\n' \
-            f'{log[-4000:]}'
         keys = bucket_keys(s3, bucket)
         for key, data in closed.items():
             assert key in keys, f'{key} (closed) is not in the bucket'
             assert sha(object_bytes(s3, bucket, key)) == sha(data), key
+        if stage == 'write':
+            assert name not in keys, \
+                f'{name}, whose write failed, is in the bucket ' \
+                f'({len(object_bytes(s3, bucket, name))} bytes)'
+            assert status == 1 and code == 1, \
+                f'--unmount {status} ({stderr}), daemon {code}:\n{log[-4000:]}'
+            assert f"'{name}' is not uploaded: a write to it failed" in log, \
+                log[-3000:]
+        else:
+            assert status == 0 and code == 0, \
+                f'--unmount {status} ({stderr}), daemon {code}:\n{log[-4000:]}'
+            assert name not in keys or \
+                sha(object_bytes(s3, bucket, name)) == sha(payload(name, FILE_SIZE)), \
+                f'{name}, whose {stage} failed, is in the bucket short'
 
 
 @pytest.mark.parametrize('kind', ['tmpfs', 'ext4'])
@@ -198,35 +244,6 @@ def test_a_journal_on_a_full_disk_at_mount(server, s3, bucket, mount,
         again.process = None
         assert_no_crash(again.log())
         assert object_bytes(s3, bucket, 'after.bin') == data
-
-
-def rewrite(path, data, flags=os.O_WRONLY | os.O_TRUNC, chunk=32 * KiB):
-    """Writes DATA over the file PATH from byte 0, CHUNK bytes a write,
-    stopping at the first write that fails, then closes it: (bytes the
-    writes that returned took, the errno of the write that failed or 0,
-    the errno of close() or 0)."""
-    fd = os.open(path, flags)
-    done, write_errno, close_errno = 0, 0, 0
-    try:
-        while done < len(data):
-            done += os.write(fd, data[done:done + chunk])
-    except OSError as error:
-        write_errno = error.errno
-    try:
-        os.close(fd)
-    except OSError as error:
-        close_errno = error.errno
-    return done, write_errno, close_errno
-
-
-def unmount_and_wait(mnt):
-    """`s3cachefs --unmount`: (its exit status and stderr, the daemon's
-    exit status, the daemon's log)."""
-    done = subprocess.run([BINARY, '--unmount', str(mnt.path)],
-                          capture_output=True, text=True, timeout=120)
-    code = mnt.process.wait(timeout=HANG_TIMEOUT)
-    mnt.process = None
-    return done.returncode, done.stderr, code, mnt.log()
 
 
 @pytest.mark.parametrize('room', ['none', 'some', 'again'])
