@@ -1925,6 +1925,60 @@ static void test_a_failed_write_never_replaces_the_object(void **state)
     free(old);
 }
 
+/* fsync(2) of staging files fails while FSYNC_FAILURES > 0 (each failure
+ * counts down): -Wl,--wrap=fsync, for the calls of the library. */
+static atomic_int fsync_failures;
+
+int __real_fsync(int fd);
+int __wrap_fsync(int fd);
+
+int __wrap_fsync(int fd)
+{
+    int left = atomic_load(&fsync_failures);
+    while (left > 0 && !atomic_compare_exchange_weak(&fsync_failures, &left,
+                                                     left - 1))
+        ;
+    if (left > 0) {
+        errno = EIO;
+        return -1;
+    }
+    return __real_fsync(fd);
+}
+
+/* Writeback: the fsync of a staging file at close fails (on ext4, a
+ * delayed allocation that finds no room drops the pages it could not
+ * write): close() says so, and what the file holds is not uploaded over
+ * the object (it may be zeros now), until it is written again.
+ * (Before: the uploaders sent it all the same.) */
+static void test_a_failed_staging_fsync_is_not_uploaded(void **state)
+{
+    struct fixture *f = *state;
+    const size_t len = 40 * KIB;
+    unsigned char *old = pattern(len, 82);
+
+    f->scratch = pattern(len, 83);
+    assert_int_equal(fake_s3_put(f->s3, "ckpt", old, len, NULL, NULL), 0);
+    struct writer_file *file = file_open(f, "ckpt");
+    file_write(file, 0, f->scratch, len, 0);
+    atomic_store(&fsync_failures, 1);
+    assert_int_equal(writer_file_flush(file), EIO);
+    atomic_store(&fsync_failures, 0);
+    writer_file_close_writer(file);
+    assert_int_equal(writer_drain(f->writer), 1);
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_PUT, "ckpt")), 0);
+    assert_true(fake_s3_holds(f->s3, "ckpt", old, len));
+
+    /* written again: it goes up as written */
+    writer_file_open_writer(file);
+    file_write(file, 0, f->scratch, len, 0);
+    assert_int_equal(writer_file_flush(file), 0);
+    writer_file_close_writer(file);
+    assert_int_equal(writer_drain(f->writer), 0);
+    assert_true(fake_s3_holds(f->s3, "ckpt", f->scratch, len));
+    writer_file_put(&file);
+    free(old);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1994,6 +2048,9 @@ int main(void)
             (void *)&default_mode),
         cmocka_unit_test_prestate_setup_teardown(
             test_a_failed_write_never_replaces_the_object, setup, teardown,
+            (void *)&writeback_mode),
+        cmocka_unit_test_prestate_setup_teardown(
+            test_a_failed_staging_fsync_is_not_uploaded, setup, teardown,
             (void *)&writeback_mode),
     };
     log_set_level(LOG_LEVEL_ERROR);
