@@ -108,8 +108,17 @@ int writer_promise(struct writer *writer, struct writer_file *file,
     if (!done && (key == NULL || (upload_id != NULL && id_copy == NULL)))
         err = ENOMEM;
     /* (a newer promise's data was made durable when it was written) */
-    if (!done && !newer && err == 0)
+    if (!done && !newer && err == 0) {
         err = staging_sync(writer->staging, v->staging->fd, key);
+        /* what a failed fsync could not write may read back as zeros
+         * (ext4 drops such pages): not promised, nor uploaded, until it
+         * is written again */
+        if (err != 0) {
+            pthread_mutex_lock(&writer->lock);
+            writer_unwritten_add_locked(file, 0, v->size, err);
+            writer_unlock(writer);
+        }
+    }
     if (!done && err == 0) {
         writer_entry_of(promised.staging->id, key, promised.size,
                         &promised.meta, id_copy, false, &entry);
