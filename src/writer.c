@@ -864,6 +864,7 @@ void writer_get_stats(struct writer *writer, struct writer_stats *out)
     out->syncs_waiting = 0;
     for (struct sync_waiter *w = writer->sync_waiters; w != NULL; w = w->next)
         out->syncs_waiting++;
+    out->uploads_running = writer->running;
     writer_unlock(writer);
     /* (the markers' lock is a leaf, not taken under the writer's) */
     out->uploads_pending += writer_markers_count(writer->markers);

@@ -107,6 +107,8 @@ struct writer_stats {
     uint64_t upload_retries;      /* of which tried again in the background */
     uint64_t copies_on_write;     /* staged data copied before a change */
     uint64_t syncs_waiting;       /* writer_sync() calls under way now */
+    uint64_t uploads_running;     /* files the uploader threads took from
+                                     the queue and send now */
 };
 
 struct writer;

@@ -1925,6 +1925,83 @@ static void test_a_failed_write_never_replaces_the_object(void **state)
     free(old);
 }
 
+/* Wait until COUNT files are taken by the uploader threads. */
+static void wait_running(struct fixture *f, unsigned count)
+{
+    time_t deadline = time(NULL) + WAIT_SECONDS;
+    struct writer_stats stats;
+
+    for (;;) {
+        writer_get_stats(f->writer, &stats);
+        if (stats.uploads_running >= count)
+            return;
+        if (time(NULL) > deadline)
+            fail_msg("%u uploads running, not %u", (unsigned)stats.uploads_running,
+                     count);
+        struct timespec pause = {0, 1000000};
+        nanosleep(&pause, NULL);
+    }
+}
+
+/* Wait until no uploader thread sends a file. */
+static void wait_idle_uploaders(struct fixture *f)
+{
+    time_t deadline = time(NULL) + WAIT_SECONDS;
+    struct writer_stats stats;
+
+    for (;;) {
+        writer_get_stats(f->writer, &stats);
+        if (stats.uploads_running == 0)
+            return;
+        if (time(NULL) > deadline)
+            fail_msg("%u uploads still running", (unsigned)stats.uploads_running);
+        struct timespec pause = {0, 1000000};
+        nanosleep(&pause, NULL);
+    }
+}
+
+/* Writeback: v1 closed and its upload held; v2 closed, taken by the other
+ * uploader, which waits for v1's; then the file is opened and written
+ * again (v3, not closed). When v1's upload ends, the other uploader sends
+ * nothing (the file is open for writing: its last close queues it), and
+ * v2 stays promised; the close of v3 sends v3. (Before: it had decided
+ * the file was not open before it waited, and sent what it held after:
+ * v3, never closed.) */
+static void test_an_upload_taken_before_an_open_sends_what_was_closed(void **state)
+{
+    struct fixture *f = *state;
+    const size_t len = 20 * KIB;
+    unsigned char *v1 = pattern(len, 84), *v2 = pattern(len, 85);
+    unsigned rule = 0;
+
+    f->scratch = pattern(len, 86);
+    assert_int_equal(fake_s3_hold(f->s3, ON(FAKE_S3_PUT, "k"), &rule), 0);
+    struct writer_file *file = file_open(f, "k");
+    file_write(file, 0, v1, len, 0);
+    assert_int_equal(writer_file_flush(file), 0);
+    writer_file_close_writer(file);
+    assert_int_equal(fake_s3_wait_held(f->s3, rule, 1), 0);
+    writer_file_open_writer(file);
+    file_write(file, 0, v2, len, 0);
+    assert_int_equal(writer_file_flush(file), 0);
+    writer_file_close_writer(file);
+    wait_running(f, 2);
+    writer_file_open_writer(file);
+    file_write(file, 0, f->scratch, len, 0); /* v3: written, not closed */
+    fake_s3_hold_clear(f->s3, rule);
+    assert_int_equal(wait_uploads(f, 1), 0);
+    wait_idle_uploaders(f);
+    assert_true(fake_s3_holds(f->s3, "k", v1, len));
+    assert_int_equal(fake_s3_count(f->s3, ON(FAKE_S3_PUT, "k")), 1);
+    assert_int_equal(writer_file_flush(file), 0);
+    writer_file_close_writer(file);
+    assert_int_equal(writer_drain(f->writer), 0);
+    assert_true(fake_s3_holds(f->s3, "k", f->scratch, len));
+    writer_file_put(&file);
+    free(v1);
+    free(v2);
+}
+
 /* fsync(2) of staging files fails while FSYNC_FAILURES > 0 (each failure
  * counts down): -Wl,--wrap=fsync, for the calls of the library. */
 static atomic_int fsync_failures;
@@ -2052,6 +2129,9 @@ int main(void)
         cmocka_unit_test_prestate_setup_teardown(
             test_a_failed_staging_fsync_is_not_uploaded, setup, teardown,
             (void *)&writeback_mode),
+        cmocka_unit_test_prestate_setup_teardown(
+            test_an_upload_taken_before_an_open_sends_what_was_closed, setup,
+            teardown, (void *)&writeback_mode),
     };
     log_set_level(LOG_LEVEL_ERROR);
     return cmocka_run_group_tests(tests, NULL, NULL);
