@@ -531,7 +531,7 @@ int writer_file_flush(struct writer_file *file)
         file->closed_at = clock_wall_now(); /* its age in `s3cachefs pending` */
     if (!writer->conf.writeback) {
         writer_unlock(writer);
-        return writer_upload_version(writer, file, false);
+        return writer_upload_version(writer, file, WRITER_UPLOAD_CURRENT);
     }
     while (file->held)
         writer_wait(writer, &writer->file_idle);
@@ -554,7 +554,7 @@ int writer_file_flush(struct writer_file *file)
 
 int writer_file_sync(struct writer_file *file)
 {
-    return writer_upload_version(file->writer, file, false);
+    return writer_upload_version(file->writer, file, WRITER_UPLOAD_CURRENT);
 }
 
 void writer_file_open_writer(struct writer_file *file)

@@ -461,17 +461,27 @@ unsigned writer_abort_orphans(struct writer *writer);
 
 /* ----------------------------------------------------- writer_upload.c */
 
+/* Which version of a file an upload sends. */
+enum writer_upload_what {
+    WRITER_UPLOAD_CURRENT,        /* what it holds now (a close, an fsync) */
+    WRITER_UPLOAD_PROMISED,       /* what its journal entry promises */
+    /* a background upload: what it holds, or only its promise if it is
+     * open for writing by the time the version is taken (what is written
+     * and not closed is not sent; in writeback mode nothing is, unless a
+     * sync waits for it: its last close queues it again) */
+    WRITER_UPLOAD_CLOSED,
+};
+
 /*
- * Upload a version of FILE in this thread: the current one, or with
- * PROMISED_ONLY the one its journal entry promises (a background retry
- * while the file is open for writing: what is written and not closed is
- * not sent). Waits for an upload of the file under way first. Returns 0
- * when that version (or a later one) is in the bucket, or when there is
- * nothing to send; else the upload's errno (the file stays pending,
- * journaled, and is tried again in the background).
+ * Upload a version of FILE in this thread, as WHAT says. Waits for an
+ * upload of the file under way first (and, unless only its promise is
+ * to go, for writes under way). Returns 0 when that version (or a later
+ * one) is in the bucket, or when there is nothing to send; else the
+ * upload's errno (the file stays pending, journaled, and is tried again
+ * in the background).
  */
 int writer_upload_version(struct writer *writer, struct writer_file *file,
-                          bool promised_only);
+                          enum writer_upload_what what);
 
 void *writer_uploader_main(void *arg);
 

@@ -139,8 +139,9 @@ static int finish_writebehind(struct writer *writer, struct writebehind **wbp,
 }
 
 int writer_upload_version(struct writer *writer, struct writer_file *file,
-                          bool promised_only)
+                          enum writer_upload_what what)
 {
+    bool promised_only = what == WRITER_UPLOAD_PROMISED;
     struct version v;
     struct s3_put_meta put_meta;
     char etag[S3_ETAG_MAX] = "";
@@ -155,6 +156,17 @@ int writer_upload_version(struct writer *writer, struct writer_file *file,
     while (file->held || file->sending != NULL ||
            (!promised_only && (file->active_writes > 0 || file->copying)))
         writer_wait(writer, &writer->file_idle);
+    /* a background upload: what may go is what the file is now, after the
+     * wait (opened and written meanwhile, its bytes were not closed) */
+    if (what == WRITER_UPLOAD_CLOSED) {
+        bool writing = file->open_writers > 0 && !writer->draining;
+        if (writing && writer->conf.writeback && file->sync_wanted == 0) {
+            /* (its last close queues it again) */
+            writer_unlock(writer);
+            return 0;
+        }
+        promised_only = writing;
+    }
     /* bytes a write failed to write: only the promise may go */
     int unwritten = is_pending(file) ? file->unwritten_err : 0;
     if (unwritten != 0)
@@ -338,7 +350,7 @@ void *writer_uploader_main(void *arg)
         writer_unlock(writer);
 
         if (!skip)
-            writer_upload_version(writer, file, writing);
+            writer_upload_version(writer, file, WRITER_UPLOAD_CLOSED);
         writer_file_put(&file);
 
         pthread_mutex_lock(&writer->lock);
