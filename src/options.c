@@ -626,6 +626,11 @@ int options_parse(int argc, char **argv, struct options *out, char *errbuf,
         err = EINVAL;
         goto out;
     }
+    if (out->cache_dir != NULL && out->cache_dir[0] == '\0') {
+        set_error(&state, "%s", "option 'cache=': expected a directory");
+        err = EINVAL;
+        goto out;
+    }
     err = normalize_prefix(&out->prefix);
     if (err == EINVAL)
         set_error(&state, "invalid prefix '%s': it has an empty, '.' or '..' component", out->prefix);

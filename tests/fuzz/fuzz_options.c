@@ -82,7 +82,8 @@ static void check_options(const struct options *o)
     CHECK(o->bucket != NULL && bucket_ok(o->bucket));
     CHECK(o->prefix != NULL && prefix_ok(o->prefix));
     CHECK(o->mountpoint != NULL);
-    CHECK(o->cache_dir != NULL);
+    /* (NULL: not given; main.c chooses one per endpoint and bucket) */
+    CHECK(o->cache_dir == NULL || o->cache_dir[0] != '\0');
     CHECK(!o->debug || o->foreground);
     CHECK(o->file_mode <= 07777 && o->dir_mode <= 07777);
     CHECK(isfinite(o->attr_ttl) && o->attr_ttl >= 0 &&

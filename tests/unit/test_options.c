@@ -349,6 +349,7 @@ static const struct opt_case opt_cases[] = {
     OK_U("uid 0", "uid=0", F_UID, 0),
     OK_U("uid 1000", "uid=1000", F_UID, 1000),
     OK_U("uid 4294967294", "uid=4294967294", F_UID, 4294967294ull),
+    BAD("empty cache directory", "cache="),
     BAD("uid -1 (the 'no change' id)", "uid=4294967295"),
     BAD("uid over 32 bits", "uid=4294967296"),
     BAD("uid negative", "uid=-1"),
