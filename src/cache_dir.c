@@ -33,6 +33,7 @@
 
 #include "log.h"
 #include "sigbus.h"
+#include "text.h"
 
 /* ------------------------------------------------------------- emptying */
 
@@ -239,17 +240,6 @@ static bool escape_value(const char *value, char *out, size_t cap, size_t *len)
     return true;
 }
 
-static int hex_digit(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    return -1;
-}
-
 /* The value of the line "NAME VALUE" (VALUE unescaped) at *CURSOR, which
  * moves past the line. NULL (EPROTO) when the line is not that. */
 static char *read_value(const char **cursor, const char *name, int *err)
@@ -270,8 +260,8 @@ static char *read_value(const char **cursor, const char *name, int *err)
     }
     for (const char *p = value; p < end; p++) {
         if (*p == '%') {
-            int high = p + 2 < end ? hex_digit(p[1]) : -1;
-            int low = p + 2 < end ? hex_digit(p[2]) : -1;
+            int high = p + 2 < end ? text_hex_digit(p[1]) : -1;
+            int low = p + 2 < end ? text_hex_digit(p[2]) : -1;
             if (high < 0 || low < 0 || (high == 0 && low == 0))
                 goto bad;
             out[n++] = (char)(high * 16 + low);

@@ -91,6 +91,48 @@ int fs_child_key(struct fs *fs, fuse_ino_t parent_ino, const char *name,
     return err;
 }
 
+/* The key of NAME in PARENT (as fs_child_key()) computed and entered as
+ * a change (fs_change_enter()): computed again after a directory rename
+ * that moved it. 0 with *KEY (malloc'd) and CHANGE to leave, or
+ * fs_child_key()'s errno. */
+static int enter_child_key(struct fs *fs, fuse_ino_t parent, const char *name,
+                           bool dir, struct fs_change *change, char **key)
+{
+    bool entered = false;
+    int err = 0;
+
+    *key = NULL;
+    while (err == 0 && !entered) {
+        uint64_t seen = fs_change_seen(fs);
+        free(*key);
+        *key = NULL;
+        err = fs_child_key(fs, parent, name, dir, key);
+        if (err == 0)
+            entered = fs_change_enter(fs, change, seen, *key, NULL);
+    }
+    return err;
+}
+
+/* A change of NAME in PARENT whose keys the inodes give when it starts
+ * (SEEN: fs_change_seen() before): *STALE when a directory rename moved
+ * them meanwhile (nothing was done). */
+typedef int (*name_change_fn)(struct fs *fs, fuse_ino_t parent,
+                              const char *name, uint64_t seen, bool *stale);
+
+/* CHANGE of NAME in PARENT, done again while it finds its keys stale. */
+static int change_name(struct fs *fs, fuse_ino_t parent, const char *name,
+                       name_change_fn change)
+{
+    bool stale = true;
+    int err = 0;
+
+    if (fs->writer == NULL)
+        return EROFS;
+    while (stale)
+        err = change(fs, parent, name, fs_change_seen(fs), &stale);
+    return err;
+}
+
 /* Whether a file under PREFIX waits for its upload. */
 static bool is_staged_pending_under(struct fs *fs, const char *prefix)
 {
@@ -164,31 +206,17 @@ int fs_create_file(struct fs *fs, fuse_ino_t parent, const char *name,
     };
     struct fs_file *file = NULL;
     struct inode *inode = NULL;
+    struct fs_change change;
     char *key = NULL;
     int err;
-
-    struct fs_change change;
-    bool entered = false;
 
     memset(entry, 0, sizeof(*entry));
     *out = NULL;
     if (fs->writer == NULL)
         return EROFS;
-    err = 0;
-    /* (a directory rename moving the parent: its key is computed again
-     * once it is done, fs_change.c) */
-    while (err == 0 && !entered) {
-        uint64_t seen = fs_change_seen(fs);
-        free(key);
-        key = NULL;
-        err = fs_child_key(fs, parent, name, false, &key);
-        if (err == 0)
-            entered = fs_change_enter(fs, &change, seen, key, NULL);
-    }
-    if (err != 0) {
-        free(key);
+    err = enter_child_key(fs, parent, name, false, &change, &key);
+    if (err != 0)
         return err;
-    }
     file = calloc(1, sizeof(*file));
     if (file == NULL) {
         err = ENOMEM;
@@ -345,17 +373,8 @@ int fs_mkdir(struct fs *fs, fuse_ino_t parent, const char *name, mode_t mode,
     memset(entry, 0, sizeof(*entry));
     if (fs->writer == NULL)
         return EROFS;
-    int err = 0;
-    /* (a directory rename moving the parent: its key is computed again
-     * once it is done, fs_change.c) */
-    while (err == 0 && !entered) {
-        uint64_t seen = fs_change_seen(fs);
-        free(key);
-        key = NULL;
-        err = fs_child_key(fs, parent, name, true, &key);
-        if (err == 0)
-            entered = fs_change_enter(fs, &change, seen, key, NULL);
-    }
+    int err = enter_child_key(fs, parent, name, true, &change, &key);
+    entered = err == 0;
     if (err == 0)
         err = fs_put_marker(fs, key, &meta);
     if (err != 0)
@@ -427,14 +446,7 @@ out:
 
 int fs_rmdir(struct fs *fs, fuse_ino_t parent, const char *name)
 {
-    bool stale = true;
-    int err = 0;
-
-    if (fs->writer == NULL)
-        return EROFS;
-    while (stale)
-        err = rmdir_name(fs, parent, name, fs_change_seen(fs), &stale);
-    return err;
+    return change_name(fs, parent, name, rmdir_name);
 }
 
 /* ------------------------------------------------------ unlink, symlink */
@@ -549,14 +561,7 @@ out:
 
 int fs_unlink(struct fs *fs, fuse_ino_t parent, const char *name)
 {
-    bool stale = true;
-    int err = 0;
-
-    if (fs->writer == NULL)
-        return EROFS;
-    while (stale)
-        err = unlink_name(fs, parent, name, fs_change_seen(fs), &stale);
-    return err;
+    return change_name(fs, parent, name, unlink_name);
 }
 
 /* Create NAME in PARENT as one object (BODY, with the s3fs headers of
@@ -569,21 +574,11 @@ static int create_object(struct fs *fs, fuse_ino_t parent, const char *name,
 {
     struct s3_put_meta put_meta;
     struct fs_change change;
-    bool entered = false;
     char *key = NULL;
-    int err = 0;
 
     memset(entry, 0, sizeof(*entry));
-    /* (a directory rename moving the parent: its key is computed again
-     * once it is done, fs_change.c) */
-    while (err == 0 && !entered) {
-        uint64_t seen = fs_change_seen(fs);
-        free(key);
-        key = NULL;
-        err = fs_child_key(fs, parent, name, false, &key);
-        if (err == 0)
-            entered = fs_change_enter(fs, &change, seen, key, NULL);
-    }
+    int err = enter_child_key(fs, parent, name, false, &change, &key);
+    bool entered = err == 0;
     fs_put_meta_of(meta, NULL, &put_meta);
     fs_put_meta_extras(attrs, &put_meta);
     if (err == 0)

@@ -30,6 +30,7 @@
 #include "log.h"
 #include "secret.h"
 #include "sigv4.h"
+#include "text.h"
 
 #define LIST_BODY_MAX (32u << 20)       /* one ListObjectsV2 page */
 #define SMALL_BODY_MAX (1u << 20)       /* multipart/copy results */
@@ -637,17 +638,6 @@ out:
 
 /* ------------------------------------------------- completing uploads */
 
-static int hex_digit(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 /* The 16 bytes of an ETag that is a quoted (or bare) 32-digit MD5. */
 static bool etag_md5(const char *etag, unsigned char md5[16])
 {
@@ -660,7 +650,7 @@ static bool etag_md5(const char *etag, unsigned char md5[16])
     if (len != 32)
         return false;
     for (size_t i = 0; i < 16; i++) {
-        int hi = hex_digit(etag[2 * i]), lo = hex_digit(etag[2 * i + 1]);
+        int hi = text_hex_digit(etag[2 * i]), lo = text_hex_digit(etag[2 * i + 1]);
         if (hi < 0 || lo < 0)
             return false;
         md5[i] = (unsigned char)(hi << 4 | lo);

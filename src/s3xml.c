@@ -716,17 +716,6 @@ out:
     return rc;
 }
 
-static int hex_value(char ch)
-{
-    if (ch >= '0' && ch <= '9')
-        return ch - '0';
-    if (ch >= 'a' && ch <= 'f')
-        return ch - 'a' + 10;
-    if (ch >= 'A' && ch <= 'F')
-        return ch - 'A' + 10;
-    return -1;
-}
-
 /* TEXT with %XX decoded into *OUT (malloc'd). '+' is kept (see the file
  * header); the bytes decoded are the key's, UTF-8 or not. EPROTO for a bad
  * escape or an encoded NUL (no string holds it), ENOMEM. */
@@ -740,8 +729,8 @@ static int url_decode(const char *text, char **out)
     if (decoded == NULL)
         return ENOMEM;
     for (const char *r = text; *r != '\0' && rc == 0;) {
-        int hi = *r == '%' ? hex_value(r[1]) : -1;
-        int lo = hi < 0 ? -1 : hex_value(r[2]);
+        int hi = *r == '%' ? text_hex_digit(r[1]) : -1;
+        int lo = hi < 0 ? -1 : text_hex_digit(r[2]);
 
         if (*r != '%')
             *w++ = *r++;

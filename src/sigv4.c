@@ -27,6 +27,8 @@
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 
+#include "text.h"
+
 #define ALGORITHM "AWS4-HMAC-SHA256"
 #define TERMINATOR "aws4_request"
 #define SHA256_LEN 32
@@ -140,17 +142,6 @@ char *sigv4_uri_encode(const char *in, size_t len, bool keep_slash)
     return out;
 }
 
-static int hex_value(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    return -1;
-}
-
 /*
  * Decode %XX sequences of IN into DST (room for LEN bytes); a '%' not
  * followed by two hex digits is kept as is. '+' is not a space here: SigV4
@@ -163,8 +154,8 @@ static size_t percent_decode(const char *in, size_t len, char *dst)
     for (size_t i = 0; i < len; i++) {
         int hi, lo;
         if (in[i] == '%' && i + 2 < len &&
-            (hi = hex_value(in[i + 1])) >= 0 &&
-            (lo = hex_value(in[i + 2])) >= 0) {
+            (hi = text_hex_digit(in[i + 1])) >= 0 &&
+            (lo = text_hex_digit(in[i + 2])) >= 0) {
             dst[n++] = (char)((hi << 4) | lo);
             i += 2;
         } else {

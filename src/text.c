@@ -71,3 +71,14 @@ size_t text_xml_char_len(const char *text, size_t len)
         return 0;
     return need;
 }
+
+int text_hex_digit(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}

@@ -1,7 +1,7 @@
 /*
  * text.h - small text helpers that several parsers share: a strict
  * decimal of known length, a sentence written into a caller's error
- * buffer, and the characters XML 1.0 can carry. Pure.
+ * buffer, the characters XML 1.0 can carry, a hexadecimal digit. Pure.
  */
 #ifndef S3CFS_TEXT_H
 #define S3CFS_TEXT_H
@@ -27,5 +27,9 @@ void text_set_err(char *errbuf, size_t errlen, const char *fmt, ...)
  * a document with anything else in it.)
  */
 size_t text_xml_char_len(const char *text, size_t len);
+
+/* The value (0 to 15) of the hexadecimal digit C, either case; -1 when C
+ * is not one. */
+int text_hex_digit(char c);
 
 #endif /* S3CFS_TEXT_H */
