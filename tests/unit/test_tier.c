@@ -15,8 +15,9 @@
  * wins (If-None-Match); a full write queue drops offers instead of
  * holding memory. Leases: waited on, read back, taken over (by
  * If-Match, one node of two at once), renewed without writing over
- * another node's, given back when a block is dropped; a tier whose
- * writes stall is skipped after one write per reader, at once.
+ * another node's, given back when a block is dropped or its fetch from
+ * the origin fails; a tier whose writes stall is skipped after one
+ * write per reader, at once.
  */
 #ifdef HAVE_CONFIG_H
 #include "config.h"
@@ -65,6 +66,8 @@ struct node {
     struct workers *workers;
     struct tier *tier;
     struct reader *reader;
+    bool full_disk;              /* its cache keeps all of its disk free
+                                    (min_free): a fill is ENOSPC */
 };
 
 struct fixture {
@@ -100,6 +103,7 @@ static void node_start(struct fixture *f, struct node *node,
         .bucket = "data",
         .size_limit = 64ull << 20,
         .block_size = BLOCK,
+        .min_free_ratio = node->full_disk ? 1.0 : 0.0,
     };
     struct tier_conf tier_conf = {
         .s3 = f->tier_s3,
@@ -150,6 +154,7 @@ static int teardown(void **state)
     fake_s3_hold_clear(f->tier_s3, 0);
     fake_s3_hold_clear(f->origin, 0);
     fake_s3_fail_clear(f->tier_s3, 0);
+    fake_s3_fail_clear(f->origin, 0);
     for (int i = 0; i < NODES; i++)
         node_stop(&f->nodes[i]);
     s3_client_destroy(&f->origin);
@@ -1455,6 +1460,113 @@ static void test_offer_whose_write_failed_gives_the_lease_back(void **state)
     dropped_offer_gives_the_lease_back(*state, false);
 }
 
+/* How node 0's fetch from the origin of the blocks it leased fails. */
+struct origin_failure {
+    const char *name;
+    int err;                     /* what the GET (and the warm) returns */
+    bool lost;                   /* half the range is delivered first */
+    bool full_disk;              /* the GET succeeds; node 0's cache
+                                    cannot take a block (err: ENOSPC) */
+};
+
+static const struct origin_failure origin_failures[] = {
+    {"the origin refuses the GET", EACCES, false, false},
+    {"the GET times out half way", ETIMEDOUT, true, false},
+    {"node 0's cache disk is full", ENOSPC, false, true},
+};
+
+/* Node 0 leases a group (a warm: blocks 0..3 of 6, one GET) and its
+ * fetch of it from the origin fails, one way of ORIGIN_FAILURES each.
+ * Node 1, waiting for block 0 under node 0's lease, must not sit out
+ * the lease (10 s): node 0, which knows it will not deliver, gives the
+ * lease back as for a dropped offer, and node 1 claims the blocks and
+ * fetches them itself within about the 0.5 s it takes to look at the
+ * lease again. The origin sends each block to node 1 once (node 0's
+ * failed GET is the only other request: at most a duplicate fetch). */
+static void test_failed_origin_fetch_gives_the_lease_back(void **state)
+{
+    struct fixture *f = *state;
+    struct node *first = &f->nodes[0];
+    const size_t size = 6 * BLOCK;
+
+    for (size_t i = 0; i < sizeof(origin_failures) / sizeof(origin_failures[0]);
+         i++) {
+        const struct origin_failure *c = &origin_failures[i];
+        unsigned char *bytes = pattern(size, 60 + (unsigned)i);
+        char key[16], etag[S3_ETAG_MAX];
+        unsigned fetches = 0, got[6] = {0}, failed = 0;
+        pthread_t warm_thread, read_thread;
+
+        print_message("  %s\n", c->name);
+        snprintf(key, sizeof(key), "o%zu.bin", i);
+        if (c->full_disk) {
+            node_stop(first);
+            first->full_disk = true;
+            node_start(f, first, 0, -1);
+        }
+        assert_int_equal(fake_s3_put(f->origin, key, bytes, size, NULL, etag), 0);
+        uint64_t before = origin_bytes(f);
+        size_t log_from = fake_s3_log_count(f->origin);
+        uint64_t leases_before = tier_stats_of(first).leases;
+        if (!c->full_disk)
+            assert_int_equal(fake_s3_fail(f->origin, ON(FAKE_S3_GET, key), 1,
+                                          c->err, c->lost, NULL), 0);
+        /* node 0's fetch waits until node 1 waits on its lease */
+        assert_int_equal(fake_s3_hold(f->origin, ON(FAKE_S3_GET, key),
+                                      &fetches), 0);
+        struct node_warm warm = {first, key, etag, size, -1};
+        assert_int_equal(pthread_create(&warm_thread, NULL, node_warm_main,
+                                        &warm), 0);
+        assert_int_equal(fake_s3_wait_held(f->origin, fetches, 1), 0);
+        assert_int_equal(tier_stats_of(first).leases, leases_before + 1);
+        struct node_read read = {&f->nodes[1], key, etag, size, bytes, -1};
+        uint64_t waits_before = tier_stats_of(&f->nodes[1]).lease_waits;
+        assert_int_equal(pthread_create(&read_thread, NULL, node_read_main,
+                                        &read), 0);
+        WAIT_STATS(&f->nodes[1], stats.lease_waits > waits_before);
+        assert_true(tier_stats_of(&f->nodes[1]).lease_waits > waits_before);
+        double released = clock_monotonic_seconds();
+        assert_int_equal(fake_s3_release(f->origin, fetches, false, NULL), 0);
+        assert_int_equal(pthread_join(warm_thread, NULL), 0);
+        assert_int_equal(warm.result, c->err);
+        /* node 1's GETs, once it claimed the blocks, go on */
+        fake_s3_fail_clear(f->origin, 0);
+        fake_s3_hold_clear(f->origin, fetches);
+        assert_int_equal(pthread_join(read_thread, NULL), 0);
+        double waited = clock_monotonic_seconds() - released;
+        assert_int_equal(read.result, 0);
+        if (waited >= 1.0)
+            fail_msg("%s: node 1 waited %.1f s for blocks node 0 failed to "
+                     "fetch (its lease ran %.0f s)", c->name, waited,
+                     TIER_LEASE_SECONDS);
+        assert_true(tier_stats_of(&f->nodes[1]).leases >= 1);
+        /* node 0's one failed GET; node 1's fetch each block once */
+        assert_true(origin_bytes(f) - before <= 2 * size);
+        for (size_t at = log_from; at < fake_s3_log_count(f->origin); at++) {
+            struct fake_s3_request request;
+            assert_int_equal(fake_s3_log_get(f->origin, at, &request), 0);
+            if (request.call != FAKE_S3_GET || strcmp(request.key, key) != 0)
+                continue;
+            if (request.result != 0) {
+                failed++;
+                continue;
+            }
+            for (uint64_t b = request.offset / BLOCK;
+                 b * BLOCK < request.offset + request.length; b++)
+                got[b]++;
+        }
+        assert_int_equal(failed, 1);
+        for (size_t b = 0; b < 6; b++)
+            assert_true(got[b] <= 1);
+        if (c->full_disk) {
+            node_stop(first);
+            first->full_disk = false;
+            node_start(f, first, 0, -1);
+        }
+        free(bytes);
+    }
+}
+
 /* Of two nodes writing one block, the first wins; the second learns it
  * from the If-None-Match answer. */
 static void test_first_writer_wins(void **state)
@@ -1685,6 +1797,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(
             test_offer_whose_write_failed_gives_the_lease_back, setup,
             teardown),
+        cmocka_unit_test_setup_teardown(
+            test_failed_origin_fetch_gives_the_lease_back, setup, teardown),
         cmocka_unit_test_setup_teardown(test_first_writer_wins, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_server_without_conditional_writes,
