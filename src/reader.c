@@ -436,6 +436,11 @@ static int fetch_run_counted(struct reader_file *file, uint64_t first,
         if (err != 0 && done + fetch < end)
             inflight_remove(file->reader, file->object_id, done + fetch,
                             end - (done + fetch));
+        /* blocks this node may have leased and will not bring: the
+         * nodes waiting for them claim them now, not when the lease ends */
+        if (err != 0 && scratch != NULL)
+            tier_forgo_blocks(file->reader->conf.tier, file->key, file->etag,
+                              done_until, done + fetch - done_until);
         done = err == 0 ? done + fetch : done_until;
         if (err != 0)
             break;

@@ -1019,11 +1019,12 @@ int tier_await_block(struct tier *tier, const char *key, const char *etag,
 
 /* Block INDEX of version ETAG of KEY will not reach the tier from this
  * node (its offer was dropped: the queue full, the block evicted, its
- * write failed). If this node's running lease covers it, other nodes
- * may be waiting for it: the lease is given back, by a writer thread
- * (lease_release()), so that they claim the block now rather than when
- * the lease runs out. Not while the tier is skipped: no request goes
- * there, and the waits end with the lease. */
+ * write failed; or its fetch from the origin failed: tier_forgo_blocks()).
+ * If this node's running lease covers it, other nodes may be waiting for
+ * it: the lease is given back, by a writer thread (lease_release()), so
+ * that they claim the block now rather than when the lease runs out.
+ * Not while the tier is skipped: no request goes there, and the waits
+ * end with the lease. */
 static void lease_give_back(struct tier *tier, const char *key,
                             const char *etag, uint64_t index)
 {
@@ -1052,6 +1053,15 @@ static void lease_give_back(struct tier *tier, const char *key,
     tier->releases = release;
     pthread_cond_signal(&tier->work);
     pthread_mutex_unlock(&tier->lock);
+}
+
+void tier_forgo_blocks(struct tier *tier, const char *key, const char *etag,
+                       uint64_t first, uint64_t count)
+{
+    /* (per block: a run may span two groups; a lease marked already is
+     * not marked again) */
+    for (uint64_t index = first; index - first < count; index++)
+        lease_give_back(tier, key, etag, index);
 }
 
 /* Give back this node's lease at LEASE_KEY (marked by lease_give_back()):

@@ -200,6 +200,16 @@ int tier_await_block(struct tier *tier, const char *key, const char *etag,
 void tier_offer_block(struct tier *tier, struct cache_object *object,
                       const char *key, const char *etag, uint64_t index);
 
+/* Blocks FIRST..FIRST+COUNT-1 of version ETAG of KEY, which this node
+ * set out to fetch from the origin, will not be offered: the fetch
+ * failed (refused, timed out, the bytes not cached here). Where this
+ * node's running lease covers one, the lease is given back as for a
+ * dropped offer (written as past its time, by a writer thread), so that
+ * nodes waiting for them claim them at once rather than when the lease
+ * runs out. */
+void tier_forgo_blocks(struct tier *tier, const char *key, const char *etag,
+                       uint64_t first, uint64_t count);
+
 /* Wait until nothing is queued or being written, or SECONDS have passed
  * (0: no limit): whether the queue emptied. At unmount, a node's last
  * blocks go to the tier for the next node, within a bound. */
