@@ -513,6 +513,29 @@ static int copy_move(void *arg, const struct journal_entry *entry)
     return n > 0 && (size_t)n < TEXT_MAX - used ? 0 : ENOSPC;
 }
 
+struct entry_id {
+    const char *key;
+    uint64_t id;
+};
+
+static int find_entry_id(void *arg, const struct journal_entry *entry)
+{
+    struct entry_id *want = arg;
+
+    if (entry->kind == JOURNAL_UPLOAD && strcmp(entry->key, want->key) == 0)
+        want->id = entry->id;
+    return 0;
+}
+
+/* The id of the journal's upload entry of KEY (0: none). */
+static uint64_t entry_id_of(struct fixture *f, const char *key)
+{
+    struct entry_id want = {key, 0};
+
+    assert_int_equal(journal_scan(f->journal, find_entry_id, &want), 0);
+    return want.id;
+}
+
 /* The renames the journal records as under way: "from->to(copy)". */
 static const char *moves_of(struct fixture *f)
 {
@@ -4078,6 +4101,179 @@ static void test_old_key_a_rename_could_not_delete_goes_at_the_next_mount(
     assert_string_equal(moves_of(f), "");
 }
 
+/* A file uploaded in parts renamed while every DELETE fails: the old
+ * key left is recorded with the version it holds (the source's ETag, not
+ * the copy's, which differs), and the next mount deletes it. */
+static void test_old_key_left_by_a_rename_of_parts_goes_at_the_next_mount(
+    void **state)
+{
+    struct fixture *f = *state;
+    const size_t size = 2 * MIB + 3 * KIB; /* over THRESHOLD: parts */
+    unsigned char *data = bytes_of(f, size, 56);
+
+    struct fs_file *file = create_file(f, ROOT, "big", data, size, NULL);
+    assert_int_equal(fs_flush(f->fs, file), 0);
+    fs_release(f->fs, file);
+    assert_int_equal(fake_s3_fail(f->s3, ON(FAKE_S3_DELETE, NULL),
+                                  FAKE_S3_ALWAYS, EIO, false, NULL), 0);
+    assert_int_equal(fs_rename(f->fs, ROOT, "big", ROOT, "big2", 0), 0);
+    assert_string_equal(bucket_of(f), "big big2");
+    fake_s3_fail_clear(f->s3, 0);
+    fs_destroy(&f->fs);
+    fs_start(f);
+    assert_int_equal(fs_recover(f->fs), 0);
+    assert_string_equal(bucket_of(f), "big2");
+    assert_true(fake_s3_holds(f->s3, "big2", data, size));
+    assert_string_equal(moves_of(f), "");
+}
+
+/* The copy of a file uploaded in parts over b, its answer lost: the
+ * copy is there (b is not what it was), so the rename is done. (Before:
+ * the copy's ETag was compared with the source's, which for parts never
+ * matches: the rename failed, with b already a copy of big.) */
+static void test_rename_of_parts_whose_copy_answer_is_lost_is_done(void **state)
+{
+    struct fixture *f = *state;
+    const size_t size = 2 * MIB + 3 * KIB;
+    unsigned char *data = bytes_of(f, size, 57);
+    unsigned char *b = bytes_of(f, 3 * KIB, 58);
+
+    other_put(f, "b", b, 3 * KIB, NULL);
+    assert_int_not_equal(lookup(f, ROOT, "b", NULL), 0);
+    struct fs_file *file = create_file(f, ROOT, "big", data, size, NULL);
+    assert_int_equal(fs_flush(f->fs, file), 0);
+    fs_release(f->fs, file);
+    assert_int_equal(fake_s3_fail(f->s3, ON(FAKE_S3_COPY, "b"), 1, EIO, true,
+                                  NULL), 0);
+    assert_int_equal(fs_rename(f->fs, ROOT, "big", ROOT, "b", 0), 0);
+    assert_string_equal(bucket_of(f), "b");
+    assert_true(fake_s3_holds(f->s3, "b", data, size));
+}
+
+/* Every DELETE of a fails as a is renamed to b; then b is renamed back to
+ * a: the old key is the file again (the same bytes, the same ETag), and
+ * the next mount does not delete it. */
+static void test_file_renamed_back_over_a_key_left_to_delete_stays(void **state)
+{
+    struct fixture *f = *state;
+    unsigned char *a = bytes_of(f, 6 * KIB, 59);
+
+    other_put(f, "a", a, 6 * KIB, NULL);
+    assert_int_not_equal(lookup(f, ROOT, "a", NULL), 0);
+    assert_int_equal(fake_s3_fail(f->s3, ON(FAKE_S3_DELETE, "a"),
+                                  FAKE_S3_ALWAYS, EIO, false, NULL), 0);
+    assert_int_equal(fs_rename(f->fs, ROOT, "a", ROOT, "b", 0), 0);
+    assert_string_equal(moves_of(f), "a->b");
+    fake_s3_fail_clear(f->s3, 0);
+    assert_int_equal(fs_rename(f->fs, ROOT, "b", ROOT, "a", 0), 0);
+    assert_string_equal(bucket_of(f), "a");
+    assert_string_equal(moves_of(f), "");
+    fs_destroy(&f->fs);
+    fs_start(f);
+    assert_int_equal(fs_recover(f->fs), 0);
+    assert_string_equal(bucket_of(f), "a");
+    assert_true(fake_s3_holds(f->s3, "a", a, 6 * KIB));
+}
+
+/* The directory of an old key left to delete moves: that key is not
+ * moved with it (it goes first), so no copy of the old version comes
+ * back under the new name. */
+static void test_directory_move_takes_no_key_left_to_delete(void **state)
+{
+    struct fixture *f = *state;
+
+    other_put_marker(f, "d/");
+    other_put(f, "d/a", "a", 1, NULL);
+    fuse_ino_t d = lookup(f, ROOT, "d", NULL);
+    assert_int_not_equal(lookup(f, d, "a", NULL), 0);
+    assert_int_equal(fake_s3_fail(f->s3, ON(FAKE_S3_DELETE, "d/a"),
+                                  FAKE_S3_ALWAYS, EIO, false, NULL), 0);
+    assert_int_equal(fs_rename(f->fs, d, "a", d, "b", 0), 0);
+    fake_s3_fail_clear(f->s3, 0);
+    assert_int_equal(fs_rename(f->fs, ROOT, "d", ROOT, "e", 0), 0);
+    assert_string_equal(bucket_of(f), "e/ e/b");
+    assert_string_equal(moves_of(f), "");
+}
+
+/* Writeback: y's promise, and a rename's move record x->y replacing it,
+ * found by the next mount with x holding another version than the one
+ * the rename began with: the rename is not done, and y's promise stays.
+ * (Before: the record went with y's promise, and y was lost.) */
+static void test_recovery_keeps_the_promise_of_a_rename_it_did_not_do(
+    void **state)
+{
+    struct fixture *f = *state;
+    unsigned char *y = bytes_of(f, 5 * KIB, 60);
+    char stale[S3_ETAG_MAX];
+
+    assert_int_equal(fake_s3_fail(f->s3, ON(FAKE_S3_PUT, "y"), FAKE_S3_ALWAYS,
+                                  EIO, false, NULL), 0);
+    struct fs_file *file = create_file(f, ROOT, "y", y, 5 * KIB, NULL);
+    assert_int_equal(fs_flush(f->fs, file), 0);
+    fs_release(f->fs, file);
+    assert_int_equal(fs_drain(f->fs), 1);
+    fs_destroy(&f->fs);
+    fake_s3_fail_clear(f->s3, 0);
+    other_put(f, "x", "another", 7, NULL);
+    fake_s3_etag_of("the one renamed", 15, stale);
+    struct journal_entry move = {
+        .id = journal_next_id(f->journal), .kind = JOURNAL_MOVE, .key = "x",
+        .move_to = "y", .move_etag = stale, .move_flags = JOURNAL_MOVE_COPY,
+        .move_replaces = entry_id_of(f, "y"),
+    };
+    assert_int_not_equal(move.move_replaces, 0);
+    assert_int_equal(journal_put(f->journal, &move), 0);
+
+    fs_start(f);
+    assert_int_equal(fs_recover(f->fs), 0);
+    assert_int_equal(fs_drain(f->fs), 0);
+    assert_string_equal(bucket_of(f), "x y");
+    assert_true(fake_s3_holds(f->s3, "y", y, 5 * KIB));
+    assert_string_equal(moves_of(f), "");
+}
+
+/* Writeback: two renames recorded, d/a over d/b (journaled), then `mv d
+ * e`: recovery finishes the first (d/b's promise goes), then the second,
+ * and moves no promise the first dropped. (Before: the second put d/b's
+ * promise back under e/b, and it was uploaded over the move.) */
+static void test_recovery_moves_no_promise_a_finished_rename_dropped(
+    void **state)
+{
+    struct fixture *f = *state;
+    unsigned char *a = bytes_of(f, 4 * KIB, 61);
+    unsigned char *b = bytes_of(f, 6 * KIB, 62);
+    char etag[S3_ETAG_MAX];
+
+    other_put_marker(f, "d/");
+    other_put(f, "d/a", a, 4 * KIB, NULL);
+    fuse_ino_t d = lookup(f, ROOT, "d", NULL);
+    assert_int_equal(fake_s3_fail(f->s3, ON(FAKE_S3_PUT, "d/b"), FAKE_S3_ALWAYS,
+                                  EIO, false, NULL), 0);
+    struct fs_file *file = create_file(f, d, "b", b, 6 * KIB, NULL);
+    assert_int_equal(fs_flush(f->fs, file), 0);
+    fs_release(f->fs, file);
+    assert_int_equal(fs_drain(f->fs), 1);
+    fs_destroy(&f->fs);
+    fake_s3_fail_clear(f->s3, 0);
+    fake_s3_etag_of(a, 4 * KIB, etag);
+    struct journal_entry moves[] = {
+        {.id = journal_next_id(f->journal), .kind = JOURNAL_MOVE, .key = "d/a",
+         .move_to = "d/b", .move_etag = etag, .move_flags = JOURNAL_MOVE_COPY,
+         .move_replaces = entry_id_of(f, "d/b")},
+        {.id = journal_next_id(f->journal), .kind = JOURNAL_MOVE, .key = "d/",
+         .move_to = "e/", .move_flags = JOURNAL_MOVE_PREFIX},
+    };
+    assert_int_not_equal(moves[0].move_replaces, 0);
+    assert_int_equal(journal_update(f->journal, moves, 2, NULL, 0), 0);
+
+    fs_start(f);
+    assert_int_equal(fs_recover(f->fs), 0);
+    assert_int_equal(fs_drain(f->fs), 0);
+    assert_string_equal(bucket_of(f), "e/ e/b");
+    assert_true(fake_s3_holds(f->s3, "e/b", a, 4 * KIB));
+    assert_string_equal(journal_of(f), "");
+}
+
 /* A rename the next mount cannot finish (its copy fails) fails the
  * recovery, and stays recorded for the mount after it; a rename of a
  * file whose old key holds another version by then moves nothing. */
@@ -4527,6 +4723,17 @@ int main(void)
         FS_TEST(test_old_key_a_rename_could_not_delete_goes_at_the_next_mount,
                 default_cached),
         FS_TEST(test_recovery_finishes_recorded_renames_or_fails, default_cached),
+        FS_TEST(test_old_key_left_by_a_rename_of_parts_goes_at_the_next_mount,
+                default_cached),
+        FS_TEST(test_rename_of_parts_whose_copy_answer_is_lost_is_done,
+                default_cached),
+        FS_TEST(test_file_renamed_back_over_a_key_left_to_delete_stays,
+                default_cached),
+        FS_TEST(test_directory_move_takes_no_key_left_to_delete, default_cached),
+        FS_TEST(test_recovery_keeps_the_promise_of_a_rename_it_did_not_do,
+                writeback_cached),
+        FS_TEST(test_recovery_moves_no_promise_a_finished_rename_dropped,
+                writeback_cached),
         FS_TEST(test_crash_during_a_rename_over_a_pending_file, writeback_cached),
         FS_TEST(test_crash_during_a_rename_over_an_uploaded_file, default_cached),
         FS_TEST(test_crash_during_a_rename_of_a_pending_file, writeback_cached),
