@@ -279,6 +279,7 @@ void fs_destroy(struct fs **fsp)
     reader_destroy(&fs->reader);
     inode_table_destroy(&fs->inodes);
     tdestroy(fs->logged_keys, free);
+    fs_change_free_left(fs);
     fs_staged_forget_all(fs);
     pthread_mutex_destroy(&fs->logged_lock);
     pthread_mutex_destroy(&fs->handles_lock);

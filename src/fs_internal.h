@@ -24,6 +24,8 @@
 #define STALE_LISTING_TTLS 10            /* a listing this many dir_ttl old is
                                             still shown (fs_lookup, fs_opendir) */
 #define DIRECTORY_CONTENT_TYPE "application/x-directory"
+#define FS_ENDED_MOVES 32                /* directory renames remembered, for
+                                            the changes that began before */
 /* The largest object that may be anything but a regular file: a symbolic
  * link's target is shorter than PATH_MAX (readlink refuses a longer
  * one) and special files are empty objects (s3fs's convention, and
@@ -60,6 +62,17 @@ struct fs_change {
     struct fs_change *next;
 };
 
+/* An old key a rename could not delete once its copy was made
+ * (fs_rename.c): the journal keeps a move record to delete it at the next
+ * mount while it holds ETAG. A change of that key here first drops the
+ * record, for the key is then the change's (fs_change.c). */
+struct fs_left_key {
+    char *key;
+    char etag[S3_ETAG_MAX];
+    uint64_t move_id;
+    struct fs_left_key *next;
+};
+
 struct fs {
     struct fs_conf conf;
     char **trusted;               /* conf.trusted, as keys */
@@ -92,6 +105,13 @@ struct fs {
                                      names under way */
     uint64_t moves_ended;         /* (inode table lock) directory renames
                                      ended since the mount */
+    struct {                      /* (inode table lock) the prefixes of the
+                                     last FS_ENDED_MOVES of them, the n-th
+                                     at n % FS_ENDED_MOVES (fs_change.c) */
+        char *src_prefix, *dst_prefix;
+    } ended_moves[FS_ENDED_MOVES];
+    struct fs_left_key *left_keys; /* (inode table lock) old keys renames
+                                     could not delete */
     struct head_ahead *aheads;    /* (inode table lock) directories whose
                                      headers are fetched ahead of the
                                      lookups (fs_ahead.c) */
@@ -243,6 +263,21 @@ uint64_t fs_change_seen(struct fs *fs);
 bool fs_change_enter(struct fs *fs, struct fs_change *change, uint64_t seen,
                      const char *key, const char *other_key);
 void fs_change_leave(struct fs *fs, struct fs_change *change);
+
+/* KEY (at version ETAG) is left in the bucket by a rename that could not
+ * delete it, recorded as move MOVE_ID (writer_move_narrow()). */
+void fs_change_leave_key(struct fs *fs, const char *key, const char *etag,
+                         uint64_t move_id);
+
+/* Before a directory rename of PREFIX moves its keys: the old keys left
+ * under it (fs_change_leave_key()) go now, while they hold the version
+ * left, and their records with them. 0, or the DELETE's errno (the
+ * rename must not move them). */
+int fs_change_drop_left_under(struct fs *fs, const char *prefix);
+
+/* At the end: the list of old keys left (their records stay for the next
+ * mount) and the renames remembered. */
+void fs_change_free_left(struct fs *fs);
 
 /* A lookup in PARENT for a change, begun after SEEN, found nothing: true
  * when a directory rename moved PARENT meanwhile (waited for, if it is

@@ -262,8 +262,10 @@ static void collect_staged(void *arg, struct inode *inode)
 /* Rename the directory MOVE->src_prefix to MOVE->dst_prefix in the
  * bucket (an empty directory there, REPLACES_DIR, is replaced). MOVE has
  * started (fs_change_enter_move()) and ends here, whatever happens: the
- * inodes are re-keyed as it leaves. */
-static int rename_dir(struct fs *fs, struct fs_dir_move *move, bool replaces_dir)
+ * inodes are re-keyed as it leaves, and *SEEN_AFTER gets
+ * fs_change_seen() as it left. */
+static int rename_dir(struct fs *fs, struct fs_dir_move *move, bool replaces_dir,
+                      uint64_t *seen_after)
 {
     const char *src_prefix = move->src_prefix, *dst_prefix = move->dst_prefix;
     struct staged_rename staged = {src_prefix, dst_prefix, NULL, 0, 0};
@@ -273,9 +275,13 @@ static int rename_dir(struct fs *fs, struct fs_dir_move *move, bool replaces_dir
     int err = fs->writer ? writer_marker_flush(fs->writer, src_prefix) : EROFS;
     if (err == 0)
         err = writer_marker_flush(fs->writer, dst_prefix);
+    /* old keys renames left under it go first: not moved as files */
+    if (err == 0)
+        err = fs_change_drop_left_under(fs, src_prefix);
     if (err != 0) {
         inode_table_lock(fs->inodes);
         fs_change_leave_move_locked(fs, move);
+        *seen_after = fs->moves_ended;
         inode_table_unlock(fs->inodes);
         return err;
     }
@@ -339,6 +345,7 @@ static int rename_dir(struct fs *fs, struct fs_dir_move *move, bool replaces_dir
     if (err == 0)
         err = inode_rekey_prefix_locked(fs->inodes, src_prefix, dst_prefix);
     fs_change_leave_move_locked(fs, move);
+    *seen_after = fs->moves_ended;
     inode_table_unlock(fs->inodes);
     /* uploads may go now: their inodes have the files' keys (fs_uploaded) */
     for (size_t i = 0; i < held; i++)
@@ -372,15 +379,18 @@ static int rename_dir(struct fs *fs, struct fs_dir_move *move, bool replaces_dir
  * The bucket's part of a file's rename recorded as a move: the object
  * SRC_KEY (version ETAG of SIZE bytes) is copied to DST_KEY, then deleted.
  * A request whose answer was lost may have been done all the same: a HEAD
- * says. Once the copy is there the rename goes on whatever happens, for
- * the object it replaced is gone and the state before cannot come back:
- * a delete that fails leaves SRC_KEY to the next mount (*LEFT). Returns
- * 0 (the copy's ETag in NEW_ETAG, S3_ETAG_MAX bytes, and its size), or
- * the copy's errno when the copy is not there (ENOENT: no SRC_KEY).
+ * says (DST_WAS: the ETag under DST_KEY before, "" for none, NULL when
+ * not known; a copy of parts has an ETag of its own, so a DST_KEY that is
+ * not what it was is taken as the copy). Once the copy is there the
+ * rename goes on whatever happens, for the object it replaced is gone and
+ * the state before cannot come back: a delete that fails leaves SRC_KEY
+ * to the next mount (*LEFT). Returns 0 (the copy's ETag in NEW_ETAG,
+ * S3_ETAG_MAX bytes, and its size), or the copy's errno when the copy is
+ * not there (ENOENT: no SRC_KEY).
  */
 static int move_object(struct fs *fs, const char *src_key, const char *etag,
-                       uint64_t size, const char *dst_key, char *new_etag,
-                       uint64_t *new_size, bool *left)
+                       uint64_t size, const char *dst_key, const char *dst_was,
+                       char *new_etag, uint64_t *new_size, bool *left)
 {
     struct s3_object_info info;
 
@@ -389,7 +399,8 @@ static int move_object(struct fs *fs, const char *src_key, const char *etag,
                              new_size);
     if (err != 0 && err != ENOENT && etag[0] != '\0' &&
         s3_head_object(fs->s3, dst_key, &info) == 0 &&
-        strcmp(info.etag, etag) == 0) {
+        (strcmp(info.etag, etag) == 0 ||
+         (dst_was != NULL && strcmp(info.etag, dst_was) != 0))) {
         /* its answer was lost, not the copy */
         snprintf(new_etag, S3_ETAG_MAX, "%s", info.etag);
         *new_size = info.size;
@@ -407,17 +418,19 @@ static int move_object(struct fs *fs, const char *src_key, const char *etag,
 }
 
 /* Rename the file INODE from SRC_KEY to DST_KEY in the bucket, replacing
- * the staged file REPLACED (may be NULL); DST_OBJECT says whether an object
- * may be under DST_KEY. *STATE_OUT says what the file's data was (see
+ * the staged file REPLACED (may be NULL); DST_WAS is the ETag of the
+ * object under DST_KEY ("" for none, NULL when not known). *STATE_OUT says what the file's data was (see
  * writer_file_hold). A staged file is held (writer_file_hold) and handed
  * to the caller in *HELD (a reference for fs_staged_put), to release once
  * the inode has its new key: no upload of it may land under the new name
  * before the old object is moved there. */
 static int rename_file(struct fs *fs, struct inode *inode, const char *src_key,
                        const char *dst_key, struct writer_file *replaced,
-                       bool dst_object, struct writer_file **held,
+                       const char *dst_was, struct writer_file **held,
                        enum writer_renamed *state_out)
 {
+    bool dst_object = dst_was == NULL || dst_was[0] != '\0';
+    char source_etag[S3_ETAG_MAX] = ""; /* the version the move records */
     struct writer_file *wfile = NULL;
     struct inode_attrs attrs, object;
     enum writer_renamed state = WRITER_RENAMED_UPLOADED;
@@ -479,12 +492,14 @@ static int rename_file(struct fs *fs, struct inode *inode, const char *src_key,
         uint64_t size;
         err = s3_head_object(fs->s3, src_key, &info);
         record.flags = JOURNAL_MOVE_COPY;
-        record.etag = err == 0 ? info.etag : "";
+        if (err == 0)
+            snprintf(source_etag, sizeof(source_etag), "%s", info.etag);
+        record.etag = source_etag;
         if (err == 0)
             err = writer_move_begin(fs->writer, &record, replaced, &move_id);
         if (err == 0)
-            err = move_object(fs, src_key, info.etag, info.size, dst_key, etag,
-                              &size, &left);
+            err = move_object(fs, src_key, info.etag, info.size, dst_key,
+                              dst_was, etag, &size, &left);
         if (err == ENOENT)
             err = s3_delete_object(fs->s3, src_key); /* (gone: nothing moves) */
     } else if (err == 0 && state != WRITER_RENAMED_UPLOADED) {
@@ -509,11 +524,12 @@ static int rename_file(struct fs *fs, struct inode *inode, const char *src_key,
     } else if (err == 0) {
         char etag[S3_ETAG_MAX] = "";
         record.flags = JOURNAL_MOVE_COPY;
-        record.etag = attrs.etag;
+        snprintf(source_etag, sizeof(source_etag), "%s", attrs.etag);
+        record.etag = source_etag;
         err = writer_move_begin(fs->writer, &record, replaced, &move_id);
         if (err == 0)
-            err = move_object(fs, src_key, attrs.etag, attrs.size, dst_key, etag,
-                              &attrs.size, &left);
+            err = move_object(fs, src_key, attrs.etag, attrs.size, dst_key,
+                              dst_was, etag, &attrs.size, &left);
         /* the staged data, adopted by the cache once released, is the
          * copy's version (its own ETag when the upload was of parts) */
         if (err == 0 && wfile != NULL && etag[0] != '\0')
@@ -540,7 +556,8 @@ static int rename_file(struct fs *fs, struct inode *inode, const char *src_key,
     if (err == 0 && left) {
         struct writer_move rest = {.from = src_key, .to = dst_key,
                                    .etag = record.etag};
-        writer_move_narrow(fs->writer, move_id, &rest, replaced);
+        if (writer_move_narrow(fs->writer, move_id, &rest, replaced) == 0)
+            fs_change_leave_key(fs, src_key, record.etag, move_id);
     } else if (err == 0) {
         writer_move_end(fs->writer, move_id, replaced);
     } else {
@@ -565,6 +582,7 @@ static int rename_names(struct fs *fs, fuse_ino_t parent, const char *name,
     struct writer_file *dst_wfile = NULL, *held = NULL;
     struct fs_change change;
     struct fs_dir_move move;
+    uint64_t move_seen = 0;       /* fs_change_seen() as the move ended */
     bool entered = false, moving = false;
     int err;
 
@@ -650,10 +668,10 @@ static int rename_names(struct fs *fs, fuse_ino_t parent, const char *name,
     enum writer_renamed state = WRITER_RENAMED_UPLOADED;
     if (src_dir) {
         moving = false; /* (rename_dir ends the move, whatever happens) */
-        err = rename_dir(fs, &move, dst_dir);
+        err = rename_dir(fs, &move, dst_dir, &move_seen);
     } else {
         err = rename_file(fs, src, src_key, dst_file_key, dst_wfile,
-                          dst_etag[0] != '\0' || dst_unknown, &held, &state);
+                          dst_unknown ? NULL : dst_etag, &held, &state);
     }
     if (err != 0) {
         if (dst_wfile != NULL)
@@ -688,7 +706,18 @@ static int rename_names(struct fs *fs, fuse_ino_t parent, const char *name,
     fs_patch_parent(fs, dst_file_key, &attrs);
     fs_entry_changed(fs, src_key);
     fs_entry_changed(fs, dst_file_key);
-    fs_keep_parent_dir(fs, src_key);
+    if (!src_dir) {
+        fs_keep_parent_dir(fs, src_key); /* (the change is entered still) */
+    } else {
+        /* the move has ended: the marker of the directory it left, if it
+         * is empty now, is a change of its own, not while a rename moves
+         * that directory (then that rename's new name has one) */
+        struct fs_change keep;
+        if (fs_change_enter(fs, &keep, move_seen, src_key, NULL)) {
+            fs_keep_parent_dir(fs, src_key);
+            fs_change_leave(fs, &keep);
+        }
+    }
 out:
     if (held != NULL) { /* the inode has the file's key again: uploads may go */
         writer_file_release(held);
