@@ -15,6 +15,7 @@
 
 #include "fs_internal.h"
 #include "log.h"
+#include "metacache.h"
 
 /*
  * Finish MOVE (a JOURNAL_MOVE) in the bucket, as the rename that wrote it
@@ -24,7 +25,9 @@
  *   - a file's copy: the object under the old key, if it is still the
  *     version the rename began with, is copied to the new key, then
  *     deleted; gone, it was (the delete comes after the copy); another
- *     version there is left alone (it is not what was renamed);
+ *     version there is left alone (it is not what was renamed), and
+ *     ESTALE says the rename did not happen (the promise it replaced
+ *     stays);
  *   - a file's without a copy: the old key's object goes (with an ETag
  *     recorded, only while it is that version: what a rename left to
  *     delete), and the new key's with JOURNAL_MOVE_DROP_TARGET.
@@ -34,8 +37,16 @@ static int finish_move(void *arg, const struct journal_entry *move)
     struct fs *fs = arg;
     int err = 0;
 
-    if ((move->move_flags & JOURNAL_MOVE_PREFIX) != 0)
-        return fs_move_prefix(fs, move->key, move->move_to);
+    if ((move->move_flags & JOURNAL_MOVE_PREFIX) != 0) {
+        err = fs_move_prefix(fs, move->key, move->move_to);
+        /* what the index kept of both trees is not what they hold now
+         * (as rename_dir forgets it once it is done) */
+        if (err == 0) {
+            metacache_forget_tree(fs->conf.cache, move->key, NULL, NULL);
+            metacache_forget_tree(fs->conf.cache, move->move_to, NULL, NULL);
+        }
+        return err;
+    }
     if ((move->move_flags & JOURNAL_MOVE_COPY) != 0) {
         struct s3_object_info info;
         char etag[S3_ETAG_MAX] = "";
@@ -50,7 +61,7 @@ static int finish_move(void *arg, const struct journal_entry *move)
             log_warn("'%s' is another version (%s) than the one its rename to "
                      "'%s' began with (%s); it is left as it is", move->key,
                      info.etag, move->move_to, move->move_etag);
-            return 0;
+            return ESTALE;
         }
         err = fs_copy_object(fs, move->key, info.etag, info.size, move->move_to,
                              NULL, etag, &size);

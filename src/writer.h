@@ -139,7 +139,9 @@ typedef void (*writer_adopt_fn)(void *arg, struct writer_file *file,
                                 const char *key, uint64_t size,
                                 const struct writer_meta *meta);
 /* Finish in the bucket the move MOVE (a JOURNAL_MOVE entry) that a crash
- * interrupted, idempotently: 0 once it is done, or an errno. */
+ * interrupted, idempotently: 0 once it is done; ESTALE when it was not
+ * and is not to be (its source is another version than it moved: the
+ * record goes, the promise it replaces stays); or an errno. */
 typedef int (*writer_finish_fn)(void *arg, const struct journal_entry *move);
 int writer_recover(struct writer *writer, writer_adopt_fn adopt,
                    writer_finish_fn finish, void *arg);
@@ -435,14 +437,17 @@ int writer_move_begin(struct writer *writer, const struct writer_move *move,
 
 /* The move ID is done in the bucket: its record goes, with REPLACED's
  * promise (the one writer_move_begin() was given, or NULL) in the same
- * transaction. ID 0: nothing. 0 or the journal's errno (logged: the next
- * mount finishes the move again, which changes nothing). */
+ * transaction. ID 0: nothing. 0 or the journal's errno (logged, after one
+ * more try: the record stays, and the next mount finishes the move
+ * again, over whatever this mount changed of those names since; it takes
+ * a journal whose disk refuses a delete). */
 int writer_move_end(struct writer *writer, uint64_t id,
                     struct writer_file *replaced);
 
 /* The rename of move ID failed and is undone (REPLACED keeps its
  * promise): the record goes. ID 0: nothing. 0 or the journal's errno
- * (logged). */
+ * (logged, after one more try: the next mount then does the rename that
+ * failed). */
 int writer_move_cancel(struct writer *writer, uint64_t id);
 
 /* The rename of move ID is done but for LEFT (what the next mount is to

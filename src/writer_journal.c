@@ -232,13 +232,22 @@ int writer_move_begin(struct writer *writer, const struct writer_move *move,
     };
 
     *id = 0;
+    /* the replaced file's promise, as it is once a journal update of it
+     * under way (a close that began before the rename unlinked it) is
+     * done: the record names that one, and none comes after (unlinked) */
     if (replaced != NULL) {
         pthread_mutex_lock(&writer->lock);
+        writer_journal_begin_locked(writer, replaced);
         if (replaced->entry != NULL && !replaced->entry_unclosed)
             entry.move_replaces = replaced->entry->id;
         writer_unlock(writer);
     }
     int err = journal_put(writer->conf.journal, &entry);
+    if (replaced != NULL) {
+        pthread_mutex_lock(&writer->lock);
+        writer_journal_end_locked(writer, replaced);
+        writer_unlock(writer);
+    }
     if (err != 0) {
         log_error("cannot journal the rename of '%s' to '%s': %s", move->from,
                   move->to, strerror(err));
@@ -266,7 +275,7 @@ static int move_record_drop(struct writer *writer, uint64_t id,
             return 0;
     }
     log_error("cannot drop the journal's record of a %s rename (%016" PRIx64
-              "): %s; the next mount finishes it again", what, id,
+              "): %s; the next mount does that rename again", what, id,
               strerror(err));
     return err;
 }

@@ -108,7 +108,9 @@ static int move_promises(struct recovery *recovery, const struct journal_entry *
 
     for (size_t i = 0; i < recovery->count; i++) {
         struct recovered *copy = &recovery->entries[i];
-        if (copy->entry.unclosed || strncmp(copy->key, move->key, from_len) != 0)
+        /* (a promise a finished rename dropped is not moved back in) */
+        if (copy->dropped || copy->entry.unclosed ||
+            strncmp(copy->key, move->key, from_len) != 0)
             continue;
         char *key = NULL;
         if (asprintf(&key, "%s%s", move->move_to, copy->key + from_len) < 0)
@@ -146,6 +148,15 @@ static int finish_moves(struct recovery *recovery, writer_finish_fn finish,
             err = move_promises(recovery, move);
         if (err == 0)
             err = finish != NULL ? finish(arg, move) : ENOTSUP;
+        /* ESTALE: the rename did not happen (the source is another
+         * version now): its record goes, the promise it replaced stays */
+        bool done = err == 0;
+        if (err == ESTALE) {
+            log_warn("the rename of '%s' to '%s' that the last mount began "
+                     "did not happen; '%s' keeps what it had", move->key,
+                     move->move_to, move->move_to);
+            err = 0;
+        }
         if (err != 0) {
             log_error("cannot finish the rename of '%s' to '%s' that the last "
                       "mount began: %s; the next mount tries again", move->key,
@@ -154,7 +165,8 @@ static int finish_moves(struct recovery *recovery, writer_finish_fn finish,
         }
         uint64_t ids[2] = {move->id, 0};
         size_t count = 1;
-        for (size_t i = 0; move->move_replaces != 0 && i < recovery->count; i++) {
+        for (size_t i = 0; done && move->move_replaces != 0 &&
+                           i < recovery->count; i++) {
             if (recovery->entries[i].entry.id == move->move_replaces &&
                 !recovery->entries[i].dropped) {
                 recovery->entries[i].dropped = true;
@@ -166,8 +178,9 @@ static int finish_moves(struct recovery *recovery, writer_finish_fn finish,
             log_warn("the rename of '%s' to '%s' is done, but its journal "
                      "record stays (%s): the next mount finishes it again",
                      move->key, move->move_to, strerror(err));
-        log_info("finished the rename of '%s' to '%s' that the last mount "
-                 "began", move->key, move->move_to);
+        if (done)
+            log_info("finished the rename of '%s' to '%s' that the last mount "
+                     "began", move->key, move->move_to);
     }
     return 0;
 }
