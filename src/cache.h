@@ -127,9 +127,11 @@ struct cache_identity {
  *     sentence in ERRBUF naming both identities and the way out.
  *   - MINE's endpoint and bucket, another prefix: MINE is recorded; every
  *     block and listing is of keys of this bucket, and stays.
- *   - Another endpoint or bucket (or a record that cannot be read): the
+ *   - Another endpoint or bucket (or a record that does not parse): the
  *     index and the data files are emptied (one log line naming both),
  *     then MINE is recorded. Staging and journal files are never touched.
+ *   - A record that cannot be read (EIO, EACCES...): that errno, with a
+ *     sentence; nothing is emptied.
  * The record is written durably (file and directory fsynced) after the
  * emptying, so a crash in between empties again at the next mount.
  * Returns 0, EEXIST, or an errno with a sentence in ERRBUF.

@@ -427,13 +427,18 @@ int cache_dir_claim(const char *dir, const struct cache_identity *mine,
 
     describe_identity(mine->endpoint, mine->bucket, mine->prefix, ours,
                       sizeof(ours));
+    if (err != 0 && err != ENOENT && err != EPROTO) {
+        /* (unreadable is not another owner's: nothing is emptied) */
+        snprintf(errbuf, errlen, "cannot read the identity record %s/identity "
+                 "of the cache directory: %s", dir, strerror(err));
+        goto out;
+    }
     if (err == 0)
         describe_identity(stored.endpoint, stored.bucket, stored.prefix,
                           theirs, sizeof(theirs));
     else
         snprintf(theirs, sizeof(theirs), "an owner its record %s/identity "
-                 "does not name (%s)", dir,
-                 err == EPROTO ? "it does not parse" : strerror(err));
+                 "does not name (it does not parse)", dir);
     if (err == ENOENT) {
         /* new, or made by an older s3cachefs: its index already keys
          * blocks by bucket name, and what its journal holds was written
@@ -447,9 +452,10 @@ int cache_dir_claim(const char *dir, const struct cache_identity *mine,
     if (pending > 0) {
         snprintf(errbuf, errlen, "the cache directory %s holds %llu write%s "
                  "not yet in %s, and this mount is of %s: mount that one on "
-                 "it until `s3cachefs pending` lists nothing, or give this mount "
-                 "another -o cache=", dir, (unsigned long long)pending,
-                 pending == 1 ? "" : "s", theirs, ours);
+                 "it until its unmount leaves nothing (`s3cachefs pending` "
+                 "lists what is owed), or give this mount another -o cache=",
+                 dir, (unsigned long long)pending, pending == 1 ? "" : "s",
+                 theirs, ours);
         err = EEXIST;
         goto out;
     }

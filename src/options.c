@@ -414,6 +414,9 @@ int options_default_cache_dir(const char *bucket, const char *endpoint,
     const char *home = getenv("HOME");
     const char *scheme_end = strstr(endpoint, "://");
     const char *host = scheme_end != NULL ? scheme_end + 3 : endpoint;
+    /* https, what every service in production speaks, is left out; plain
+     * http is named (http:HOST), so that the two never share one */
+    bool plain = strncmp(endpoint, "http://", 7) == 0;
     char *base = NULL;
     int n;
 
@@ -428,9 +431,11 @@ int options_default_cache_dir(const char *bucket, const char *endpoint,
         return ENOENT;
     if (n < 0)
         return ENOMEM;
-    /* (a bucket name has no '@' and no '/', a host no '/': the names of
-     * two endpoints or buckets never meet, nor those of older versions) */
-    if (asprintf(out, "%s/%s@%s", base, bucket, host) < 0) {
+    /* (a bucket name has no '@' and no '/', a host no '/' and no "http:"
+     * before it: the names of two endpoints or buckets never meet, nor
+     * those of older versions) */
+    if (asprintf(out, "%s/%s@%s%s", base, bucket, plain ? "http:" : "",
+                 host) < 0) {
         *out = NULL;
         free(base);
         return ENOMEM;
@@ -755,7 +760,7 @@ void options_print_help(FILE *fp, const char *progname)
 "  -o cache=DIR           cache directory (default /var/cache/s3cachefs/BUCKET@HOST\n"
 "                         for root, else $XDG_CACHE_HOME/s3cachefs/BUCKET@HOST\n"
 "                         or ~/.cache/s3cachefs/BUCKET@HOST; HOST is the\n"
-"                         endpoint's host[:port])\n"
+"                         endpoint's host[:port], after \"http:\" for http)\n"
 "  -o cache_size=SIZE     largest size of the cache (default 80%% of its\n"
 "                         filesystem)\n"
 "  -o cache_min_free=SIZE|PCT  free space to leave on that filesystem\n"

@@ -102,8 +102,8 @@ void options_free(struct options *opts);
 
 /*
  * The default cache directory of BUCKET at ENDPOINT (endpoint_identity(),
- * "scheme://host[:port]") into *OUT: BASE/BUCKET@HOST[:PORT], one per
- * endpoint and bucket, BASE being /var/cache/s3cachefs for root, else
+ * "scheme://host[:port]") into *OUT: BASE/BUCKET@HOST[:PORT] for https,
+ * BASE/BUCKET@http:HOST[:PORT] for http, one per endpoint and bucket, BASE being /var/cache/s3cachefs for root, else
  * $XDG_CACHE_HOME/s3cachefs or ~/.cache/s3cachefs. *LEGACY: the one
  * versions that did not record a cache's endpoint used, BASE/BUCKET
  * (cache_dir_is_for() says whether it may be used). Both malloc'd.

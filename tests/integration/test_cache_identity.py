@@ -83,8 +83,8 @@ def test_pending_uploads_keep_the_cache_for_their_bucket(
         assert len(lines) == 1, errors
         sentence = lines[0]
         for word in (f"bucket '{bucket}' at {proxy.endpoint}",
-                     f"bucket '{name}' at {endpoint}", 's3cachefs pending',
-                     '-o cache='):
+                     f"bucket '{name}' at {endpoint}", 'until its unmount',
+                     's3cachefs pending', '-o cache='):
             assert word in sentence, sentence
     assert bucket_keys(s3, other_bucket) == []
     assert bucket_keys(s3, bucket) == []
@@ -149,9 +149,10 @@ def test_one_bucket_name_at_two_endpoints_shares_nothing(
 def default_cache_dirs(endpoint, bucket):
     """The default cache directory of BUCKET at ENDPOINT (root's), and the
     one per bucket that versions before it used."""
-    host = endpoint.split('://', 1)[1]
+    scheme, host = endpoint.split('://', 1)
+    name = host if scheme == 'https' else f'{scheme}:{host}'
     base = Path('/var/cache/s3cachefs')
-    return base / f'{bucket}@{host}', base / bucket
+    return base / f'{bucket}@{name}', base / bucket
 
 
 def test_default_cache_directory_is_per_endpoint(server, s3, bucket, proxy,

@@ -2980,6 +2980,31 @@ static void test_identity_binds_the_directory(void **state)
     assert_string_equal(text, "journal");
 }
 
+/* An identity record that cannot be read (here a directory in its place:
+ * EIO) is not taken for another owner's: the claim fails with a sentence
+ * and the cache is not emptied. (Before: emptied, as a record that does
+ * not parse is.) */
+static void test_identity_that_cannot_be_read_keeps_the_cache(void **state)
+{
+    struct fixture *f = *state;
+    struct cache_identity mine = {"http://127.0.0.1:9000", "models", ""};
+    char path[512], errbuf[1024] = "";
+
+    assert_true(block_survives(f, claim_as, &mine));
+    cache_stop(f);
+    snprintf(path, sizeof(path), "%s/identity", f->dir);
+    assert_int_equal(unlink(path), 0);
+    assert_int_equal(mkdir(path, 0700), 0);
+    int err = cache_dir_claim(f->dir, &mine, 0, errbuf, sizeof(errbuf));
+    assert_int_not_equal(err, 0);
+    assert_non_null(strstr(errbuf, "cannot read"));
+    assert_int_equal(rmdir(path), 0);
+    cache_start(f);
+    struct cache_object *o = open_object(f, "k", ETAG, SMALL_BLOCK);
+    assert_true(cache_block_present(f->cache, o, 0));
+    cache_object_close(f->cache, &o);
+}
+
 /* A prefix with spaces, '%' and controls is recorded as one word and
  * read back exactly. */
 static void test_identity_record_escapes(void **state)
@@ -3013,6 +3038,8 @@ int main(void)
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(test_identity_record_escapes, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(
+            test_identity_that_cannot_be_read_keeps_the_cache, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fill_outlives_handle, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_errors, setup, teardown),

@@ -1200,7 +1200,7 @@ static void test_default_cache_dir(void **state)
     }
     assert_int_equal(options_default_cache_dir("models", "http://127.0.0.1:9000",
                                                &dir, &legacy), 0);
-    snprintf(want, sizeof(want), "%s/models@127.0.0.1:9000", base);
+    snprintf(want, sizeof(want), "%s/models@http:127.0.0.1:9000", base);
     assert_string_equal(dir, want);
     snprintf(want, sizeof(want), "%s/models", base);
     assert_string_equal(legacy, want);
@@ -1210,6 +1210,13 @@ static void test_default_cache_dir(void **state)
     snprintf(want, sizeof(want), "%s/models@s3.us-east-1.amazonaws.com", base);
     assert_string_equal(other, want);
     assert_string_equal(other_legacy, legacy);
+    free(other);
+    free(other_legacy);
+    /* one host, http and https: two directories */
+    assert_int_equal(options_default_cache_dir("models", "https://127.0.0.1:9000",
+                                               &other, &other_legacy), 0);
+    snprintf(want, sizeof(want), "%s/models@127.0.0.1:9000", base);
+    assert_string_equal(other, want);
     free(dir);
     free(legacy);
     free(other);
