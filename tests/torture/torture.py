@@ -31,6 +31,17 @@ promised to current; rename moves both, unlink makes both absent; writes
 never change promised. An operation interrupted by the kill (or failing)
 is "in flight": promised becomes the union of before and after.
 
+Renames are checked jointly too (HACKING.md "Renames are atomic under
+crashes"): one in flight at the kill leaves the paths it touches (source
+and target; for a directory every path under both names) as a whole as
+they were before it or as they are after it, never a mix of the two
+(each path within its own union is not enough: `a` gone and `b` still
+holding its old bytes is neither). A Joint holds those states until the
+next mount shows one (or the bucket check); `mount-joint`/`bucket-joint`
+failures say which states were allowed and what was found. A rename that
+fails without a crash is undone (a file: the state before), or, for a
+directory, leaves each key under the old name, the new one or both.
+
 Round R of a run with --seed S uses seed S+R; a failure prints the line
 that replays its round alone.
 """
@@ -39,6 +50,7 @@ import collections
 import concurrent.futures
 import contextlib
 import hashlib
+import itertools
 import os
 import random
 import secrets
@@ -94,6 +106,101 @@ def first_difference(found, expected):
             f'size {len(found)} instead of {len(expected)}')
 
 
+def under(path, directory):
+    return path.startswith(directory + '/')
+
+
+def renamed(state, source, target, is_dir):
+    """STATE ({path: set of contents, None for absent}) after
+    rename(SOURCE, TARGET): a file's promises go to TARGET, a directory's
+    (every path under it) to the same paths under TARGET; the old names
+    are absent. Paths not in STATE keep what they had."""
+    if is_dir:
+        moves = [(p, target + p[len(source):]) for p in state
+                 if under(p, source)]
+    else:
+        moves = [(source, target)]
+    after = dict(state)
+    for old, _ in moves:
+        after[old] = {None}
+    for old, new in moves:
+        after[new] = set(state.get(old, {None}))
+    return after
+
+
+def outcome_label(renames, combination):
+    """'before', 'after', or which of RENAMES are done in COMBINATION."""
+    if len(renames) == 1:
+        return 'after' if combination[0] else 'before'
+    if not any(combination):
+        return 'before both'
+    if all(combination):
+        return 'after both'
+    return 'after ' + ' and '.join(
+        name for (*_, name), done in zip(renames, combination) if done) + \
+        ' only'
+
+
+def describe_state(state):
+    """{path: set of contents} as 'path: A or B, path2: absent'."""
+    return '{' + ', '.join(
+        f'{path}: ' + ' or '.join(sorted(describe(c) for c in state[path]))
+        for path in sorted(state)) + '}'
+
+
+class Joint:
+    """Paths that renames in flight at a kill (or failed) touched: over
+    all of them together the bucket holds the state of one of
+    ALTERNATIVES [(label, {path: set of contents})], never a mix (each
+    path's value in its own set is not enough)."""
+
+    def __init__(self, what, alternatives):
+        self.what = what
+        self.alternatives = []
+        for label, state in alternatives:
+            state = {p: set(v) for p, v in state.items()}
+            for index, (known, other) in enumerate(self.alternatives):
+                if other == state:
+                    self.alternatives[index] = (f'{known} = {label}', other)
+                    break
+            else:
+                self.alternatives.append((label, state))
+        self.paths = set().union(*(s for _, s in self.alternatives))
+
+    def admits(self, found):
+        """True when FOUND ({path: bytes or None}) is one of the states."""
+        return any(all(found.get(p) in allowed for p, allowed in s.items())
+                   for _, s in self.alternatives)
+
+    def without(self, path):
+        """The Joint over the other paths (None when that is no longer a
+        joint condition: one path, or one state)."""
+        projected = [(label, {p: v for p, v in s.items() if p != path})
+                     for label, s in self.alternatives]
+        joint = Joint(self.what, projected)
+        if len(joint.paths) < 2 or len(joint.alternatives) < 2:
+            return None
+        return joint
+
+    def explain(self, found, model):
+        """What was found against what was allowed, as text: the paths
+        whose state tells the alternatives apart, or that hold what none
+        of them has (the others hold what every one allows)."""
+        telling = sorted(
+            p for p in self.paths
+            if any(s[p] != self.alternatives[0][1][p]
+                   for _, s in self.alternatives)
+            or not all(found.get(p) in s[p] for _, s in self.alternatives))
+        seen = ', '.join(f'{p}: {describe(found.get(p))} '
+                         f'({model.explain(p, found.get(p))})'
+                         for p in telling)
+        allowed = '; or '.join(
+            f'{label} {describe_state({p: s[p] for p in telling})}'
+            for label, s in self.alternatives)
+        return (f'{self.what}: found, as a whole, {{{seen}}}, which is '
+                f'none of the states allowed: {allowed}')
+
+
 class Crashed(Exception):
     """The daemon was killed: the workload stops here."""
 
@@ -139,6 +246,9 @@ class Model:
         self.gone = {}                   # path -> why it is absent
         # every content ever current or promised: digest -> [(path, how)]
         self.seen = collections.defaultdict(list)
+        # renames in flight at a kill (or failed): states of several paths
+        # together, checked by the next mount and by the bucket check
+        self.joints = []
 
     def promised_of(self, path):
         return self.promised.get(path, {None})
@@ -153,37 +263,114 @@ class Model:
         data = bytes(data)
         self.remember(path, data, f'promised by {how}')
         self.shown.pop(path, None)
+        self.unjoin(path)
         if in_flight:
             self.promised[path] = self.promised_of(path) | {data}
         else:
             self.promised[path] = {data}
 
-    def move(self, source, target, in_flight, how):
-        """The promises of a rename(source, target)."""
-        before_source = self.promised_of(source)
-        self.gone[source] = f'renamed to {target} by {how}'
-        if before_source == {None}:
-            self.gone[target] = (f'replaced by {source} (never closed) '
-                                 f'by {how}')
-        before_target = self.promised_of(target)
-        self.shown.pop(source, None)
-        self.shown.pop(target, None)
-        if in_flight:
-            self.promised[target] = before_target | before_source
-            self.promised[source] = before_source | {None}
-        else:
-            self.promised[target] = set(before_source)
-            self.promised[source] = {None}
+    def rename(self, renames, what, joint=True):
+        """The promises of RENAMES [(source, target, is_dir, outcomes,
+        name)], applied in this order, each one done or not as OUTCOMES
+        says ({True}: it returned 0; {False}: it failed and is undone;
+        {False, True}: in flight at the kill). Each path they touch (the
+        source and the target, and for a directory every path under both
+        names) may end with what any combination leaves; and unless JOINT
+        is false, all of them together with what one combination leaves,
+        never a mix (a Joint, kept until a mount shows a state). Returns
+        the Joint or None (one combination: nothing to check jointly)."""
+        touched = set()
+        known = set(self.paths()) | set(self.promised)
+        for source, target, is_dir, _, _ in renames:
+            if is_dir:
+                touched |= {p for p in known if under(p, source)
+                            or under(p, target)}
+            else:
+                touched |= {source, target}
+        before = {p: set(self.promised_of(p)) for p in touched}
+        alternatives = []
+        for combination in itertools.product(
+                *[sorted(outcomes) for _, _, _, outcomes, _ in renames]):
+            state = before
+            for (source, target, is_dir, _, _), done in zip(renames,
+                                                           combination):
+                if done:
+                    state = renamed(state, source, target, is_dir)
+            alternatives.append((outcome_label(renames, combination), state))
+        paths = set().union(*(state for _, state in alternatives))
+        for _, state in alternatives:
+            for path in paths:
+                state.setdefault(path, set(self.promised_of(path)))
+        for (source, target, is_dir, outcomes, _) in renames:
+            if True in outcomes:
+                self.note_gone(source, target, is_dir, what)
+        for path in paths:
+            self.unjoin(path)
+            self.shown.pop(path, None)
+            self.promised[path] = set().union(
+                *(state[path] for _, state in alternatives))
+        found = Joint(what, alternatives)
+        if not joint or len(found.alternatives) < 2:
+            return None
+        self.joints.append(found)
+        return found
+
+    def rename_failed_dir(self, source, target, what):
+        """A directory rename that failed (no crash) is not undone: each
+        key under it is under the old name, the new one, or both (a key
+        copied, not deleted), and stays so (the next mount does not go
+        on with it)."""
+        self.note_gone(source, target, True, what)
+        for old in sorted(p for p in set(self.paths()) | set(self.promised)
+                          if under(p, source)):
+            new = target + old[len(source):]
+            value, empty = set(self.promised_of(old)), set(
+                self.promised_of(new))
+            self.unjoin(old)
+            self.unjoin(new)
+            self.shown.pop(old, None)
+            self.shown.pop(new, None)
+            self.promised[old] = value | {None}
+            self.promised[new] = value | empty
+            self.joints.append(Joint(f'{what} ({old})', [
+                ('under the old name', {old: value, new: empty}),
+                ('under the new name', {old: {None}, new: value}),
+                ('under both', {old: value, new: value})]))
+
+    def note_gone(self, source, target, is_dir, how):
+        """Why the names a rename emptied are absent (for explain)."""
+        if not is_dir:
+            self.gone[source] = f'renamed to {target} by {how}'
+            if self.promised_of(target) == {None}:
+                self.gone[target] = (f'replaced by {source} (never closed) '
+                                     f'by {how}')
+            return
+        for path in list(self.promised):
+            if under(path, source):
+                self.gone[path] = f'moved with {source} by {how}'
+
+    def unjoin(self, path):
+        """PATH is changed by a later operation: the Joints go on over
+        their other paths only."""
+        joints = []
+        for joint in self.joints:
+            if path in joint.paths:
+                joint = joint.without(path)
+            if joint is not None:
+                joints.append(joint)
+        self.joints = joints
 
     def drop(self, path, in_flight, how):
         """The promise of an unlink(path)."""
         self.gone[path] = f'unlinked by {how}'
         self.shown.pop(path, None)
+        self.unjoin(path)
         self.promised[path] = (self.promised_of(path) | {None} if in_flight
                                else {None})
 
     def settle(self, path, data):
         """PATH holds DATA (None: absent) for sure (put there)."""
+        self.unjoin(path)
         self.promised[path] = {data}
         self.current(path, data)
 
@@ -293,6 +480,7 @@ class Round:
         self.ops_done = 0
         self.reads = 0
         self.crash_points = 0
+        self.renames_at_kill = 0       # crash points inside a rename
         self.checks = 0
         self.kill_lock = threading.Lock()
         self.killed = False
@@ -372,11 +560,13 @@ class Round:
 
     # ----------------------------------------------------------- steps
 
-    def step(self, what, call, done=None, in_flight=None):
+    def step(self, what, call, done=None, in_flight=None, failed=None):
         """Runs one system call of the workload. DONE(result) applies its
         effect to the model when it returned before any kill; IN_FLIGHT()
-        when the kill (or an error) may have come during it. Raises
-        Crashed when the daemon is dead."""
+        when the kill may have come during it; FAILED() when it failed
+        without a kill (IN_FLIGHT() if FAILED is None), which is a failure
+        of the round and kills the daemon. Raises Crashed when the daemon
+        is dead."""
         if self.killed:
             raise Crashed()
         self.watchdog.arm(what)
@@ -399,7 +589,9 @@ class Round:
         if error is not None:
             self.fail('errno', f'op {self.op_index}: {what}: '
                                f'{error.strerror} (errno {error.errno})')
-            if in_flight is not None:
+            if failed is not None:
+                failed()
+            elif in_flight is not None:
                 in_flight()
             self.kill_now('an error')
             raise Crashed()
@@ -564,38 +756,55 @@ class Round:
                   in_flight=lambda: promise(True))
 
     def rename_step(self, source, target):
-        """rename of a file or a directory; the model moves every path
-        under it."""
+        """rename of a file or a directory. Done, the model moves every
+        path under it; in flight at the kill, the paths it touches end,
+        as a whole, as before it or as after it; failed, as before it (a
+        file) or each key under one name or both (a directory)."""
         model = self.model
         is_dir = source in model.dirs
-        if is_dir:
-            moves = [(p, target + p[len(source):]) for p in model.paths()
-                     if p.startswith(source + '/')]
-        else:
-            moves = [(source, target)]
+        what = (f'{"directory " if is_dir else ""}rename {source} -> '
+                f'{target} at op {self.op_index}')
 
-        def apply(in_flight):
-            for old, new in moves:
-                model.move(old, new, in_flight, f'op {self.op_index}')
-            if in_flight:
+        def apply(outcome):
+            if outcome == 'failed' and is_dir:
+                model.rename_failed_dir(source, target, f'{what}, failed')
                 return
-            replaced = model.files.pop(target, None)
-            if replaced is not None:
-                replaced.path = None
-            moved = [(old, new, model.files.pop(old)) for old, new in moves
-                     if old in model.files]
-            for old, new, inode in moved:
-                inode.path = new
-                model.files[new] = inode
-            if is_dir:
-                model.dirs.discard(source)
-                model.dirs.add(target)
-            self.recent = [dict(moves).get(p, p) for p in self.recent]
+            outcomes = {'done': {True}, 'in flight': {False, True},
+                        'failed': {False}}[outcome]
+            joint = model.rename([(source, target, is_dir, outcomes, what)],
+                                 f'{what}, {outcome}')
+            if joint is not None and outcome == 'in flight':
+                self.renames_at_kill += 1
+            if outcome == 'done':
+                self.move_files(source, target, is_dir)
         self.step(f'rename {source} -> {target}',
                   lambda: os.rename(self.absolute(source),
                                     self.absolute(target)),
-                  done=lambda _: apply(False),
-                  in_flight=lambda: apply(True))
+                  done=lambda _: apply('done'),
+                  in_flight=lambda: apply('in flight'),
+                  failed=lambda: apply('failed'))
+
+    def move_files(self, source, target, is_dir):
+        """The current files (and open descriptors) after a rename that
+        returned 0."""
+        model = self.model
+        if is_dir:
+            moves = [(p, target + p[len(source):]) for p in model.files
+                     if under(p, source)]
+        else:
+            moves = [(source, target)]
+        replaced = model.files.pop(target, None)
+        if replaced is not None:
+            replaced.path = None
+        moved = [(old, new, model.files.pop(old)) for old, new in moves
+                 if old in model.files]
+        for old, new, inode in moved:
+            inode.path = new
+            model.files[new] = inode
+        if is_dir:
+            model.dirs.discard(source)
+            model.dirs.add(target)
+        self.recent = [dict(moves).get(p, p) for p in self.recent]
 
     # -------------------------------------------------------- operations
 
@@ -951,6 +1160,7 @@ class Round:
         if self.killed:
             return False
         self.checks += 1
+        self.check_joints(files, unread, 'mount-joint', when)
         for path in sorted(set(self.model.paths()) | set(files)):
             if path in unread:
                 continue
@@ -973,6 +1183,19 @@ class Round:
         self.model.dirs = {d for d in dirs if '/' not in d}
         return True
 
+    def check_joints(self, found, unread, kind, when):
+        """Each Joint of the model against FOUND ({path: bytes}, absent
+        paths missing; UNREAD: paths that could not be read, already
+        failures): the paths it covers hold one of its states together.
+        What a mount (or the bucket) showed then settles them: the Joints
+        go (each path's own checks and `shown` go on)."""
+        for joint in self.model.joints:
+            if joint.paths & unread:
+                continue
+            if not joint.admits(found):
+                self.fail(kind, f'{when}: {joint.explain(found, self.model)}')
+        self.model.joints = []
+
     def check_bucket(self):
         """The bucket against the model: each key its last promised bytes
         (or a state an op in flight allowed); nothing absent in the model
@@ -989,6 +1212,7 @@ class Round:
                                        Key=key)['Body'].read()
         self.checks += 1
         model = self.model
+        self.check_joints(found, set(), 'bucket-joint', 'in the bucket')
         for path in sorted(set(model.paths()) | set(found)):
             data = found.get(path)
             candidates = model.promised_of(path)
@@ -1219,6 +1443,7 @@ class Summary:
     def __init__(self):
         self.rounds = 0
         self.crash_points = 0
+        self.renames_at_kill = 0
         self.checks = 0
         self.ops = 0
         self.reads = 0
@@ -1234,6 +1459,7 @@ class Summary:
     def add(self, done):
         self.rounds += 1
         self.crash_points += done.crash_points
+        self.renames_at_kill += done.renames_at_kill
         self.checks += done.checks
         self.ops += done.ops_done
         self.reads += done.reads
@@ -1249,7 +1475,8 @@ class Summary:
         classes = ', '.join(f'{kind} in {count} rounds'
                             for kind, count in sorted(self.classes.items()))
         text = (f'torture: {self.rounds} rounds, {self.crash_points} crash '
-                f'points, {self.ops} operations, {self.reads} reads checked, '
+                f'points ({self.renames_at_kill} inside a rename), '
+                f'{self.ops} operations, {self.reads} reads checked, '
                 f'{self.failures} failures in {len(self.failed_rounds)} '
                 f'rounds ({classes or "none"}); {seconds:.0f} s, '
                 f'{rate:.1f} crash points/min')
