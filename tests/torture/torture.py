@@ -42,6 +42,17 @@ failures say which states were allowed and what was found. A rename that
 fails without a crash is undone (a file: the state before), or, for a
 directory, leaves each key under the old name, the new one or both.
 
+Two operations aim at those renames (the kill timer, when it starts in
+one of them, is moved to a random moment just after its rename starts):
+rename_pending renames a file over one waiting for its upload (writeback:
+closed and not sent yet, right after its close or kept from being sent
+by a second descriptor open for writing), or a pending one over a file
+in the bucket, or pending over pending (default mode: a file in the
+bucket, or written and still open, over another); rename_dir_race runs
+`mv d e` and os.replace(d/.tmpN, d/x) on two threads at about the same
+time, whose inner rename must happen before or after the directory's, or
+fail cleanly with ENOENT. `--ops rename_heavy` draws mostly those.
+
 Round R of a run with --seed S uses seed S+R; a failure prints the line
 that replays its round alone.
 """
@@ -49,6 +60,7 @@ import argparse
 import collections
 import concurrent.futures
 import contextlib
+import errno
 import hashlib
 import itertools
 import os
@@ -199,6 +211,24 @@ class Joint:
             for label, s in self.alternatives)
         return (f'{self.what}: found, as a whole, {{{seen}}}, which is '
                 f'none of the states allowed: {allowed}')
+
+
+# --ops: which operations a workload draws, with their weights
+OPS = {
+    'mixed': [('write_whole', 24), ('checkpoint', 9), ('open', 9),
+              ('pwrite', 11), ('append', 6), ('ftruncate', 4),
+              ('truncate', 3), ('fsync', 4), ('close', 12), ('rename', 9),
+              ('rename_dir', 2), ('rename_pending', 4),
+              ('rename_dir_race', 2), ('unlink', 5), ('mkdir', 3),
+              ('rmdir', 2), ('pause', 4)],
+    # renames over (and of) pending files, directory renames during a
+    # rename inside: most crash points land in one
+    'rename_heavy': [('rename_pending', 30), ('rename_dir_race', 16),
+                     ('rename', 6), ('rename_dir', 4), ('checkpoint', 6),
+                     ('write_whole', 8), ('open', 3), ('pwrite', 3),
+                     ('close', 5), ('unlink', 3), ('mkdir', 3),
+                     ('rmdir', 1), ('pause', 2)],
+}
 
 
 class Crashed(Exception):
@@ -481,7 +511,11 @@ class Round:
         self.reads = 0
         self.crash_points = 0
         self.renames_at_kill = 0       # crash points inside a rename
+        self.op_counts = collections.Counter()
         self.checks = 0
+        self.kill_op = None
+        self.kill_timer = None
+        self.kill_aimed = self.kill_deferred = False
         self.kill_lock = threading.Lock()
         self.killed = False
         self.kill_note = None
@@ -514,6 +548,8 @@ class Round:
             line += ' --power-loss'
         if not opts.big:
             line += ' --no-big'
+        if opts.ops != 'mixed':
+            line += f' --ops {opts.ops}'
         return line
 
     # ------------------------------------------------------------- mounts
@@ -614,6 +650,19 @@ class Round:
         if roll < 0.65:
             return rng.randrange(4 * KiB, 256 * KiB)
         return rng.randrange(256 * KiB, 3 * MiB + 1)
+
+    def side_size(self):
+        """Sizes of the files the rename-heavy ops write: mostly small
+        (the renames are what they are for), once in a while multipart."""
+        rng = self.rng
+        roll = rng.random()
+        if roll < 0.005 and self.options.big:
+            return BIG + rng.randrange(512 * KiB)
+        if roll < 0.5:
+            return rng.randrange(0, 4 * KiB)
+        if roll < 0.85:
+            return rng.randrange(4 * KiB, 256 * KiB)
+        return rng.randrange(256 * KiB, 3 * MiB // 2)
 
     def write_length(self):
         roll = self.rng.random()
@@ -981,6 +1030,202 @@ class Round:
         self.rename_step(source, target)
         return None
 
+    # The two rename-heavy operations: their renames are where the kill
+    # timer is aimed (aim_kill), and where the joint check looks.
+
+    RENAME_SIDES = {
+        # (source, target): weight. pending: closed, its upload not sent
+        # yet (right after its close, or a second descriptor open for
+        # writing keeps it); edited: in the bucket, then written again
+        # and still open (its only saved version is the old object);
+        # open: written, never closed (no promise at all)
+        'writeback': {('uploaded', 'pending'): 3, ('pending', 'uploaded'): 3,
+                      ('pending', 'pending'): 3, ('edited', 'pending'): 1,
+                      ('uploaded', 'uploaded'): 1},
+        'default': {('uploaded', 'uploaded'): 3, ('edited', 'uploaded'): 2,
+                    ('uploaded', 'edited'): 1, ('open', 'uploaded'): 1,
+                    ('uploaded', 'open'): 1, ('edited', 'edited'): 1},
+    }
+    FD_NEEDS = {'uploaded': 0, 'pending': 0, 'edited': 1, 'open': 1}
+
+    def make_side(self, path, kind, keeper):
+        """Writes PATH anew and leaves it KIND (see RENAME_SIDES); KEEPER:
+        a second descriptor stays open for writing (pending: it is not
+        sent while that is open)."""
+        data = self.rng.randbytes(self.side_size())
+        handle = self.open_step(path, 'new')
+        if keeper:
+            self.open_step(path, 'rw')
+        self.write_step(handle, data)
+        if kind in ('uploaded', 'edited') and self.mode == 'writeback':
+            self.fsync_step(handle)      # uploads, in both modes
+        if kind == 'open':
+            return
+        self.close_step(handle)
+        if kind == 'edited':
+            handle = self.open_step(path, 'rw')
+            offset = self.rng.randrange(0, len(data) + 1)
+            self.write_step(handle, self.rng.randbytes(
+                self.rng.randrange(1, 64 * KiB)), offset)
+
+    def op_rename_pending(self):
+        """A rename over a file waiting for its upload, or of one, or
+        both (see RENAME_SIDES), in the root or a directory; the kill
+        timer, when it runs in this op, is aimed at the rename."""
+        directory = self.a_dir()
+        source, target = [self.join(directory, name)
+                          for name in self.rng.sample(NAMES, 2)]
+        table = self.RENAME_SIDES[self.mode]
+        sides = self.rng.choices(list(table), list(table.values()))[0]
+        free = MAX_FDS - len(self.handles)
+        if sum(self.FD_NEEDS[kind] for kind in sides) > free:
+            sides = tuple('uploaded' if self.FD_NEEDS[kind] else kind
+                          for kind in sides)
+        free -= sum(self.FD_NEEDS[kind] for kind in sides)
+        keepers = {}
+        for path, kind in zip((target, source), sides[::-1]):
+            keepers[path] = (kind == 'pending' and free > 0
+                             and self.rng.random() < 0.5)
+            free -= keepers[path]
+        self.defer_kill()
+        self.note(f'op {self.op_index}: rename {sides[0]} {source} over '
+                  f'{sides[1]} {target}'
+                  + ''.join(f', {p} kept open for writing'
+                            for p in keepers if keepers[p]))
+        # the sides in the bucket first, the pending ones last (the target
+        # before the source), so that they are still pending at the rename
+        order = sorted(zip((source, target), sides),
+                       key=lambda side: (side[1] != 'uploaded',
+                                         side[0] == source))
+        for path, kind in order:
+            self.make_side(path, kind, keepers.get(path, False))
+        self.aim_kill(f'rename {source} -> {target}', 250)
+        self.rename_step(source, target)
+        return target
+
+    def op_rename_dir_race(self):
+        """mv d e on one thread while another renames a file inside it,
+        os.replace(d/.tmpN, d/x), started together (the kernel locks only
+        the parent of a rename's names, so both run): the inner rename
+        happens before the directory's or after it (under the new name,
+        then moved with it), or fails cleanly with ENOENT."""
+        free = [d for d in DIRS if d not in self.model.dirs]
+        if not free or (not self.model.dirs and len(free) < 2):
+            return None
+        self.defer_kill()
+        if not self.model.dirs:
+            directory = self.rng.choice(free)
+            self.note(f'op {self.op_index}: mkdir {directory} (for a '
+                      f'directory rename during a rename)')
+            self.step(f'mkdir {directory}',
+                      lambda: os.mkdir(self.absolute(directory)),
+                      done=lambda _: self.model.dirs.add(directory))
+            free.remove(directory)
+        directory = self.rng.choice(sorted(self.model.dirs))
+        moved_to = self.rng.choice(free)
+        temporary = self.join(directory, self.rng.choice(TEMPS))
+        target = self.join(directory, self.rng.choice(NAMES))
+        pending = self.mode == 'writeback' and self.rng.random() < 0.7
+        self.note(f'op {self.op_index}: rename directory {directory} -> '
+                  f'{moved_to} while {temporary} -> {target}'
+                  + (' (pending)' if pending else ''))
+        if target not in self.model.files or self.rng.random() < 0.3:
+            self.make_side(target, 'uploaded', False)
+        self.make_side(temporary, 'pending' if pending else 'uploaded',
+                       False)
+        self.aim_kill(f'rename {directory} -> {moved_to} and {temporary} '
+                      f'-> {target}', 400)
+        self.rename_race(directory, moved_to, temporary, target)
+        return None
+
+    def rename_race(self, directory, moved_to, temporary, target):
+        """Runs rename(DIRECTORY, MOVED_TO) and replace(TEMPORARY, TARGET)
+        on two threads started together, and applies to the model what
+        each outcome allows: jointly, the inner rename before, after or
+        never, the directory's done or not."""
+        if self.killed:
+            raise Crashed()
+        calls = [(f'rename {temporary} -> {target}',
+                  lambda: os.replace(self.absolute(temporary),
+                                     self.absolute(target))),
+                 (f'rename {directory} -> {moved_to}',
+                  lambda: os.rename(self.absolute(directory),
+                                    self.absolute(moved_to)))]
+        barrier = threading.Barrier(len(calls))
+        results = [None] * len(calls)
+        # about the same time: one of them a little later, at times after
+        # the other returned
+        late = self.rng.randrange(len(calls))
+        lags = [0.0] * len(calls)
+        lags[late] = self.rng.choice([0, 0, 5, 30, 150, 400]) / 1000
+        self.note(f'    {calls[late][0]} {lags[late] * 1000:.0f} ms later')
+
+        def run(index, call):
+            with contextlib.suppress(threading.BrokenBarrierError):
+                barrier.wait(timeout=10)
+            time.sleep(lags[index])
+            error = None
+            try:
+                call()
+            except OSError as err:
+                error = err
+            with self.kill_lock:
+                killed = self.killed
+            results[index] = ('in flight' if killed else
+                              'failed' if error else 'done', error)
+        threads = [threading.Thread(target=run, args=(index, call),
+                                    daemon=True)
+                   for index, (_, call) in enumerate(calls)]
+        self.watchdog.arm(' while '.join(what for what, _ in calls))
+        try:
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+        finally:
+            self.watchdog.disarm()
+        outcomes, unexpected = [], False
+        for (what, _), (result, error) in zip(calls, results):
+            said = f' ({error.strerror})' if error else ''
+            if result == 'in flight':
+                self.note(f'    in flight at the kill: {what}{said}')
+                outcomes.append({False, True})
+            elif result == 'done':
+                self.note(f'    done: {what}')
+                outcomes.append({True})
+            elif what.startswith(f'rename {temporary}') and \
+                    error.errno == errno.ENOENT:
+                self.note(f'    failed cleanly: {what}{said}')
+                self.op_counts['rename_dir_race, inner rename ENOENT'] += 1
+                outcomes.append({False})
+            else:
+                self.fail('errno', f'op {self.op_index}: {what}: '
+                                   f'{error.strerror} (errno {error.errno})')
+                outcomes.append({False, True})
+                unexpected = True
+        inner, outer = outcomes
+        what = (f'rename {directory} -> {moved_to} and {temporary} -> '
+                f'{target} at once at op {self.op_index}')
+        # a failed directory rename may leave a mix: then only each path's
+        # own states are checked
+        joint = self.model.rename(
+            [(temporary, target, False, inner, f'{temporary} -> {target}'),
+             (directory, moved_to, True, outer,
+              f'{directory} -> {moved_to}')],
+            what, joint=not unexpected)
+        killed = any(result == 'in flight' for result, _ in results)
+        if joint is not None and killed:
+            self.renames_at_kill += 1
+        if killed:
+            raise Crashed()
+        if inner == {True}:
+            self.move_files(temporary, target, False)
+        if outer == {True}:
+            self.move_files(directory, moved_to, True)
+        if unexpected:
+            self.kill_now('an error')
+            raise Crashed()
+
     def op_unlink(self):
         path = self.a_file(prefer_recent=self.rng.random() < 0.5)
         if path is None:
@@ -1024,19 +1269,16 @@ class Round:
         time.sleep(seconds)
         return None
 
-    OPS = [('write_whole', 24), ('checkpoint', 9), ('open', 9),
-           ('pwrite', 11), ('append', 6), ('ftruncate', 4), ('truncate', 3),
-           ('fsync', 4), ('close', 12), ('rename', 9), ('rename_dir', 2),
-           ('unlink', 5), ('mkdir', 3), ('rmdir', 2), ('pause', 4)]
-
     def one_op(self):
-        names = [name for name, _ in self.OPS]
-        weights = [weight for _, weight in self.OPS]
+        ops = OPS[self.options.ops]
+        names = [name for name, _ in ops]
+        weights = [weight for _, weight in ops]
         for _ in range(20):
             name = self.rng.choices(names, weights)[0]
             mark = len(self.log)
             touched = getattr(self, f'op_{name}')()
             if len(self.log) > mark:     # it ran
+                self.op_counts[name] += 1
                 return touched
         return None
 
@@ -1099,31 +1341,66 @@ class Round:
         """Runs OPS operations; the kill timer starts when op KILL_OP
         begins (None: no kill). Returns once the daemon is dead or, with
         no kill, when the operations are done."""
-        timer = None
+        self.kill_op, self.kill_timer = kill_op, None
+        self.kill_aimed = self.kill_deferred = False
         try:
             for _ in range(ops):
                 if self.killed:
                     break
                 self.op_index += 1
                 if self.op_index == kill_op:
-                    self.note(f'-- kill timer: op {kill_op} + '
-                              f'{kill_ms:.1f} ms')
-                    timer = threading.Timer(kill_ms / 1000, self.kill_now,
-                                            (f'op {kill_op} + {kill_ms:.1f} ms',))
-                    timer.start()
+                    self.start_kill_timer(kill_ms, f'op {kill_op}')
                 touched = self.one_op()
+                if self.kill_deferred:      # (the op stopped before it)
+                    self.start_kill_timer(kill_ms, f'end of op {kill_op}')
                 self.ops_done += 1
                 other = self.a_file()
                 for path in [touched] + ([other] if other != touched else []):
                     if path is not None and self.rng.random() < 0.6:
                         self.read_check(path)
-            if timer is not None:
-                timer.join()
+            if self.kill_timer is not None:
+                self.kill_timer.join()
         except Crashed:
             pass
         finally:
-            if timer is not None:
-                timer.cancel()
+            if self.kill_timer is not None:
+                self.kill_timer.cancel()
+            self.kill_op = self.kill_timer = None
+
+    def defer_kill(self):
+        """Called by a rename-heavy op as it starts: in the op the kill
+        timer started at, most of the time, the timer is stopped, to be
+        started again by aim_kill() at the rename the op prepares for
+        (else the time the preparation takes decides where it lands)."""
+        if (self.kill_timer is None or self.op_index != self.kill_op
+                or self.kill_aimed):
+            return
+        self.kill_aimed = True
+        if self.rng.random() < 0.2:
+            return
+        self.kill_timer.cancel()
+        self.kill_timer.join()
+        if self.killed:
+            raise Crashed()
+        self.kill_timer = None
+        self.kill_deferred = True
+
+    def aim_kill(self, what, window_ms):
+        """The kill timer that defer_kill() stopped starts again, to go
+        off a random time (up to WINDOW_MS, or up to 15 ms) after WHAT
+        begins."""
+        if not self.kill_deferred:
+            return
+        delay = self.rng.uniform(0, 15 if self.rng.random() < 0.35
+                                 else window_ms)
+        self.start_kill_timer(delay, what)
+
+    def start_kill_timer(self, delay_ms, what):
+        self.kill_deferred = False
+        self.note(f'-- kill timer: {what} + {delay_ms:.1f} ms')
+        self.kill_timer = threading.Timer(delay_ms / 1000, self.kill_now,
+                                          (f'{what} + {delay_ms:.1f} ms',))
+        self.kill_timer.start()
 
     # ------------------------------------------------------------- checks
 
@@ -1444,6 +1721,7 @@ class Summary:
         self.rounds = 0
         self.crash_points = 0
         self.renames_at_kill = 0
+        self.op_counts = collections.Counter()
         self.checks = 0
         self.ops = 0
         self.reads = 0
@@ -1460,6 +1738,7 @@ class Summary:
         self.rounds += 1
         self.crash_points += done.crash_points
         self.renames_at_kill += done.renames_at_kill
+        self.op_counts.update(done.op_counts)
         self.checks += done.checks
         self.ops += done.ops_done
         self.reads += done.reads
@@ -1552,6 +1831,9 @@ def run(server, options, out=sys.stdout):
         elif options.keep:
             print(f'work directory kept: {workdir}', file=out)
     print(summary.line(), file=out)
+    print('operations: ' + ', '.join(f'{name} {count}' for name, count
+                                     in summary.op_counts.most_common()),
+          file=out)
     print('time: ' + ', '.join(f'{what} {seconds:.0f} s' for what, seconds
                                in env.seconds.most_common()), file=out)
     if summary.failed_rounds:
@@ -1570,6 +1852,10 @@ def parse(argv=None):
                         default=int.from_bytes(os.urandom(3), 'big'))
     parser.add_argument('--rounds', type=int, default=10)
     parser.add_argument('--ops-per-round', type=int, default=12)
+    parser.add_argument('--ops', choices=sorted(OPS), default='mixed',
+                        help='the operations drawn and their weights '
+                        '(rename_heavy: mostly renames over pending files '
+                        'and directory renames during a rename)')
     parser.add_argument('--crash-points', type=int, default=0,
                         help='stop once this many crash points are done')
     parser.add_argument('--binary', default=os.environ.get(
