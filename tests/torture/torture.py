@@ -52,6 +52,10 @@ bucket, or written and still open, over another); rename_dir_race runs
 `mv d e` and os.replace(d/.tmpN, d/x) on two threads at about the same
 time, whose inner rename must happen before or after the directory's, or
 fail cleanly with ENOENT. `--ops rename_heavy` draws mostly those.
+With --rename-faults P the proxy refuses (403, never retried), in that
+share of the renames of a file in the bucket over another, the copy (the
+rename must fail, and be undone) or the DELETE of the old key (it must be
+done; the old key may stay in the bucket until the next mount deletes it).
 
 Round R of a run with --seed S uses seed S+R; a failure prints the line
 that replays its round alone.
@@ -279,6 +283,8 @@ class Model:
         # renames in flight at a kill (or failed): states of several paths
         # together, checked by the next mount and by the bucket check
         self.joints = []
+        # old keys a done rename left for the next mount: path -> bytes
+        self.left = {}
 
     def promised_of(self, path):
         return self.promised.get(path, {None})
@@ -379,9 +385,27 @@ class Model:
             if under(path, source):
                 self.gone[path] = f'moved with {source} by {how}'
 
+    def leave(self, path, data, how):
+        """A rename that is done left its old key PATH with DATA in the
+        bucket (its DELETE failed): it may stay until a next mount, whose
+        recovery deletes it."""
+        self.remember(path, data, how)
+        self.promised[path] = self.promised_of(path) | {data}
+        self.left[path] = data
+
+    def mounted_again(self):
+        """A mount after a crash is serving: the old keys renames left are
+        deleted by now."""
+        for path, data in self.left.items():
+            if self.promised_of(path) == {None, data}:
+                self.promised[path] = {None}
+        self.left = {}
+
     def unjoin(self, path):
         """PATH is changed by a later operation: the Joints go on over
-        their other paths only."""
+        their other paths only (and an old key left there is not the
+        model's to know of any more)."""
+        self.left.pop(path, None)
         joints = []
         for joint in self.joints:
             if path in joint.paths:
@@ -550,6 +574,8 @@ class Round:
             line += ' --no-big'
         if opts.ops != 'mixed':
             line += f' --ops {opts.ops}'
+        if opts.rename_faults != 0.3:
+            line += f' --rename-faults {opts.rename_faults:g}'
         return line
 
     # ------------------------------------------------------------- mounts
@@ -596,13 +622,15 @@ class Round:
 
     # ----------------------------------------------------------- steps
 
-    def step(self, what, call, done=None, in_flight=None, failed=None):
+    def step(self, what, call, done=None, in_flight=None, failed=None,
+             may_fail=False):
         """Runs one system call of the workload. DONE(result) applies its
         effect to the model when it returned before any kill; IN_FLIGHT()
         when the kill may have come during it; FAILED() when it failed
         without a kill (IN_FLIGHT() if FAILED is None), which is a failure
-        of the round and kills the daemon. Raises Crashed when the daemon
-        is dead."""
+        of the round and kills the daemon, unless MAY_FAIL (a fault was
+        injected): then the workload goes on. Raises Crashed when the
+        daemon is dead."""
         if self.killed:
             raise Crashed()
         self.watchdog.arm(what)
@@ -622,6 +650,11 @@ class Round:
             self.note(f'    in flight at the kill: {what}'
                       + (f' ({error.strerror})' if error else ''))
             raise Crashed()
+        if error is not None and may_fail:
+            self.note(f'    failed (a fault was injected): {what} '
+                      f'({error.strerror})')
+            failed()
+            return None
         if error is not None:
             self.fail('errno', f'op {self.op_index}: {what}: '
                                f'{error.strerror} (errno {error.errno})')
@@ -804,15 +837,23 @@ class Round:
                   done=lambda _: promise(False),
                   in_flight=lambda: promise(True))
 
-    def rename_step(self, source, target):
+    def rename_step(self, source, target, fault=None):
         """rename of a file or a directory. Done, the model moves every
         path under it; in flight at the kill, the paths it touches end,
         as a whole, as before it or as after it; failed, as before it (a
-        file) or each key under one name or both (a directory)."""
+        file) or each key under one name or both (a directory).
+        FAULT (a file in the bucket renamed over one): 'copy', the proxy
+        refuses the server-side copy (403, never retried): the rename
+        fails, and is undone; 'delete', it refuses the DELETE of the old
+        key once the copy is there: the rename is done, the old key may
+        stay in the bucket until the next mount deletes it."""
         model = self.model
         is_dir = source in model.dirs
         what = (f'{"directory " if is_dir else ""}rename {source} -> '
                 f'{target} at op {self.op_index}')
+        # the object in the bucket under the old name (an edited file's
+        # last closed version)
+        old = next(iter(model.promised_of(source)), None)
 
         def apply(outcome):
             if outcome == 'failed' and is_dir:
@@ -826,12 +867,33 @@ class Round:
                 self.renames_at_kill += 1
             if outcome == 'done':
                 self.move_files(source, target, is_dir)
-        self.step(f'rename {source} -> {target}',
-                  lambda: os.rename(self.absolute(source),
-                                    self.absolute(target)),
-                  done=lambda _: apply('done'),
-                  in_flight=lambda: apply('in flight'),
-                  failed=lambda: apply('failed'))
+            if outcome == 'done' and fault == 'delete':
+                model.leave(source, old, f'left by {what} (its DELETE '
+                                         f'refused) for the next mount')
+            if fault is not None:
+                self.op_counts[f'rename with its {fault} refused: '
+                               f'{outcome}'] += 1
+        proxy = self.env.proxy
+        if fault is not None:
+            bucket_path = f'/{self.bucket}/'
+            if fault == 'copy':
+                proxy.inject('denied', 1, lambda method, path, query:
+                             method == 'PUT' and path == bucket_path + target)
+            else:
+                proxy.inject('denied', 1, lambda method, path, query:
+                             method == 'DELETE'
+                             and path == bucket_path + source)
+        try:
+            self.step(f'rename {source} -> {target}',
+                      lambda: os.rename(self.absolute(source),
+                                        self.absolute(target)),
+                      done=lambda _: apply('done'),
+                      in_flight=lambda: apply('in flight'),
+                      failed=lambda: apply('failed'),
+                      may_fail=fault == 'copy')
+        finally:
+            if fault is not None:
+                proxy.clear_faults()
 
     def move_files(self, source, target, is_dir):
         """The current files (and open descriptors) after a rename that
@@ -1097,10 +1159,16 @@ class Round:
         order = sorted(zip((source, target), sides),
                        key=lambda side: (side[1] != 'uploaded',
                                          side[0] == source))
+        fault = None
+        if (sides[0] in ('uploaded', 'edited') and sides[1] == 'uploaded'
+                and self.env.proxy is not None
+                and self.rng.random() < self.options.rename_faults):
+            fault = self.rng.choice(['copy', 'delete'])
+            self.note(f'    the proxy refuses the {fault} of that rename')
         for path, kind in order:
             self.make_side(path, kind, keepers.get(path, False))
         self.aim_kill(f'rename {source} -> {target}', 250)
-        self.rename_step(source, target)
+        self.rename_step(source, target, fault)
         return target
 
     def op_rename_dir_race(self):
@@ -1437,6 +1505,7 @@ class Round:
         if self.killed:
             return False
         self.checks += 1
+        self.model.mounted_again()
         self.check_joints(files, unread, 'mount-joint', when)
         for path in sorted(set(self.model.paths()) | set(files)):
             if path in unread:
@@ -1490,6 +1559,10 @@ class Round:
         self.checks += 1
         model = self.model
         self.check_joints(found, set(), 'bucket-joint', 'in the bucket')
+        for path, data in model.left.items():
+            if found.get(path, b'') == data:
+                self.op_counts['old key left by a rename, in the bucket '
+                               'at the end'] += 1
         for path in sorted(set(model.paths()) | set(found)):
             data = found.get(path)
             candidates = model.promised_of(path)
@@ -1856,6 +1929,10 @@ def parse(argv=None):
                         help='the operations drawn and their weights '
                         '(rename_heavy: mostly renames over pending files '
                         'and directory renames during a rename)')
+    parser.add_argument('--rename-faults', type=float, default=0.3,
+                        help='chance that the proxy refuses the copy or '
+                        'the delete of a rename of a file in the bucket '
+                        'over one (in the rename-heavy ops; 0: never)')
     parser.add_argument('--crash-points', type=int, default=0,
                         help='stop once this many crash points are done')
     parser.add_argument('--binary', default=os.environ.get(
