@@ -6,9 +6,12 @@ and the line that replays it.
 
 S3CACHEFS_TORTURE_POINTS (default 100) is the number of crash points on
 s3rver, S3CACHEFS_TORTURE_POINTS_SWIFT (default a fifth of it) on Swift,
-shared by the two modes; S3CACHEFS_TORTURE_BUDGET (seconds, default 240)
-bounds each server's run; S3CACHEFS_TORTURE_SEED fixes the first seed
-(random otherwise, and printed). The power-loss test
+shared by the two modes and the two mixes of operations (PROFILES: the
+mixed workload, and --ops rename_heavy, mostly renames over pending
+files and directory renames during a rename inside, each checked
+jointly); S3CACHEFS_TORTURE_BUDGET (seconds, default 240) bounds each
+server's run, shared the same way; S3CACHEFS_TORTURE_SEED fixes the
+first seed (random otherwise, and printed). The power-loss test
 (S3CACHEFS_POWERLOSS_POINTS, default 6, s3rver only) cuts the power of
 a cache on a loop device instead.
 """
@@ -25,6 +28,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / 'torture'))
 import torture  # noqa: E402
 
 MODES = ('default', 'writeback')
+# torture.py --ops: the share of the crash points and of the budget each
+# mix of operations gets, and its arguments (the rename-heavy ops are
+# long: short workloads, more of them per mount, keep the crash points
+# coming)
+PROFILES = {'mixed': (0.6, []),
+            'rename_heavy': (0.4, ['--ops-per-round', '6',
+                                   '--second-phase', '0.8'])}
 
 
 def points(server_name):
@@ -57,11 +67,16 @@ def run_torture(server, tmp_path, mode, crash_points, budget, extra=()):
 
 
 @pytest.mark.parametrize('mode', MODES)
-def test_crash_torture(server, tmp_path, mode):
-    """Half of the server's crash points in each mode."""
+@pytest.mark.parametrize('ops', list(PROFILES))
+def test_crash_torture(server, tmp_path, ops, mode):
+    """Half of the server's crash points in each mode, split between the
+    mixes of operations as PROFILES says."""
     budget = float(os.environ.get('S3CACHEFS_TORTURE_BUDGET', '240'))
-    wanted = (points(server.name) + 1) // 2
-    run_torture(server, tmp_path, mode, wanted, budget / len(MODES))
+    share, extra = PROFILES[ops]
+    share /= len(MODES)
+    wanted = max(1, round(points(server.name) * share))
+    run_torture(server, tmp_path, mode, wanted, budget * share,
+                ['--ops', ops, *extra])
 
 
 def test_power_loss(server, tmp_path):

@@ -222,8 +222,8 @@ OPS = {
     'mixed': [('write_whole', 24), ('checkpoint', 9), ('open', 9),
               ('pwrite', 11), ('append', 6), ('ftruncate', 4),
               ('truncate', 3), ('fsync', 4), ('close', 12), ('rename', 9),
-              ('rename_dir', 2), ('rename_pending', 4),
-              ('rename_dir_race', 2), ('unlink', 5), ('mkdir', 3),
+              ('rename_dir', 2), ('rename_pending', 2),
+              ('rename_dir_race', 1), ('unlink', 5), ('mkdir', 3),
               ('rmdir', 2), ('pause', 4)],
     # renames over (and of) pending files, directory renames during a
     # rename inside: most crash points land in one
@@ -574,8 +574,13 @@ class Round:
             line += ' --no-big'
         if opts.ops != 'mixed':
             line += f' --ops {opts.ops}'
-        if opts.rename_faults != 0.3:
-            line += f' --rename-faults {opts.rename_faults:g}'
+        for option, default in (('rename_faults', 0.3),
+                                ('second_phase', 0.55),
+                                ('clean_ending', 0.15),
+                                ('recovery_kill', 0.3)):
+            value = getattr(opts, option)
+            if value != default:
+                line += f' --{option.replace("_", "-")} {value:g}'
         return line
 
     # ------------------------------------------------------------- mounts
