@@ -678,29 +678,24 @@ class Round:
 
     # ------------------------------------------------- choosing things
 
-    def sizes(self):
-        rng = self.rng
-        roll = rng.random()
-        if roll < 0.015 and self.options.big:
-            return BIG + rng.randrange(512 * KiB)
-        if roll < 0.3:
-            return rng.randrange(0, 4 * KiB)
-        if roll < 0.65:
-            return rng.randrange(4 * KiB, 256 * KiB)
-        return rng.randrange(256 * KiB, 3 * MiB + 1)
+    # sizes a file is written with: (chance of a multipart one, of a small
+    # one, of one up to 256 KiB, end of the rest); 'rename': the files the
+    # rename-heavy ops write, mostly small (the renames are what they are
+    # for)
+    SIZES = {'any': (0.015, 0.3, 0.65, 3 * MiB + 1),
+             'rename': (0.005, 0.5, 0.85, 3 * MiB // 2)}
 
-    def side_size(self):
-        """Sizes of the files the rename-heavy ops write: mostly small
-        (the renames are what they are for), once in a while multipart."""
+    def sizes(self, kind='any'):
+        big, small, medium, end = self.SIZES[kind]
         rng = self.rng
         roll = rng.random()
-        if roll < 0.005 and self.options.big:
+        if roll < big and self.options.big:
             return BIG + rng.randrange(512 * KiB)
-        if roll < 0.5:
+        if roll < small:
             return rng.randrange(0, 4 * KiB)
-        if roll < 0.85:
+        if roll < medium:
             return rng.randrange(4 * KiB, 256 * KiB)
-        return rng.randrange(256 * KiB, 3 * MiB // 2)
+        return rng.randrange(256 * KiB, end)
 
     def write_length(self):
         roll = self.rng.random()
@@ -1119,7 +1114,7 @@ class Round:
         """Writes PATH anew and leaves it KIND (see RENAME_SIDES); KEEPER:
         a second descriptor stays open for writing (pending: it is not
         sent while that is open)."""
-        data = self.rng.randbytes(self.side_size())
+        data = self.rng.randbytes(self.sizes('rename'))
         handle = self.open_step(path, 'new')
         if keeper:
             self.open_step(path, 'rw')
