@@ -377,7 +377,7 @@ class Model:
         """Why the names a rename emptied are absent (for explain)."""
         if not is_dir:
             self.gone[source] = f'renamed to {target} by {how}'
-            if self.promised_of(target) == {None}:
+            if self.promised_of(source) == {None}:
                 self.gone[target] = (f'replaced by {source} (never closed) '
                                      f'by {how}')
             return
