@@ -16,7 +16,9 @@ objects=
 for name in s3 s3_client credentials credsource main unmount stats_cmd \
         stats_report stats_text prices sync_cmd warm_cmd warm_report cmd_mount \
         refresh_cmd cmd_args shared_cache shared_cache_cmd; do
-    [ -f "$builddir/src/$name.o" ] && objects="$objects $builddir/src/$name.o"
+    for object in "$builddir"/src/*/"$name.o"; do
+        [ -f "$object" ] && objects="$objects $object"
+    done
 done
 # shellcheck disable=SC2086 # (the object paths have no spaces)
 exec /usr/bin/python3 "$srcdir/tests/layers/check-layers.py" \
