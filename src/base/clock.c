@@ -3,7 +3,7 @@
  */
 #include "config.h"
 
-#include "clock.h"
+#include "base/clock.h"
 
 #define NS_PER_S 1000000000L
 

@@ -11,7 +11,7 @@
  */
 #include "config.h"
 
-#include "crash.h"
+#include "base/crash.h"
 
 #include <execinfo.h>
 #include <signal.h>

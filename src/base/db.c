@@ -13,7 +13,7 @@
  */
 #include "config.h"
 
-#include "db.h"
+#include "base/db.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -27,7 +27,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
-#include "log.h"
+#include "base/log.h"
 
 #define DB_READERS 512
 /* Room for LMDB's reader table of DB_READERS slots: 64 bytes a slot (a

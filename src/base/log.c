@@ -7,7 +7,7 @@
  */
 #include "config.h"
 
-#include "log.h"
+#include "base/log.h"
 
 #include <stdarg.h>
 #include <stdatomic.h>

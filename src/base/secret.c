@@ -6,7 +6,7 @@
  */
 #include "config.h"
 
-#include "secret.h"
+#include "base/secret.h"
 
 #include <stddef.h>
 #include <string.h>

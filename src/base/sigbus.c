@@ -10,7 +10,7 @@
  */
 #include "config.h"
 
-#include "sigbus.h"
+#include "base/sigbus.h"
 
 #include <errno.h>
 #include <signal.h>

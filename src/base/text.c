@@ -3,7 +3,7 @@
  */
 #include "config.h"
 
-#include "text.h"
+#include "base/text.h"
 
 #include <stdarg.h>
 #include <stdio.h>

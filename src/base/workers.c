@@ -6,7 +6,7 @@
  */
 #include "config.h"
 
-#include "workers.h"
+#include "base/workers.h"
 
 #include <errno.h>
 #include <pthread.h>

@@ -13,7 +13,7 @@
  */
 #include "config.h"
 
-#include "cache_internal.h"
+#include "cache/cache_internal.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -29,9 +29,9 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-#include "cachestat.h"
-#include "log.h"
-#include "sigbus.h"
+#include "base/log.h"
+#include "base/sigbus.h"
+#include "cache/cachestat.h"
 
 /* ------------------------------------------------------------ accessors */
 

@@ -7,7 +7,7 @@
  */
 #include "config.h"
 
-#include "cache_internal.h"
+#include "cache/cache_internal.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -22,7 +22,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-#include "log.h"
+#include "base/log.h"
 
 /* In TXN, drop the version the key with HASH maps to, unless it is KEEP
  * (0: keep none); *dropped gets its id (0 if none was dropped), for

@@ -16,7 +16,7 @@
  */
 #include "config.h"
 
-#include "cache_internal.h"
+#include "cache/cache_internal.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -31,9 +31,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "log.h"
-#include "sigbus.h"
-#include "text.h"
+#include "base/log.h"
+#include "base/sigbus.h"
+#include "base/text.h"
 
 /* ------------------------------------------------------------- emptying */
 

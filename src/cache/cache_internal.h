@@ -59,9 +59,9 @@
 #include <stdint.h>
 #include <xxhash.h>
 
-#include "cache.h"
-#include "db.h"
-#include "invariant.h"
+#include "base/db.h"
+#include "base/invariant.h"
+#include "cache/cache.h"
 
 #define FORMAT_VERSION 1
 #define INDEX_MAP_SIZE (64ull << 30)   /* address space, not disk */

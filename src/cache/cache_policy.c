@@ -16,7 +16,7 @@
  */
 #include "config.h"
 
-#include "cache_internal.h"
+#include "cache/cache_internal.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -26,8 +26,8 @@
 #include <sys/statvfs.h>
 #include <time.h>
 
-#include "clock.h"
-#include "log.h"
+#include "base/clock.h"
+#include "base/log.h"
 
 /* The largest block record: its header and a checksum per piece. */
 #define BLOCK_RECORD_MAX (sizeof(struct block_record) + \

@@ -37,7 +37,7 @@
  */
 #include "config.h"
 
-#include "cache_internal.h"
+#include "cache/cache_internal.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -52,7 +52,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-#include "log.h"
+#include "base/log.h"
 
 /* SHA-256 of "bucket NUL key": the index's name for a key. */
 int cache_key_hash(const char *bucket, const char *key, unsigned char *out)

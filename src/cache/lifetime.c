@@ -6,7 +6,7 @@
  */
 #include "config.h"
 
-#include "lifetime.h"
+#include "cache/lifetime.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -17,8 +17,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "cache.h"
-#include "log.h"
+#include "base/log.h"
+#include "cache/cache.h"
 
 #define NOTE "lifetime"
 #define NAME_MAX_LEN 64

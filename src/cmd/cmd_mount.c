@@ -4,7 +4,7 @@
  */
 #include "config.h"
 
-#include "cmd_mount.h"
+#include "cmd/cmd_mount.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -18,8 +18,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "clock.h"
-#include "fs.h"
+#include "base/clock.h"
+#include "fs/fs.h"
 
 int cmd_canonical_path(const char *arg, char **out)
 {

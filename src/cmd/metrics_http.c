@@ -5,7 +5,7 @@
  */
 #include "config.h"
 
-#include "metrics_http.h"
+#include "cmd/metrics_http.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -20,7 +20,7 @@
 
 #include <microhttpd.h>
 
-#include "log.h"
+#include "base/log.h"
 
 /* At most this many scrapers at once, each idle for at most this long:
  * Prometheus needs one. */

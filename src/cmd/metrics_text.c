@@ -9,7 +9,7 @@
  */
 #include "config.h"
 
-#include "metrics_text.h"
+#include "cmd/metrics_text.h"
 
 #include <errno.h>
 #include <inttypes.h>

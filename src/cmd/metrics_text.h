@@ -16,7 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "fs.h"
+#include "fs/fs.h"
 
 /* What the text is made of; nothing is owned. */
 struct metrics_snapshot {

@@ -9,8 +9,8 @@
  */
 #include "config.h"
 
-#include "options.h"
-#include "s3.h"                 /* S3_REQUEST_TIMEOUT_DEFAULT */
+#include "cmd/options.h"
+#include "s3/s3.h"                 /* S3_REQUEST_TIMEOUT_DEFAULT */
 
 #include <errno.h>
 #include <math.h>

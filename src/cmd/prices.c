@@ -14,7 +14,7 @@
  */
 #include "config.h"
 
-#include "prices.h"
+#include "cmd/prices.h"
 
 #include <errno.h>
 #include <stdarg.h>

@@ -7,16 +7,16 @@
  */
 #include "config.h"
 
-#include "refresh_cmd.h"
+#include "cmd/refresh_cmd.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "cmd_args.h"
-#include "cmd_mount.h"
-#include "fs.h"
+#include "cmd/cmd_args.h"
+#include "cmd/cmd_mount.h"
+#include "fs/fs.h"
 
 #define EXIT_OK 0
 #define EXIT_FAILED 1

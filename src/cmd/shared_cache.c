@@ -4,16 +4,16 @@
  */
 #include "config.h"
 
-#include "shared_cache.h"
+#include "cmd/shared_cache.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "credsource.h"
-#include "log.h"
-#include "s3.h"
+#include "base/log.h"
+#include "creds/credsource.h"
+#include "s3/s3.h"
 
 struct shared_cache {
     struct awsconfig aws;        /* its own, with shared_cache_profile */

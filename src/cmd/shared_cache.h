@@ -20,10 +20,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "awsconfig.h"
-#include "credentials.h"
-#include "options.h"
-#include "tier.h"
+#include "cmd/options.h"
+#include "creds/awsconfig.h"
+#include "creds/credentials.h"
+#include "tier/tier.h"
 
 #define SHARED_CACHE_TIMEOUT 5.0
 #define SHARED_CACHE_MIN_RATE (8u << 20)        /* bytes/s */

@@ -6,7 +6,7 @@
  */
 #include "config.h"
 
-#include "shared_cache_cmd.h"
+#include "cmd/shared_cache_cmd.h"
 
 #include <curl/curl.h>
 #include <errno.h>
@@ -15,17 +15,17 @@
 #include <string.h>
 #include <time.h>
 
-#include "awsconfig.h"
-#include "clock.h"
-#include "cmd_args.h"
-#include "credentials.h"
-#include "credsource.h"
-#include "log.h"
-#include "options.h"
-#include "s3.h"
-#include "s3walk.h"
-#include "stats_report.h"
-#include "tier_prune.h"
+#include "base/clock.h"
+#include "base/log.h"
+#include "cmd/cmd_args.h"
+#include "cmd/options.h"
+#include "cmd/stats_report.h"
+#include "creds/awsconfig.h"
+#include "creds/credentials.h"
+#include "creds/credsource.h"
+#include "s3/s3.h"
+#include "s3/s3walk.h"
+#include "tier/tier_prune.h"
 
 enum { EXIT_OK = 0, EXIT_FAILED = 1, EXIT_USAGE = 2 };
 

@@ -16,7 +16,7 @@
  */
 #include "config.h"
 
-#include "stats_cmd.h"
+#include "cmd/stats_cmd.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -32,12 +32,12 @@
 #include <sys/xattr.h>
 #include <unistd.h>
 
-#include "clock.h"
-#include "cmd_mount.h"
-#include "fs.h"
-#include "prices.h"
-#include "stats_report.h"
-#include "stats_text.h"
+#include "base/clock.h"
+#include "cmd/cmd_mount.h"
+#include "cmd/prices.h"
+#include "cmd/stats_report.h"
+#include "ctl/stats_text.h"
+#include "fs/fs.h"
 
 #define EXIT_OK 0
 #define EXIT_FAILED 1

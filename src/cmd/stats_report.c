@@ -10,7 +10,7 @@
  */
 #include "config.h"
 
-#include "stats_report.h"
+#include "cmd/stats_report.h"
 
 #include <errno.h>
 #include <stdlib.h>

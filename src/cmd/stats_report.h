@@ -30,8 +30,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "prices.h"
-#include "stats_text.h"
+#include "cmd/prices.h"
+#include "ctl/stats_text.h"
 
 struct stats_cost_line {
     uint64_t quantity;      /* requests, or bytes */

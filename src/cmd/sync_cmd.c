@@ -22,7 +22,7 @@
  */
 #include "config.h"
 
-#include "sync_cmd.h"
+#include "cmd/sync_cmd.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -40,11 +40,11 @@
 #include <sys/xattr.h>
 #include <unistd.h>
 
-#include "clock.h"
-#include "cmd_args.h"
-#include "cmd_mount.h"
-#include "fs.h"
-#include "syncfmt.h"
+#include "base/clock.h"
+#include "cmd/cmd_args.h"
+#include "cmd/cmd_mount.h"
+#include "ctl/syncfmt.h"
+#include "fs/fs.h"
 
 #define EXIT_OK 0
 #define EXIT_FAILED 1

@@ -9,7 +9,7 @@
  */
 #include "config.h"
 
-#include "unmount.h"
+#include "cmd/unmount.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -27,9 +27,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "clock.h"
-#include "fs.h"
-#include "log.h"
+#include "base/clock.h"
+#include "base/log.h"
+#include "fs/fs.h"
 
 #define TELL_AFTER_MS 2000      /* say what it waits for after this long */
 #define POLL_MS 100             /* without pidfd_open: kill(pid, 0) steps */

@@ -23,7 +23,7 @@
  */
 #include "config.h"
 
-#include "warm_cmd.h"
+#include "cmd/warm_cmd.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -45,12 +45,12 @@
 #include <sys/xattr.h>
 #include <unistd.h>
 
-#include "clock.h"
-#include "cmd_args.h"
-#include "cmd_mount.h"
-#include "fs.h"
-#include "warm_report.h"
-#include "warmfmt.h"
+#include "base/clock.h"
+#include "cmd/cmd_args.h"
+#include "cmd/cmd_mount.h"
+#include "cmd/warm_report.h"
+#include "ctl/warmfmt.h"
+#include "fs/fs.h"
 
 #define EXIT_OK 0
 #define EXIT_FAILED 1

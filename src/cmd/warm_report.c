@@ -3,7 +3,7 @@
  */
 #include "config.h"
 
-#include "warm_report.h"
+#include "cmd/warm_report.h"
 
 #include <inttypes.h>
 #include <string.h>

@@ -46,8 +46,8 @@
 #define _GNU_SOURCE
 #endif
 
-#include "awsconfig.h"
-#include "text.h"
+#include "base/text.h"
+#include "creds/awsconfig.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -25,7 +25,7 @@
  */
 #include "config.h"
 
-#include "credentials.h"
+#include "creds/credentials.h"
 
 #include <errno.h>
 #include <json-c/json.h>
@@ -39,11 +39,11 @@
 
 #include <openssl/crypto.h>
 
-#include "clock.h"
-#include "invariant.h"
-#include "log.h"
-#include "secret.h"
-#include "text.h"
+#include "base/clock.h"
+#include "base/invariant.h"
+#include "base/log.h"
+#include "base/secret.h"
+#include "base/text.h"
 
 #define DUE_MARGIN_MAX 300.0        /* s: refresh 5 minutes before ... */
 #define DUE_MARGIN_SHARE 3.0        /* ... or a third of the lifetime */

@@ -9,7 +9,7 @@
  */
 #include "config.h"
 
-#include "credsource.h"
+#include "creds/credsource.h"
 
 #include <curl/curl.h>
 #include <errno.h>
@@ -29,9 +29,9 @@
 
 #include <openssl/crypto.h>
 
-#include "clock.h"
-#include "secret.h"
-#include "text.h"
+#include "base/clock.h"
+#include "base/secret.h"
+#include "base/text.h"
 
 extern char **environ;
 

@@ -41,8 +41,8 @@
 
 #include <stddef.h>
 
-#include "awsconfig.h"
-#include "credentials.h"
+#include "creds/awsconfig.h"
+#include "creds/credentials.h"
 
 /* What the choice depends on besides the environment. */
 struct credsource_conf {

@@ -6,7 +6,7 @@
  */
 #include "config.h"
 
-#include "stats_text.h"
+#include "ctl/stats_text.h"
 
 #include <errno.h>
 #include <stdio.h>

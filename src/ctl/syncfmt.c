@@ -5,7 +5,7 @@
  */
 #include "config.h"
 
-#include "syncfmt.h"
+#include "ctl/syncfmt.h"
 
 #include <errno.h>
 #include <stdio.h>

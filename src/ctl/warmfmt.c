@@ -4,8 +4,8 @@
  */
 #include "config.h"
 
-#include "warmfmt.h"
-#include "text.h"
+#include "base/text.h"
+#include "ctl/warmfmt.h"
 
 #include <errno.h>
 #include <inttypes.h>

@@ -5,7 +5,7 @@
  */
 #include "config.h"
 
-#include "access_log.h"
+#include "fs/access_log.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -20,7 +20,7 @@
 
 #include <xxhash.h>
 
-#include "log.h"
+#include "base/log.h"
 
 #define INITIAL_SLOTS 1024
 

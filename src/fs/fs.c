@@ -19,7 +19,7 @@
  */
 #include "config.h"
 
-#include "fs.h"
+#include "fs/fs.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -31,16 +31,16 @@
 #include <string.h>
 #include <time.h>
 
-#include "clock.h"
-#include "fs_internal.h"
-#include "inode.h"
-#include "lifetime.h"
-#include "log.h"
-#include "metacache.h"
-#include "names.h"
-#include "reader.h"
-#include "s3walk.h"
-#include "workers.h"
+#include "base/clock.h"
+#include "base/log.h"
+#include "base/workers.h"
+#include "cache/lifetime.h"
+#include "fs/fs_internal.h"
+#include "fs/inode.h"
+#include "fs/metacache.h"
+#include "fs/names.h"
+#include "reader/reader.h"
+#include "s3/s3walk.h"
 
 #define MAX_REQUEST (8u << 20)           /* largest coalesced GET */
 #define STATFS_BLOCK 4096

@@ -29,10 +29,10 @@
 
 #include <fuse_lowlevel.h>
 
-#include "cache.h"
-#include "s3.h"
-#include "tier.h"
-#include "warmfmt.h"
+#include "cache/cache.h"
+#include "ctl/warmfmt.h"
+#include "s3/s3.h"
+#include "tier/tier.h"
 
 struct access_log;
 

@@ -36,19 +36,19 @@
  */
 #include "config.h"
 
-#include "fs.h"
+#include "fs/fs.h"
 
 #include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "clock.h"
-#include "fs_internal.h"
-#include "inode.h"
-#include "metacache.h"
-#include "names.h"
-#include "workers.h"
+#include "base/clock.h"
+#include "base/workers.h"
+#include "fs/fs_internal.h"
+#include "fs/inode.h"
+#include "fs/metacache.h"
+#include "fs/names.h"
 
 #define AHEAD_SLOTS 64                   /* HEADs under way or answered, not
                                             yet taken, per head-ahead job */

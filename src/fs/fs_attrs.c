@@ -9,7 +9,7 @@
  */
 #include "config.h"
 
-#include "fs.h"
+#include "fs/fs.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -18,15 +18,15 @@
 #include <string.h>
 #include <xxhash.h>
 
-#include "clock.h"
-#include "fs_internal.h"
-#include "inode.h"
-#include "metacache.h"
+#include "base/clock.h"
+#include "fs/fs_internal.h"
+#include "fs/inode.h"
+#include "fs/metacache.h"
 
 #define READ_PATTERN_MIN 8   /* see fs_reads_follow_lookups_locked() */
-#include "log.h"
-#include "metacache.h"
-#include "names.h"
+#include "base/log.h"
+#include "fs/metacache.h"
+#include "fs/names.h"
 
 void fs_dir_attrs(const struct fs *fs, struct inode_attrs *out)
 {

@@ -41,14 +41,14 @@
  */
 #include "config.h"
 
-#include "fs.h"
+#include "fs/fs.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "fs_internal.h"
+#include "fs/fs_internal.h"
 
 /* Whether PREFIX starts KEY. */
 static bool key_under(const char *key, const char *prefix)

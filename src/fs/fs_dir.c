@@ -8,7 +8,7 @@
  */
 #include "config.h"
 
-#include "fs.h"
+#include "fs/fs.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -16,12 +16,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "clock.h"
-#include "fs_internal.h"
-#include "inode.h"
-#include "log.h"
-#include "metacache.h"
-#include "names.h"
+#include "base/clock.h"
+#include "base/log.h"
+#include "fs/fs_internal.h"
+#include "fs/inode.h"
+#include "fs/metacache.h"
+#include "fs/names.h"
 
 #define UNKNOWN_INO 0xffffffffu          /* readdir: the kernel looks it up */
 #define REFRESH_QUEUE_MAX 64             /* and queued at most */

@@ -5,7 +5,7 @@
  */
 #include "config.h"
 
-#include "fs.h"
+#include "fs/fs.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -15,12 +15,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "access_log.h"
-#include "clock.h"
-#include "fs_internal.h"
-#include "inode.h"
-#include "log.h"
-#include "metacache.h"
+#include "base/clock.h"
+#include "base/log.h"
+#include "fs/access_log.h"
+#include "fs/fs_internal.h"
+#include "fs/inode.h"
+#include "fs/metacache.h"
 
 static void release_file_handle(struct fs *fs, struct fs_handle *handle)
 {

@@ -13,12 +13,12 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 
-#include "fs.h"
-#include "inode.h"
-#include "reader.h"
-#include "upload.h"
-#include "workers.h"
-#include "writer.h"
+#include "base/workers.h"
+#include "fs/fs.h"
+#include "fs/inode.h"
+#include "reader/reader.h"
+#include "writer/upload.h"
+#include "writer/writer.h"
 
 #define LIST_PAGE 1000                   /* keys per LIST */
 #define STALE_LISTING_TTLS 10            /* a listing this many dir_ttl old is

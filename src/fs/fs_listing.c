@@ -7,7 +7,7 @@
  */
 #include "config.h"
 
-#include "fs.h"
+#include "fs/fs.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -16,13 +16,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "clock.h"
-#include "fs_internal.h"
-#include "inode.h"
-#include "log.h"
-#include "metacache.h"
-#include "names.h"
-#include "s3walk.h"
+#include "base/clock.h"
+#include "base/log.h"
+#include "fs/fs_internal.h"
+#include "fs/inode.h"
+#include "fs/metacache.h"
+#include "fs/names.h"
+#include "s3/s3walk.h"
 
 #define LOGGED_KEYS_MAX 10000            /* "skipped key" lines, once each */
 #define LISTING_ATTEMPTS 3               /* see fs_get_listing() */

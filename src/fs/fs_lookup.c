@@ -17,7 +17,7 @@
  */
 #include "config.h"
 
-#include "fs.h"
+#include "fs/fs.h"
 
 #include <errno.h>
 #include <stdatomic.h>
@@ -26,12 +26,12 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "clock.h"
-#include "fs_internal.h"
-#include "inode.h"
-#include "log.h"
-#include "metacache.h"
-#include "names.h"
+#include "base/clock.h"
+#include "base/log.h"
+#include "fs/fs_internal.h"
+#include "fs/inode.h"
+#include "fs/metacache.h"
+#include "fs/names.h"
 
 #define RELIST_PAGES_MAX 10              /* see worth_relisting() */
 #define PROBES_BEFORE_LISTING 8          /* see fs_lookup() */

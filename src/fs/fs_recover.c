@@ -8,14 +8,14 @@
  */
 #include "config.h"
 
-#include "fs.h"
+#include "fs/fs.h"
 
 #include <errno.h>
 #include <string.h>
 
-#include "fs_internal.h"
-#include "log.h"
-#include "metacache.h"
+#include "base/log.h"
+#include "fs/fs_internal.h"
+#include "fs/metacache.h"
 
 /*
  * Finish MOVE (a JOURNAL_MOVE) in the bucket, as the rename that wrote it

@@ -25,18 +25,18 @@
  */
 #include "config.h"
 
-#include "fs.h"
+#include "fs/fs.h"
 
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "fs_internal.h"
-#include "inode.h"
-#include "log.h"
-#include "metacache.h"
-#include "names.h"
+#include "base/log.h"
+#include "fs/fs_internal.h"
+#include "fs/inode.h"
+#include "fs/metacache.h"
+#include "fs/names.h"
 
 /* What the kernel is told to forget, gathered under the table lock. */
 struct kernel_entry {

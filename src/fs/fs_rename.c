@@ -18,7 +18,7 @@
  */
 #include "config.h"
 
-#include "fs.h"
+#include "fs/fs.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -26,12 +26,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "clock.h"
-#include "fs_internal.h"
-#include "inode.h"
-#include "log.h"
-#include "metacache.h"
-#include "names.h"
+#include "base/clock.h"
+#include "base/log.h"
+#include "fs/fs_internal.h"
+#include "fs/inode.h"
+#include "fs/metacache.h"
+#include "fs/names.h"
 
 #define MOVE_BATCH 64               /* keys copied or deleted per batch */
 

@@ -8,7 +8,7 @@
  */
 #include "config.h"
 
-#include "fs.h"
+#include "fs/fs.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -18,12 +18,12 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "clock.h"
-#include "fs_internal.h"
-#include "inode.h"
-#include "log.h"
-#include "metacache.h"
-#include "names.h"
+#include "base/clock.h"
+#include "base/log.h"
+#include "fs/fs_internal.h"
+#include "fs/inode.h"
+#include "fs/metacache.h"
+#include "fs/names.h"
 
 #define FETCH_CHUNK (1u << 20)      /* fetching the base of an edit */
 

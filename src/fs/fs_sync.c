@@ -16,7 +16,7 @@
  */
 #include "config.h"
 
-#include "fs.h"
+#include "fs/fs.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -24,11 +24,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "clock.h"
-#include "fs_internal.h"
-#include "inode.h"
-#include "log.h"
-#include "syncfmt.h"
+#include "base/clock.h"
+#include "base/log.h"
+#include "ctl/syncfmt.h"
+#include "fs/fs_internal.h"
+#include "fs/inode.h"
 
 /* A file line, sorted by RANK (what matters most first), then path. */
 struct line {

@@ -17,17 +17,17 @@
  */
 #include "config.h"
 
-#include "fs.h"
+#include "fs/fs.h"
 
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "clock.h"
-#include "fs_internal.h"
-#include "inode.h"
-#include "log.h"
-#include "reader.h"
+#include "base/clock.h"
+#include "base/log.h"
+#include "fs/fs_internal.h"
+#include "fs/inode.h"
+#include "reader/reader.h"
 
 int fs_warm(struct fs *fs, fuse_ino_t ino, enum fs_warm_op op,
             const atomic_bool *interrupted, struct warmfmt_answer *out)

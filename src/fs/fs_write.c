@@ -27,11 +27,11 @@
 #include <unistd.h>
 #include <linux/fs.h>
 
-#include "clock.h"
-#include "fs_internal.h"
-#include "log.h"
-#include "metacache.h"
-#include "names.h"
+#include "base/clock.h"
+#include "base/log.h"
+#include "fs/fs_internal.h"
+#include "fs/metacache.h"
+#include "fs/names.h"
 
 /* ------------------------------------------------------ helpers */
 

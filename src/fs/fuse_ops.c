@@ -8,7 +8,7 @@
  */
 #include "config.h"
 
-#include "fuse_ops.h"
+#include "fs/fuse_ops.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -23,7 +23,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include "syncfmt.h"
+#include "ctl/syncfmt.h"
 
 static struct fs *request_fs(fuse_req_t req)
 {

@@ -13,7 +13,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "fs.h"
+#include "fs/fs.h"
 
 /* The read-ahead init asks for; main.c raises the mount's bdi limit to it
  * (the kernel caps read-ahead at the smaller of the two). */

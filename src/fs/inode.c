@@ -18,7 +18,7 @@
  */
 #include "config.h"
 
-#include "inode.h"
+#include "fs/inode.h"
 
 #include <assert.h>
 #include <errno.h>
@@ -29,7 +29,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "invariant.h"
+#include "base/invariant.h"
 
 #define CHECK_ALL_MAX 512
 

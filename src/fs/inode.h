@@ -24,7 +24,7 @@
 #include <stdint.h>
 #include <time.h>
 
-#include "s3.h"
+#include "s3/s3.h"
 
 struct writer_file;
 struct inode_patch;

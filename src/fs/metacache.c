@@ -10,7 +10,7 @@
  */
 #include "config.h"
 
-#include "metacache.h"
+#include "fs/metacache.h"
 
 #include <errno.h>
 #include <math.h>
@@ -19,8 +19,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "clock.h"
-#include "db.h"
+#include "base/clock.h"
+#include "base/db.h"
 
 #define HASH_LEN 32
 #define PRUNE_BATCH 1024              /* listings dropped per transaction */

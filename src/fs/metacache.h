@@ -16,8 +16,8 @@
 #ifndef S3CFS_METACACHE_H
 #define S3CFS_METACACHE_H
 
-#include "cache.h"
-#include "inode.h"
+#include "cache/cache.h"
+#include "fs/inode.h"
 
 /* Attributes of KEY known for ETAG: 0 and *out filled (headers_known
  * true), or ENOENT (unknown, or known for another ETag). */

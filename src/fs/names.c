@@ -3,14 +3,14 @@
  */
 #include "config.h"
 
-#include "names.h"
+#include "fs/names.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "text.h"
+#include "base/text.h"
 
 int names_check(const char *name, size_t len)
 {

@@ -37,7 +37,7 @@
  */
 #include "config.h"
 
-#include "reader.h"
+#include "reader/reader.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -47,9 +47,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "clock.h"
-#include "log.h"
-#include "tier_format.h"
+#include "base/clock.h"
+#include "base/log.h"
+#include "tier/tier_format.h"
 
 #define INITIAL_WINDOW_BLOCKS 4
 #define CLAIMED_RING 128              /* blocks a file remembers fetching */

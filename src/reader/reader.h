@@ -28,10 +28,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "cache.h"
-#include "s3.h"
-#include "tier.h"
-#include "workers.h"
+#include "base/workers.h"
+#include "cache/cache.h"
+#include "s3/s3.h"
+#include "tier/tier.h"
 
 struct reader_conf {
     struct s3_client *s3;

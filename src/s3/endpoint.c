@@ -4,7 +4,7 @@
  */
 #include "config.h"
 
-#include "endpoint.h"
+#include "s3/endpoint.h"
 
 #include <ctype.h>
 #include <curl/curl.h>

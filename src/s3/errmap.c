@@ -7,7 +7,7 @@
  */
 #include "config.h"
 
-#include "errmap.h"
+#include "s3/errmap.h"
 
 #include <curl/curl.h>
 #include <errno.h>

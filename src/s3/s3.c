@@ -9,7 +9,7 @@
  */
 #include "config.h"
 
-#include "s3_internal.h"
+#include "s3/s3_internal.h"
 
 #include <curl/curl.h>
 #include <errno.h>
@@ -24,13 +24,13 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "clock.h"
-#include "endpoint.h"
-#include "errmap.h"
-#include "log.h"
-#include "secret.h"
-#include "sigv4.h"
-#include "text.h"
+#include "base/clock.h"
+#include "base/log.h"
+#include "base/secret.h"
+#include "base/text.h"
+#include "s3/endpoint.h"
+#include "s3/errmap.h"
+#include "s3/sigv4.h"
 
 #define LIST_BODY_MAX (32u << 20)       /* one ListObjectsV2 page */
 #define SMALL_BODY_MAX (1u << 20)       /* multipart/copy results */

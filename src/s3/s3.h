@@ -31,7 +31,7 @@
 #include <stdint.h>
 #include <time.h>
 
-#include "s3xml.h"
+#include "s3/s3xml.h"
 
 /* Longest ETag we keep (quotes included); S3's are 34 or ~40 bytes. */
 #define S3_ETAG_MAX 128

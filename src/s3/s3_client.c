@@ -21,7 +21,7 @@
  */
 #include "config.h"
 
-#include "s3_internal.h"
+#include "s3/s3_internal.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -34,11 +34,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "clock.h"
-#include "errmap.h"
-#include "log.h"
-#include "sigv4.h"
-#include "text.h"
+#include "base/clock.h"
+#include "base/log.h"
+#include "base/text.h"
+#include "s3/errmap.h"
+#include "s3/sigv4.h"
 
 #define ERROR_BODY_MAX (64u << 10)      /* error documents */
 #define BACKOFF_BASE_MS 100

@@ -15,9 +15,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "credentials.h"
-#include "endpoint.h"
-#include "s3.h"
+#include "creds/credentials.h"
+#include "s3/endpoint.h"
+#include "s3/s3.h"
 
 /*
  * Deadlines. A request ends within its deadline, every attempt, retry and

@@ -3,13 +3,13 @@
  */
 #include "config.h"
 
-#include "s3walk.h"
+#include "s3/s3walk.h"
 
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "log.h"
+#include "base/log.h"
 
 /* FNV-1a: tokens are remembered as 64-bit hashes (a false "seen before"
  * needs a collision: about one in 2^64 per pair). */

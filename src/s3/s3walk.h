@@ -15,8 +15,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "s3.h"
-#include "s3xml.h"
+#include "s3/s3.h"
+#include "s3/s3xml.h"
 
 /*
  * The pages of one listing, one after the other, with a guard: a

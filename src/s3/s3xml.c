@@ -33,7 +33,7 @@
 #define _DEFAULT_SOURCE 1 /* timegm() */
 #endif
 
-#include "s3xml.h"
+#include "s3/s3xml.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -41,7 +41,7 @@
 
 #include <expat.h>
 
-#include "text.h"
+#include "base/text.h"
 
 /* Namespace separator: a character XML forbids even as a character
  * reference, so it can never be part of a namespace URI or a name. */

@@ -15,7 +15,7 @@
 #include "config.h"
 #endif
 
-#include "sigv4.h"
+#include "s3/sigv4.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -27,7 +27,7 @@
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 
-#include "text.h"
+#include "base/text.h"
 
 #define ALGORITHM "AWS4-HMAC-SHA256"
 #define TERMINATOR "aws4_request"

@@ -18,7 +18,7 @@
  */
 #include "config.h"
 
-#include "tier.h"
+#include "tier/tier.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -31,9 +31,9 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-#include "clock.h"
-#include "log.h"
-#include "tier_format.h"
+#include "base/clock.h"
+#include "base/log.h"
+#include "tier/tier_format.h"
 
 struct tier_put {
     struct tier_put *next;

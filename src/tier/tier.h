@@ -48,8 +48,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "cache.h"
-#include "s3.h"
+#include "cache/cache.h"
+#include "s3/s3.h"
 
 #define TIER_WRITERS 4
 #define TIER_QUEUE_BLOCKS 65536

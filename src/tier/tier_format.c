@@ -4,7 +4,7 @@
  */
 #include "config.h"
 
-#include "tier_format.h"
+#include "tier/tier_format.h"
 
 #include <errno.h>
 #include <stdbool.h>

@@ -4,7 +4,7 @@
  */
 #include "config.h"
 
-#include "tier_prune.h"
+#include "tier/tier_prune.h"
 
 #include <errno.h>
 #include <search.h>

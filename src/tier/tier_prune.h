@@ -21,7 +21,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "tier_format.h"
+#include "tier/tier_format.h"
 
 struct tier_prune_version {
     char hex[TIER_VERSION_HEX + 1];  /* the version's directory */

@@ -45,7 +45,7 @@
  */
 #include "config.h"
 
-#include "journal.h"
+#include "writer/journal.h"
 
 #include <assert.h>
 #include <errno.h>
@@ -57,8 +57,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "db.h"
-#include "log.h"
+#include "base/db.h"
+#include "base/log.h"
 
 #define RECORD_FORMAT 3
 #define RECORD_FORMAT_V2 2     /* an upload, no destination */

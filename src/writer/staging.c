@@ -3,7 +3,7 @@
  */
 #include "config.h"
 
-#include "staging.h"
+#include "writer/staging.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -16,7 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "log.h"
+#include "base/log.h"
 
 #define COPY_CHUNK (1u << 20)          /* read/write fallback of a copy */
 #define MARK_SUFFIX ".promise"

@@ -25,7 +25,7 @@
  */
 #include "config.h"
 
-#include "upload.h"
+#include "writer/upload.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -34,7 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "log.h"
+#include "base/log.h"
 
 #define MIB (1ull << 20)
 

@@ -26,8 +26,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "s3.h"
-#include "workers.h"
+#include "base/workers.h"
+#include "s3/s3.h"
 
 #define UPLOAD_MAX_PARTS 10000u
 #define UPLOAD_MIN_PART_SIZE (5ull << 20)

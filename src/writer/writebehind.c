@@ -28,7 +28,7 @@
  */
 #include "config.h"
 
-#include "writebehind.h"
+#include "writer/writebehind.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -36,7 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "log.h"
+#include "base/log.h"
 
 #define PARTS_PER_TIER 1000u
 #define MIN_BASE UPLOAD_MIN_PART_SIZE

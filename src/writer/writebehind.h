@@ -33,8 +33,8 @@
 
 #include <stdint.h>
 
-#include "s3.h"
-#include "upload.h"
+#include "s3/s3.h"
+#include "writer/upload.h"
 
 struct writebehind;
 

@@ -83,7 +83,7 @@
  */
 #include "config.h"
 
-#include "writer_internal.h"
+#include "writer/writer_internal.h"
 
 #include <assert.h>
 #include <errno.h>
@@ -97,11 +97,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "clock.h"
-#include "log.h"
-#include "staging.h"
-#include "upload.h"
-#include "writebehind.h"
+#include "base/clock.h"
+#include "base/log.h"
+#include "writer/staging.h"
+#include "writer/upload.h"
+#include "writer/writebehind.h"
 
 #define RESERVE_STEP (8ull << 20)   /* disk checked per 8 MiB of growth */
 #define MAX_FILE_SIZE (5ull << 40)  /* S3's largest object */

@@ -48,10 +48,10 @@
 #include <stdint.h>
 #include <time.h>
 
-#include "cache.h"
-#include "journal.h"
-#include "s3.h"
-#include "workers.h"
+#include "base/workers.h"
+#include "cache/cache.h"
+#include "s3/s3.h"
+#include "writer/journal.h"
 
 /* What is uploaded with the data (s3fs headers). */
 struct writer_meta {

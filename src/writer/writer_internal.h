@@ -30,11 +30,11 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "invariant.h"
-#include "staging.h"
-#include "upload.h"
-#include "writebehind.h"
-#include "writer.h"
+#include "base/invariant.h"
+#include "writer/staging.h"
+#include "writer/upload.h"
+#include "writer/writebehind.h"
+#include "writer/writer.h"
 
 #define GRANULE (1ull << 20)        /* unit of fetching an edited object */
 

@@ -8,7 +8,7 @@
  */
 #include "config.h"
 
-#include "writer_internal.h"
+#include "writer/writer_internal.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -21,8 +21,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "clock.h"
-#include "log.h"
+#include "base/clock.h"
+#include "base/log.h"
 
 void writer_entry_of(uint64_t id, const char *key, uint64_t size,
                      const struct writer_meta *meta, const char *upload_id,

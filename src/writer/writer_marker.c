@@ -36,7 +36,7 @@
  */
 #include "config.h"
 
-#include "writer_internal.h"
+#include "writer/writer_internal.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -46,8 +46,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "clock.h"
-#include "log.h"
+#include "base/clock.h"
+#include "base/log.h"
 
 #define MARKER_SETTLE_SECONDS 0.2   /* coalesce mkdir with its chmod/utimes */
 #define MARKER_RETRY_FIRST 1.0

@@ -7,7 +7,7 @@
  */
 #include "config.h"
 
-#include "writer_internal.h"
+#include "writer/writer_internal.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -20,8 +20,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "clock.h"
-#include "log.h"
+#include "base/clock.h"
+#include "base/log.h"
 
 /* A journal entry read back, its strings copied. */
 struct recovered {

@@ -8,7 +8,7 @@
  */
 #include "config.h"
 
-#include "writer_internal.h"
+#include "writer/writer_internal.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -21,8 +21,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "clock.h"
-#include "log.h"
+#include "base/clock.h"
+#include "base/log.h"
 
 #define RETRY_FIRST_SECONDS 1.0     /* a failed upload is tried again ... */
 #define RETRY_MAX_SECONDS 300.0     /* ... doubling the wait up to this */

@@ -46,7 +46,7 @@
  */
 #include "config.h"
 
-#include "writer_internal.h"
+#include "writer/writer_internal.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -55,9 +55,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "clock.h"
-#include "journal.h"
-#include "log.h"
+#include "base/clock.h"
+#include "base/log.h"
+#include "writer/journal.h"
 
 /* One file a sync waits for. */
 struct target {

@@ -40,7 +40,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "awsconfig.h"
+#include "creds/awsconfig.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -26,7 +26,7 @@
 
 #include <fuse_log.h>
 
-#include "options.h"
+#include "cmd/options.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

@@ -26,7 +26,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "s3xml.h"
+#include "s3/s3xml.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -39,7 +39,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "upload.h"
+#include "writer/upload.h"
 
 #define MAX_PART_NUMBER 10000u
 #define CONTENT_TYPE_DEFAULT "application/octet-stream"

@@ -61,7 +61,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "s3.h"
+#include "s3/s3.h"
 
 #define FAKE_S3_EPOCH 1767225600       /* 2026-01-01T00:00:00Z */
 #define FAKE_S3_WAIT_SECONDS 30

@@ -67,7 +67,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "sigv4.h"
+#include "s3/sigv4.h"
 
 #define SIGV4_VECTOR_MAX_HEADERS 8
 

@@ -27,7 +27,7 @@
 
 #include <cmocka.h>
 
-#include "access_log.h"
+#include "fs/access_log.h"
 
 struct fixture {
     char dir[64];

@@ -31,7 +31,7 @@
 
 #include <cmocka.h>
 
-#include "awsconfig.h"
+#include "creds/awsconfig.h"
 
 /* Key material used in the fixtures; none may ever show in an errbuf. */
 #define AK_DEF "AKIADEFAULT000000001"

@@ -52,9 +52,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cache.h"
-#include "db.h"
-#include "log.h"
+#include "base/db.h"
+#include "base/log.h"
+#include "cache/cache.h"
 #include "unit_cache.h"
 
 #define ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))

@@ -30,9 +30,9 @@
 #include <cmocka.h>
 #include <curl/curl.h>
 
-#include "credentials.h"
-#include "credsource.h"
-#include "secret.h"
+#include "base/secret.h"
+#include "creds/credentials.h"
+#include "creds/credsource.h"
 
 #define AK "AKIATESTACCESS000001"
 #define SK "sk/Test+Secret0000000000000000000000001"

@@ -37,7 +37,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "db.h"
+#include "base/db.h"
 
 #define MAP_SIZE (1ull << 30)
 #define READERS 200

@@ -14,7 +14,7 @@
 
 #include <cmocka.h>
 
-#include "endpoint.h"
+#include "s3/endpoint.h"
 
 struct endpoint_case {
     const char *name;

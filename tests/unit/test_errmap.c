@@ -22,7 +22,7 @@
 #include <cmocka.h>
 #include <curl/curl.h>
 
-#include "errmap.h"
+#include "s3/errmap.h"
 
 #define ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 

@@ -34,12 +34,12 @@
 #include <pthread.h>
 #include <sys/stat.h>
 
+#include "base/log.h"
 #include "fake_s3.h"
-#include "log.h"
-#include "s3.h"
-#include "s3walk.h"
-#include "s3xml.h"
-#include "upload.h"
+#include "s3/s3.h"
+#include "s3/s3walk.h"
+#include "s3/s3xml.h"
+#include "writer/upload.h"
 
 #define MIB (1u << 20)
 #define ON(call, key) FAKE_S3_ON(FAKE_S3_CALL(call), key)

@@ -95,17 +95,17 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "access_log.h"
-#include "cache.h"
+#include "base/log.h"
+#include "cache/cache.h"
+#include "ctl/syncfmt.h"
 #include "fake_s3.h"
-#include "fs.h"
-#include "journal.h"
-#include "log.h"
-#include "names.h"
-#include "s3.h"
-#include "syncfmt.h"
+#include "fs/access_log.h"
+#include "fs/fs.h"
+#include "fs/names.h"
+#include "s3/s3.h"
 #include "unit_cache.h"
-#include "writer.h"
+#include "writer/journal.h"
+#include "writer/writer.h"
 
 #define KIB (1u << 10)
 #define MIB (1u << 20)

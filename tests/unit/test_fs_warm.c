@@ -46,12 +46,12 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cache.h"
+#include "cache/cache.h"
+#include "ctl/warmfmt.h"
 #include "fake_s3.h"
-#include "fs.h"
-#include "journal.h"
-#include "warmfmt.h"
+#include "fs/fs.h"
 #include "unit_cache.h"
+#include "writer/journal.h"
 
 #define KIB (1u << 10)
 #define MIB (1u << 20)

@@ -34,9 +34,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "db.h"
-#include "journal.h"
-#include "log.h"
+#include "base/db.h"
+#include "base/log.h"
+#include "writer/journal.h"
 
 #define THREADS 8
 #define HERE "http://fake.invalid/bucket"

@@ -22,8 +22,8 @@
 
 #include <cmocka.h>
 
-#include "cache.h"
-#include "lifetime.h"
+#include "cache/cache.h"
+#include "cache/lifetime.h"
 #include "unit_cache.h"
 
 struct fixture {

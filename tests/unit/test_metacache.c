@@ -25,10 +25,10 @@
 #include <errno.h>
 #include <time.h>
 
-#include "cache.h"
-#include "db.h"
-#include "inode.h"
-#include "metacache.h"
+#include "base/db.h"
+#include "cache/cache.h"
+#include "fs/inode.h"
+#include "fs/metacache.h"
 #include "unit_cache.h"
 
 struct fixture {

@@ -29,8 +29,8 @@
 #include <cmocka.h>
 #include <curl/curl.h>
 
-#include "metrics_http.h"
-#include "metrics_text.h"
+#include "cmd/metrics_http.h"
+#include "cmd/metrics_text.h"
 
 #define ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 

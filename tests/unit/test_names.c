@@ -26,7 +26,7 @@
 
 #include <errno.h>
 
-#include "names.h"
+#include "fs/names.h"
 
 #define ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 

@@ -26,7 +26,7 @@
 
 #include <cmocka.h>
 
-#include "options.h"
+#include "cmd/options.h"
 
 #define ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 #define MAX_ARGS 16

@@ -20,7 +20,7 @@
 
 #include <cmocka.h>
 
-#include "prices.h"
+#include "cmd/prices.h"
 
 #define ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 #define GB 1000000000ull

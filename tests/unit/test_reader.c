@@ -54,14 +54,14 @@
 #include <sys/statfs.h>
 #include <unistd.h>
 
-#include "cache.h"
-#include "clock.h"
+#include "base/clock.h"
+#include "base/log.h"
+#include "base/workers.h"
+#include "cache/cache.h"
 #include "fake_s3.h"
-#include "log.h"
-#include "reader.h"
-#include "s3.h"
+#include "reader/reader.h"
+#include "s3/s3.h"
 #include "unit_cache.h"
-#include "workers.h"
 
 #define KIB (1u << 10)
 #define BLOCK (64u * KIB)

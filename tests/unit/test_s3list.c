@@ -25,8 +25,8 @@
 
 #include <cmocka.h>
 
-#include "log.h"
-#include "s3walk.h"
+#include "base/log.h"
+#include "s3/s3walk.h"
 
 #define ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 #define PAGE_MAX 8

@@ -20,7 +20,7 @@
 
 #include <cmocka.h>
 
-#include "s3xml.h"
+#include "s3/s3xml.h"
 
 #define ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 

@@ -18,7 +18,7 @@
 
 #include <cmocka.h>
 
-#include "secret.h"
+#include "base/secret.h"
 
 /* The VmFlags line of the mapping of /proc/self/smaps holding ADDRESS. */
 static void vm_flags_of(const void *address, char *out, size_t cap)

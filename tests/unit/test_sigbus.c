@@ -28,8 +28,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "crash.h"
-#include "sigbus.h"
+#include "base/crash.h"
+#include "base/sigbus.h"
 
 #define PAGES 4
 

@@ -19,7 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "sigv4.h"
+#include "s3/sigv4.h"
 #include "sigv4_vectors.h"
 
 /* ------------------------------------------------------------ vectors */

@@ -21,9 +21,9 @@
 
 #include <cmocka.h>
 
-#include "prices.h"
-#include "stats_report.h"
-#include "stats_text.h"
+#include "cmd/prices.h"
+#include "cmd/stats_report.h"
+#include "ctl/stats_text.h"
 
 #define ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 

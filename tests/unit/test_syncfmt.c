@@ -19,7 +19,7 @@
 
 #include <errno.h>
 
-#include "syncfmt.h"
+#include "ctl/syncfmt.h"
 
 static void test_escape_round_trip(void **state)
 {

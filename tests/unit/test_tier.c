@@ -42,16 +42,16 @@
 
 #include <xxhash.h>
 
-#include "cache.h"
-#include "clock.h"
+#include "base/clock.h"
+#include "base/workers.h"
+#include "cache/cache.h"
 #include "fake_s3.h"
-#include "reader.h"
-#include "s3.h"
-#include "tier.h"
-#include "tier_format.h"
-#include "tier_prune.h"
+#include "reader/reader.h"
+#include "s3/s3.h"
+#include "tier/tier.h"
+#include "tier/tier_format.h"
+#include "tier/tier_prune.h"
 #include "unit_cache.h"
-#include "workers.h"
 
 #define BLOCK (64u << 10)
 #define ORIGIN "http://127.0.0.1:9000 data"

@@ -19,8 +19,8 @@
 
 #include <cmocka.h>
 
-#include "upload.h"
-#include "writebehind.h"
+#include "writer/upload.h"
+#include "writer/writebehind.h"
 
 #define MIB (1ull << 20)
 #define GIB (1ull << 30)

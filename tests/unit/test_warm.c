@@ -21,8 +21,8 @@
 
 #include <errno.h>
 
-#include "warm_report.h"
-#include "warmfmt.h"
+#include "cmd/warm_report.h"
+#include "ctl/warmfmt.h"
 
 /* ------------------------------------------------------------ warmfmt */
 

@@ -38,11 +38,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "log.h"
-#include "s3.h"
-#include "upload.h"
-#include "workers.h"
-#include "writebehind.h"
+#include "base/log.h"
+#include "base/workers.h"
+#include "s3/s3.h"
+#include "writer/upload.h"
+#include "writer/writebehind.h"
 
 #define MIB (1ull << 20)
 #define MAX_PART 64

@@ -78,15 +78,15 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cache.h"
-#include "clock.h"
+#include "base/clock.h"
+#include "base/log.h"
+#include "base/workers.h"
+#include "cache/cache.h"
 #include "fake_s3.h"
-#include "journal.h"
-#include "log.h"
-#include "s3.h"
+#include "s3/s3.h"
 #include "unit_cache.h"
-#include "workers.h"
-#include "writer.h"
+#include "writer/journal.h"
+#include "writer/writer.h"
 
 #define KIB (1u << 10)
 #define MIB (1u << 20)

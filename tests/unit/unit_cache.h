@@ -16,7 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "cachestat.h"
+#include "cache/cachestat.h"
 
 /* Remove PATH and everything under it. */
 static void unit_remove_tree(const char *path)
