@@ -6,7 +6,7 @@
  * fs_known_file_attrs() and fs_reads_follow_lookups_locked(), never
  * fs_lookup.c.
  *
- * Issue 13. A readdirplus answers a file whose headers are
+ * Why: a readdirplus answers a file whose headers are
  * not known and whose type the listing makes certain (larger than
  * FS_TYPED_OBJECT_MAX) without them: `find`, `ls` and os.walk never stat,
  * and cost LISTs only. A stat of such an entry is a LOOKUP; the first one

@@ -1,4 +1,4 @@
-"""Issue 13: a cold walk that never stats (`find`, `ls` to a pipe,
+"""A cold walk that never stats (`find`, `ls` to a pipe,
 os.walk with DirEntry.is_dir()) costs LISTs, not a HEAD per file.
 
 A readdirplus answers a file whose s3fs headers are not known and that is

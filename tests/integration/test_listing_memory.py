@@ -1,4 +1,4 @@
-"""Issue 13: -o listing_memory bounds what directory listings take in the
+"""-o listing_memory bounds what directory listings take in the
 daemon. Past it the listings used least recently are let go, and the next
 use of such a directory reads it again; what the kernel is shown never
 changes.

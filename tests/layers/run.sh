@@ -4,7 +4,8 @@
 # modules call each other without cycles (tests/layers/check-layers.py
 # over the sources and every object of src/: the library's, and those
 # the daemon adds to it, the S3 client and the commands among them). The
-# checker's own test runs first.
+# checker's own test runs first. tests/layers/check-names.py checks that
+# the files and functions comments and docs name are where they say.
 # Needs nm (binutils) and Debian's python3.
 set -eu
 srcdir=${S3CACHEFS_SRCDIR:-$(cd "$(dirname "$0")/../.." && pwd)}
@@ -18,6 +19,10 @@ objects=
 for object in "$builddir"/src/*/*.o; do
     [ -f "$object" ] && objects="$objects $object"
 done
+# what comments and docs name is where they say (in a git checkout)
+if git -C "$srcdir" rev-parse --git-dir >/dev/null 2>&1; then
+    /usr/bin/python3 "$srcdir/tests/layers/check-names.py" "$srcdir"
+fi
 /usr/bin/python3 "$srcdir/tests/layers/check-layers.py" --self-test
 # shellcheck disable=SC2086 # (the object paths have no spaces)
 exec /usr/bin/python3 "$srcdir/tests/layers/check-layers.py" "$srcdir" \

@@ -2018,7 +2018,7 @@ static void readdirplus_of(struct fixture *f, struct fs_dir *dir, size_t from,
 }
 
 /*
- * Issue 13: a cold walk that never stats (find, ls, os.walk) costs LISTs
+ * A cold walk that never stats (find, ls, os.walk) costs LISTs
  * only. A readdirplus answers a file too large to be a symbolic link or a
  * special file, whose headers are not known, with ino 0 and S_IFREG (the
  * kernel adds a plain entry of type DT_REG) and sends no HEAD, takes no

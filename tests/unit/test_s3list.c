@@ -1,6 +1,6 @@
 /*
  * test_s3list.c - unit tests for the guard of paginated listings
- * (s3walk_advance() in s3.c): pages as a server sends them, parsed
+ * (s3walk_advance() in s3walk.c): pages as a server sends them, parsed
  * by s3xml, fed to a walk one after the other. A walk over pages that go
  * round (a token seen before, a page that lists nothing new, endless empty
  * pages) must end with EIO; a walk over honest pages, however odd (empty
