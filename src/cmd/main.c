@@ -338,231 +338,266 @@ static int render_metrics(void *arg, char **text, size_t *len)
     return metrics_text_render(&snapshot, text, len);
 }
 
-int main(int argc, char **argv)
-{
+/* Everything a mount holds, from its options to its fs layer: each step
+ * of main() makes some of it, daemon_end() frees what was made. */
+struct daemon {
     struct options opts;
-    struct awsconfig aws = {0};
-    struct credentials *creds = NULL;
-    struct s3_client *s3 = NULL;
-    struct fuse_session *session = NULL;
-    struct fuse_loop_config *loop_config = NULL;
-    struct fuse_ops_context context = {0};
-    bool mounted = false, handlers = false;
-    char errbuf[512];
-    char *ca_bundle = NULL;
-    char *endpoint_id = NULL, *destination = NULL; /* whose the cache is */
-    struct cache *cache = NULL;
-    struct journal *journal = NULL;
-    struct metrics_http *metrics = NULL;
-    struct access_log *access_log = NULL;
-    struct metrics_source metrics_source = {0};
-    struct shared_cache *shared = NULL;
+    struct awsconfig aws;
+    struct credentials *creds;
+    char *ca_bundle;
+    char *endpoint_id, *destination; /* whose the cache is */
+    struct cache_identity identity;
+    struct s3_client *s3;
+    struct shared_cache *shared;
+    int cache_lock_fd;
+    struct metrics_http *metrics;
+    struct access_log *access_log;
+    struct fuse_session *session;
+    struct fuse_loop_config *loop_config;
+    struct fuse_ops_context context;
+    bool mounted, handlers;
+    sigset_t mask_before;         /* the signal mask before the loop's */
+    struct cache *cache;
+    struct journal *journal;
+    struct metrics_source metrics_source;
     struct timespec started;
-    int cache_lock_fd = -1;
-    int status = 1;
+    int status;                   /* the exit status */
+    char errbuf[512];
+};
 
-    crash_report_install(); /* a fault says where it was (crash.h) */
-    /* s3cachefs --unmount MOUNTPOINT (unmount.h) */
+/* A command (`--unmount`, `stats`, `sync`, `pending`, `warm`,
+ * `shared-cache prune`, `refresh`) when ARGV is one: its exit status;
+ * -1 when ARGV is a mount. A word that names a command but is followed
+ * by no mount of ours is a bucket's name (the command's own test). */
+static int run_command(int argc, char **argv)
+{
     if (unmount_requested(argc, argv))
         return unmount_main(argc, argv);
-    /* s3cachefs stats MOUNTPOINT (stats_cmd.h); a bucket named "stats" is
-     * mounted as any other when MOUNTPOINT is not an s3cachefs mount */
     if (stats_cmd_requested(argc, argv))
         return stats_cmd_main(argc, argv);
-    /* s3cachefs sync|pending MOUNTPOINT (sync_cmd.h): the same rule */
     if (sync_cmd_requested(argc, argv))
         return sync_cmd_main(argc, argv);
-    /* s3cachefs warm PATH... (warm_cmd.h): the same rule, PATH inside a
-     * mount */
     if (warm_cmd_requested(argc, argv))
         return warm_cmd_main(argc, argv);
-    /* s3cachefs shared-cache prune BUCKET[:PREFIX] (shared_cache_cmd.h) */
     if (shared_cache_cmd_requested(argc, argv))
         return shared_cache_cmd_main(argc, argv);
-    /* s3cachefs refresh PATH... (refresh_cmd.h): the same rule */
     if (refresh_cmd_requested(argc, argv))
         return refresh_cmd_main(argc, argv);
+    return -1;
+}
 
-    clock_gettime(CLOCK_REALTIME, &started);
-    /* the process is about to hold credentials: no core dump of it (and
-     * the secrets themselves are in MADV_DONTDUMP pages, secret.h) */
-    prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
-    if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
-        fprintf(stderr, "s3cachefs: cannot initialise libcurl\n");
-        return 1;
+/* The options, and --help or --version (then status 0 and done): 0 to go
+ * on, -1 to stop. */
+static int parse_options(struct daemon *d, int argc, char **argv)
+{
+    if (options_parse(argc, argv, &d->opts, d->errbuf, sizeof(d->errbuf)) != 0) {
+        fprintf(stderr, "s3cachefs: %s\n", d->errbuf);
+        return -1;
     }
-    if (options_parse(argc, argv, &opts, errbuf, sizeof(errbuf)) != 0) {
-        fprintf(stderr, "s3cachefs: %s\n", errbuf);
-        goto out;
-    }
-    if (opts.show_help) {
+    if (d->opts.show_help) {
         options_print_help(stdout, "s3cachefs");
-        status = 0;
-        goto out;
+        d->status = 0;
+        return -1;
     }
-    if (opts.show_version) {
+    if (d->opts.show_version) {
         printf("s3cachefs %s\n", PACKAGE_VERSION);
         printf("libfuse %s, %s\n", fuse_pkgversion(), curl_version());
-        status = 0;
-        goto out;
+        d->status = 0;
+        return -1;
     }
-    log_set_level(opts.debug ? LOG_LEVEL_DEBUG : LOG_LEVEL_INFO);
+    log_set_level(d->opts.debug ? LOG_LEVEL_DEBUG : LOG_LEVEL_INFO);
+    return 0;
+}
 
-    char fsname[300];
-    snprintf(fsname, sizeof(fsname), "%s%s%s", opts.bucket,
-             opts.prefix[0] ? ":" : "", opts.prefix);
+/* The FUSE session, from our defaults and the user's FUSE options, which
+ * libfuse checks here, before any network I/O. */
+static int make_session(struct daemon *d)
+{
+    struct options *opts = &d->opts;
+    char fsname[300], max_read[24];
+    const char *user_max_read = NULL;
+
+    snprintf(fsname, sizeof(fsname), "%s%s%s", opts->bucket,
+             opts->prefix[0] ? ":" : "", opts->prefix);
     /* reads no larger than libfuse can splice (fuse_ops.h), unless the
      * user says otherwise (init must then ask for the same) */
-    char max_read[24];
-    const char *user_max_read = NULL;
-    if (find_fuse_option(&opts.fuse_args, "max_read", &user_max_read) &&
+    if (find_fuse_option(&opts->fuse_args, "max_read", &user_max_read) &&
         user_max_read != NULL)
         fuse_ops_set_read_size((size_t)strtoul(user_max_read, NULL, 10));
     snprintf(max_read, sizeof(max_read), "%zu", fuse_ops_read_size());
-    if (add_fuse_default(&opts.fuse_args, "fsname", fsname) != 0 ||
-        add_fuse_default(&opts.fuse_args, "subtype", "s3cachefs") != 0 ||
-        add_fuse_default(&opts.fuse_args, "max_read", max_read) != 0 ||
-        add_fuse_default(&opts.fuse_args, "default_permissions", NULL) != 0) {
+    if (add_fuse_default(&opts->fuse_args, "fsname", fsname) != 0 ||
+        add_fuse_default(&opts->fuse_args, "subtype", "s3cachefs") != 0 ||
+        add_fuse_default(&opts->fuse_args, "max_read", max_read) != 0 ||
+        add_fuse_default(&opts->fuse_args, "default_permissions", NULL) != 0) {
         fprintf(stderr, "s3cachefs: out of memory\n");
-        goto out;
+        return -1;
     }
-    /* libfuse validates its own options here, before any network I/O */
-    session = fuse_session_new(&opts.fuse_args, fuse_ops_table(),
-                               sizeof(*fuse_ops_table()), &context);
-    if (session == NULL) {
+    d->session = fuse_session_new(&opts->fuse_args, fuse_ops_table(),
+                                  sizeof(*fuse_ops_table()), &d->context);
+    if (d->session == NULL) {
         fprintf(stderr, "s3cachefs: unknown or invalid mount option (see the "
                         "line above and s3cachefs --help)\n");
-        goto out;
+        return -1;
     }
-    context.session = session; /* (refresh: the kernel's entries) */
+    d->context.session = d->session; /* (refresh: the kernel's entries) */
+    return 0;
+}
 
-
+/* Where the bucket is and whose the cache will be: the AWS settings, the
+ * mount point, the CA bundle, the endpoint's identity, the default cache
+ * directory, and the keys (their first fetch here, so that a source that
+ * fails fails the mount). */
+static int resolve_bucket(struct daemon *d)
+{
+    struct options *opts = &d->opts;
     struct awsconfig_options aws_opts = {
-        .profile = opts.profile,
-        .credentials_file = opts.credentials_file,
-        .region = opts.region,
-        .endpoint = opts.endpoint,
-        .no_sign = opts.no_sign,
+        .profile = opts->profile,
+        .credentials_file = opts->credentials_file,
+        .region = opts->region,
+        .endpoint = opts->endpoint,
+        .no_sign = opts->no_sign,
         .allow_no_credentials = true,
     };
-    if (awsconfig_resolve(&aws_opts, &aws, errbuf, sizeof(errbuf)) != 0) {
-        fprintf(stderr, "s3cachefs: %s\n", errbuf);
-        goto out;
+
+    if (awsconfig_resolve(&aws_opts, &d->aws, d->errbuf, sizeof(d->errbuf)) != 0) {
+        fprintf(stderr, "s3cachefs: %s\n", d->errbuf);
+        return -1;
     }
-    if (check_mountpoint(&opts.mountpoint) != 0 ||
-        resolve_ca_bundle(&ca_bundle) != 0)
-        goto out;
+    if (check_mountpoint(&opts->mountpoint) != 0 ||
+        resolve_ca_bundle(&d->ca_bundle) != 0)
+        return -1;
     /* whose the cache is, and so whose its journal's entries are */
-    if (endpoint_identity(aws.endpoint, aws.region, &endpoint_id, errbuf,
-                          sizeof(errbuf)) != 0 ||
-        asprintf(&destination, "%s/%s", endpoint_id, opts.bucket) < 0) {
-        destination = NULL;
-        fprintf(stderr, "s3cachefs: %s\n", errbuf[0] ? errbuf : strerror(ENOMEM));
-        goto out;
+    d->errbuf[0] = '\0';
+    if (endpoint_identity(d->aws.endpoint, d->aws.region, &d->endpoint_id,
+                          d->errbuf, sizeof(d->errbuf)) != 0 ||
+        asprintf(&d->destination, "%s/%s", d->endpoint_id, opts->bucket) < 0) {
+        d->destination = NULL;
+        fprintf(stderr, "s3cachefs: %s\n",
+                d->errbuf[0] ? d->errbuf : strerror(ENOMEM));
+        return -1;
     }
-    struct cache_identity identity = {
-        .endpoint = endpoint_id, .bucket = opts.bucket, .prefix = opts.prefix,
+    d->identity = (struct cache_identity){
+        .endpoint = d->endpoint_id, .bucket = opts->bucket, .prefix = opts->prefix,
     };
-    if (opts.cache_dir == NULL && choose_cache_dir(&opts, &identity) != 0)
-        goto out;
-    /* the keys: static, or from a source that refreshes them
-     * (credsource.h); the first fetch happens here, so that a source that
-     * fails fails the mount */
-    if (!opts.no_sign) {
-        struct credsource_conf source_conf = {.aws = &aws,
-                                              .ca_bundle = ca_bundle};
-        struct credentials_source source;
-        if (credsource_choose(&source_conf, &source, errbuf,
-                              sizeof(errbuf)) != 0 ||
-            credentials_create(&source, NULL, &creds, errbuf,
-                               sizeof(errbuf)) != 0) {
-            fprintf(stderr, "s3cachefs: cannot get credentials: %s\n",
-                    errbuf);
-            goto out;
-        }
+    if (opts->cache_dir == NULL && choose_cache_dir(opts, &d->identity) != 0)
+        return -1;
+    if (opts->no_sign)
+        return 0;
+    struct credsource_conf source_conf = {.aws = &d->aws,
+                                          .ca_bundle = d->ca_bundle};
+    struct credentials_source source;
+    if (credsource_choose(&source_conf, &source, d->errbuf,
+                          sizeof(d->errbuf)) != 0 ||
+        credentials_create(&source, NULL, &d->creds, d->errbuf,
+                           sizeof(d->errbuf)) != 0) {
+        fprintf(stderr, "s3cachefs: cannot get credentials: %s\n", d->errbuf);
+        return -1;
     }
+    return 0;
+}
 
+/* The S3 client, the bucket checked with one request, and the shared
+ * cache's client (so that a mistake in its options fails the mount). */
+static int check_bucket(struct daemon *d)
+{
+    struct options *opts = &d->opts;
     struct s3_conf s3_conf = {
-        .endpoint = aws.endpoint,
-        .region = aws.region,
-        .bucket = opts.bucket,
-        .path_style = opts.path_style,
-        .credentials = creds,
-        .ca_bundle = ca_bundle,
-        .max_connections = opts.connections,
-        .max_retries = opts.retries,
-        .request_timeout = opts.request_timeout,
+        .endpoint = d->aws.endpoint,
+        .region = d->aws.region,
+        .bucket = opts->bucket,
+        .path_style = opts->path_style,
+        .credentials = d->creds,
+        .ca_bundle = d->ca_bundle,
+        .max_connections = opts->connections,
+        .max_retries = opts->retries,
+        .request_timeout = opts->request_timeout,
     };
-    errbuf[0] = '\0';
-    if (s3_client_create(&s3_conf, &s3, errbuf, sizeof(errbuf)) != 0) {
-        fprintf(stderr, "s3cachefs: %s\n", errbuf[0] ? errbuf : "cannot create the S3 client");
-        goto out;
-    }
     struct s3_failure why;
-    if (s3_check_bucket(s3, opts.prefix, &why) != 0) {
-        report_check_failure(&opts, &aws, creds, &why);
-        goto out;
-    }
 
-    /* -o shared_cache: its client now, so that a mistake fails the mount */
-    if (shared_cache_open(&opts, &aws, creds, ca_bundle, &shared, errbuf,
-                          sizeof(errbuf)) != 0) {
-        fprintf(stderr, "s3cachefs: %s\n", errbuf);
-        goto out;
+    d->errbuf[0] = '\0';
+    if (s3_client_create(&s3_conf, &d->s3, d->errbuf, sizeof(d->errbuf)) != 0) {
+        fprintf(stderr, "s3cachefs: %s\n",
+                d->errbuf[0] ? d->errbuf : "cannot create the S3 client");
+        return -1;
     }
+    if (s3_check_bucket(d->s3, opts->prefix, &why) != 0) {
+        report_check_failure(opts, &d->aws, d->creds, &why);
+        return -1;
+    }
+    if (shared_cache_open(opts, &d->aws, d->creds, d->ca_bundle, &d->shared,
+                          d->errbuf, sizeof(d->errbuf)) != 0) {
+        fprintf(stderr, "s3cachefs: %s\n", d->errbuf);
+        return -1;
+    }
+    return 0;
+}
 
-    if (cache_lock_dir(opts.cache_dir, &cache_lock_fd, errbuf, sizeof(errbuf)) != 0) {
-        fprintf(stderr, "s3cachefs: %s\n", errbuf);
-        goto out;
+/* The cache directory locked, made absolute (the daemon runs in /) and
+ * bound to this mount's identity; the metrics port bound (a port in use
+ * fails the mount; served once the daemon has forked) and the access log
+ * opened (the name may be relative). */
+static int claim_cache(struct daemon *d)
+{
+    struct options *opts = &d->opts;
+
+    if (cache_lock_dir(opts->cache_dir, &d->cache_lock_fd, d->errbuf,
+                       sizeof(d->errbuf)) != 0) {
+        fprintf(stderr, "s3cachefs: %s\n", d->errbuf);
+        return -1;
     }
-    char *cache_dir = realpath(opts.cache_dir, NULL); /* the daemon runs in / */
+    char *cache_dir = realpath(opts->cache_dir, NULL);
     if (cache_dir == NULL) {
-        fprintf(stderr, "s3cachefs: cache directory %s: %s\n", opts.cache_dir,
+        fprintf(stderr, "s3cachefs: cache directory %s: %s\n", opts->cache_dir,
                 strerror(errno));
-        goto out;
+        return -1;
     }
-    free(opts.cache_dir);
-    opts.cache_dir = cache_dir;
-    if (claim_cache_dir(cache_dir, &identity) != 0)
-        goto out;
+    free(opts->cache_dir);
+    opts->cache_dir = cache_dir;
+    if (claim_cache_dir(cache_dir, &d->identity) != 0)
+        return -1;
     unmount_report_clear(cache_dir); /* an earlier run's (the lock is ours) */
-    /* bound now, so that a port in use fails the mount; served once the
-     * daemon has forked */
-    if (opts.metrics != NULL &&
-        metrics_http_listen(opts.metrics, &metrics, errbuf, sizeof(errbuf)) != 0) {
-        fprintf(stderr, "s3cachefs: %s\n", errbuf);
-        goto out;
+    if (opts->metrics != NULL &&
+        metrics_http_listen(opts->metrics, &d->metrics, d->errbuf,
+                            sizeof(d->errbuf)) != 0) {
+        fprintf(stderr, "s3cachefs: %s\n", d->errbuf);
+        return -1;
     }
-    /* (opened here: the daemon runs in /, the name may be relative) */
-    if (opts.access_log != NULL &&
-        access_log_open(opts.access_log, opts.mountpoint, opts.prefix,
-                        &access_log, errbuf, sizeof(errbuf)) != 0) {
-        fprintf(stderr, "s3cachefs: %s\n", errbuf);
-        goto out;
+    if (opts->access_log != NULL &&
+        access_log_open(opts->access_log, opts->mountpoint, opts->prefix,
+                        &d->access_log, d->errbuf, sizeof(d->errbuf)) != 0) {
+        fprintf(stderr, "s3cachefs: %s\n", d->errbuf);
+        return -1;
     }
+    return 0;
+}
 
+/* Mounted, detached (unless -f), logging to syslog when detached, and the
+ * signals that stop the mount blocked for every thread from here on. */
+static int mount_and_detach(struct daemon *d)
+{
+    struct options *opts = &d->opts;
 
-    if (fuse_set_signal_handlers(session) != 0)
-        goto out;
-    handlers = true;
-    if (fuse_session_mount(session, opts.mountpoint) != 0) {
-        fprintf(stderr, "s3cachefs: cannot mount on %s\n", opts.mountpoint);
-        goto out;
+    if (fuse_set_signal_handlers(d->session) != 0)
+        return -1;
+    d->handlers = true;
+    if (fuse_session_mount(d->session, opts->mountpoint) != 0) {
+        fprintf(stderr, "s3cachefs: cannot mount on %s\n", opts->mountpoint);
+        return -1;
     }
-    mounted = true;
-    raise_read_ahead(opts.mountpoint);
-    int io_err = fuse_ops_use_io(session);
+    d->mounted = true;
+    raise_read_ahead(opts->mountpoint);
+    int io_err = fuse_ops_use_io(d->session);
     if (io_err != 0 && io_err != ENOSYS)
         fprintf(stderr, "s3cachefs: cannot take over the session's I/O (%s): "
                         "lookups in one directory will run one at a time\n",
                 strerror(io_err));
     /* Only a daemon in the foreground is a service's main process: one
      * that forks must not speak for whatever started it (sd_notify) */
-    if (!opts.foreground)
+    if (!opts->foreground)
         unsetenv("NOTIFY_SOCKET");
-    if (fuse_daemonize(opts.foreground) != 0)
-        goto out;
-    if (!opts.foreground)
+    if (fuse_daemonize(opts->foreground) != 0)
+        return -1;
+    if (!opts->foreground)
         log_use_syslog();
     /* The signals that stop the mount must reach this thread, the one that
      * waits in libfuse's loop: its handler sets "exited" on whichever
@@ -574,145 +609,174 @@ int main(int argc, char **argv)
      * thread had signals blocked for a moment (pthread_create) could be
      * taken by a worker of ours, and the loop slept until a request came
      * (`test_signal_unmounts` hung once in CI). */
-    sigset_t stop_signals, mask_before;
+    sigset_t stop_signals;
     sigemptyset(&stop_signals);
     sigaddset(&stop_signals, SIGINT);
     sigaddset(&stop_signals, SIGTERM);
     sigaddset(&stop_signals, SIGHUP);
     sigaddset(&stop_signals, SIGQUIT);
-    pthread_sigmask(SIG_BLOCK, &stop_signals, &mask_before);
+    pthread_sigmask(SIG_BLOCK, &stop_signals, &d->mask_before);
+    return 0;
+}
 
+/* In the daemon (LMDB and threads must not cross the fork): the cache,
+ * the journal, the shared cache's writers. Errors are logged: the mount
+ * is in place. */
+static int open_storage(struct daemon *d)
+{
+    struct options *opts = &d->opts;
     struct cache_conf cache_conf = {
-        .dir = opts.cache_dir,
-        .bucket = opts.bucket,
-        .size_limit = cache_size_limit(&opts),
-        .min_free_bytes = opts.cache_min_free,
-        .min_free_ratio = opts.cache_min_free_ratio,
-        .block_size = opts.block_size,
+        .dir = opts->cache_dir,
+        .bucket = opts->bucket,
+        .size_limit = cache_size_limit(opts),
+        .min_free_bytes = opts->cache_min_free,
+        .min_free_ratio = opts->cache_min_free_ratio,
+        .block_size = opts->block_size,
     };
-    if (cache_open(&cache_conf, cache_lock_fd, &cache, errbuf, sizeof(errbuf)) != 0) {
-        log_error("cannot start: %s", errbuf);
-        goto out;
-    }
-    cache_lock_fd = -1; /* the cache owns it now */
 
-    if (!opts.read_only) {
+    if (cache_open(&cache_conf, d->cache_lock_fd, &d->cache, d->errbuf,
+                   sizeof(d->errbuf)) != 0) {
+        log_error("cannot start: %s", d->errbuf);
+        return -1;
+    }
+    d->cache_lock_fd = -1; /* the cache owns it now */
+    if (!opts->read_only) {
         char *journal_dir = NULL;
-        if (asprintf(&journal_dir, "%s/journal", cache_dir_path(cache)) < 0) {
+        if (asprintf(&journal_dir, "%s/journal", cache_dir_path(d->cache)) < 0) {
             log_error("cannot start: %s", strerror(ENOMEM));
-            goto out;
+            return -1;
         }
-        int opened = journal_open(journal_dir, destination, &journal, errbuf,
-                                  sizeof(errbuf));
+        int opened = journal_open(journal_dir, d->destination, &d->journal,
+                                  d->errbuf, sizeof(d->errbuf));
         free(journal_dir);
         if (opened != 0) {
-            log_error("cannot start: %s", errbuf);
-            goto out;
+            log_error("cannot start: %s", d->errbuf);
+            return -1;
         }
     }
-
-    /* (its writers are threads: started in the daemon, after the fork) */
-    if (shared != NULL &&
-        shared_cache_start(shared, cache) != 0) {
+    if (d->shared != NULL && shared_cache_start(d->shared, d->cache) != 0) {
         log_error("cannot start the shared cache: %s", strerror(ENOMEM));
-        goto out;
+        return -1;
     }
+    return 0;
+}
 
+/* The fs layer over them, its recovery, and the metrics endpoint. Errors
+ * are logged. */
+static int start_fs(struct daemon *d)
+{
+    struct options *opts = &d->opts;
     struct fs_conf fs_conf = {
-        .cache = cache,
-        .root_key = opts.prefix,
-        .uid = opts.uid,
-        .gid = opts.gid,
-        .uid_forced = opts.uid_set,
-        .gid_forced = opts.gid_set,
-        .file_mode = opts.file_mode,
-        .dir_mode = opts.dir_mode,
-        .attr_ttl = opts.attr_ttl,
-        .dir_ttl = opts.dir_ttl,
-        .read_ahead = opts.read_ahead,
-        .listing_memory = (size_t)opts.listing_memory,
-        .connections = opts.connections,
-        .journal = journal,
-        .writeback = opts.writeback,
+        .cache = d->cache,
+        .root_key = opts->prefix,
+        .uid = opts->uid,
+        .gid = opts->gid,
+        .uid_forced = opts->uid_set,
+        .gid_forced = opts->gid_set,
+        .file_mode = opts->file_mode,
+        .dir_mode = opts->dir_mode,
+        .attr_ttl = opts->attr_ttl,
+        .dir_ttl = opts->dir_ttl,
+        .read_ahead = opts->read_ahead,
+        .listing_memory = (size_t)opts->listing_memory,
+        .connections = opts->connections,
+        .journal = d->journal,
+        .writeback = opts->writeback,
         .multipart_threshold = MULTIPART_THRESHOLD,
         .part_size = PART_SIZE,
-        .access_log = access_log,
-        .trusted = (const char *const *)opts.trusted,
-        .trusted_count = opts.trusted_count,
-        .headerless = (const char *const *)opts.headerless,
-        .headerless_count = opts.headerless_count,
-        .tier = shared_cache_tier(shared),
+        .access_log = d->access_log,
+        .trusted = (const char *const *)opts->trusted,
+        .trusted_count = opts->trusted_count,
+        .headerless = (const char *const *)opts->headerless,
+        .headerless_count = opts->headerless_count,
+        .tier = shared_cache_tier(d->shared),
     };
-    int err = fs_create(&fs_conf, s3, &context.fs);
+    int err = fs_create(&fs_conf, d->s3, &d->context.fs);
     if (err == 0)
-        err = fs_recover(context.fs);
+        err = fs_recover(d->context.fs);
     if (err != 0) {
         log_error("cannot start: %s", strerror(err));
-        goto out;
+        return -1;
     }
-    if (metrics != NULL) {
-        metrics_source = (struct metrics_source){
-            .fs = context.fs,
-            .cache = cache,
-            .start_time = (double)started.tv_sec + started.tv_nsec / 1e9,
+    if (d->metrics != NULL) {
+        d->metrics_source = (struct metrics_source){
+            .fs = d->context.fs,
+            .cache = d->cache,
+            .start_time = (double)d->started.tv_sec + d->started.tv_nsec / 1e9,
         };
         /* (the mount goes on without its endpoint: logged) */
-        if (metrics_http_start(metrics, render_metrics, &metrics_source,
-                               errbuf, sizeof(errbuf)) != 0) {
-            log_error("%s", errbuf);
-            metrics_http_stop(&metrics);
+        if (metrics_http_start(d->metrics, render_metrics, &d->metrics_source,
+                               d->errbuf, sizeof(d->errbuf)) != 0) {
+            log_error("%s", d->errbuf);
+            metrics_http_stop(&d->metrics);
         }
     }
-    log_info("mounted bucket '%s'%s%s at %s", opts.bucket,
-             opts.prefix[0] ? " prefix " : "", opts.prefix, opts.mountpoint);
+    return 0;
+}
+
+/* libfuse's loop until the unmount or a signal that stops it (success). */
+static void serve(struct daemon *d)
+{
+    struct options *opts = &d->opts;
+
+    log_info("mounted bucket '%s'%s%s at %s", opts->bucket,
+             opts->prefix[0] ? " prefix " : "", opts->prefix, opts->mountpoint);
     /* a unit of Type=notify is started now (nothing without NOTIFY_SOCKET):
      * the mount is in place, its requests wait for the loop below */
-    sd_notifyf(0, "READY=1\nSTATUS=serving bucket '%s'%s%s at %s", opts.bucket,
-               opts.prefix[0] ? " prefix " : "", opts.prefix, opts.mountpoint);
-
-    loop_config = fuse_loop_cfg_create();
-    if (loop_config == NULL)
-        goto out;
-    fuse_loop_cfg_set_max_threads(loop_config, opts.connections * 2 + 4);
-    fuse_loop_cfg_set_idle_threads(loop_config, 8);
+    sd_notifyf(0, "READY=1\nSTATUS=serving bucket '%s'%s%s at %s", opts->bucket,
+               opts->prefix[0] ? " prefix " : "", opts->prefix, opts->mountpoint);
+    d->loop_config = fuse_loop_cfg_create();
+    if (d->loop_config == NULL)
+        return;
+    fuse_loop_cfg_set_max_threads(d->loop_config, opts->connections * 2 + 4);
+    fuse_loop_cfg_set_idle_threads(d->loop_config, 8);
     /* The loop returns the number of the signal that stopped it: being
      * told to unmount is success. */
-    pthread_sigmask(SIG_SETMASK, &mask_before, NULL);
-    int loop_result = fuse_session_loop_mt(session, loop_config);
-    status = loop_result == 0 || loop_result == SIGTERM ||
-             loop_result == SIGINT || loop_result == SIGHUP ? 0 : 1;
-    log_info("unmounting %s", opts.mountpoint);
+    pthread_sigmask(SIG_SETMASK, &d->mask_before, NULL);
+    int loop_result = fuse_session_loop_mt(d->session, d->loop_config);
+    d->status = loop_result == 0 || loop_result == SIGTERM ||
+                loop_result == SIGINT || loop_result == SIGHUP ? 0 : 1;
+    log_info("unmounting %s", opts->mountpoint);
     sd_notify(0, "STOPPING=1\nSTATUS=unmounting");
-out:
-    if (status != 0 && !mounted && argc > 2 && strcmp(argv[1], "stats") == 0 &&
-        argv[2][0] != '-')
+}
+
+/* A mount that failed before mounting, of a bucket named like a command
+ * whose mount point is no mount of ours: the sentence says which it was. */
+static void explain_command_word(const struct daemon *d, int argc, char **argv)
+{
+    if (d->status == 0 || d->mounted || argc <= 2 || argv[2][0] == '-')
+        return;
+    if (strcmp(argv[1], "stats") == 0)
         fprintf(stderr, "s3cachefs: (this was the mount of a bucket named "
                 "'stats': %s is not an s3cachefs mount for 's3cachefs stats' "
                 "to report on)\n", argv[2]);
-    if (status != 0 && !mounted && argc > 2 && argv[2][0] != '-' &&
-        (strcmp(argv[1], "sync") == 0 || strcmp(argv[1], "pending") == 0))
+    if (strcmp(argv[1], "sync") == 0 || strcmp(argv[1], "pending") == 0)
         fprintf(stderr, "s3cachefs: (this was the mount of a bucket named "
                 "'%s': %s is not an s3cachefs mount for 's3cachefs %s' to "
                 "ask)\n", argv[1], argv[2], argv[1]);
-    if (status != 0 && !mounted && argc > 2 && argv[2][0] != '-' &&
-        strcmp(argv[1], "warm") == 0)
+    if (strcmp(argv[1], "warm") == 0)
         fprintf(stderr, "s3cachefs: (this was the mount of a bucket named "
                 "'warm': %s is not inside an s3cachefs mount for 's3cachefs "
                 "warm' to fetch)\n", argv[2]);
-    if (mounted)
-        fuse_session_unmount(session);
-    if (handlers)
-        fuse_remove_signal_handlers(session);
-    if (session != NULL)
-        fuse_session_destroy(session);
-    if (loop_config != NULL)
-        fuse_loop_cfg_destroy(loop_config);
-    /* unmounted: what waits for its upload goes now, before exiting. A
-     * second SIGTERM (a shutdown that does not wait) must not cut that
-     * short: the node may be gone before another mount could finish it. */
-    if (context.fs != NULL) {
+}
+
+/* Unmounted (if mounted); what waits for its upload goes now, before
+ * exiting; everything freed. A second SIGTERM (a shutdown that does not
+ * wait) must not cut the uploads short: the node may be gone before
+ * another mount could finish them. */
+static void daemon_end(struct daemon *d)
+{
+    if (d->mounted)
+        fuse_session_unmount(d->session);
+    if (d->handlers)
+        fuse_remove_signal_handlers(d->session);
+    if (d->session != NULL)
+        fuse_session_destroy(d->session);
+    if (d->loop_config != NULL)
+        fuse_loop_cfg_destroy(d->loop_config);
+    if (d->context.fs != NULL) {
         struct fs_stats stats;
-        fs_get_stats(context.fs, &stats);
+        fs_get_stats(d->context.fs, &stats);
         if (stats.uploads_pending > 0) {
             signal(SIGTERM, SIG_IGN);
             signal(SIGINT, SIG_IGN);
@@ -724,28 +788,56 @@ out:
                        (unsigned long long)stats.uploads_pending,
                        stats.uploads_pending == 1 ? "" : "s");
         }
-        uint64_t left = fs_drain(context.fs);
+        uint64_t left = fs_drain(d->context.fs);
         if (left > 0)
-            status = 1; /* kept in the journal for the next mount (logged) */
+            d->status = 1; /* kept in the journal for the next mount (logged) */
         /* what --unmount, which is not our parent, tells its caller */
-        unmount_report_write(opts.cache_dir, left);
+        unmount_report_write(d->opts.cache_dir, left);
     }
     /* (served until the uploads above are done: they are counted) */
-    metrics_http_stop(&metrics);
-    fs_destroy(&context.fs);
-    shared_cache_close(&shared);
-    access_log_close(&access_log);
-    journal_close(&journal);
-    cache_close(&cache);
-    if (cache_lock_fd >= 0)
-        close(cache_lock_fd);
-    s3_client_destroy(&s3);
-    credentials_destroy(&creds);
-    awsconfig_clear(&aws);
-    free(ca_bundle);
-    free(endpoint_id);
-    free(destination);
-    options_free(&opts);
+    metrics_http_stop(&d->metrics);
+    fs_destroy(&d->context.fs);
+    shared_cache_close(&d->shared);
+    access_log_close(&d->access_log);
+    journal_close(&d->journal);
+    cache_close(&d->cache);
+    if (d->cache_lock_fd >= 0)
+        close(d->cache_lock_fd);
+    s3_client_destroy(&d->s3);
+    credentials_destroy(&d->creds);
+    awsconfig_clear(&d->aws);
+    free(d->ca_bundle);
+    free(d->endpoint_id);
+    free(d->destination);
+    options_free(&d->opts);
+}
+
+int main(int argc, char **argv)
+{
+    static struct daemon state; /* (zeroed: nothing made yet) */
+    struct daemon *d = &state;
+
+    crash_report_install(); /* a fault says where it was (crash.h) */
+    int command = run_command(argc, argv);
+    if (command >= 0)
+        return command;
+    d->cache_lock_fd = -1;
+    d->status = 1;
+    clock_gettime(CLOCK_REALTIME, &d->started);
+    /* the process is about to hold credentials: no core dump of it (and
+     * the secrets themselves are in MADV_DONTDUMP pages, secret.h) */
+    prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+    if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
+        fprintf(stderr, "s3cachefs: cannot initialise libcurl\n");
+        return 1;
+    }
+    if (parse_options(d, argc, argv) == 0 && make_session(d) == 0 &&
+        resolve_bucket(d) == 0 && check_bucket(d) == 0 &&
+        claim_cache(d) == 0 && mount_and_detach(d) == 0 &&
+        open_storage(d) == 0 && start_fs(d) == 0)
+        serve(d);
+    explain_command_word(d, argc, argv);
+    daemon_end(d);
     curl_global_cleanup();
-    return status;
+    return d->status;
 }
