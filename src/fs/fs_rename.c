@@ -417,6 +417,171 @@ static int move_object(struct fs *fs, const char *src_key, const char *etag,
     return 0;
 }
 
+/* A file's rename in the bucket, as rename_file() does it. */
+struct file_move {
+    struct inode *inode;
+    const char *src_key, *dst_key;
+    struct writer_file *replaced; /* the target's staged file, or NULL */
+    const char *dst_was;          /* the ETag under DST_KEY ("": none,
+                                     NULL: not known) */
+    struct writer_file *wfile;    /* the source's staged file, held */
+    enum writer_renamed state;
+    struct inode_attrs attrs;     /* the source's, as uploaded */
+    bool own_object;              /* the object at the old key is the
+                                     file's last saved version */
+    bool some_object;             /* some object is at the old key */
+    struct writer_move record;    /* journaled before the bucket changes */
+    char source_etag[S3_ETAG_MAX]; /* the version the record moves */
+    uint64_t move_id;             /* the record's, or 0 */
+    bool left;                    /* the old key stays, to delete later */
+};
+
+/* The source held (its staged file, if any: no upload lands meanwhile),
+ * what its data is, what is under its old key; a journaled file's older
+ * object deleted and its promise moved to the new key. */
+static int file_move_hold(struct fs *fs, struct file_move *m)
+{
+    struct inode *inode = m->inode;
+    int err = 0;
+
+    inode_table_lock(fs->inodes);
+    /* its staged data being adopted by the cache (the kernel's RELEASE
+     * came just before): the cache's move below needs it adopted, else
+     * it lands under the old key, a version nobody reads, and the file
+     * is fetched again (a torch.save-style rename on a loaded machine) */
+    while (inode->detaching)
+        inode_table_wait(fs->inodes, &fs->detach_done);
+    if (inode->wfile != NULL)
+        m->wfile = fs_staged_get_locked(inode);
+    inode_table_unlock(fs->inodes);
+    if (m->wfile != NULL)
+        err = writer_file_hold(m->wfile, &m->state);
+    inode_table_lock(fs->inodes);
+    m->attrs = inode->attrs;
+    /* whether the object at the old key is this file's last saved
+     * version: not when it is one this file replaced, or when nobody
+     * knows (recovery) */
+    m->own_object = inode->attrs.etag[0] != '\0' && !inode->replaced_object &&
+                    !inode->object_unknown;
+    m->some_object = inode->attrs.etag[0] != '\0' || inode->object_unknown;
+    if (inode->wfile != NULL)
+        fs_staged_attrs_locked(fs, inode, &m->attrs); /* what was uploaded */
+    inode_table_unlock(fs->inodes);
+    if (err == 0 && m->state == WRITER_RENAMED_JOURNALED)
+        err = drop_older_object(fs, inode);
+    if (err == 0 && m->wfile != NULL)
+        err = writer_file_rename(m->wfile, m->dst_key, m->replaced);
+    if (err == 0 && m->wfile != NULL && m->state == WRITER_RENAMED_UPLOADED) {
+        char etag[S3_ETAG_MAX];
+        if (writer_file_etag(m->wfile, etag))
+            snprintf(m->attrs.etag, sizeof(m->attrs.etag), "%s", etag);
+    }
+    return err;
+}
+
+/* Not uploaded yet, and its new bytes saved nowhere else (open, written):
+ * the object at the old key is its only saved version, so it moves
+ * first, and a crash before the file's upload leaves it under the new
+ * name. Whatever version is there now (the inode's ETag may be older
+ * than a copy's): a HEAD says. */
+static int file_move_saved_version(struct fs *fs, struct file_move *m)
+{
+    struct s3_object_info info;
+    char etag[S3_ETAG_MAX] = "";
+    uint64_t size;
+    int err = s3_head_object(fs->s3, m->src_key, &info);
+
+    m->record.flags = JOURNAL_MOVE_COPY;
+    if (err == 0)
+        snprintf(m->source_etag, sizeof(m->source_etag), "%s", info.etag);
+    if (err == 0)
+        err = writer_move_begin(fs->writer, &m->record, m->replaced, &m->move_id);
+    if (err == 0)
+        err = move_object(fs, m->src_key, info.etag, info.size, m->dst_key,
+                          m->dst_was, etag, &size, &m->left);
+    if (err == ENOENT)
+        err = s3_delete_object(fs->s3, m->src_key); /* (gone: nothing moves) */
+    return err;
+}
+
+/* Not uploaded yet: only where it goes changes; an object under the old
+ * name goes away as rename says (journaled: gone already). Saved nowhere
+ * (never closed, no older version): the object the rename replaces is
+ * not kept until this file's upload, for a crash before it would bring
+ * the replaced file back. */
+static int file_move_unsaved(struct fs *fs, struct file_move *m)
+{
+    bool unsaved = m->state == WRITER_RENAMED_UNSAVED;
+    bool dst_object = m->dst_was == NULL || m->dst_was[0] != '\0';
+    int err = 0;
+
+    m->record.flags = dst_object ? JOURNAL_MOVE_DROP_TARGET : 0;
+    if (unsaved && (m->some_object || dst_object))
+        err = writer_move_begin(fs->writer, &m->record, m->replaced, &m->move_id);
+    if (err == 0 && unsaved && m->some_object)
+        err = s3_delete_object(fs->s3, m->src_key);
+    if (err == 0 && unsaved && dst_object)
+        err = s3_delete_object(fs->s3, m->dst_key);
+    if (err == 0 && unsaved) {
+        inode_table_lock(fs->inodes);
+        m->inode->attrs.etag[0] = '\0'; /* nothing under the new key */
+        inode_table_unlock(fs->inodes);
+    }
+    return err;
+}
+
+/* In the bucket: copied to the new key and deleted from the old; the
+ * inode, the index's attributes and a link's target follow. */
+static int file_move_uploaded(struct fs *fs, struct file_move *m)
+{
+    struct inode_attrs *attrs = &m->attrs;
+    char etag[S3_ETAG_MAX] = "";
+
+    m->record.flags = JOURNAL_MOVE_COPY;
+    snprintf(m->source_etag, sizeof(m->source_etag), "%s", attrs->etag);
+    int err = writer_move_begin(fs->writer, &m->record, m->replaced, &m->move_id);
+    if (err == 0)
+        err = move_object(fs, m->src_key, attrs->etag, attrs->size, m->dst_key,
+                          m->dst_was, etag, &attrs->size, &m->left);
+    /* the staged data, adopted by the cache once released, is the copy's
+     * version (its own ETag when the upload was of parts) */
+    if (err == 0 && m->wfile != NULL && etag[0] != '\0')
+        writer_file_copied(m->wfile, etag);
+    if (err == 0 && etag[0] != '\0')
+        snprintf(attrs->etag, sizeof(attrs->etag), "%s", etag);
+    if (err != 0)
+        return err;
+    inode_table_lock(fs->inodes);
+    m->inode->attrs = *attrs;
+    char *link = m->inode->symlink_target != NULL
+        ? strdup(m->inode->symlink_target) : NULL;
+    inode_table_unlock(fs->inodes);
+    if (attrs->headers_known)
+        metacache_put_attrs(fs->conf.cache, m->dst_key, attrs);
+    if (link != NULL && attrs->etag[0] != '\0')
+        metacache_put_link(fs->conf.cache, m->dst_key, attrs->etag, link);
+    free(link);
+    return 0;
+}
+
+/* The record after the requests (ERR: theirs). Done: it goes with
+ * REPLACED's promise, in one transaction (but for an old key left to
+ * delete, which stays recorded, guarded by its ETag, and listed for this
+ * mount's changes of it); failed: it goes, REPLACED keeps its promise. */
+static void file_move_record_end(struct fs *fs, struct file_move *m, int err)
+{
+    if (err == 0 && m->left) {
+        struct writer_move rest = {.from = m->src_key, .to = m->dst_key,
+                                   .etag = m->record.etag};
+        if (writer_move_narrow(fs->writer, m->move_id, &rest, m->replaced) == 0)
+            fs_change_leave_key(fs, m->src_key, m->record.etag, m->move_id);
+    } else if (err == 0) {
+        writer_move_end(fs->writer, m->move_id, m->replaced);
+    } else {
+        writer_move_cancel(fs->writer, m->move_id);
+    }
+}
+
 /* Rename the file INODE from SRC_KEY to DST_KEY in the bucket, replacing
  * the staged file REPLACED (may be NULL); DST_WAS is the ETag of the
  * object under DST_KEY ("" for none, NULL when not known). *STATE_OUT says what the file's data was (see
@@ -429,145 +594,230 @@ static int rename_file(struct fs *fs, struct inode *inode, const char *src_key,
                        const char *dst_was, struct writer_file **held,
                        enum writer_renamed *state_out)
 {
-    bool dst_object = dst_was == NULL || dst_was[0] != '\0';
-    char source_etag[S3_ETAG_MAX] = ""; /* the version the move records */
-    struct writer_file *wfile = NULL;
-    struct inode_attrs attrs, object;
-    enum writer_renamed state = WRITER_RENAMED_UPLOADED;
-    int err = 0;
+    struct file_move m = {
+        .inode = inode, .src_key = src_key, .dst_key = dst_key,
+        .replaced = replaced, .dst_was = dst_was,
+        .state = WRITER_RENAMED_UPLOADED,
+        .record = {.from = src_key, .to = dst_key},
+    };
 
-    *held = NULL;
+    m.record.etag = m.source_etag;
     *state_out = WRITER_RENAMED_UPLOADED;
-    inode_table_lock(fs->inodes);
-    /* its staged data being adopted by the cache (the kernel's RELEASE
-     * came just before): the cache's move below needs it adopted, else
-     * it lands under the old key, a version nobody reads, and the file
-     * is fetched again (a torch.save-style rename on a loaded machine) */
-    while (inode->detaching)
-        inode_table_wait(fs->inodes, &fs->detach_done);
-    if (inode->wfile != NULL)
-        wfile = fs_staged_get_locked(inode);
-    inode_table_unlock(fs->inodes);
-
-    if (wfile != NULL) {
-        err = writer_file_hold(wfile, &state);
-        *held = wfile;
-    }
-    inode_table_lock(fs->inodes);
-    attrs = inode->attrs;
-    object = inode->attrs; /* the object at the old key, if any */
-    /* whether that object is this file's last saved version: not when it
-     * is one this file replaced, or when nobody knows (recovery) */
-    bool own_object = object.etag[0] != '\0' && !inode->replaced_object &&
-                      !inode->object_unknown;
-    bool some_object = object.etag[0] != '\0' || inode->object_unknown;
-    if (inode->wfile != NULL)
-        fs_staged_attrs_locked(fs, inode, &attrs); /* what was uploaded */
-    inode_table_unlock(fs->inodes);
-    if (err == 0 && state == WRITER_RENAMED_JOURNALED)
-        err = drop_older_object(fs, inode);
-    if (err == 0 && wfile != NULL)
-        err = writer_file_rename(wfile, dst_key, replaced);
-    if (err == 0 && wfile != NULL && state == WRITER_RENAMED_UPLOADED) {
-        char etag[S3_ETAG_MAX];
-        if (writer_file_etag(wfile, etag))
-            snprintf(attrs.etag, sizeof(attrs.etag), "%s", etag);
-    }
+    int err = file_move_hold(fs, &m);
+    *held = m.wfile;
     /* Every change of the bucket below is journaled as a move first (the
      * journaled file's is one journal transaction and needs none): a
      * crash between its requests has the next mount finish it
-     * (fs_finish_move), with REPLACED's promise dropped, rather than leave
+     * (fs_recover.c), with REPLACED's promise dropped, rather than leave
      * both names, or neither. A request that fails undoes it instead. */
-    uint64_t move_id = 0;
-    struct writer_move record = {.from = src_key, .to = dst_key};
-    struct s3_object_info info;
-    bool left = false;
-    if (err == 0 && state == WRITER_RENAMED_UNSAVED && own_object) {
-        /* not uploaded yet, and its new bytes saved nowhere else (open,
-         * written): the object at the old key is its only saved version,
-         * so it moves first, and a crash before the file's upload leaves
-         * it under the new name. Whatever version is there now (the
-         * inode's ETag may be older than a copy's): a HEAD says. */
-        char etag[S3_ETAG_MAX] = "";
-        uint64_t size;
-        err = s3_head_object(fs->s3, src_key, &info);
-        record.flags = JOURNAL_MOVE_COPY;
-        if (err == 0)
-            snprintf(source_etag, sizeof(source_etag), "%s", info.etag);
-        record.etag = source_etag;
-        if (err == 0)
-            err = writer_move_begin(fs->writer, &record, replaced, &move_id);
-        if (err == 0)
-            err = move_object(fs, src_key, info.etag, info.size, dst_key,
-                              dst_was, etag, &size, &left);
-        if (err == ENOENT)
-            err = s3_delete_object(fs->s3, src_key); /* (gone: nothing moves) */
-    } else if (err == 0 && state != WRITER_RENAMED_UPLOADED) {
-        /* not uploaded yet: only where it goes changes; an object under
-         * the old name goes away as rename says (journaled: gone above).
-         * Saved nowhere (never closed, no older version): the object the
-         * rename replaces is not kept until this file's upload, for a
-         * crash before it would bring the replaced file back. */
-        bool unsaved = state == WRITER_RENAMED_UNSAVED;
-        record.flags = dst_object ? JOURNAL_MOVE_DROP_TARGET : 0;
-        if (unsaved && (some_object || dst_object))
-            err = writer_move_begin(fs->writer, &record, replaced, &move_id);
-        if (err == 0 && unsaved && some_object)
-            err = s3_delete_object(fs->s3, src_key);
-        if (err == 0 && unsaved && dst_object)
-            err = s3_delete_object(fs->s3, dst_key);
-        if (err == 0 && unsaved) {
-            inode_table_lock(fs->inodes);
-            inode->attrs.etag[0] = '\0'; /* nothing under the new key */
-            inode_table_unlock(fs->inodes);
-        }
-    } else if (err == 0) {
-        char etag[S3_ETAG_MAX] = "";
-        record.flags = JOURNAL_MOVE_COPY;
-        snprintf(source_etag, sizeof(source_etag), "%s", attrs.etag);
-        record.etag = source_etag;
-        err = writer_move_begin(fs->writer, &record, replaced, &move_id);
-        if (err == 0)
-            err = move_object(fs, src_key, attrs.etag, attrs.size, dst_key,
-                              dst_was, etag, &attrs.size, &left);
-        /* the staged data, adopted by the cache once released, is the
-         * copy's version (its own ETag when the upload was of parts) */
-        if (err == 0 && wfile != NULL && etag[0] != '\0')
-            writer_file_copied(wfile, etag);
-        if (err == 0 && etag[0] != '\0')
-            snprintf(attrs.etag, sizeof(attrs.etag), "%s", etag);
-        if (err == 0) {
-            inode_table_lock(fs->inodes);
-            inode->attrs = attrs;
-            char *link = inode->symlink_target != NULL
-                ? strdup(inode->symlink_target) : NULL;
-            inode_table_unlock(fs->inodes);
-            if (attrs.headers_known)
-                metacache_put_attrs(fs->conf.cache, dst_key, &attrs);
-            if (link != NULL && attrs.etag[0] != '\0')
-                metacache_put_link(fs->conf.cache, dst_key, attrs.etag, link);
-            free(link);
-        }
-    }
-    /* done: the move's record goes with REPLACED's promise, in one
-     * transaction (but for an old key left to delete, which stays
-     * recorded, guarded by its ETag); failed: the record goes, REPLACED
-     * keeps its promise */
-    if (err == 0 && left) {
-        struct writer_move rest = {.from = src_key, .to = dst_key,
-                                   .etag = record.etag};
-        if (writer_move_narrow(fs->writer, move_id, &rest, replaced) == 0)
-            fs_change_leave_key(fs, src_key, record.etag, move_id);
-    } else if (err == 0) {
-        writer_move_end(fs->writer, move_id, replaced);
-    } else {
-        writer_move_cancel(fs->writer, move_id);
-    }
-    if (err != 0 && wfile != NULL)
-        writer_file_rename_back(wfile, src_key); /* back where it was */
+    if (err == 0 && m.state == WRITER_RENAMED_UNSAVED && m.own_object)
+        err = file_move_saved_version(fs, &m);
+    else if (err == 0 && m.state != WRITER_RENAMED_UPLOADED)
+        err = file_move_unsaved(fs, &m);
+    else if (err == 0)
+        err = file_move_uploaded(fs, &m);
+    file_move_record_end(fs, &m, err);
+    if (err != 0 && m.wfile != NULL)
+        writer_file_rename_back(m.wfile, src_key); /* back where it was */
     if (err == 0)
-        *state_out = state;
+        *state_out = m.state;
     return err;
+}
+
+/* One rename of names, as rename_names() does it: what its steps find
+ * and hold, freed by rename_op_end(). */
+struct rename_op {
+    struct inode *src, *dst;      /* pinned; DST NULL: no target */
+    char *src_key, *dst_key;      /* DST_KEY: the target's, if any */
+    char *dst_file_key;           /* where the source goes */
+    bool src_dir, dst_dir;
+    struct writer_file *dst_wfile; /* the target's staged file */
+    char dst_etag[S3_ETAG_MAX];   /* the object under the target's key */
+    bool dst_unknown;             /* ... or one of unknown version */
+    struct writer_file *held;     /* the source's, held by rename_file */
+    enum writer_renamed state;    /* what the source's data was */
+    struct fs_change change;      /* a file's rename, entered */
+    struct fs_dir_move move;      /* a directory's, entered */
+    bool entered, moving;
+    uint64_t move_seen;           /* fs_change_seen() as the move ended */
+};
+
+/* The source and target of the names and their keys, as the inodes give
+ * them now (after SEEN). ENOENT also sets *STALE when a directory rename
+ * moved the source's directory meanwhile. */
+static int rename_find(struct fs *fs, struct rename_op *op, fuse_ino_t parent,
+                       const char *name, fuse_ino_t new_parent,
+                       const char *new_name, uint64_t seen, bool *stale)
+{
+    int err = fs_find_child(fs, parent, name, true, &op->src, &op->src_key);
+
+    if (err == ENOENT)
+        *stale = fs_change_missed(fs, seen, parent);
+    if (err == 0)
+        err = fs_find_child(fs, new_parent, new_name, false, &op->dst,
+                            &op->dst_key);
+    if (err != 0)
+        return err;
+    inode_table_lock(fs->inodes);
+    op->src_dir = op->src->attrs.kind == INODE_DIR && op->src->wfile == NULL;
+    op->dst_dir = op->dst != NULL && op->dst->attrs.kind == INODE_DIR &&
+                  op->dst->wfile == NULL;
+    inode_table_unlock(fs->inodes);
+    if (op->dst == op->src)
+        return 0; /* the same file (rename_names does nothing) */
+    return fs_child_key(fs, new_parent, new_name, op->src_dir, &op->dst_file_key);
+}
+
+/* No directory rename may move these keys while this one changes them
+ * (fs_change.c): false (*STALE) after waiting for one; they are to be
+ * computed again. */
+static bool rename_enter(struct fs *fs, struct rename_op *op, uint64_t seen)
+{
+    if (op->src_dir) {
+        op->move = (struct fs_dir_move){.src_prefix = op->src_key,
+                                        .dst_prefix = op->dst_file_key};
+        op->moving = fs_change_enter_move(fs, &op->move, seen);
+        return op->moving;
+    }
+    op->entered = fs_change_enter(fs, &op->change, seen, op->src_key,
+                                  op->dst_file_key);
+    return op->entered;
+}
+
+/* What rename(2) refuses: an existing target with RENAME_NOREPLACE, a
+ * file onto a directory and the other way, a directory that is not
+ * empty, a directory into itself. */
+static int rename_check(struct fs *fs, const struct rename_op *op,
+                        unsigned flags)
+{
+    int err = 0;
+
+    if (op->dst != NULL) {
+        if (flags & RENAME_NOREPLACE)
+            err = EEXIST;
+        else if (op->src_dir && !op->dst_dir)
+            err = ENOTDIR;
+        else if (!op->src_dir && op->dst_dir)
+            err = EISDIR;
+        else if (op->dst_dir)
+            err = fs_check_empty(fs, op->dst_key);
+    }
+    if (err == 0 && op->src_dir &&
+        strncmp(op->dst_file_key, op->src_key, strlen(op->src_key)) == 0)
+        err = EINVAL; /* into itself */
+    return err;
+}
+
+/* The target file to replace, if any: what is under its key, its staged
+ * file unlinked. A file replaced by the rename never reaches the bucket;
+ * its journal entry goes once the rename is done (or with the move of the
+ * source's entry, in the same journal transaction): a crash before leaves
+ * the version it promised. */
+static int rename_prepare_target(struct fs *fs, struct rename_op *op)
+{
+    struct inode *dst = op->dst;
+    int err = 0;
+
+    if (dst == NULL || op->dst_dir)
+        return 0;
+    inode_table_lock(fs->inodes);
+    snprintf(op->dst_etag, sizeof(op->dst_etag), "%s", dst->attrs.etag);
+    op->dst_unknown = dst->object_unknown;
+    bool open = dst->open_handles > 0 && dst->attrs.kind == INODE_FILE;
+    if (dst->wfile != NULL)
+        op->dst_wfile = fs_staged_get_locked(dst);
+    inode_table_unlock(fs->inodes);
+    /* descriptors still open on the target read and write on after the
+     * rename, as after an unlink: its data is kept staged, and whole,
+     * before its object is replaced (an edit would fetch its missing
+     * bytes from the object the rename puts there) */
+    if (op->dst_wfile == NULL && open)
+        err = fs_stage_file(fs, dst, false, &op->dst_wfile);
+    if (err == 0 && op->dst_wfile != NULL && open)
+        err = writer_file_complete(op->dst_wfile);
+    if (err != 0)
+        return err;
+    /* an upload of it that was under way has landed now: its object is
+     * under the key, whatever the inode said before */
+    if (op->dst_wfile != NULL && writer_file_unlink(op->dst_wfile, false) &&
+        !writer_file_etag(op->dst_wfile, op->dst_etag))
+        op->dst_unknown = true;
+    return 0;
+}
+
+/* The rename done: the inode table (the target unlinked, the source
+ * re-keyed, what is under its new key), the parents' listings and times,
+ * and the marker of a directory the rename emptied. */
+static int rename_apply(struct fs *fs, struct rename_op *op)
+{
+    struct inode *src = op->src;
+    struct inode_attrs attrs;
+    int err = 0;
+
+    inode_table_lock(fs->inodes);
+    if (op->dst != NULL)
+        inode_unlink_locked(fs->inodes, op->dst);
+    if (!op->src_dir)
+        err = inode_rekey_locked(fs->inodes, src, op->dst_file_key);
+    if (!op->src_dir && op->state == WRITER_RENAMED_JOURNALED) {
+        /* the replaced file's object stays under the key until this one's
+         * upload replaces it; it goes if this one leaves first */
+        snprintf(src->attrs.etag, sizeof(src->attrs.etag), "%s", op->dst_etag);
+        src->replaced_object = op->dst_etag[0] != '\0';
+        src->object_unknown = op->dst_unknown;
+    } else if (!op->src_dir && op->state == WRITER_RENAMED_UNSAVED) {
+        /* its own saved version moved here, or nothing is here */
+        src->replaced_object = src->object_unknown = false;
+    }
+    fs_touch_locked(src, false);
+    attrs = src->attrs;
+    if (src->wfile != NULL)
+        fs_staged_attrs_locked(fs, src, &attrs);
+    inode_table_unlock(fs->inodes);
+    fs_patch_parent(fs, op->src_key, NULL);
+    fs_patch_parent(fs, op->dst_file_key, &attrs);
+    fs_entry_changed(fs, op->src_key);
+    fs_entry_changed(fs, op->dst_file_key);
+    if (!op->src_dir) {
+        fs_keep_parent_dir(fs, op->src_key); /* (the change is entered still) */
+    } else {
+        /* the move has ended: the marker of the directory it left, if it
+         * is empty now, is a change of its own, not while a rename moves
+         * that directory (then that rename's new name has one) */
+        struct fs_change keep;
+        if (fs_change_enter(fs, &keep, op->move_seen, op->src_key, NULL)) {
+            fs_keep_parent_dir(fs, op->src_key);
+            fs_change_leave(fs, &keep);
+        }
+    }
+    return err;
+}
+
+/* Everything OP holds let go: the source's hold (its inode has the file's
+ * key again: uploads may go), the change, the inodes, the keys. */
+static void rename_op_end(struct fs *fs, struct rename_op *op)
+{
+    if (op->held != NULL) {
+        writer_file_release(op->held);
+        fs_staged_put(fs, op->src, &op->held);
+    }
+    if (op->entered)
+        fs_change_leave(fs, &op->change);
+    if (op->moving) {
+        inode_table_lock(fs->inodes);
+        fs_change_leave_move_locked(fs, &op->move);
+        inode_table_unlock(fs->inodes);
+    }
+    if (op->dst != NULL) {
+        fs_staged_put(fs, op->dst, &op->dst_wfile);
+        fs_maybe_detach(fs, op->dst);
+        inode_put(fs->inodes, op->dst);
+    }
+    if (op->src != NULL)
+        inode_put(fs->inodes, op->src);
+    free(op->src_key);
+    free(op->dst_key);
+    free(op->dst_file_key);
 }
 
 /* fs_rename() with the keys of its names as the inodes give them now
@@ -577,169 +827,39 @@ static int rename_names(struct fs *fs, fuse_ino_t parent, const char *name,
                         fuse_ino_t new_parent, const char *new_name,
                         unsigned flags, uint64_t seen, bool *stale)
 {
-    struct inode *src = NULL, *dst = NULL;
-    char *src_key = NULL, *dst_key = NULL, *dst_file_key = NULL;
-    struct writer_file *dst_wfile = NULL, *held = NULL;
-    struct fs_change change;
-    struct fs_dir_move move;
-    uint64_t move_seen = 0;       /* fs_change_seen() as the move ended */
-    bool entered = false, moving = false;
+    struct rename_op op = {.state = WRITER_RENAMED_UPLOADED};
     int err;
 
     *stale = false;
-    err = fs_find_child(fs, parent, name, true, &src, &src_key);
-    if (err == ENOENT)
-        *stale = fs_change_missed(fs, seen, parent);
-    if (err == 0)
-        err = fs_find_child(fs, new_parent, new_name, false, &dst, &dst_key);
-    if (err != 0)
+    err = rename_find(fs, &op, parent, name, new_parent, new_name, seen, stale);
+    if (err != 0 || op.dst == op.src)
         goto out;
-
-    inode_table_lock(fs->inodes);
-    bool src_dir = src->attrs.kind == INODE_DIR && src->wfile == NULL;
-    bool dst_dir = dst != NULL && dst->attrs.kind == INODE_DIR && dst->wfile == NULL;
-    inode_table_unlock(fs->inodes);
-    if (dst == src)
-        goto out; /* the same file: nothing to do */
-    err = fs_child_key(fs, new_parent, new_name, src_dir, &dst_file_key);
-    if (err != 0)
-        goto out;
-    /* no directory rename may move these keys while this one changes
-     * them (fs_change.c): after waiting for one, they are computed again */
-    if (src_dir) {
-        move = (struct fs_dir_move){.src_prefix = src_key,
-                                    .dst_prefix = dst_file_key};
-        moving = fs_change_enter_move(fs, &move, seen);
-        *stale = !moving;
-    } else {
-        entered = fs_change_enter(fs, &change, seen, src_key, dst_file_key);
-        *stale = !entered;
-    }
+    *stale = !rename_enter(fs, &op, seen);
     if (*stale)
         goto out;
-    if (dst != NULL) {
-        if (flags & RENAME_NOREPLACE)
-            err = EEXIST;
-        else if (src_dir && !dst_dir)
-            err = ENOTDIR;
-        else if (!src_dir && dst_dir)
-            err = EISDIR;
-        else if (dst_dir)
-            err = fs_check_empty(fs, dst_key);
-        if (err != 0)
-            goto out;
-    }
-    if (src_dir && strncmp(dst_file_key, src_key, strlen(src_key)) == 0) {
-        err = EINVAL; /* into itself */
+    err = rename_check(fs, &op, flags);
+    if (err == 0)
+        err = rename_prepare_target(fs, &op);
+    if (err != 0)
         goto out;
-    }
-
-    /* a file replaced by the rename never reaches the bucket; its journal
-     * entry goes once the rename is done (or with the move of the source's
-     * entry, in the same journal transaction): a crash before leaves the
-     * version it promised */
-    char dst_etag[S3_ETAG_MAX] = "";  /* the object under the target's key */
-    bool dst_unknown = false;
-    if (dst != NULL && !dst_dir) {
-        inode_table_lock(fs->inodes);
-        snprintf(dst_etag, sizeof(dst_etag), "%s", dst->attrs.etag);
-        dst_unknown = dst->object_unknown;
-        bool open = dst->open_handles > 0 && dst->attrs.kind == INODE_FILE;
-        if (dst->wfile != NULL)
-            dst_wfile = fs_staged_get_locked(dst);
-        inode_table_unlock(fs->inodes);
-        /* descriptors still open on the target read and write on after the
-         * rename, as after an unlink: its data is kept staged, and whole,
-         * before its object is replaced (an edit would fetch its missing
-         * bytes from the object the rename puts there) */
-        if (dst_wfile == NULL && open)
-            err = fs_stage_file(fs, dst, false, &dst_wfile);
-        if (err == 0 && dst_wfile != NULL && open)
-            err = writer_file_complete(dst_wfile);
-        if (err != 0)
-            goto out;
-        /* an upload of it that was under way has landed now: its object
-         * is under the key, whatever the inode said before */
-        if (dst_wfile != NULL && writer_file_unlink(dst_wfile, false) &&
-            !writer_file_etag(dst_wfile, dst_etag))
-            dst_unknown = true;
-    }
-
-    enum writer_renamed state = WRITER_RENAMED_UPLOADED;
-    if (src_dir) {
-        moving = false; /* (rename_dir ends the move, whatever happens) */
-        err = rename_dir(fs, &move, dst_dir, &move_seen);
+    if (op.src_dir) {
+        op.moving = false; /* (rename_dir ends the move, whatever happens) */
+        err = rename_dir(fs, &op.move, op.dst_dir, &op.move_seen);
     } else {
-        err = rename_file(fs, src, src_key, dst_file_key, dst_wfile,
-                          dst_unknown ? NULL : dst_etag, &held, &state);
+        err = rename_file(fs, op.src, op.src_key, op.dst_file_key, op.dst_wfile,
+                          op.dst_unknown ? NULL : op.dst_etag, &op.held,
+                          &op.state);
     }
     if (err != 0) {
-        if (dst_wfile != NULL)
-            writer_file_relink(dst_wfile); /* the target stays */
+        if (op.dst_wfile != NULL)
+            writer_file_relink(op.dst_wfile); /* the target stays */
         goto out;
     }
-    if (dst_wfile != NULL)
-        writer_file_forget(dst_wfile);
-
-    struct inode_attrs attrs;
-    inode_table_lock(fs->inodes);
-    if (dst != NULL)
-        inode_unlink_locked(fs->inodes, dst);
-    if (!src_dir)
-        err = inode_rekey_locked(fs->inodes, src, dst_file_key);
-    if (!src_dir && state == WRITER_RENAMED_JOURNALED) {
-        /* the replaced file's object stays under the key until this one's
-         * upload replaces it; it goes if this one leaves first */
-        snprintf(src->attrs.etag, sizeof(src->attrs.etag), "%s", dst_etag);
-        src->replaced_object = dst_etag[0] != '\0';
-        src->object_unknown = dst_unknown;
-    } else if (!src_dir && state == WRITER_RENAMED_UNSAVED) {
-        /* its own saved version moved here, or nothing is here */
-        src->replaced_object = src->object_unknown = false;
-    }
-    fs_touch_locked(src, false);
-    attrs = src->attrs;
-    if (src->wfile != NULL)
-        fs_staged_attrs_locked(fs, src, &attrs);
-    inode_table_unlock(fs->inodes);
-    fs_patch_parent(fs, src_key, NULL);
-    fs_patch_parent(fs, dst_file_key, &attrs);
-    fs_entry_changed(fs, src_key);
-    fs_entry_changed(fs, dst_file_key);
-    if (!src_dir) {
-        fs_keep_parent_dir(fs, src_key); /* (the change is entered still) */
-    } else {
-        /* the move has ended: the marker of the directory it left, if it
-         * is empty now, is a change of its own, not while a rename moves
-         * that directory (then that rename's new name has one) */
-        struct fs_change keep;
-        if (fs_change_enter(fs, &keep, move_seen, src_key, NULL)) {
-            fs_keep_parent_dir(fs, src_key);
-            fs_change_leave(fs, &keep);
-        }
-    }
+    if (op.dst_wfile != NULL)
+        writer_file_forget(op.dst_wfile);
+    err = rename_apply(fs, &op);
 out:
-    if (held != NULL) { /* the inode has the file's key again: uploads may go */
-        writer_file_release(held);
-        fs_staged_put(fs, src, &held);
-    }
-    if (entered)
-        fs_change_leave(fs, &change);
-    if (moving) {
-        inode_table_lock(fs->inodes);
-        fs_change_leave_move_locked(fs, &move);
-        inode_table_unlock(fs->inodes);
-    }
-    if (dst != NULL) {
-        fs_staged_put(fs, dst, &dst_wfile);
-        fs_maybe_detach(fs, dst);
-        inode_put(fs->inodes, dst);
-    }
-    if (src != NULL)
-        inode_put(fs->inodes, src);
-    free(src_key);
-    free(dst_key);
-    free(dst_file_key);
+    rename_op_end(fs, &op);
     return err;
 }
 
