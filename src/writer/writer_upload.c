@@ -138,169 +138,231 @@ static int finish_writebehind(struct writer *writer, struct writebehind **wbp,
     return 0;
 }
 
-int writer_upload_version(struct writer *writer, struct writer_file *file,
-                          enum writer_upload_what what)
+/* One attempt of writer_upload_version(): the version taken and what it
+ * is sent with. */
+struct upload_attempt {
+    struct version v;
+    char *key;                    /* where it goes (a copy) */
+    void *owner;
+    char *base_key;               /* an edit's base, or NULL */
+    char base_etag[S3_ETAG_MAX];
+    uint64_t base_limit;
+    struct writebehind *wb;       /* a write-behind upload to finish */
+    struct writer_meta wb_meta;
+    bool mtime_set;
+    int unwritten;                /* a failed write's errno: the promise
+                                     alone goes */
+    char etag[S3_ETAG_MAX];       /* what the upload made */
+};
+
+/*
+ * After the wait for what is under way (lock held): what may go of FILE
+ * (see enum writer_upload_what), taken into ATTEMPT and marked as being
+ * sent. False when there is nothing to send, with *ERR what the attempt
+ * says (the lock still held).
+ */
+static bool attempt_take_locked(struct writer *writer, struct writer_file *file,
+                                enum writer_upload_what what,
+                                struct upload_attempt *attempt, int *err)
 {
     bool promised_only = what == WRITER_UPLOAD_PROMISED;
-    struct version v;
-    struct s3_put_meta put_meta;
-    char etag[S3_ETAG_MAX] = "";
-    char *base_key = NULL;
-    char base_etag[S3_ETAG_MAX] = "";
-    uint64_t base_limit = 0;
-    int err;
 
-    pthread_mutex_lock(&writer->lock);
-    /* (writes under way end first: one that fails leaves the data not
-     * to be sent) */
-    while (file->held || file->sending != NULL ||
-           (!promised_only && (file->active_writes > 0 || file->copying)))
-        writer_wait(writer, &writer->file_idle);
+    *err = 0;
     /* a background upload: what may go is what the file is now, after the
      * wait (opened and written meanwhile, its bytes were not closed) */
     if (what == WRITER_UPLOAD_CLOSED) {
         bool writing = file->open_writers > 0 && !writer->draining;
-        if (writing && writer->conf.writeback && file->sync_wanted == 0) {
-            /* (its last close queues it again) */
-            writer_unlock(writer);
-            return 0;
-        }
+        if (writing && writer->conf.writeback && file->sync_wanted == 0)
+            return false; /* (its last close queues it again) */
         promised_only = writing;
     }
     /* bytes a write failed to write: only the promise may go */
-    int unwritten = is_pending(file) ? file->unwritten_err : 0;
-    if (unwritten != 0)
+    attempt->unwritten = is_pending(file) ? file->unwritten_err : 0;
+    if (attempt->unwritten != 0)
         promised_only = true;
     if (!is_pending(file) || (promised_only && !has_promise(file))) {
-        err = unwritten != 0 ? unwritten
-              : file->unlinked || !file->failed || !is_pending(file)
-                  ? 0 : file->last_error;
+        *err = attempt->unwritten != 0 ? attempt->unwritten
+               : file->unlinked || !file->failed || !is_pending(file)
+                   ? 0 : file->last_error;
         /* an attempt that had nothing to send (a sync counts them) */
         file->attempts++;
-        file->attempt_err = unwritten;
+        file->attempt_err = attempt->unwritten;
         writer_sync_touch_locked(writer, file);
         pthread_cond_broadcast(&writer->file_idle);
-        writer_unlock(writer);
-        return err;
+        return false;
     }
-    struct writebehind *wb = NULL;
-    struct writer_meta wb_meta = file->wb_meta;
-    bool mtime_set = false;
+    attempt->wb_meta = file->wb_meta;
     if (promised_only) {
-        v = (struct version){
+        attempt->v = (struct version){
             .staging = hold_locked(file->entry),
             .size = file->entry_size,
             .gen = file->entry_gen,
             .data_gen = file->entry_data_gen,
             .meta = file->entry_meta,
         };
-        v.staging->upload_seal = v.size;
+        attempt->v.staging->upload_seal = attempt->v.size;
     } else {
-        writer_version_take_locked(writer, file, true, &v);
-        /* finished or abandoned below, whatever happens */
-        wb = file->wb;
+        writer_version_take_locked(writer, file, true, &attempt->v);
+        /* finished or abandoned by attempt_send(), whatever happens */
+        attempt->wb = file->wb;
         file->wb = NULL;
-        mtime_set = file->mtime_set;
+        attempt->mtime_set = file->mtime_set;
     }
-    file->sending = v.staging;
-    char *key = strdup(file->key);
-    void *owner = file->owner;
+    file->sending = attempt->v.staging;
+    attempt->key = strdup(file->key);
+    attempt->owner = file->owner;
     if (file->base_key != NULL) {
-        base_key = strdup(file->base_key);
-        snprintf(base_etag, sizeof(base_etag), "%s", file->base_etag);
-        base_limit = file->base_limit;
+        attempt->base_key = strdup(file->base_key);
+        snprintf(attempt->base_etag, sizeof(attempt->base_etag), "%s",
+                 file->base_etag);
+        attempt->base_limit = file->base_limit;
     }
-    writer_unlock(writer);
+    return true;
+}
 
-    struct upload_context context = {writer, file, &v};
+/* The version sent (no lock held): a write-behind upload finished, or
+ * one PUT or a multipart upload from the staging file. 0 or an errno. */
+static int attempt_send(struct writer *writer, struct writer_file *file,
+                        struct upload_attempt *attempt)
+{
+    struct version *v = &attempt->v;
+    struct s3_put_meta put_meta;
+    struct upload_context context = {writer, file, v};
     struct upload_base base = {
-        .key = base_key,
-        .etag = base_etag,
-        .size = base_limit,
+        .key = attempt->base_key,
+        .etag = attempt->base_etag,
+        .size = attempt->base_limit,
         .range_unchanged = writer_base_range_unchanged,
         .materialize = writer_base_materialize,
         .arg = &context,
     };
     struct upload_request request = {
-        .key = key,
-        .fd = v.staging->fd,
-        .size = v.size,
+        .key = attempt->key,
+        .fd = v->staging->fd,
+        .size = v->size,
         .meta = &put_meta,
-        .base = base_key != NULL ? &base : NULL,
+        .base = attempt->base_key != NULL ? &base : NULL,
         .on_multipart = on_multipart,
         .arg = &context,
     };
-    fill_put_meta(&v.meta, &put_meta);
     bool fall_back = true;
-    err = key == NULL ? ENOMEM : 0;
-    if (err == 0 && wb != NULL)
-        err = finish_writebehind(writer, &wb, key, v.size, &v.meta, &wb_meta,
-                                 mtime_set, etag, &fall_back);
-    writebehind_abandon(&wb); /* (on a failure before finishing) */
-    if (err == 0 && fall_back)
-        err = upload_file(&writer->upload, &request, etag);
+    int err = attempt->key == NULL ? ENOMEM : 0;
 
+    fill_put_meta(&v->meta, &put_meta);
+    if (err == 0 && attempt->wb != NULL)
+        err = finish_writebehind(writer, &attempt->wb, attempt->key, v->size,
+                                 &v->meta, &attempt->wb_meta, attempt->mtime_set,
+                                 attempt->etag, &fall_back);
+    writebehind_abandon(&attempt->wb); /* (on a failure before finishing) */
+    if (err == 0 && fall_back)
+        err = upload_file(&writer->upload, &request, attempt->etag);
+    return err;
+}
+
+/* What the attempt (ERR) did, recorded in FILE (lock held); true when a
+ * failed upload's version is to be promised now (it must survive a
+ * crash). */
+static bool attempt_record_locked(struct writer *writer, struct writer_file *file,
+                                  struct upload_attempt *attempt, int err)
+{
+    struct version *v = &attempt->v;
+
+    if (err != 0) {
+        file->failed = true;
+        file->last_error = err;
+        writer->stats.upload_failures++;
+        bool need_promise = !file->unlinked &&
+                            !(has_promise(file) && file->entry_gen >= v->gen);
+        if (need_promise)
+            begin_promising_locked(v->staging, v->size);
+        return need_promise;
+    }
+    if (v->gen > file->uploaded_gen)
+        file->uploaded_gen = v->gen;
+    file->uploaded = true;
+    file->failed = false;
+    file->retries = 0;
+    snprintf(file->etag, sizeof(file->etag), "%s", attempt->etag);
+    writer_rebase_locked(file, v, attempt->key, attempt->etag);
+    writer->stats.uploads_completed++;
+    if (!is_dirty(file)) {
+        file->mtime_set = false;
+        file->meta.mtime = v->meta.mtime; /* (the object's, after write-behind) */
+    }
+    return false;
+}
+
+/* Its consequences (no lock held): the journal entry it made needless
+ * dropped, or the failed version promised and logged; the fs layer told
+ * under the key it went to. */
+static void attempt_tell(struct writer *writer, struct writer_file *file,
+                         struct upload_attempt *attempt, int err,
+                         bool need_promise)
+{
+    struct version *v = &attempt->v;
+
+    if (err == 0) {
+        writer_forget_entry(writer, file, v->gen);
+        if (writer->conf.uploaded != NULL)
+            writer->conf.uploaded(writer->conf.uploaded_arg, file,
+                                  attempt->owner, attempt->key, attempt->etag,
+                                  v->size, &v->meta);
+        return;
+    }
+    log_error("upload of '%s' failed: %s; the data is kept in the cache "
+              "directory and the upload will be retried",
+              attempt->key != NULL ? attempt->key : "?", strerror(err));
+    if (need_promise)
+        writer_promise(writer, file, v, NULL);
+    if (attempt->key != NULL && writer->conf.uploaded != NULL)
+        writer->conf.uploaded(writer->conf.uploaded_arg, file, attempt->owner,
+                              attempt->key, NULL, v->size, &v->meta);
+}
+
+int writer_upload_version(struct writer *writer, struct writer_file *file,
+                          enum writer_upload_what what)
+{
+    struct upload_attempt attempt = {0};
+    int err;
+
+    pthread_mutex_lock(&writer->lock);
+    /* (writes under way end first: one that fails leaves the data not to
+     * be sent; a promise alone need not wait for them) */
+    while (file->held || file->sending != NULL ||
+           (what != WRITER_UPLOAD_PROMISED &&
+            (file->active_writes > 0 || file->copying)))
+        writer_wait(writer, &writer->file_idle);
+    if (!attempt_take_locked(writer, file, what, &attempt, &err)) {
+        writer_unlock(writer);
+        return err;
+    }
+    writer_unlock(writer);
+
+    err = attempt_send(writer, file, &attempt);
     /* the upload counts as under way (sending) until its consequences are
      * recorded: its journal entry, and the fs layer told under the key it
      * went to; a rename or unlink waiting for it comes after all of that
      * (else a late callback put the old name back in a listing) */
-    bool need_promise = false;
     pthread_mutex_lock(&writer->lock);
-    if (err == 0) {
-        if (v.gen > file->uploaded_gen)
-            file->uploaded_gen = v.gen;
-        file->uploaded = true;
-        file->failed = false;
-        file->retries = 0;
-        snprintf(file->etag, sizeof(file->etag), "%s", etag);
-        writer_rebase_locked(file, &v, key, etag);
-        writer->stats.uploads_completed++;
-        if (!is_dirty(file)) {
-            file->mtime_set = false;
-            file->meta.mtime = v.meta.mtime; /* (the object's, after write-behind) */
-        }
-    } else {
-        file->failed = true;
-        file->last_error = err;
-        writer->stats.upload_failures++;
-        /* a failed upload must survive a crash: journal it */
-        need_promise = !file->unlinked &&
-                       !(has_promise(file) && file->entry_gen >= v.gen);
-        if (need_promise)
-            begin_promising_locked(v.staging, v.size);
-    }
+    bool need_promise = attempt_record_locked(writer, file, &attempt, err);
     writer_unlock(writer);
+    attempt_tell(writer, file, &attempt, err, need_promise);
 
-    if (err == 0) {
-        writer_forget_entry(writer, file, v.gen);
-        if (writer->conf.uploaded != NULL)
-            writer->conf.uploaded(writer->conf.uploaded_arg, file, owner, key,
-                                  etag, v.size, &v.meta);
-    } else {
-        log_error("upload of '%s' failed: %s; the data is kept in the cache "
-                  "directory and the upload will be retried",
-                  key != NULL ? key : "?", strerror(err));
-        if (need_promise)
-            writer_promise(writer, file, &v, NULL);
-        if (key != NULL && writer->conf.uploaded != NULL)
-            writer->conf.uploaded(writer->conf.uploaded_arg, file, owner, key,
-                                  NULL, v.size, &v.meta);
-    }
     pthread_mutex_lock(&writer->lock);
     file->sending = NULL;
-    v.staging->upload_seal = 0;
+    attempt.v.staging->upload_seal = 0;
     if (err != 0)
         writer_schedule_retry_locked(writer, file);
-    else if (unwritten != 0 && is_pending(file))
-        err = unwritten; /* its promise went, not its data */
+    else if (attempt.unwritten != 0 && is_pending(file))
+        err = attempt.unwritten; /* its promise went, not its data */
     file->attempts++;
     file->attempt_err = err;
     writer_sync_touch_locked(writer, file);
     pthread_cond_broadcast(&writer->file_idle);
     writer_unlock(writer);
-    writer_staging_drop(writer, &v.staging);
-    free(base_key);
-    free(key);
+    writer_staging_drop(writer, &attempt.v.staging);
+    free(attempt.base_key);
+    free(attempt.key);
     return err;
 }
 
