@@ -4407,6 +4407,35 @@ static void test_crash_during_a_rename_of_a_pending_file(void **state)
     rename_at_every_crash(f, ROOT, "a", ROOT, "b", before, after);
 }
 
+/* a opened and written (never closed: its new bytes saved nowhere), its
+ * object then deleted by another client, renamed over b (in the bucket):
+ * a's saved version is gone, so b goes, and a crash before a's upload
+ * leaves neither name. (Before: the HEAD of a found nothing, the rename
+ * deleted only a, and b's old object stayed: a crash brought back the
+ * file the rename had replaced.) */
+static void test_crash_during_a_rename_of_a_written_file_whose_object_went(
+    void **state)
+{
+    struct fixture *f = *state;
+    unsigned char *old = bytes_of(f, 8 * KIB, 63);
+    unsigned char *a = bytes_of(f, 12 * KIB, 64);
+    unsigned char *b = bytes_of(f, 6 * KIB, 65);
+    char before[TEXT_MAX];
+    struct fs_file *file = NULL;
+    bool keep_cache;
+
+    other_put(f, "a", old, 8 * KIB, NULL);
+    other_put(f, "b", b, 6 * KIB, NULL);
+    fuse_ino_t a_ino = lookup(f, ROOT, "a", NULL);
+    assert_int_not_equal(lookup(f, ROOT, "b", NULL), 0);
+    assert_int_equal(fs_open(f->fs, a_ino, O_RDWR, &file, &keep_cache), 0);
+    assert_int_equal(fs_write(f->fs, file, 0, (const char *)a, 12 * KIB), 0);
+    assert_true(fake_s3_delete(f->s3, "a"));
+    contents_text((struct expected_object[]){{"b", b, 6 * KIB}}, 1, before,
+                  sizeof(before));
+    rename_at_every_crash(f, ROOT, "a", ROOT, "b", before, "");
+}
+
 /* Writeback: `mv d e` with d/x in the bucket and d/y journaled: a crash
  * between the copies and the deletes left both trees, or d/ and e/ each
  * with part of the files. */
@@ -4737,6 +4766,8 @@ int main(void)
         FS_TEST(test_crash_during_a_rename_over_a_pending_file, writeback_cached),
         FS_TEST(test_crash_during_a_rename_over_an_uploaded_file, default_cached),
         FS_TEST(test_crash_during_a_rename_of_a_pending_file, writeback_cached),
+        FS_TEST(test_crash_during_a_rename_of_a_written_file_whose_object_went,
+                default_cached),
         FS_TEST(test_crash_during_a_directory_rename, writeback_cached),
         FS_TEST(test_unlink_rmdir_mkdir_symlink, default_cached),
         FS_TEST(test_names_listings_cannot_carry_are_refused, default_cached),
