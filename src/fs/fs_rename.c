@@ -479,31 +479,6 @@ static int file_move_hold(struct fs *fs, struct file_move *m)
     return err;
 }
 
-/* Not uploaded yet, and its new bytes saved nowhere else (open, written):
- * the object at the old key is its only saved version, so it moves
- * first, and a crash before the file's upload leaves it under the new
- * name. Whatever version is there now (the inode's ETag may be older
- * than a copy's): a HEAD says. */
-static int file_move_saved_version(struct fs *fs, struct file_move *m)
-{
-    struct s3_object_info info;
-    char etag[S3_ETAG_MAX] = "";
-    uint64_t size;
-    int err = s3_head_object(fs->s3, m->src_key, &info);
-
-    m->record.flags = JOURNAL_MOVE_COPY;
-    if (err == 0)
-        snprintf(m->source_etag, sizeof(m->source_etag), "%s", info.etag);
-    if (err == 0)
-        err = writer_move_begin(fs->writer, &m->record, m->replaced, &m->move_id);
-    if (err == 0)
-        err = move_object(fs, m->src_key, info.etag, info.size, m->dst_key,
-                          m->dst_was, etag, &size, &m->left);
-    if (err == ENOENT)
-        err = s3_delete_object(fs->s3, m->src_key); /* (gone: nothing moves) */
-    return err;
-}
-
 /* Not uploaded yet: only where it goes changes; an object under the old
  * name goes away as rename says (journaled: gone already). Saved nowhere
  * (never closed, no older version): the object the rename replaces is
@@ -527,6 +502,36 @@ static int file_move_unsaved(struct fs *fs, struct file_move *m)
         m->inode->attrs.etag[0] = '\0'; /* nothing under the new key */
         inode_table_unlock(fs->inodes);
     }
+    return err;
+}
+
+/* Not uploaded yet, and its new bytes saved nowhere else (open, written):
+ * the object at the old key is its only saved version, so it moves
+ * first, and a crash before the file's upload leaves it under the new
+ * name. Whatever version is there now (the inode's ETag may be older
+ * than a copy's): a HEAD says; none (another client deleted it), the
+ * file is saved nowhere, and moves as such. */
+static int file_move_saved_version(struct fs *fs, struct file_move *m)
+{
+    struct s3_object_info info;
+    char etag[S3_ETAG_MAX] = "";
+    uint64_t size;
+    int err = s3_head_object(fs->s3, m->src_key, &info);
+
+    if (err == ENOENT) {
+        m->some_object = false;
+        return file_move_unsaved(fs, m);
+    }
+    m->record.flags = JOURNAL_MOVE_COPY;
+    if (err == 0)
+        snprintf(m->source_etag, sizeof(m->source_etag), "%s", info.etag);
+    if (err == 0)
+        err = writer_move_begin(fs->writer, &m->record, m->replaced, &m->move_id);
+    if (err == 0)
+        err = move_object(fs, m->src_key, info.etag, info.size, m->dst_key,
+                          m->dst_was, etag, &size, &m->left);
+    if (err == ENOENT)
+        err = s3_delete_object(fs->s3, m->src_key); /* (gone: nothing moves) */
     return err;
 }
 
