@@ -14,8 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cmd/cmd_args.h"
-#include "cmd/cmd_mount.h"
+#include "cmd/args.h"
+#include "cmd/mounts.h"
 #include "fs/fs.h"
 
 #define EXIT_OK 0

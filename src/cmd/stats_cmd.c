@@ -33,7 +33,7 @@
 #include <unistd.h>
 
 #include "base/clock.h"
-#include "cmd/cmd_mount.h"
+#include "cmd/mounts.h"
 #include "cmd/prices.h"
 #include "cmd/stats_report.h"
 #include "ctl/stats_text.h"

@@ -41,9 +41,9 @@
 #include <unistd.h>
 
 #include "base/clock.h"
-#include "cmd/cmd_args.h"
-#include "cmd/cmd_mount.h"
-#include "ctl/syncfmt.h"
+#include "cmd/args.h"
+#include "cmd/mounts.h"
+#include "ctl/sync_text.h"
 #include "fs/fs.h"
 
 #define EXIT_OK 0

@@ -46,10 +46,10 @@
 #include <unistd.h>
 
 #include "base/clock.h"
-#include "cmd/cmd_args.h"
-#include "cmd/cmd_mount.h"
+#include "cmd/args.h"
+#include "cmd/mounts.h"
 #include "cmd/warm_report.h"
-#include "ctl/warmfmt.h"
+#include "ctl/warm_text.h"
 #include "fs/fs.h"
 
 #define EXIT_OK 0

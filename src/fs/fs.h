@@ -30,7 +30,7 @@
 #include <fuse_lowlevel.h>
 
 #include "cache/cache.h"
-#include "ctl/warmfmt.h"
+#include "ctl/warm_text.h"
 #include "s3/s3.h"
 #include "tier/tier.h"
 

@@ -26,7 +26,7 @@
 
 #include "base/clock.h"
 #include "base/log.h"
-#include "ctl/syncfmt.h"
+#include "ctl/sync_text.h"
 #include "fs/fs_internal.h"
 #include "fs/inode.h"
 

@@ -23,7 +23,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include "ctl/syncfmt.h"
+#include "ctl/sync_text.h"
 
 static struct fs *request_fs(fuse_req_t req)
 {

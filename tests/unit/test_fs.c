@@ -97,7 +97,7 @@
 
 #include "base/log.h"
 #include "cache/cache.h"
-#include "ctl/syncfmt.h"
+#include "ctl/sync_text.h"
 #include "fake_s3.h"
 #include "fs/access_log.h"
 #include "fs/fs.h"

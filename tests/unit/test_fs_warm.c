@@ -47,7 +47,7 @@
 #include <unistd.h>
 
 #include "cache/cache.h"
-#include "ctl/warmfmt.h"
+#include "ctl/warm_text.h"
 #include "fake_s3.h"
 #include "fs/fs.h"
 #include "unit_cache.h"

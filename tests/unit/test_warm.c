@@ -22,7 +22,7 @@
 #include <errno.h>
 
 #include "cmd/warm_report.h"
-#include "ctl/warmfmt.h"
+#include "ctl/warm_text.h"
 
 /* ------------------------------------------------------------ warmfmt */
 

@@ -5,7 +5,7 @@
  */
 #include "config.h"
 
-#include "ctl/syncfmt.h"
+#include "ctl/sync_text.h"
 
 #include <errno.h>
 #include <stdio.h>

@@ -5,7 +5,7 @@
 #include "config.h"
 
 #include "base/text.h"
-#include "ctl/warmfmt.h"
+#include "ctl/warm_text.h"
 
 #include <errno.h>
 #include <inttypes.h>

@@ -4,7 +4,7 @@
  */
 #include "config.h"
 
-#include "cmd/cmd_args.h"
+#include "cmd/args.h"
 
 #include <string.h>
 

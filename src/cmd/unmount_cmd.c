@@ -9,7 +9,7 @@
  */
 #include "config.h"
 
-#include "cmd/unmount.h"
+#include "cmd/unmount_cmd.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -19,7 +19,7 @@
 
 #include <errno.h>
 
-#include "ctl/syncfmt.h"
+#include "ctl/sync_text.h"
 
 static void test_escape_round_trip(void **state)
 {

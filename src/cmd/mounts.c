@@ -4,7 +4,7 @@
  */
 #include "config.h"
 
-#include "cmd/cmd_mount.h"
+#include "cmd/mounts.h"
 
 #include <errno.h>
 #include <fcntl.h>

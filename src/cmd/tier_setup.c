@@ -4,7 +4,7 @@
  */
 #include "config.h"
 
-#include "cmd/shared_cache.h"
+#include "cmd/tier_setup.h"
 
 #include <errno.h>
 #include <stdio.h>

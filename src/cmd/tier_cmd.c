@@ -6,7 +6,7 @@
  */
 #include "config.h"
 
-#include "cmd/shared_cache_cmd.h"
+#include "cmd/tier_cmd.h"
 
 #include <curl/curl.h>
 #include <errno.h>
@@ -17,7 +17,7 @@
 
 #include "base/clock.h"
 #include "base/log.h"
-#include "cmd/cmd_args.h"
+#include "cmd/args.h"
 #include "cmd/options.h"
 #include "cmd/stats_report.h"
 #include "creds/awsconfig.h"
