@@ -1,6 +1,6 @@
 /*
- * cmd_args.c - the argument conventions the commands share (see
- * cmd_args.h).
+ * args.c - the argument conventions the commands share (see
+ * args.h).
  */
 #include "config.h"
 
@@ -8,7 +8,7 @@
 
 #include <string.h>
 
-bool cmd_arg_is_one_of(const char *arg, const char *const *names, size_t count)
+bool args_is_one_of(const char *arg, const char *const *names, size_t count)
 {
     size_t len = strcspn(arg, "=");
 
@@ -18,8 +18,8 @@ bool cmd_arg_is_one_of(const char *arg, const char *const *names, size_t count)
     return false;
 }
 
-const char *cmd_arg_value(char **argv, int argc, int *i, const char *name,
-                          bool *missing)
+const char *args_value(char **argv, int argc, int *i, const char *name,
+                       bool *missing)
 {
     size_t len = strlen(name);
     const char *arg = argv[*i];

@@ -271,8 +271,8 @@ static void raise_read_ahead(const char *mountpoint)
 {
     unsigned want_kb = FUSE_OPS_MAX_READAHEAD >> 10;
     unsigned major = 0, minor = 0, current_kb = 0;
-    struct cmd_mount *mount = malloc(sizeof(*mount));
-    bool found = mount != NULL && cmd_mount_at(mountpoint, mount) &&
+    struct mounts_entry *mount = malloc(sizeof(*mount));
+    bool found = mount != NULL && mounts_at(mountpoint, mount) &&
                  strncmp(mount->type, "fuse", 4) == 0;
 
     if (found) {
@@ -348,7 +348,7 @@ struct daemon {
     char *endpoint_id, *destination; /* whose the cache is */
     struct cache_identity identity;
     struct s3_client *s3;
-    struct shared_cache *shared;
+    struct tier_setup *shared;
     int cache_lock_fd;
     struct metrics_http *metrics;
     struct access_log *access_log;
@@ -371,16 +371,16 @@ struct daemon {
  * by no mount of ours is a bucket's name (the command's own test). */
 static int run_command(int argc, char **argv)
 {
-    if (unmount_requested(argc, argv))
-        return unmount_main(argc, argv);
+    if (unmount_cmd_requested(argc, argv))
+        return unmount_cmd_main(argc, argv);
     if (stats_cmd_requested(argc, argv))
         return stats_cmd_main(argc, argv);
     if (sync_cmd_requested(argc, argv))
         return sync_cmd_main(argc, argv);
     if (warm_cmd_requested(argc, argv))
         return warm_cmd_main(argc, argv);
-    if (shared_cache_cmd_requested(argc, argv))
-        return shared_cache_cmd_main(argc, argv);
+    if (tier_cmd_requested(argc, argv))
+        return tier_cmd_main(argc, argv);
     if (refresh_cmd_requested(argc, argv))
         return refresh_cmd_main(argc, argv);
     return -1;
@@ -524,8 +524,8 @@ static int check_bucket(struct daemon *d)
         report_check_failure(opts, &d->aws, d->creds, &why);
         return -1;
     }
-    if (shared_cache_open(opts, &d->aws, d->creds, d->ca_bundle, &d->shared,
-                          d->errbuf, sizeof(d->errbuf)) != 0) {
+    if (tier_setup_open(opts, &d->aws, d->creds, d->ca_bundle, &d->shared,
+                        d->errbuf, sizeof(d->errbuf)) != 0) {
         fprintf(stderr, "s3cachefs: %s\n", d->errbuf);
         return -1;
     }
@@ -555,7 +555,7 @@ static int claim_cache(struct daemon *d)
     opts->cache_dir = cache_dir;
     if (claim_cache_dir(cache_dir, &d->identity) != 0)
         return -1;
-    unmount_report_clear(cache_dir); /* an earlier run's (the lock is ours) */
+    unmount_cmd_report_clear(cache_dir); /* an earlier run's (the lock is ours) */
     if (opts->metrics != NULL &&
         metrics_http_listen(opts->metrics, &d->metrics, d->errbuf,
                             sizeof(d->errbuf)) != 0) {
@@ -654,7 +654,7 @@ static int open_storage(struct daemon *d)
             return -1;
         }
     }
-    if (d->shared != NULL && shared_cache_start(d->shared, d->cache) != 0) {
+    if (d->shared != NULL && tier_setup_start(d->shared, d->cache) != 0) {
         log_error("cannot start the shared cache: %s", strerror(ENOMEM));
         return -1;
     }
@@ -689,7 +689,7 @@ static int start_fs(struct daemon *d)
         .trusted_count = opts->trusted_count,
         .headerless = (const char *const *)opts->headerless,
         .headerless_count = opts->headerless_count,
-        .tier = shared_cache_tier(d->shared),
+        .tier = tier_setup_tier(d->shared),
     };
     int err = fs_create(&fs_conf, d->s3, &d->context.fs);
     if (err == 0)
@@ -792,12 +792,12 @@ static void daemon_end(struct daemon *d)
         if (left > 0)
             d->status = 1; /* kept in the journal for the next mount (logged) */
         /* what --unmount, which is not our parent, tells its caller */
-        unmount_report_write(d->opts.cache_dir, left);
+        unmount_cmd_report_write(d->opts.cache_dir, left);
     }
     /* (served until the uploads above are done: they are counted) */
     metrics_http_stop(&d->metrics);
     fs_destroy(&d->context.fs);
-    shared_cache_close(&d->shared);
+    tier_setup_close(&d->shared);
     access_log_close(&d->access_log);
     journal_close(&d->journal);
     cache_close(&d->cache);

@@ -1,6 +1,6 @@
 /*
- * cmd_mount.c - finding an s3cachefs mount and asking its daemon, for the
- * commands (see cmd_mount.h).
+ * mounts.c - finding an s3cachefs mount and asking its daemon, for the
+ * commands (see mounts.h).
  */
 #include "config.h"
 
@@ -21,7 +21,7 @@
 #include "base/clock.h"
 #include "fs/fs.h"
 
-int cmd_canonical_path(const char *arg, char **out)
+int mounts_canonical_path(const char *arg, char **out)
 {
     char *copy = strdup(arg), *parent = NULL;
     int err = 0;
@@ -63,7 +63,7 @@ out:
     return err;
 }
 
-void cmd_unescape_mountinfo(char *text)
+void mounts_unescape(char *text)
 {
     char *out = text;
 
@@ -91,13 +91,13 @@ static bool point_holds(const char *point, const char *path)
 
 /* Read /proc/self/mountinfo for PATH: the mount at it (EXACT) or the one
  * holding it. */
-static bool find(const char *path, bool exact, struct cmd_mount *out)
+static bool find(const char *path, bool exact, struct mounts_entry *out)
 {
     FILE *mounts = fopen("/proc/self/mountinfo", "re");
     char *line = NULL;
     size_t cap = 0, best = 0;
     bool found = false;
-    struct cmd_mount *here = malloc(sizeof(*here));
+    struct mounts_entry *here = malloc(sizeof(*here));
 
     if (mounts == NULL || here == NULL) {
         if (mounts != NULL)
@@ -115,8 +115,8 @@ static bool find(const char *path, bool exact, struct cmd_mount *out)
             continue;
         here->source[0] = '\0';
         sscanf(dash, " - %*s %511s", here->source);
-        cmd_unescape_mountinfo(here->point);
-        cmd_unescape_mountinfo(here->source);
+        mounts_unescape(here->point);
+        mounts_unescape(here->source);
         size_t len = strlen(here->point);
         bool match = exact ? strcmp(here->point, path) == 0
                            : point_holds(here->point, path) && len >= best;
@@ -132,17 +132,17 @@ static bool find(const char *path, bool exact, struct cmd_mount *out)
     return found;
 }
 
-bool cmd_mount_at(const char *path, struct cmd_mount *out)
+bool mounts_at(const char *path, struct mounts_entry *out)
 {
     return find(path, true, out);
 }
 
-bool cmd_mount_holding(const char *path, struct cmd_mount *out)
+bool mounts_holding(const char *path, struct mounts_entry *out)
 {
     return find(path, false, out);
 }
 
-/* The child of cmd_ask_xattr(): one getxattr(), then its errno and the
+/* The child of mounts_ask_xattr(): one getxattr(), then its errno and the
  * value into the pipe FD. It never returns. */
 static void ask_child(const char *path, const char *name, size_t max, int fd)
 {
@@ -168,9 +168,9 @@ static void ask_child(const char *path, const char *name, size_t max, int fd)
     _exit(0);
 }
 
-int cmd_ask_xattr(const char *path, const char *name, size_t max,
-                  int timeout_ms, const sigset_t *mask,
-                  volatile sig_atomic_t *stop, char **value, size_t *len)
+int mounts_ask_xattr(const char *path, const char *name, size_t max,
+                     int timeout_ms, const sigset_t *mask,
+                     volatile sig_atomic_t *stop, char **value, size_t *len)
 {
     size_t cap = sizeof(int) + max, got = 0;
     char *buf = malloc(cap + 1);
@@ -256,20 +256,20 @@ out:
     return err;
 }
 
-bool cmd_is_s3cachefs_mount(const char *path, int timeout_ms)
+bool mounts_is_s3cachefs(const char *path, int timeout_ms)
 {
     char *canonical = NULL;
-    struct cmd_mount *mount = malloc(sizeof(*mount));
+    struct mounts_entry *mount = malloc(sizeof(*mount));
     bool yes = false;
 
-    if (mount == NULL || cmd_canonical_path(path, &canonical) != 0 ||
-        !cmd_mount_at(canonical, mount))
+    if (mount == NULL || mounts_canonical_path(path, &canonical) != 0 ||
+        !mounts_at(canonical, mount))
         goto out;
     if (strcmp(mount->type, "fuse.s3cachefs") == 0)
         yes = true;
     else if (strncmp(mount->type, "fuse", 4) == 0) /* -o subtype= renamed it? */
-        yes = cmd_ask_xattr(canonical, FS_PID_XATTR, 64, timeout_ms, NULL, NULL,
-                            NULL, NULL) == 0;
+        yes = mounts_ask_xattr(canonical, FS_PID_XATTR, 64, timeout_ms, NULL, NULL,
+                               NULL, NULL) == 0;
 out:
     free(mount);
     free(canonical);

@@ -2,7 +2,7 @@
  * refresh_cmd.c - `s3cachefs refresh PATH...` (see refresh_cmd.h): each
  * path's mount found through /proc/self/mountinfo, then its
  * FS_REFRESH_XATTR read by a child process with a deadline
- * (cmd_ask_xattr(): a stuck daemon does not hang the command), and the
+ * (mounts_ask_xattr(): a stuck daemon does not hang the command), and the
  * daemon's answer ("name value" lines) printed as one line.
  */
 #include "config.h"
@@ -42,15 +42,15 @@ static const char help_text[] =
  * point (PATH_MAX bytes) and *PATH the canonical path (malloc'd). */
 static int mount_of_path(const char *arg, char **path, char *point)
 {
-    struct cmd_mount mount;
-    int err = cmd_canonical_path(arg, path);
+    struct mounts_entry mount;
+    int err = mounts_canonical_path(arg, path);
 
     if (err != 0)
         return err;
-    if (!cmd_mount_holding(*path, &mount) ||
+    if (!mounts_holding(*path, &mount) ||
         (strcmp(mount.type, MOUNT_TYPE) != 0 &&
          !(strncmp(mount.type, "fuse", 4) == 0 &&
-           cmd_is_s3cachefs_mount(mount.point, 5000))))
+           mounts_is_s3cachefs(mount.point, 5000))))
         return EXDEV;
     snprintf(point, PATH_MAX, "%s", mount.point);
     return 0;
@@ -60,7 +60,7 @@ static bool is_help(const char *arg)
 {
     static const char *const names[] = {"-h", "--help"};
 
-    return cmd_arg_is_one_of(arg, names, 2);
+    return args_is_one_of(arg, names, 2);
 }
 
 bool refresh_cmd_requested(int argc, char **argv)
@@ -116,8 +116,8 @@ static int refresh_one(const char *arg)
         return 1;
     }
     if (err == 0)
-        err = cmd_ask_xattr(path, FS_REFRESH_XATTR, ANSWER_MAX, REFRESH_TIMEOUT_MS,
-                            NULL, NULL, &answer, &len);
+        err = mounts_ask_xattr(path, FS_REFRESH_XATTR, ANSWER_MAX, REFRESH_TIMEOUT_MS,
+                               NULL, NULL, &answer, &len);
     if (err == 0 && strncmp(answer, "refresh 1\n", 10) != 0)
         err = EPROTO;
     if (err != 0) {

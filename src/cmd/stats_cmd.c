@@ -71,7 +71,7 @@ struct stats_args {
 /* The mount being reported on. */
 struct target {
     char *path;             /* absolute, as /proc/self/mountinfo has it */
-    struct cmd_mount mount;
+    struct mounts_entry mount;
     long pid;               /* the daemon's */
 };
 
@@ -80,13 +80,13 @@ struct target {
 /* ------------------------------------------------------ the daemon */
 
 /* The extended attribute NAME of PATH, asked by a child within
- * ASK_TIMEOUT_MS (cmd_mount.h): 0; getxattr()'s errno; ETIMEDOUT; EINTR
+ * ASK_TIMEOUT_MS (mounts.h): 0; getxattr()'s errno; ETIMEDOUT; EINTR
  * if a signal let in by wait_mask came first; ENOMEM, EAGAIN, EIO. */
 static int ask_daemon(const char *path, const char *name, char **value,
                       size_t *length)
 {
-    return cmd_ask_xattr(path, name, XATTR_VALUE_MAX, ASK_TIMEOUT_MS,
-                         &wait_mask, &stop_signal, value, length);
+    return mounts_ask_xattr(path, name, XATTR_VALUE_MAX, ASK_TIMEOUT_MS,
+                            &wait_mask, &stop_signal, value, length);
 }
 
 /* Say why asking the daemon of TARGET failed with ERR. */
@@ -132,12 +132,12 @@ static int find_target(const char *arg, struct target *target)
     size_t length;
     int err;
 
-    err = cmd_canonical_path(arg, &target->path);
+    err = mounts_canonical_path(arg, &target->path);
     if (err != 0) {
         fprintf(stderr, "s3cachefs: %s: %s\n", arg, strerror(err));
         return EXIT_FAILED;
     }
-    if (!cmd_mount_at(target->path, &target->mount)) {
+    if (!mounts_at(target->path, &target->mount)) {
         /* not a mount point: stat()ing it is safe now, unless it is a
          * symbolic link to one */
         if (lstat(arg, &st) != 0) {
@@ -145,7 +145,7 @@ static int find_target(const char *arg, struct target *target)
             return EXIT_FAILED;
         }
         char *resolved = S_ISLNK(st.st_mode) ? realpath(arg, NULL) : NULL;
-        if (resolved == NULL || !cmd_mount_at(resolved, &target->mount)) {
+        if (resolved == NULL || !mounts_at(resolved, &target->mount)) {
             free(resolved);
             fprintf(stderr, "s3cachefs: %s is not a mount point\n", arg);
             return EXIT_FAILED;
@@ -511,7 +511,7 @@ bool stats_cmd_requested(int argc, char **argv)
     for (int i = 2; i < argc; i++)
         if (is_stats_option(argv[i]))
             return true;
-    return cmd_is_s3cachefs_mount(argv[2], ASK_TIMEOUT_MS);
+    return mounts_is_s3cachefs(argv[2], ASK_TIMEOUT_MS);
 }
 
 int stats_cmd_main(int argc, char **argv)

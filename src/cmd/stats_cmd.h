@@ -10,8 +10,9 @@
  * With --prices it adds the cost of the requests and bytes since the mount
  * and what the cache saved, at the prices of a preset or a file
  * (prices.h); with --tier-prices also the shared cache's traffic (-o
- * shared_cache) at its own prices, and what it saved at the bucket's. It is a client of the daemon, like unmount.h: no lock, no
- * state, nothing written anywhere but stdout and stderr.
+ * shared_cache) at its own prices, and what it saved at the bucket's.
+ * It is a client of the daemon, like unmount_cmd.h: no lock, no state,
+ * nothing written anywhere but stdout and stderr.
  *
  * A bucket may be called "stats", and mount.fuse3 runs `s3cachefs BUCKET
  * MOUNTPOINT -o ...` for an fstab line, so `s3cachefs stats X ...` is this

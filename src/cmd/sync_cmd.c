@@ -74,13 +74,13 @@ struct target {
 
 /* One file line of an answer: its fields (the path last, unescaped). */
 struct file_line {
-    char *fields[SYNCFMT_FIELDS_MAX];
+    char *fields[SYNC_TEXT_FIELDS_MAX];
     size_t count;
     const char *path;               /* the last field, unescaped */
     char *shown;                    /* the path as printed (escaped) */
 };
 
-/* An answer of the daemon (syncfmt.h). */
+/* An answer of the daemon (sync_text.h). */
 struct report {
     char *text;                     /* owned; fields point into it */
     const char *summary;
@@ -152,7 +152,7 @@ static bool own_option(const char *arg)
     static const char *const names[] = {"-h", "--help", "--json", "--timeout",
                                         "--drop", "--yes", "-y"};
 
-    return cmd_arg_is_one_of(arg, names, sizeof(names) / sizeof(names[0]));
+    return args_is_one_of(arg, names, sizeof(names) / sizeof(names[0]));
 }
 
 static int parse_args(int argc, char **argv, struct args *args)
@@ -175,7 +175,7 @@ static int parse_args(int argc, char **argv, struct args *args)
             args->json = true;
         } else if (!sync && (strcmp(arg, "--yes") == 0 || strcmp(arg, "-y") == 0)) {
             args->yes = true;
-        } else if (sync && ((value = cmd_arg_value(argv, argc, &i, "--timeout",
+        } else if (sync && ((value = args_value(argv, argc, &i, "--timeout",
                                                   &missing)) != NULL ||
                             missing)) {
             char *end = NULL;
@@ -184,7 +184,7 @@ static int parse_args(int argc, char **argv, struct args *args)
                 args->timeout > TIMEOUT_MAX)
                 return usage_error(args, "--timeout wants a number of seconds "
                                    "above 0", missing ? NULL : value);
-        } else if (!sync && ((value = cmd_arg_value(argv, argc, &i, "--drop",
+        } else if (!sync && ((value = args_value(argv, argc, &i, "--drop",
                                                    &missing)) != NULL ||
                              missing)) {
             if (missing || value[0] == '\0')
@@ -211,21 +211,21 @@ static int parse_args(int argc, char **argv, struct args *args)
 /* ------------------------------------------------------------ the mount */
 
 /* Attribute NAME of PATH, read by a child process within TIMEOUT_MS
- * (cmd_mount.h), into *VALUE (malloc'd) and *LEN. 0; getxattr()'s errno;
+ * (mounts.h), into *VALUE (malloc'd) and *LEN. 0; getxattr()'s errno;
  * ETIMEDOUT; EIO, ENOMEM, or fork()'s errno. */
 static int ask_xattr(const char *path, const char *name, int timeout_ms,
                      char **value, size_t *len)
 {
-    return cmd_ask_xattr(path, name, SYNCFMT_VALUE_MAX, timeout_ms, NULL,
-                         NULL, value, len);
+    return mounts_ask_xattr(path, name, SYNC_TEXT_VALUE_MAX, timeout_ms, NULL,
+                            NULL, value, len);
 }
 
 /* The mount at PATH: its type into TYPE (CAP bytes); false if PATH is not
  * a mount point. */
 static bool find_mount(const char *path, char *type, size_t cap)
 {
-    struct cmd_mount *mount = malloc(sizeof(*mount));
-    bool found = mount != NULL && cmd_mount_at(path, mount);
+    struct mounts_entry *mount = malloc(sizeof(*mount));
+    bool found = mount != NULL && mounts_at(path, mount);
 
     if (found)
         snprintf(type, cap, "%s", mount->type);
@@ -244,7 +244,7 @@ bool sync_cmd_requested(int argc, char **argv)
             return true;
     if (argv[2][0] == '-')
         return false; /* `s3cachefs sync -f /mnt`: a mount's option */
-    return cmd_is_s3cachefs_mount(argv[2], ASK_TIMEOUT_MS);
+    return mounts_is_s3cachefs(argv[2], ASK_TIMEOUT_MS);
 }
 
 /* Why asking TARGET's daemon for NAME failed with ERR (one sentence). */
@@ -295,7 +295,7 @@ static int find_target(const char *arg, struct target *target)
     size_t len = 0;
     struct stat st;
 
-    int err = cmd_canonical_path(arg, &target->path);
+    int err = mounts_canonical_path(arg, &target->path);
     if (err != 0) {
         fprintf(stderr, "s3cachefs: %s: %s\n", arg, strerror(err));
         return EXIT_FAILED;
@@ -381,14 +381,14 @@ static int report_parse(char *text, size_t len, const char *header,
         if (strncmp(line, "file\t", 5) != 0)
             continue; /* a line of a later version */
         struct file_line *file = &report->files[report->count];
-        file->count = syncfmt_split(line + 5, file->fields, fields);
+        file->count = sync_text_split(line + 5, file->fields, fields);
         if (file->count != fields)
             return EPROTO;
         file->shown = strdup(file->fields[fields - 1]);
         if (file->shown == NULL)
             return ENOMEM;
         report->count++;
-        if (syncfmt_unescape(file->fields[fields - 1]) != 0)
+        if (sync_text_unescape(file->fields[fields - 1]) != 0)
             return EPROTO;
         file->path = file->fields[fields - 1];
     }
@@ -399,7 +399,7 @@ static double summary_value(const struct report *report, const char *name)
 {
     double value = 0;
 
-    return syncfmt_summary_get(report->summary, name, &value) ? value : 0;
+    return sync_text_summary_get(report->summary, name, &value) ? value : 0;
 }
 
 static uint64_t number_of(const char *field)
@@ -599,7 +599,7 @@ static void print_sync_text(const struct target *target, const struct report *re
 
 static int run_sync(const struct target *target, const struct args *args)
 {
-    char *value = malloc(SYNCFMT_VALUE_MAX + 1);
+    char *value = malloc(SYNC_TEXT_VALUE_MAX + 1);
     struct report report = {0};
     ssize_t len = -1;
     int err = 0;
@@ -621,7 +621,7 @@ static int run_sync(const struct target *target, const struct args *args)
     }
     double started = clock_monotonic_seconds();
     for (;;) {
-        len = getxattr(target->path, FS_SYNC_XATTR, value, SYNCFMT_VALUE_MAX);
+        len = getxattr(target->path, FS_SYNC_XATTR, value, SYNC_TEXT_VALUE_MAX);
         err = len < 0 ? errno : 0;
         /* EINTR with no signal of ours: again; with one, the daemon
          * answered nothing (never got the request, or an older one) */
@@ -652,7 +652,7 @@ static int run_sync(const struct target *target, const struct args *args)
         return EXIT_FAILED;
     }
     value[len] = '\0';
-    err = report_parse(value, (size_t)len, SYNCFMT_SYNC_HEADER, SYNC_FIELDS,
+    err = report_parse(value, (size_t)len, SYNC_TEXT_SYNC_HEADER, SYNC_FIELDS,
                        &report);
     if (err != 0) {
         fprintf(stderr, "s3cachefs: %s: its daemon's answer cannot be read "
@@ -699,7 +699,7 @@ static int read_pending(const struct target *target, struct report *report)
         report_ask_failure(target, FS_PENDING_XATTR, err);
         return EXIT_FAILED;
     }
-    err = report_parse(value, len, SYNCFMT_PENDING_HEADER, PEND_FIELDS, report);
+    err = report_parse(value, len, SYNC_TEXT_PENDING_HEADER, PEND_FIELDS, report);
     if (err != 0) {
         fprintf(stderr, "s3cachefs: %s: its daemon's answer cannot be read "
                 "(%s): is it another version?\n", target->path,

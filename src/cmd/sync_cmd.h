@@ -2,7 +2,7 @@
  * sync_cmd.h - `s3cachefs sync MOUNTPOINT` and `s3cachefs pending
  * MOUNTPOINT [--drop PATH]`: the uploads of a running mount, asked of its
  * daemon through the mount root (fs.h, FS_SYNC_XATTR, FS_PENDING_XATTR,
- * FS_DROP_XATTR; the answers are the text of syncfmt.h).
+ * FS_DROP_XATTR; the answers are the text of sync_text.h).
  *
  *   sync     returns once everything written so far through the mount is
  *            in the bucket: every file pending when it starts, each as

@@ -1,6 +1,6 @@
 /*
- * shared_cache_cmd.c - `s3cachefs shared-cache prune` (see
- * shared_cache_cmd.h): two walks over the tier's blocks, the first to
+ * tier_cmd.c - `s3cachefs shared-cache prune` (see
+ * tier_cmd.h): two walks over the tier's blocks, the first to
  * count its versions (tier_prune.h chooses), the second to delete the
  * chosen ones' objects; memory grows with the versions, not the blocks.
  */
@@ -91,7 +91,7 @@ static int parse_age(const char *text, double *out)
     return 0;
 }
 
-bool shared_cache_cmd_requested(int argc, char **argv)
+bool tier_cmd_requested(int argc, char **argv)
 {
     if (argc < 2 || strcmp(argv[1], "shared-cache") != 0)
         return false;
@@ -121,31 +121,31 @@ static int parse_args(int argc, char **argv, struct args *args)
             args->help = true;
         } else if (strcmp(arg, "--dry-run") == 0) {
             args->dry_run = true;
-        } else if ((value = cmd_arg_value(argv, argc, &i, "--older-than",
-                                          &missing)) != NULL || missing) {
+        } else if ((value = args_value(argv, argc, &i, "--older-than",
+                                       &missing)) != NULL || missing) {
             if (missing || parse_age(value, &args->older_than) != 0)
                 return usage_error("--older-than wants an age such as 30d, "
                                    "12h or 3600", missing ? NULL : value);
             args->older_than_text = value;
-        } else if ((value = cmd_arg_value(argv, argc, &i, "--max-size",
-                                          &missing)) != NULL || missing) {
+        } else if ((value = args_value(argv, argc, &i, "--max-size",
+                                       &missing)) != NULL || missing) {
             if (missing || options_parse_size(value, &args->max_size) != 0 ||
                 args->max_size == 0)
                 return usage_error("--max-size wants a size such as 500G",
                                    missing ? NULL : value);
             args->max_size_text = value;
-        } else if ((value = cmd_arg_value(argv, argc, &i, "--endpoint",
-                                          &missing)) != NULL || missing) {
+        } else if ((value = args_value(argv, argc, &i, "--endpoint",
+                                       &missing)) != NULL || missing) {
             if (missing)
                 return usage_error("--endpoint wants a URL", NULL);
             args->endpoint = value;
-        } else if ((value = cmd_arg_value(argv, argc, &i, "--region",
-                                          &missing)) != NULL || missing) {
+        } else if ((value = args_value(argv, argc, &i, "--region",
+                                       &missing)) != NULL || missing) {
             if (missing)
                 return usage_error("--region wants a name", NULL);
             args->region = value;
-        } else if ((value = cmd_arg_value(argv, argc, &i, "--profile",
-                                          &missing)) != NULL || missing) {
+        } else if ((value = args_value(argv, argc, &i, "--profile",
+                                       &missing)) != NULL || missing) {
             if (missing)
                 return usage_error("--profile wants a name", NULL);
             args->profile = value;
@@ -363,7 +363,7 @@ out:
     return status;
 }
 
-int shared_cache_cmd_main(int argc, char **argv)
+int tier_cmd_main(int argc, char **argv)
 {
     struct args args;
     int status = parse_args(argc, argv, &args);

@@ -1,5 +1,5 @@
 /*
- * shared_cache_cmd.h - `s3cachefs shared-cache prune BUCKET[:PREFIX]`:
+ * tier_cmd.h - `s3cachefs shared-cache prune BUCKET[:PREFIX]`:
  * delete what a shared cache tier (tier.h, -o shared_cache) holds beyond
  * an age or a size, for a cron job or a systemd timer, without a mount.
  *
@@ -19,17 +19,17 @@
  * Exit status: 0 done; 1 the listing or a delete failed (what was deleted
  * stays deleted; run it again); 2 bad usage.
  */
-#ifndef S3CFS_SHARED_CACHE_CMD_H
-#define S3CFS_SHARED_CACHE_CMD_H
+#ifndef S3CFS_TIER_CMD_H
+#define S3CFS_TIER_CMD_H
 
 #include <stdbool.h>
 
 /* Whether ARGV is `s3cachefs shared-cache ...` (the word, then prune,
  * -h or --help, or nothing) rather than the mount of a bucket of that
  * name. */
-bool shared_cache_cmd_requested(int argc, char **argv);
+bool tier_cmd_requested(int argc, char **argv);
 
 /* Run it; returns the exit status. */
-int shared_cache_cmd_main(int argc, char **argv);
+int tier_cmd_main(int argc, char **argv);
 
-#endif /* S3CFS_SHARED_CACHE_CMD_H */
+#endif /* S3CFS_TIER_CMD_H */

@@ -1,6 +1,6 @@
 /*
- * shared_cache.c - the shared cache tier's client from the mount options
- * (see shared_cache.h).
+ * tier_setup.c - the shared cache tier's client from the mount options
+ * (see tier_setup.h).
  */
 #include "config.h"
 
@@ -15,7 +15,7 @@
 #include "creds/credsource.h"
 #include "s3/s3.h"
 
-struct shared_cache {
+struct tier_setup {
     struct awsconfig aws;        /* its own, with shared_cache_profile */
     struct credentials *own_creds;
     struct s3_client *s3;
@@ -31,7 +31,7 @@ static const char *endpoint_name(const char *endpoint)
 
 /* Resolve the profile of -o shared_cache_profile and its keys. */
 static int own_credentials(const struct options *opts, const char *ca_bundle,
-                           struct shared_cache *shared, char *errbuf,
+                           struct tier_setup *shared, char *errbuf,
                            size_t errlen)
 {
     struct awsconfig_options aws_opts = {
@@ -58,12 +58,12 @@ static int own_credentials(const struct options *opts, const char *ca_bundle,
     return err;
 }
 
-int shared_cache_open(const struct options *opts,
-                      const struct awsconfig *origin_aws,
-                      struct credentials *origin_creds, const char *ca_bundle,
-                      struct shared_cache **out, char *errbuf, size_t errlen)
+int tier_setup_open(const struct options *opts,
+                    const struct awsconfig *origin_aws,
+                    struct credentials *origin_creds, const char *ca_bundle,
+                    struct tier_setup **out, char *errbuf, size_t errlen)
 {
-    struct shared_cache *shared;
+    struct tier_setup *shared;
     int err = 0;
 
     *out = NULL;
@@ -77,7 +77,7 @@ int shared_cache_open(const struct options *opts,
         shared->origin = NULL;
     shared->prefix = strdup(opts->tier_prefix);
     if (shared->origin == NULL || shared->prefix == NULL) {
-        shared_cache_close(&shared);
+        tier_setup_close(&shared);
         return ENOMEM;
     }
     struct credentials *creds = origin_creds;
@@ -88,7 +88,7 @@ int shared_cache_open(const struct options *opts,
     if (opts->tier_profile != NULL) {
         err = own_credentials(opts, ca_bundle, shared, errbuf, errlen);
         if (err != 0) {
-            shared_cache_close(&shared);
+            tier_setup_close(&shared);
             return err;
         }
         creds = shared->own_creds;
@@ -104,17 +104,17 @@ int shared_cache_open(const struct options *opts,
         .path_style = opts->path_style,
         .credentials = creds,
         .ca_bundle = ca_bundle,
-        .max_connections = SHARED_CACHE_CONNECTIONS,
+        .max_connections = TIER_SETUP_CONNECTIONS,
         .max_retries = 1,
-        .request_timeout = SHARED_CACHE_TIMEOUT,
-        .min_wire_rate = SHARED_CACHE_MIN_RATE,
+        .request_timeout = TIER_SETUP_TIMEOUT,
+        .min_wire_rate = TIER_SETUP_MIN_RATE,
     };
     char why[256] = "";
     err = s3_client_create(&conf, &shared->s3, why, sizeof(why));
     if (err != 0) {
         snprintf(errbuf, errlen, "shared cache: %s",
                  why[0] ? why : "cannot create its S3 client");
-        shared_cache_close(&shared);
+        tier_setup_close(&shared);
         return err;
     }
     struct s3_failure failure;
@@ -124,7 +124,7 @@ int shared_cache_open(const struct options *opts,
         snprintf(errbuf, errlen, "shared cache: bucket '%s' at %s: %s",
                  opts->tier_bucket, endpoint_name(endpoint),
                  err == ENOENT ? "no such bucket" : failure.description);
-        shared_cache_close(&shared);
+        tier_setup_close(&shared);
         return err;
     }
     if (err != 0)
@@ -136,7 +136,7 @@ int shared_cache_open(const struct options *opts,
     return 0;
 }
 
-int shared_cache_start(struct shared_cache *shared, struct cache *cache)
+int tier_setup_start(struct tier_setup *shared, struct cache *cache)
 {
     struct tier_conf conf = {
         .s3 = shared->s3,
@@ -148,19 +148,19 @@ int shared_cache_start(struct shared_cache *shared, struct cache *cache)
     return tier_create(&conf, &shared->tier);
 }
 
-struct tier *shared_cache_tier(struct shared_cache *shared)
+struct tier *tier_setup_tier(struct tier_setup *shared)
 {
     return shared != NULL ? shared->tier : NULL;
 }
 
-void shared_cache_close(struct shared_cache **sharedp)
+void tier_setup_close(struct tier_setup **sharedp)
 {
-    struct shared_cache *shared = *sharedp;
+    struct tier_setup *shared = *sharedp;
 
     if (shared == NULL)
         return;
     if (shared->tier != NULL &&
-        !tier_flush(shared->tier, SHARED_CACHE_FLUSH_SECONDS))
+        !tier_flush(shared->tier, TIER_SETUP_FLUSH_SECONDS))
         log_warn("shared cache: unmounting with blocks not written to it");
     tier_destroy(&shared->tier);
     s3_client_destroy(&shared->s3);

@@ -1,5 +1,5 @@
 /*
- * unmount.c - unmounting that waits for the uploads (see unmount.h).
+ * unmount_cmd.c - unmounting that waits for the uploads (see unmount_cmd.h).
  *
  * `s3cachefs --unmount [-l] MOUNTPOINT`. The daemon is found before the
  * mount goes (a pidfd, so that a pid reused meanwhile cannot be mistaken
@@ -36,12 +36,12 @@
 
 extern char **environ;
 
-bool unmount_requested(int argc, char **argv)
+bool unmount_cmd_requested(int argc, char **argv)
 {
     return argc > 1 && strcmp(argv[1], "--unmount") == 0;
 }
 
-void unmount_report_clear(const char *cache_dir)
+void unmount_cmd_report_clear(const char *cache_dir)
 {
     char path[PATH_MAX];
 
@@ -50,7 +50,7 @@ void unmount_report_clear(const char *cache_dir)
         unlink(path);
 }
 
-int unmount_report_write(const char *cache_dir, uint64_t left)
+int unmount_cmd_report_write(const char *cache_dir, uint64_t left)
 {
     char path[PATH_MAX], tmp[PATH_MAX], text[64];
     int err = 0;
@@ -174,7 +174,7 @@ static int usage(void)
     return 1;
 }
 
-int unmount_main(int argc, char **argv)
+int unmount_cmd_main(int argc, char **argv)
 {
     const char *mountpoint = NULL;
     bool lazy = false;

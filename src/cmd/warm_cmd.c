@@ -10,7 +10,7 @@
  * their sizes (the total makes the ETA); a symbolic link named is
  * followed, one met in a tree is not. Then --jobs threads take the
  * files in order, one getxattr() of the file's request attribute each
- * (warmfmt.h answers); the main thread draws the progress line and takes
+ * (warm_text.h answers); the main thread draws the progress line and takes
  * the signals.
  *
  * Stopping: SIGINT, SIGTERM and SIGHUP are blocked in the worker threads
@@ -91,7 +91,7 @@ struct item {
     bool answered;
     bool interrupted;               /* the stop came before its answer */
     bool failed;
-    struct warmfmt_answer answer;
+    struct warm_text_answer answer;
 };
 
 struct run {
@@ -167,7 +167,7 @@ static bool own_option(const char *arg)
                                         "--check", "--evict", "--pin",
                                         "--unpin", "--jobs"};
 
-    return cmd_arg_is_one_of(arg, names, sizeof(names) / sizeof(names[0]));
+    return args_is_one_of(arg, names, sizeof(names) / sizeof(names[0]));
 }
 
 static int set_mode(struct args *args, enum warm_mode mode, const char *arg)
@@ -212,14 +212,14 @@ static int parse_args(int argc, char **argv, struct args *args)
         } else if (strcmp(arg, "--unpin") == 0) {
             if ((status = set_mode(args, WARM_MODE_UNPIN, arg)) != 0)
                 return status;
-        } else if ((value = cmd_arg_value(argv, argc, &i, "--from", &missing)) !=
+        } else if ((value = args_value(argv, argc, &i, "--from", &missing)) !=
                        NULL || missing) {
             if (missing || value[0] == '\0')
                 return usage_error("--from wants a file (or - for stdin)", NULL);
             if (args->from != NULL)
                 return usage_error("one --from at a time", value);
             args->from = value;
-        } else if ((value = cmd_arg_value(argv, argc, &i, "--jobs", &missing)) !=
+        } else if ((value = args_value(argv, argc, &i, "--jobs", &missing)) !=
                        NULL || missing) {
             char *end = NULL;
             long jobs = missing ? -1 : strtol(value, &end, 10);
@@ -241,12 +241,12 @@ static int parse_args(int argc, char **argv, struct args *args)
 
 /* ------------------------------------------------------------ mounts */
 
-/* The mount PATH (absolute, resolved) is in (cmd_mount.h): its point
+/* The mount PATH (absolute, resolved) is in (mounts.h): its point
  * (PATH_MAX bytes) and type. */
 static bool mount_of(const char *path, char *point, char *type, size_t type_cap)
 {
-    struct cmd_mount *mount = malloc(sizeof(*mount));
-    bool found = mount != NULL && cmd_mount_holding(path, mount);
+    struct mounts_entry *mount = malloc(sizeof(*mount));
+    bool found = mount != NULL && mounts_holding(path, mount);
 
     if (found) {
         snprintf(point, PATH_MAX, "%s", mount->point);
@@ -261,8 +261,8 @@ static bool mount_of(const char *path, char *point, char *type, size_t type_cap)
  * (the child is killed), EIO. */
 static int ask_pid(const char *point)
 {
-    return cmd_ask_xattr(point, FS_PID_XATTR, 64, ASK_TIMEOUT_MS, NULL, NULL,
-                         NULL, NULL);
+    return mounts_ask_xattr(point, FS_PID_XATTR, 64, ASK_TIMEOUT_MS, NULL, NULL,
+                            NULL, NULL);
 }
 
 /* The sentence for a mount whose daemon did not answer with ERR (into
@@ -479,7 +479,7 @@ static bool add_list(struct run *run, const char *from, int *status)
         return false;
     }
     while (ok && stop_signal == 0 && getline(&line, &cap, list) >= 0) {
-        char *path = warm_list_line(line);
+        char *path = warm_report_list_line(line);
         if (path != NULL)
             ok = add_path(run, path);
     }
@@ -516,12 +516,12 @@ static void report_item_failure_locked(struct run *run, const struct item *item,
 
 /* Take ANSWER (or the getxattr() errno ERR) for ITEM into the totals. */
 static void take_answer(struct run *run, struct item *item, int err,
-                        const struct warmfmt_answer *answer)
+                        const struct warm_text_answer *answer)
 {
     char why[256] = "";
 
     pthread_mutex_lock(&run->lock);
-    if (err == EINTR || (err == 0 && answer->status == WARMFMT_INTERRUPTED &&
+    if (err == EINTR || (err == 0 && answer->status == WARM_TEXT_INTERRUPTED &&
                          atomic_load(&run->stopping))) {
         item->interrupted = true;
         if (err == 0) { /* what it did counts */
@@ -555,23 +555,23 @@ static void take_answer(struct run *run, struct item *item, int err,
             run->totals.pin_used = answer->pin_used;
             run->totals.pin_max = answer->pin_max;
         }
-        if (answer->status == WARMFMT_STAGED)
+        if (answer->status == WARM_TEXT_STAGED)
             run->totals.staged++;
-        else if (answer->status == WARMFMT_FAILED)
+        else if (answer->status == WARM_TEXT_FAILED)
             snprintf(why, sizeof(why), "fetch failed: %s%s",
                      strerror(answer->error),
                      answer->error == ESTALE ? " (it changed in the bucket)" : "");
-        else if (answer->status == WARMFMT_FULL)
+        else if (answer->status == WARM_TEXT_FULL)
             snprintf(why, sizeof(why), "not pinned: it does not fit in the "
                      "share of the cache pinned files may take");
-        else if (answer->status == WARMFMT_INTERRUPTED)
+        else if (answer->status == WARM_TEXT_INTERRUPTED)
             snprintf(why, sizeof(why), "interrupted");
         else if ((run->args.mode == WARM_MODE_FETCH ||
                   run->args.mode == WARM_MODE_PIN) &&
                  answer->cached < answer->size) {
             char cached[32], size[32];
-            warm_format_bytes(answer->cached, cached, sizeof(cached));
-            warm_format_bytes(answer->size, size, sizeof(size));
+            warm_report_format_bytes(answer->cached, cached, sizeof(cached));
+            warm_report_format_bytes(answer->size, size, sizeof(size));
             snprintf(why, sizeof(why), "only %s of %s stayed cached (the "
                      "cache is too small for it)", cached, size);
         }
@@ -590,7 +590,7 @@ static void *worker_main(void *arg)
 {
     struct worker *worker = arg;
     struct run *run = worker->run;
-    char value[WARMFMT_VALUE_MAX];
+    char value[WARM_TEXT_VALUE_MAX];
 
     while (!atomic_load(&run->stopping)) {
         size_t index = atomic_fetch_add(&run->next, 1);
@@ -602,8 +602,8 @@ static void *worker_main(void *arg)
         atomic_store(&worker->current, (long)index);
         ssize_t len = getxattr(item->path, run->attr, value, sizeof(value));
         int err = len < 0 ? errno : 0;
-        struct warmfmt_answer answer = {0};
-        if (err == 0 && warmfmt_parse(value, (size_t)len, &answer) != 0)
+        struct warm_text_answer answer = {0};
+        if (err == 0 && warm_text_parse(value, (size_t)len, &answer) != 0)
             err = EPROTO;
         atomic_store(&worker->current, -1L);
         take_answer(run, item, err, &answer);
@@ -627,7 +627,7 @@ static void on_wake(int signum)
 static uint64_t peek_under_way(struct run *run, struct worker *workers,
                                unsigned count)
 {
-    char value[WARMFMT_VALUE_MAX];
+    char value[WARM_TEXT_VALUE_MAX];
     uint64_t bytes = 0;
 
     for (unsigned i = 0; i < count; i++) {
@@ -636,8 +636,8 @@ static uint64_t peek_under_way(struct run *run, struct worker *workers,
             continue;
         ssize_t len = getxattr(run->items[index].path, FS_CHECK_XATTR, value,
                                sizeof(value));
-        struct warmfmt_answer answer;
-        if (len > 0 && warmfmt_parse(value, (size_t)len, &answer) == 0)
+        struct warm_text_answer answer;
+        if (len > 0 && warm_text_parse(value, (size_t)len, &answer) == 0)
             bytes += answer.cached;
     }
     return bytes;
@@ -708,9 +708,9 @@ static int ask_all(struct run *run, double started)
             shown.bytes_done += peeked;
             if (shown.bytes_done > shown.bytes)
                 shown.bytes_done = shown.bytes;
-            warm_progress_line(run->args.mode, &shown,
-                               clock_monotonic_seconds() - started,
-                               terminal_width(), line, sizeof(line));
+            warm_report_progress_line(run->args.mode, &shown,
+                                      clock_monotonic_seconds() - started,
+                                      terminal_width(), line, sizeof(line));
             fprintf(stderr, "\r%s\033[K", line);
             fflush(stderr);
             run->line_shown = true;
@@ -739,19 +739,19 @@ static void print_json(const struct run *run, double seconds)
             ",\"staged\":%" PRIu64 ",\"bytes\":%" PRIu64 ",\"before\":%" PRIu64
             ",\"fetched\":%" PRIu64 ",\"cached\":%" PRIu64 ",\"freed\":%" PRIu64
             ",\"pin_used\":%" PRIu64 ",\"pin_max\":%" PRIu64 ",\"paths\":[",
-            warm_mode_name(run->args.mode), run->interrupted ? "true" : "false",
+            warm_report_mode_name(run->args.mode), run->interrupted ? "true" : "false",
             seconds, t->files, t->done, t->failed, t->staged, t->bytes, t->before,
             t->fetched, t->cached, t->freed, t->pin_used, t->pin_max);
     for (size_t i = 0; i < run->count; i++) {
         const struct item *item = &run->items[i];
-        const struct warmfmt_answer *a = &item->answer;
+        const struct warm_text_answer *a = &item->answer;
         fputs(i > 0 ? ",{\"path\":" : "{\"path\":", out);
-        warm_json_string(out, item->path);
+        warm_report_json_string(out, item->path);
         if (item->answered || item->interrupted)
             fprintf(out, ",\"size\":%" PRIu64 ",\"status\":\"%s\",\"before\":%"
                     PRIu64 ",\"fetched\":%" PRIu64 ",\"cached\":%" PRIu64
                     ",\"freed\":%" PRIu64 ",\"pinned\":%s", item->size,
-                    item->answered ? warmfmt_status_name(a->status)
+                    item->answered ? warm_text_status_name(a->status)
                                    : "interrupted",
                     a->before, a->fetched, a->cached, a->freed,
                     a->pinned ? "true" : "false");
@@ -760,7 +760,7 @@ static void print_json(const struct run *run, double seconds)
                     item->size);
         if (item->why != NULL) {
             fputs(",\"error\":", out);
-            warm_json_string(out, item->why);
+            warm_report_json_string(out, item->why);
         }
         fputc('}', out);
     }
@@ -777,17 +777,17 @@ static void print_text(const struct run *run, double seconds)
             if (!item->answered || item->failed)
                 continue;
             char cached[32], size[32];
-            warm_format_bytes(item->answer.cached, cached, sizeof(cached));
-            warm_format_bytes(item->answer.size, size, sizeof(size));
+            warm_report_format_bytes(item->answer.cached, cached, sizeof(cached));
+            warm_report_format_bytes(item->answer.size, size, sizeof(size));
             printf("%3u%%  %9s of %-9s  %s%s\n",
-                   warm_percent(item->answer.cached, item->answer.size), cached,
+                   warm_report_percent(item->answer.cached, item->answer.size), cached,
                    size, item->path,
-                   item->answer.status == WARMFMT_STAGED ? "  (not uploaded "
+                   item->answer.status == WARM_TEXT_STAGED ? "  (not uploaded "
                    "yet: local)" : item->answer.pinned ? "  (pinned)" : "");
         }
     }
-    warm_summary_line(run->args.mode, &run->totals, seconds, run->interrupted,
-                      line, sizeof(line));
+    warm_report_summary_line(run->args.mode, &run->totals, seconds, run->interrupted,
+                             line, sizeof(line));
     printf("%s\n", line);
 }
 

@@ -4,7 +4,7 @@
  * mount filled, measured or emptied for files and whole trees, asked of
  * its daemon one file at a time through an extended attribute of the
  * file (fs.h: FS_WARM_XATTR and its siblings; the answers are the text of
- * warmfmt.h).
+ * warm_text.h).
  *
  *   warm     every block of each file not cached yet is fetched by the
  *            daemon, with the mount's parallelism, into its cache (not

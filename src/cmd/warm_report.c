@@ -16,13 +16,13 @@ static const char *const mode_names[] = {
     [WARM_MODE_UNPIN] = "unpin",
 };
 
-const char *warm_mode_name(enum warm_mode mode)
+const char *warm_report_mode_name(enum warm_mode mode)
 {
     return (unsigned)mode < sizeof(mode_names) / sizeof(mode_names[0])
                ? mode_names[mode] : "warm";
 }
 
-char *warm_list_line(char *line)
+char *warm_report_list_line(char *line)
 {
     size_t len = strlen(line);
 
@@ -36,7 +36,7 @@ char *warm_list_line(char *line)
     return line;
 }
 
-void warm_format_bytes(uint64_t bytes, char *buf, size_t cap)
+void warm_report_format_bytes(uint64_t bytes, char *buf, size_t cap)
 {
     static const char *const units[] = {"KiB", "MiB", "GiB", "TiB", "PiB"};
 
@@ -53,7 +53,7 @@ void warm_format_bytes(uint64_t bytes, char *buf, size_t cap)
     snprintf(buf, cap, value < 9.95 ? "%.1f %s" : "%.0f %s", value, units[unit]);
 }
 
-void warm_format_duration(double seconds, char *buf, size_t cap)
+void warm_report_format_duration(double seconds, char *buf, size_t cap)
 {
     uint64_t whole = seconds > 0 && seconds < 1e12 ? (uint64_t)seconds : 0;
 
@@ -65,54 +65,54 @@ void warm_format_duration(double seconds, char *buf, size_t cap)
                  (unsigned)(whole % 60));
 }
 
-unsigned warm_percent(uint64_t part, uint64_t whole)
+unsigned warm_report_percent(uint64_t part, uint64_t whole)
 {
     if (whole == 0 || part >= whole)
         return 100;
     return (unsigned)((unsigned __int128)part * 100 / whole);
 }
 
-void warm_progress_line(enum warm_mode mode, const struct warm_totals *totals,
-                        double seconds, unsigned width, char *buf, size_t cap)
+void warm_report_progress_line(enum warm_mode mode, const struct warm_totals *totals,
+                               double seconds, unsigned width, char *buf, size_t cap)
 {
     char done[32], all[32], rate[48] = "", eta[48] = "", bar[32];
-    unsigned percent = warm_percent(totals->bytes_done, totals->bytes);
+    unsigned percent = warm_report_percent(totals->bytes_done, totals->bytes);
     const unsigned bar_width = 20;
 
     for (unsigned i = 0; i < bar_width; i++)
         bar[i] = i < percent * bar_width / 100 ? '#' : ' ';
     bar[bar_width] = '\0';
-    warm_format_bytes(totals->bytes_done, done, sizeof(done));
-    warm_format_bytes(totals->bytes, all, sizeof(all));
+    warm_report_format_bytes(totals->bytes_done, done, sizeof(done));
+    warm_report_format_bytes(totals->bytes, all, sizeof(all));
     if (seconds > 0.5 && totals->bytes_done > 0) {
         double per_second = (double)totals->bytes_done / seconds;
         char speed[32], left[32];
-        warm_format_bytes((uint64_t)per_second, speed, sizeof(speed));
+        warm_report_format_bytes((uint64_t)per_second, speed, sizeof(speed));
         snprintf(rate, sizeof(rate), "  %s/s", speed);
         uint64_t remaining = totals->bytes > totals->bytes_done
                                  ? totals->bytes - totals->bytes_done : 0;
-        warm_format_duration((double)remaining / per_second, left, sizeof(left));
+        warm_report_format_duration((double)remaining / per_second, left, sizeof(left));
         snprintf(eta, sizeof(eta), "  ETA %s", left);
     }
     snprintf(buf, cap, "%-5s [%s] %" PRIu64 "/%" PRIu64 " files  %s/%s%s%s%s",
-             warm_mode_name(mode), bar, totals->done, totals->files, done, all,
+             warm_report_mode_name(mode), bar, totals->done, totals->files, done, all,
              rate, eta, totals->failed > 0 ? "  (failures)" : "");
     if (width > 0 && strlen(buf) > width && width < cap)
         buf[width] = '\0';
 }
 
-void warm_summary_line(enum warm_mode mode, const struct warm_totals *totals,
-                       double seconds, bool interrupted, char *buf, size_t cap)
+void warm_report_summary_line(enum warm_mode mode, const struct warm_totals *totals,
+                              double seconds, bool interrupted, char *buf, size_t cap)
 {
     char size[32], fetched[32], already[32], rate[32], cached[32], freed[32];
     size_t used = 0;
 
-    warm_format_bytes(totals->bytes, size, sizeof(size));
-    warm_format_bytes(totals->fetched, fetched, sizeof(fetched));
-    warm_format_bytes(totals->before, already, sizeof(already));
-    warm_format_bytes(totals->cached, cached, sizeof(cached));
-    warm_format_bytes(totals->freed, freed, sizeof(freed));
-    warm_format_bytes(seconds > 0 ? (uint64_t)((double)totals->fetched / seconds)
+    warm_report_format_bytes(totals->bytes, size, sizeof(size));
+    warm_report_format_bytes(totals->fetched, fetched, sizeof(fetched));
+    warm_report_format_bytes(totals->before, already, sizeof(already));
+    warm_report_format_bytes(totals->cached, cached, sizeof(cached));
+    warm_report_format_bytes(totals->freed, freed, sizeof(freed));
+    warm_report_format_bytes(seconds > 0 ? (uint64_t)((double)totals->fetched / seconds)
                                   : 0, rate, sizeof(rate));
     const char *files_word = totals->files == 1 ? "file" : "files";
     switch (mode) {
@@ -120,7 +120,7 @@ void warm_summary_line(enum warm_mode mode, const struct warm_totals *totals,
     case WARM_MODE_PIN:
         used = (size_t)snprintf(buf, cap, "%s: %" PRIu64 " %s%s, %s: %s fetched, "
                                 "%s already cached, %.1f s, %s/s, %" PRIu64
-                                " failed", warm_mode_name(mode), totals->files,
+                                " failed", warm_report_mode_name(mode), totals->files,
                                 files_word, mode == WARM_MODE_PIN ? " pinned" : "",
                                 size, fetched, already, seconds, rate,
                                 totals->failed);
@@ -129,7 +129,7 @@ void warm_summary_line(enum warm_mode mode, const struct warm_totals *totals,
         used = (size_t)snprintf(buf, cap, "check: %" PRIu64 " %s, %s, %s cached "
                                 "(%u%%), %" PRIu64 " failed", totals->files,
                                 files_word, size, cached,
-                                warm_percent(totals->cached, totals->bytes),
+                                warm_report_percent(totals->cached, totals->bytes),
                                 totals->failed);
         break;
     case WARM_MODE_EVICT:
@@ -152,8 +152,8 @@ void warm_summary_line(enum warm_mode mode, const struct warm_totals *totals,
     if (used < cap && (mode == WARM_MODE_PIN || mode == WARM_MODE_UNPIN) &&
         totals->pin_max > 0) {
         char pinned[32], allowed[32];
-        warm_format_bytes(totals->pin_used, pinned, sizeof(pinned));
-        warm_format_bytes(totals->pin_max, allowed, sizeof(allowed));
+        warm_report_format_bytes(totals->pin_used, pinned, sizeof(pinned));
+        warm_report_format_bytes(totals->pin_max, allowed, sizeof(allowed));
         snprintf(buf + used, cap - used, "; pinned now: %s of %s allowed",
                  pinned, allowed);
     }
@@ -173,7 +173,7 @@ static size_t utf8_length(const unsigned char *text)
     return len;
 }
 
-void warm_json_string(FILE *out, const char *text)
+void warm_report_json_string(FILE *out, const char *text)
 {
     const unsigned char *at = (const unsigned char *)text;
 

@@ -42,7 +42,7 @@ struct warm_totals {
 
 /* The word of MODE as the command says it ("warm", "check", "evict",
  * "pin", "unpin"). Static. */
-const char *warm_mode_name(enum warm_mode mode);
+const char *warm_report_mode_name(enum warm_mode mode);
 
 /*
  * One line of a --from list (one path a line; the newline is not part of
@@ -50,17 +50,17 @@ const char *warm_mode_name(enum warm_mode mode);
  * leading blanks too. NULL for a line to skip (blank, or a comment: '#'
  * first after the blanks); else the path (pointing into LINE).
  */
-char *warm_list_line(char *line);
+char *warm_report_list_line(char *line);
 
 /* BYTES as "512 B", "1.5 KiB" ... "2.0 TiB" into BUF (CAP bytes). */
-void warm_format_bytes(uint64_t bytes, char *buf, size_t cap);
+void warm_report_format_bytes(uint64_t bytes, char *buf, size_t cap);
 
 /* SECONDS as "M:SS" or "H:MM:SS" (rounded down; negative as 0). */
-void warm_format_duration(double seconds, char *buf, size_t cap);
+void warm_report_format_duration(double seconds, char *buf, size_t cap);
 
 /* Percent of PART in WHOLE, rounded down; 100 for an empty WHOLE. So a
  * file is 100% only when all of it is there. */
-unsigned warm_percent(uint64_t part, uint64_t whole);
+unsigned warm_report_percent(uint64_t part, uint64_t whole);
 
 /*
  * The progress line a terminal shows (no newline), at most WIDTH
@@ -68,8 +68,8 @@ unsigned warm_percent(uint64_t part, uint64_t whole);
  * 0:14" after SECONDS. The rate is of bytes_done; the ETA is left out
  * until something was done.
  */
-void warm_progress_line(enum warm_mode mode, const struct warm_totals *totals,
-                        double seconds, unsigned width, char *buf, size_t cap);
+void warm_report_progress_line(enum warm_mode mode, const struct warm_totals *totals,
+                               double seconds, unsigned width, char *buf, size_t cap);
 
 /*
  * The one-line summary (no newline), e.g.
@@ -81,11 +81,11 @@ void warm_progress_line(enum warm_mode mode, const struct warm_totals *totals,
  * when they apply, and for --pin and --unpin "; pinned now: 1.0 GiB of
  * 40 GiB allowed". The rate is of the bytes fetched.
  */
-void warm_summary_line(enum warm_mode mode, const struct warm_totals *totals,
-                       double seconds, bool interrupted, char *buf, size_t cap);
+void warm_report_summary_line(enum warm_mode mode, const struct warm_totals *totals,
+                              double seconds, bool interrupted, char *buf, size_t cap);
 
 /* TEXT as a JSON string (quotes, escapes; bytes that are not UTF-8 as
  * U+FFFD) on OUT. */
-void warm_json_string(FILE *out, const char *text);
+void warm_report_json_string(FILE *out, const char *text);
 
 #endif /* S3CFS_WARM_REPORT_H */

@@ -1,6 +1,6 @@
 /*
- * syncfmt.c - the text of the answers to `sync` and `pending` (see
- * syncfmt.h): escaping paths, joining lines within the size of an
+ * sync_text.c - the text of the answers to `sync` and `pending` (see
+ * sync_text.h): escaping paths, joining lines within the size of an
  * extended attribute, splitting them again.
  */
 #include "config.h"
@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-char *syncfmt_escape(const char *text)
+char *sync_text_escape(const char *text)
 {
     size_t len = strlen(text);
     char *out = malloc(len * 4 + 1); /* every byte as \ooo at worst */
@@ -40,7 +40,7 @@ char *syncfmt_escape(const char *text)
     return out;
 }
 
-int syncfmt_unescape(char *text)
+int sync_text_unescape(char *text)
 {
     char *out = text;
 
@@ -71,8 +71,8 @@ int syncfmt_unescape(char *text)
     return 0;
 }
 
-int syncfmt_join(const char *head, char *const *lines, size_t count,
-                 size_t cap, char **out, size_t *len, size_t *listed)
+int sync_text_join(const char *head, char *const *lines, size_t count,
+                   size_t cap, char **out, size_t *len, size_t *listed)
 {
     size_t head_len = strlen(head), total = head_len, taken = 0;
 
@@ -102,7 +102,7 @@ int syncfmt_join(const char *head, char *const *lines, size_t count,
     return 0;
 }
 
-size_t syncfmt_split(char *line, char **fields, size_t max)
+size_t sync_text_split(char *line, char **fields, size_t max)
 {
     size_t count = 0;
 
@@ -117,7 +117,7 @@ size_t syncfmt_split(char *line, char **fields, size_t max)
     return count;
 }
 
-bool syncfmt_summary_get(const char *summary, const char *name, double *value)
+bool sync_text_summary_get(const char *summary, const char *name, double *value)
 {
     size_t name_len = strlen(name);
 

@@ -1,6 +1,6 @@
 /*
- * warmfmt.c - the text of the answers to `s3cachefs warm` (see
- * warmfmt.h).
+ * warm_text.c - the text of the answers to `s3cachefs warm` (see
+ * warm_text.h).
  */
 #include "config.h"
 
@@ -14,28 +14,28 @@
 
 #define HEADER "s3cachefs-warm "
 
-static const char *const status_names[WARMFMT_STATUS_COUNT] = {
-    [WARMFMT_DONE] = "done",
-    [WARMFMT_INTERRUPTED] = "interrupted",
-    [WARMFMT_FAILED] = "failed",
-    [WARMFMT_STAGED] = "staged",
-    [WARMFMT_FULL] = "full",
+static const char *const status_names[WARM_TEXT_STATUS_COUNT] = {
+    [WARM_TEXT_DONE] = "done",
+    [WARM_TEXT_INTERRUPTED] = "interrupted",
+    [WARM_TEXT_FAILED] = "failed",
+    [WARM_TEXT_STAGED] = "staged",
+    [WARM_TEXT_FULL] = "full",
 };
 
-const char *warmfmt_status_name(enum warmfmt_status status)
+const char *warm_text_status_name(enum warm_text_status status)
 {
-    return (unsigned)status < WARMFMT_STATUS_COUNT ? status_names[status] : "?";
+    return (unsigned)status < WARM_TEXT_STATUS_COUNT ? status_names[status] : "?";
 }
 
-int warmfmt_format(const struct warmfmt_answer *answer, char *buf, size_t cap,
-                   size_t *len)
+int warm_text_format(const struct warm_text_answer *answer, char *buf, size_t cap,
+                     size_t *len)
 {
     int n = snprintf(buf, cap,
                      HEADER "%d\nstatus %s\nerror %d\nsize %" PRIu64
                      "\nbefore %" PRIu64 "\nfetched %" PRIu64 "\ncached %" PRIu64
                      "\nfreed %" PRIu64 "\npinned %d\npin_used %" PRIu64
                      "\npin_max %" PRIu64 "\n",
-                     WARMFMT_VERSION, warmfmt_status_name(answer->status),
+                     WARM_TEXT_VERSION, warm_text_status_name(answer->status),
                      answer->error, answer->size, answer->before,
                      answer->fetched, answer->cached, answer->freed,
                      answer->pinned ? 1 : 0, answer->pin_used, answer->pin_max);
@@ -52,13 +52,13 @@ static bool word_is(const char *text, size_t len, const char *word)
     return strlen(word) == len && memcmp(text, word, len) == 0;
 }
 
-int warmfmt_parse(const char *text, size_t len, struct warmfmt_answer *out)
+int warm_text_parse(const char *text, size_t len, struct warm_text_answer *out)
 {
     const char *end = text + len;
     bool have_status = false, have_size = false, have_cached = false;
     bool first = true;
 
-    *out = (struct warmfmt_answer){0};
+    *out = (struct warm_text_answer){0};
     while (text < end) {
         const char *nl = memchr(text, '\n', (size_t)(end - text));
         const char *line_end = nl != NULL ? nl : end;
@@ -74,17 +74,17 @@ int warmfmt_parse(const char *text, size_t len, struct warmfmt_answer *out)
             if (!word_is(text, name_len, "s3cachefs-warm") ||
                 !text_parse_u64(value, value_len, &number))
                 return EINVAL;
-            if (number != WARMFMT_VERSION)
+            if (number != WARM_TEXT_VERSION)
                 return EPROTONOSUPPORT;
             first = false;
         } else if (word_is(text, name_len, "status")) {
             unsigned i;
-            for (i = 0; i < WARMFMT_STATUS_COUNT; i++)
+            for (i = 0; i < WARM_TEXT_STATUS_COUNT; i++)
                 if (word_is(value, value_len, status_names[i]))
                     break;
-            if (i == WARMFMT_STATUS_COUNT)
+            if (i == WARM_TEXT_STATUS_COUNT)
                 return EINVAL;
-            out->status = (enum warmfmt_status)i;
+            out->status = (enum warm_text_status)i;
             have_status = true;
         } else if (word_is(text, name_len, "error") || word_is(text, name_len, "pinned")) {
             if (!text_parse_u64(value, value_len, &number) || number > 65535)

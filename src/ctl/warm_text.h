@@ -1,5 +1,5 @@
 /*
- * warmfmt.h - the text of the answers to `s3cachefs warm` (warm_cmd.h),
+ * warm_text.h - the text of the answers to `s3cachefs warm` (warm_cmd.h),
  * which the daemon gives as the value of an extended attribute of the
  * file asked about (fs.h: FS_WARM_XATTR and its siblings). Pure: no I/O.
  *
@@ -19,30 +19,30 @@
  * it does not know (a newer daemon may add some) and requires status,
  * size and cached. A version other than 1 is refused.
  */
-#ifndef S3CFS_WARMFMT_H
-#define S3CFS_WARMFMT_H
+#ifndef S3CFS_WARM_TEXT_H
+#define S3CFS_WARM_TEXT_H
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
-#define WARMFMT_VERSION 1
-#define WARMFMT_VALUE_MAX 512        /* an answer is never longer */
+#define WARM_TEXT_VERSION 1
+#define WARM_TEXT_VALUE_MAX 512        /* an answer is never longer */
 
-enum warmfmt_status {
-    WARMFMT_DONE,          /* as asked (a warm may still have found less
+enum warm_text_status {
+    WARM_TEXT_DONE,          /* as asked (a warm may still have found less
                               room than the file: cached < size) */
-    WARMFMT_INTERRUPTED,   /* the caller was interrupted: what was done */
-    WARMFMT_FAILED,        /* error says why; the counts are what was done */
-    WARMFMT_STAGED,        /* the file has data not uploaded yet: it is
+    WARM_TEXT_INTERRUPTED,   /* the caller was interrupted: what was done */
+    WARM_TEXT_FAILED,        /* error says why; the counts are what was done */
+    WARM_TEXT_STAGED,        /* the file has data not uploaded yet: it is
                               local already, nothing to fetch or evict */
-    WARMFMT_FULL,          /* --pin: pinning it would pass the pinned
+    WARM_TEXT_FULL,          /* --pin: pinning it would pass the pinned
                               share of the cache (nothing pinned) */
-    WARMFMT_STATUS_COUNT,
+    WARM_TEXT_STATUS_COUNT,
 };
 
-struct warmfmt_answer {
-    enum warmfmt_status status;
+struct warm_text_answer {
+    enum warm_text_status status;
     int error;
     uint64_t size;
     uint64_t before;
@@ -55,16 +55,16 @@ struct warmfmt_answer {
 };
 
 /* The word of STATUS ("done"...); "?" for no status. Static. */
-const char *warmfmt_status_name(enum warmfmt_status status);
+const char *warm_text_status_name(enum warm_text_status status);
 
 /* ANSWER as text into BUF (CAP bytes, NUL-terminated; *LEN without the
- * NUL). 0 or ERANGE (CAP too small: WARMFMT_VALUE_MAX always fits). */
-int warmfmt_format(const struct warmfmt_answer *answer, char *buf, size_t cap,
-                   size_t *len);
+ * NUL). 0 or ERANGE (CAP too small: WARM_TEXT_VALUE_MAX always fits). */
+int warm_text_format(const struct warm_text_answer *answer, char *buf, size_t cap,
+                     size_t *len);
 
 /* TEXT (LEN bytes, not necessarily NUL-terminated) into *OUT. 0; EINVAL
  * (not this format, a bad number, a required line missing, a status not
  * known); EPROTONOSUPPORT (another version of the format). */
-int warmfmt_parse(const char *text, size_t len, struct warmfmt_answer *out);
+int warm_text_parse(const char *text, size_t len, struct warm_text_answer *out);
 
-#endif /* S3CFS_WARMFMT_H */
+#endif /* S3CFS_WARM_TEXT_H */

@@ -100,17 +100,17 @@ struct fs_stats {
 
 /* The extended attribute of the mount root that holds the counters. */
 #define FS_STATS_XATTR "user.s3cachefs.stats"
-/* the daemon's pid, on the mount root (for the unmount helper, unmount.h) */
+/* the daemon's pid, on the mount root (for the unmount helper, unmount_cmd.h) */
 #define FS_PID_XATTR "user.s3cachefs.pid"
 /* the cache directory, on the mount root (where the daemon leaves its
- * exit report for the unmount helper, unmount.h) */
+ * exit report for the unmount helper, unmount_cmd.h) */
 #define FS_CACHE_XATTR "user.s3cachefs.cache"
 /* Requests of `s3cachefs sync` and `s3cachefs pending` (sync_cmd.h) on
  * the mount root, not listed by listxattr (a copy of the root's
  * attributes must not run them): reading SYNC uploads every pending file
  * and answers when done (fs_sync_text), reading PENDING lists them
  * (fs_pending_text), setting DROP to a path gives its pending data up
- * (fs_drop). The answers are the text of syncfmt.h. */
+ * (fs_drop). The answers are the text of sync_text.h. */
 #define FS_SYNC_XATTR "user.s3cachefs.sync"
 #define FS_PENDING_XATTR "user.s3cachefs.pending"
 #define FS_DROP_XATTR "user.s3cachefs.drop"
@@ -250,7 +250,7 @@ uint64_t fs_drain(struct fs *fs);
 /*
  * `s3cachefs sync`: upload every file pending now and wait (writer_sync():
  * a file open for writing is waited for as far as its last close), then
- * the report as the text of syncfmt.h, at most CAP bytes (the summary
+ * the report as the text of sync_text.h, at most CAP bytes (the summary
  * always, files while they fit, failures first): malloc'd into *TEXT
  * (NUL-terminated, *LEN bytes without it). Ends early, reporting what is
  * left as waiting, once *INTERRUPTED is true and fs_sync_wake() was
@@ -264,7 +264,7 @@ int fs_sync_text(struct fs *fs, const atomic_bool *interrupted, size_t cap,
  * lock of the fs layer or the writer held). */
 void fs_sync_wake(struct fs *fs);
 
-/* `s3cachefs pending`: the pending files as the text of syncfmt.h, as
+/* `s3cachefs pending`: the pending files as the text of sync_text.h, as
  * fs_sync_text() gives it (failures first). */
 int fs_pending_text(struct fs *fs, size_t cap, char **text, size_t *len);
 
@@ -294,7 +294,7 @@ enum fs_warm_op {
 };
 
 /*
- * OP on the file INO: the answer in *OUT (warmfmt.h; failures of the
+ * OP on the file INO: the answer in *OUT (warm_text.h; failures of the
  * fetch itself are an answer with status "failed" and their errno). A
  * fetch revalidates the file's attributes past attr_ttl, then fetches
  * every missing block with the mount's parallelism (reader_warm()); it
@@ -306,11 +306,11 @@ enum fs_warm_op {
  * gone from the bucket).
  */
 int fs_warm(struct fs *fs, fuse_ino_t ino, enum fs_warm_op op,
-            const atomic_bool *interrupted, struct warmfmt_answer *out);
+            const atomic_bool *interrupted, struct warm_text_answer *out);
 
 /* Requests of `s3cachefs warm` (warm_cmd.h) on a regular file, not
  * listed by listxattr: reading one does OP and answers with the text of
- * warmfmt.h. */
+ * warm_text.h. */
 #define FS_WARM_XATTR "user.s3cachefs.warm"
 #define FS_CHECK_XATTR "user.s3cachefs.check"
 #define FS_EVICT_XATTR "user.s3cachefs.evict"

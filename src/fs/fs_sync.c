@@ -2,7 +2,7 @@
  * fs_sync.c - what `s3cachefs sync` and `s3cachefs pending` ask of the
  * mount (fs.h: the user.s3cachefs.sync, .pending and .drop attributes of
  * the mount root, answered by fuse_ops.c): the writer's reports turned
- * into paths under the mount root and into the text of syncfmt.h, and a
+ * into paths under the mount root and into the text of sync_text.h, and a
  * pending file given up (drop) removed from the inode table and its
  * directory's listing as an unlink would, with no request to the bucket.
  *
@@ -67,7 +67,7 @@ static int join_sorted(const char *head, struct line *lines, size_t count,
     for (size_t i = 0; err == 0 && i < count; i++)
         texts[i] = lines[i].text;
     if (err == 0)
-        err = syncfmt_join(head, texts, count, cap, text, len, NULL);
+        err = sync_text_join(head, texts, count, cap, text, len, NULL);
     for (size_t i = 0; i < count; i++) {
         free(lines[i].text);
         lines[i].text = NULL;
@@ -81,7 +81,7 @@ static int join_sorted(const char *head, struct line *lines, size_t count,
 static int line_make(struct line *out, int rank, const char *fields,
                      const char *path)
 {
-    char *escaped = syncfmt_escape(path);
+    char *escaped = sync_text_escape(path);
     int n = escaped == NULL ? -1
                             : asprintf(&out->text, "file\t%s\t%s\n", fields, escaped);
 
@@ -155,7 +155,7 @@ int fs_sync_text(struct fs *fs, const atomic_bool *interrupted, size_t cap,
     size_t waited = report.count - counts[WRITER_SYNC_NOT_CLOSED];
     if (err == 0 &&
         asprintf(&head,
-                 SYNCFMT_SYNC_HEADER "\n"
+                 SYNC_TEXT_SYNC_HEADER "\n"
                  "summary files=%zu bytes=%" PRIu64 " seconds=%.3f "
                  "uploaded=%u failed=%u removed=%u not_closed=%u waiting=%u "
                  "interrupted=%d\n",
@@ -243,7 +243,7 @@ int fs_pending_text(struct fs *fs, size_t cap, char **text, size_t *len)
     }
     if (err == 0 &&
         asprintf(&head,
-                 SYNCFMT_PENDING_HEADER "\n"
+                 SYNC_TEXT_PENDING_HEADER "\n"
                  "summary files=%zu bytes=%" PRIu64 " open=%u waiting=%u "
                  "uploading=%u failed=%u journal_entries=%" PRIu64
                  " markers=%zu markers_failed=%zu\n",

@@ -1,7 +1,7 @@
 /*
  * fs_warm.c - the daemon's side of `s3cachefs warm` (warm_cmd.h): one
  * file's version fetched into the cache, its cached share told, its
- * blocks evicted, pinned or unpinned, answered as the text of warmfmt.h
+ * blocks evicted, pinned or unpinned, answered as the text of warm_text.h
  * through an extended attribute of the file (fuse_ops.c).
  *
  * The version is the one the inode shows: a warm revalidates it first
@@ -30,14 +30,14 @@
 #include "reader/reader.h"
 
 int fs_warm(struct fs *fs, fuse_ino_t ino, enum fs_warm_op op,
-            const atomic_bool *interrupted, struct warmfmt_answer *out)
+            const atomic_bool *interrupted, struct warm_text_answer *out)
 {
     struct inode *inode = inode_get(fs->inodes, ino);
     struct inode_attrs attrs;
     char *key = NULL;
     int err = 0;
 
-    *out = (struct warmfmt_answer){.status = WARMFMT_DONE};
+    *out = (struct warm_text_answer){.status = WARM_TEXT_DONE};
     if (inode == NULL)
         return ENOENT;
     inode_table_lock(fs->inodes);
@@ -68,7 +68,7 @@ int fs_warm(struct fs *fs, fuse_ino_t ino, enum fs_warm_op op,
     }
     out->size = attrs.size;
     if (staged) {
-        out->status = WARMFMT_STAGED;
+        out->status = WARM_TEXT_STAGED;
         out->before = out->cached = attrs.size;
         goto out;
     }
@@ -88,7 +88,7 @@ int fs_warm(struct fs *fs, fuse_ino_t ino, enum fs_warm_op op,
             op_err = cache_pin_version(fs->conf.cache, key, attrs.etag,
                                        attrs.size, true, &out->pin_used);
         if (op_err == ENOSPC) {
-            out->status = WARMFMT_FULL;
+            out->status = WARM_TEXT_FULL;
             op_err = 0;
             break;
         }
@@ -139,9 +139,9 @@ int fs_warm(struct fs *fs, fuse_ino_t ino, enum fs_warm_op op,
         break;
     }
     if (op_err == EINTR) {
-        out->status = WARMFMT_INTERRUPTED;
+        out->status = WARM_TEXT_INTERRUPTED;
     } else if (op_err != 0) {
-        out->status = WARMFMT_FAILED;
+        out->status = WARM_TEXT_FAILED;
         out->error = op_err;
         if (op_err != ESTALE && op_err != ENOENT)
             log_warn("warm: '%s': %s", key, strerror(op_err));

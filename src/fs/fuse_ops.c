@@ -645,7 +645,7 @@ static void sync_interrupted(fuse_req_t req, void *data)
 }
 
 /*
- * FS_SYNC_XATTR / FS_PENDING_XATTR: the text of syncfmt.h, within what
+ * FS_SYNC_XATTR / FS_PENDING_XATTR: the text of sync_text.h, within what
  * the caller's buffer takes (a size probe gets the length of what a 64
  * KiB buffer would get; a sync then runs for the probe too). A sync
  * keeps this worker thread until it is done (libfuse starts others
@@ -655,7 +655,7 @@ static void sync_interrupted(fuse_req_t req, void *data)
  */
 static void reply_report(fuse_req_t req, bool sync, size_t size)
 {
-    size_t cap = size == 0 || size > SYNCFMT_VALUE_MAX ? SYNCFMT_VALUE_MAX : size;
+    size_t cap = size == 0 || size > SYNC_TEXT_VALUE_MAX ? SYNC_TEXT_VALUE_MAX : size;
     char *text = NULL;
     size_t len = 0;
     int err;
@@ -717,18 +717,18 @@ static bool warm_request(const char *name, enum fs_warm_op *op)
 
 /*
  * A request of `s3cachefs warm` on file INO: the answer is the text of
- * warmfmt.h. A fetch keeps this worker thread while its GETs run on the
+ * warm_text.h. A fetch keeps this worker thread while its GETs run on the
  * read pool (the command sends a few files at a time); an interrupt of
  * the request (a signal to the caller) ends it early. Each read of the
  * attribute is a request, the size probe too (the command reads once,
- * with a buffer of WARMFMT_VALUE_MAX).
+ * with a buffer of WARM_TEXT_VALUE_MAX).
  */
 static void reply_warm(fuse_req_t req, fuse_ino_t ino, enum fs_warm_op op,
                        size_t size)
 {
     struct warm_wait wait;
-    struct warmfmt_answer answer;
-    char text[WARMFMT_VALUE_MAX];
+    struct warm_text_answer answer;
+    char text[WARM_TEXT_VALUE_MAX];
     size_t len = 0;
 
     atomic_init(&wait.interrupted, false);
@@ -739,7 +739,7 @@ static void reply_warm(fuse_req_t req, fuse_ino_t ino, enum fs_warm_op op,
     if (long_one) /* (waits for a callback running now) */
         fuse_req_interrupt_func(req, NULL, NULL);
     if (err == 0)
-        err = warmfmt_format(&answer, text, sizeof(text), &len);
+        err = warm_text_format(&answer, text, sizeof(text), &len);
     if (err != 0)
         reply_error(req, err);
     else

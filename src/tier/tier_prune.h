@@ -1,6 +1,6 @@
 /*
  * tier_prune.h - what `s3cachefs shared-cache prune` deletes from a
- * shared cache tier: pure bookkeeping, no I/O (shared_cache_cmd.c lists
+ * shared cache tier: pure bookkeeping, no I/O (tier_cmd.c lists
  * and deletes).
  *
  * The unit of pruning is a version: every block of one version of one

@@ -313,7 +313,7 @@ def test_slow_shared_cache_is_skipped(server, s3, bucket, mount, home,
         assert tier_proxy.counts['PUT'] == 0
 
 
-# A tier request's deadline (shared_cache.h: 5 s, and the bytes at
+# A tier request's deadline (tier_setup.h: 5 s, and the bytes at
 # 8 MiB/s: a block's frame). A read may pay one, then the tier is skipped.
 DEADLINE = 5.0 + (BLOCK + 64) / (8 * MiB)
 READERS = 4

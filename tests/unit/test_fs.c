@@ -66,7 +66,7 @@
  *     out of it (test_rename_of_the_last_file_keeps_its_directory);
  *   - sync, pending and drop as `s3cachefs sync` and `pending` ask them
  *     (test_sync_pending_and_drop): paths, states and sizes in the text
- *     of syncfmt.h, failures first, an answer cut to its size; a drop
+ *     of sync_text.h, failures first, an answer cut to its size; a drop
  *     removes the file like an unlink with no request.
  */
 #ifdef HAVE_CONFIG_H
@@ -2366,7 +2366,7 @@ static void test_kernel_pages_kept_while_the_version_is(void **state)
 {
     struct fixture *f = *state;
     unsigned char *v1 = bytes_of(f, 3000, 21), *v2 = bytes_of(f, 3000, 22);
-    struct warmfmt_answer warmed;
+    struct warm_text_answer warmed;
 
     other_put(f, "k.bin", v1, 3000, NULL);
     fuse_ino_t k = lookup(f, ROOT, "k.bin", NULL);
@@ -4490,7 +4490,7 @@ static void test_rename_of_the_last_file_keeps_its_directory(void **state)
 
 /* ------------------------------------------------- sync, pending, drop */
 
-/* The file line of PATH in TEXT (an answer of syncfmt.h), split into
+/* The file line of PATH in TEXT (an answer of sync_text.h), split into
  * FIELDS (its copy in BUF, CAP bytes); how many fields (0: no line). */
 static size_t report_line(const char *text, const char *path, char *buf,
                           size_t cap, char **fields)
@@ -4501,7 +4501,7 @@ static size_t report_line(const char *text, const char *path, char *buf,
         if (len < cap && strncmp(line, "file\t", 5) == 0) {
             memcpy(buf, line + 5, len - 5);
             buf[len - 5] = '\0';
-            size_t count = syncfmt_split(buf, fields, SYNCFMT_FIELDS_MAX);
+            size_t count = sync_text_split(buf, fields, SYNC_TEXT_FIELDS_MAX);
             if (strcmp(fields[count - 1], path) == 0)
                 return count;
         }
@@ -4517,7 +4517,7 @@ static double summary_of(const char *text, const char *name)
     double value = -1;
 
     assert_non_null(summary);
-    assert_true(syncfmt_summary_get(summary + 1, name, &value));
+    assert_true(sync_text_summary_get(summary + 1, name, &value));
     return value;
 }
 
@@ -4537,18 +4537,18 @@ static void test_sync_pending_and_drop(void **state)
 {
     struct fixture *f = *state;
     struct fs_entry entry;
-    char *text = NULL, buf[512], *fields[SYNCFMT_FIELDS_MAX];
+    char *text = NULL, buf[512], *fields[SYNC_TEXT_FIELDS_MAX];
     size_t len = 0;
     atomic_bool never;
 
     atomic_init(&never, false);
     /* nothing pending: the summary alone */
-    assert_int_equal(fs_sync_text(f->fs, &never, SYNCFMT_VALUE_MAX, &text,
+    assert_int_equal(fs_sync_text(f->fs, &never, SYNC_TEXT_VALUE_MAX, &text,
                                   &len), 0);
     assert_true(summary_of(text, "files") == 0);
     assert_null(strstr(text, "\nfile\t"));
     free(text);
-    assert_int_equal(fs_pending_text(f->fs, SYNCFMT_VALUE_MAX, &text, &len), 0);
+    assert_int_equal(fs_pending_text(f->fs, SYNC_TEXT_VALUE_MAX, &text, &len), 0);
     assert_true(summary_of(text, "files") == 0);
     free(text);
     assert_int_equal(fs_mkdir(f->fs, ROOT, "d", 0755, 1000, 1000, &entry), 0);
@@ -4566,10 +4566,10 @@ static void test_sync_pending_and_drop(void **state)
     struct fs_file *open = create_file(f, ROOT, "open", bytes_of(f, 5 * KIB, 3),
                                        5 * KIB, NULL);
 
-    assert_int_equal(fs_pending_text(f->fs, SYNCFMT_VALUE_MAX, &text, &len), 0);
+    assert_int_equal(fs_pending_text(f->fs, SYNC_TEXT_VALUE_MAX, &text, &len), 0);
     assert_int_equal(strlen(text), len);
-    assert_int_equal(strncmp(text, SYNCFMT_PENDING_HEADER "\n",
-                             strlen(SYNCFMT_PENDING_HEADER) + 1), 0);
+    assert_int_equal(strncmp(text, SYNC_TEXT_PENDING_HEADER "\n",
+                             strlen(SYNC_TEXT_PENDING_HEADER) + 1), 0);
     assert_true(summary_of(text, "files") == 3);
     assert_true(summary_of(text, "open") == 1);
     assert_true(summary_of(text, "failed") == 1);
@@ -4600,11 +4600,11 @@ static void test_sync_pending_and_drop(void **state)
     free(text);
     assert_int_equal(fs_pending_text(f->fs, 20, &text, &len), ERANGE);
 
-    assert_int_equal(fs_sync_text(f->fs, &never, SYNCFMT_VALUE_MAX, &text,
+    assert_int_equal(fs_sync_text(f->fs, &never, SYNC_TEXT_VALUE_MAX, &text,
                                   &len), 0);
     assert_true(fake_s3_holds(f->s3, "d/good", good, 20 * KIB));
-    assert_int_equal(strncmp(text, SYNCFMT_SYNC_HEADER "\n",
-                             strlen(SYNCFMT_SYNC_HEADER) + 1), 0);
+    assert_int_equal(strncmp(text, SYNC_TEXT_SYNC_HEADER "\n",
+                             strlen(SYNC_TEXT_SYNC_HEADER) + 1), 0);
     assert_true(summary_of(text, "files") == 2);
     assert_true(summary_of(text, "bytes") == 30 * KIB);
     assert_true(summary_of(text, "uploaded") == 1);
@@ -4631,7 +4631,7 @@ static void test_sync_pending_and_drop(void **state)
     assert_string_equal(listing_of(f, d), "good");
     assert_null(strstr(journal_of(f), "d/bad"));
     /* left: "open" (d/good's closed bytes are in the bucket) */
-    assert_int_equal(fs_pending_text(f->fs, SYNCFMT_VALUE_MAX, &text, &len), 0);
+    assert_int_equal(fs_pending_text(f->fs, SYNC_TEXT_VALUE_MAX, &text, &len), 0);
     assert_true(summary_of(text, "files") == 1);
     assert_int_equal(report_line(text, "open", buf, sizeof(buf), fields), 9);
     free(text);
@@ -4653,7 +4653,7 @@ static void test_pending_lists_waiting_markers(void **state)
 {
     struct fixture *f = *state;
     struct fs_entry entry;
-    char *text = NULL, buf[512], *fields[SYNCFMT_FIELDS_MAX];
+    char *text = NULL, buf[512], *fields[SYNC_TEXT_FIELDS_MAX];
     size_t len = 0;
     unsigned rule = 0, refuse = 0;
 
@@ -4665,7 +4665,7 @@ static void test_pending_lists_waiting_markers(void **state)
     assert_int_equal(fake_s3_wait_held(f->s3, rule, 1), 0);
     /* until n/'s refusal is recorded (its sender retries in 1 s) */
     for (int tries = 0;; tries++) {
-        assert_int_equal(fs_pending_text(f->fs, SYNCFMT_VALUE_MAX, &text, &len), 0);
+        assert_int_equal(fs_pending_text(f->fs, SYNC_TEXT_VALUE_MAX, &text, &len), 0);
         if (summary_of(text, "markers_failed") == 1 || tries == 1000)
             break;
         free(text);
@@ -4689,7 +4689,7 @@ static void test_pending_lists_waiting_markers(void **state)
     fake_s3_fail_clear(f->s3, refuse);
     fake_s3_hold_clear(f->s3, rule);
     assert_int_equal(fs_drain(f->fs), 0);
-    assert_int_equal(fs_pending_text(f->fs, SYNCFMT_VALUE_MAX, &text, &len), 0);
+    assert_int_equal(fs_pending_text(f->fs, SYNC_TEXT_VALUE_MAX, &text, &len), 0);
     assert_true(summary_of(text, "markers") == 0);
     free(text);
 }

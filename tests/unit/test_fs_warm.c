@@ -176,10 +176,10 @@ static fuse_ino_t lookup(struct fixture *f, const char *name)
     return entry.ino;
 }
 
-static struct warmfmt_answer ask(struct fixture *f, fuse_ino_t ino,
-                                 enum fs_warm_op op)
+static struct warm_text_answer ask(struct fixture *f, fuse_ino_t ino,
+                                   enum fs_warm_op op)
 {
-    struct warmfmt_answer answer;
+    struct warm_text_answer answer;
 
     assert_int_equal(fs_warm(f->fs, ino, op, NULL, &answer), 0);
     return answer;
@@ -242,8 +242,8 @@ static void test_warm_fetches_every_block_once(void **state)
     fuse_ino_t ino = lookup(f, "model.bin");
     size_t mark = fake_s3_log_count(f->s3);
 
-    struct warmfmt_answer answer = ask(f, ino, FS_WARM_FETCH);
-    assert_int_equal(answer.status, WARMFMT_DONE);
+    struct warm_text_answer answer = ask(f, ino, FS_WARM_FETCH);
+    assert_int_equal(answer.status, WARM_TEXT_DONE);
     assert_int_equal(answer.size, len);
     assert_int_equal(answer.before, 0);
     assert_int_equal(answer.fetched, len);
@@ -278,13 +278,13 @@ static void test_warm_after_a_partial_read_fetches_the_rest(void **state)
     assert_int_equal(fs_read(f->fs, file, 10 * BLOCK, BLOCK, buf, &got), 0);
     fs_release(f->fs, file);
     assert_int_equal(fake_s3_wait_idle(f->s3), 0);
-    struct warmfmt_answer answer = ask(f, ino, FS_WARM_CHECK);
+    struct warm_text_answer answer = ask(f, ino, FS_WARM_CHECK);
     uint64_t cached = answer.cached;
     assert_true(cached >= BLOCK && cached < len);
 
     size_t mark = fake_s3_log_count(f->s3);
     answer = ask(f, ino, FS_WARM_FETCH);
-    assert_int_equal(answer.status, WARMFMT_DONE);
+    assert_int_equal(answer.status, WARM_TEXT_DONE);
     assert_int_equal(answer.before, cached);
     assert_int_equal(answer.fetched, len - cached);
     assert_int_equal(answer.cached, len);
@@ -299,8 +299,8 @@ static void test_check_sends_no_request(void **state)
     fuse_ino_t ino = lookup(f, "weights.bin");
 
     size_t mark = fake_s3_log_count(f->s3);
-    struct warmfmt_answer answer = ask(f, ino, FS_WARM_CHECK);
-    assert_int_equal(answer.status, WARMFMT_DONE);
+    struct warm_text_answer answer = ask(f, ino, FS_WARM_CHECK);
+    assert_int_equal(answer.status, WARM_TEXT_DONE);
     assert_int_equal(answer.size, len);
     assert_int_equal(answer.cached, 0);
     assert_int_equal(fake_s3_log_count(f->s3), mark);
@@ -322,8 +322,8 @@ static void test_evict_then_read_fetches_it_again(void **state)
     struct cache_stats stats;
 
     ask(f, ino, FS_WARM_FETCH);
-    struct warmfmt_answer answer = ask(f, ino, FS_WARM_EVICT);
-    assert_int_equal(answer.status, WARMFMT_DONE);
+    struct warm_text_answer answer = ask(f, ino, FS_WARM_EVICT);
+    assert_int_equal(answer.status, WARM_TEXT_DONE);
     assert_int_equal(answer.before, len);
     assert_int_equal(answer.freed, len);
     cache_get_stats(f->cache, &stats);
@@ -373,7 +373,7 @@ struct warm_thread {
     fuse_ino_t ino;
     atomic_bool stop;
     int result;
-    struct warmfmt_answer answer;
+    struct warm_text_answer answer;
 };
 
 static void *warm_main(void *arg)
@@ -442,7 +442,7 @@ static void test_warm_and_read_together_fetch_each_block_once(void **state)
     pthread_join(warm.thread, NULL);
     pthread_join(reading.thread, NULL);
     assert_int_equal(warm.result, 0);
-    assert_int_equal(warm.answer.status, WARMFMT_DONE);
+    assert_int_equal(warm.answer.status, WARM_TEXT_DONE);
     assert_int_equal(warm.answer.cached, len);
     /* each block once, whoever fetched it */
     assert_int_equal(get_bytes_since(f, "shared.bin", mark), len);
@@ -467,7 +467,7 @@ static void test_interrupted_warm_answers_at_once(void **state)
     pthread_join(warm.thread, NULL);
     assert_true(fake_s3_held(f->s3, rule) >= 2);
     assert_int_equal(warm.result, 0);
-    assert_int_equal(warm.answer.status, WARMFMT_INTERRUPTED);
+    assert_int_equal(warm.answer.status, WARM_TEXT_INTERRUPTED);
     assert_true(warm.answer.cached < len);
     fake_s3_hold_clear(f->s3, rule);
     assert_int_equal(fake_s3_wait_idle(f->s3), 0);
@@ -484,13 +484,13 @@ static void test_failed_get_is_an_answer(void **state)
 
     assert_int_equal(fake_s3_fail(f->s3, ON(FAKE_S3_GET, "broken.bin"),
                                   FAKE_S3_ALWAYS, EIO, false, &rule), 0);
-    struct warmfmt_answer answer = ask(f, ino, FS_WARM_FETCH);
-    assert_int_equal(answer.status, WARMFMT_FAILED);
+    struct warm_text_answer answer = ask(f, ino, FS_WARM_FETCH);
+    assert_int_equal(answer.status, WARM_TEXT_FAILED);
     assert_int_equal(answer.error, EIO);
     assert_int_equal(answer.cached, 0);
     fake_s3_fail_clear(f->s3, rule);
     answer = ask(f, ino, FS_WARM_FETCH);
-    assert_int_equal(answer.status, WARMFMT_DONE);
+    assert_int_equal(answer.status, WARM_TEXT_DONE);
     assert_int_equal(answer.cached, len);
 }
 
@@ -507,10 +507,10 @@ static void test_file_being_written_is_left_alone(void **state)
                                      &file), 0);
     assert_int_equal(fs_write(f->fs, file, 0, bytes, sizeof(bytes)), 0);
     size_t mark = fake_s3_log_count(f->s3);
-    struct warmfmt_answer answer = ask(f, entry.ino, FS_WARM_FETCH);
-    assert_int_equal(answer.status, WARMFMT_STAGED);
+    struct warm_text_answer answer = ask(f, entry.ino, FS_WARM_FETCH);
+    assert_int_equal(answer.status, WARM_TEXT_STAGED);
     answer = ask(f, entry.ino, FS_WARM_EVICT);
-    assert_int_equal(answer.status, WARMFMT_STAGED);
+    assert_int_equal(answer.status, WARM_TEXT_STAGED);
     assert_int_equal(answer.freed, 0);
     assert_int_equal(fake_s3_log_count(f->s3), mark);
     assert_int_equal(fs_flush(f->fs, file), 0);
@@ -520,7 +520,7 @@ static void test_file_being_written_is_left_alone(void **state)
 static void test_directories_are_refused(void **state)
 {
     struct fixture *f = *state;
-    struct warmfmt_answer answer;
+    struct warm_text_answer answer;
 
     assert_int_equal(fs_warm(f->fs, ROOT, FS_WARM_FETCH, NULL, &answer), EISDIR);
     assert_int_equal(fs_warm(f->fs, 12345, FS_WARM_CHECK, NULL, &answer), ENOENT);
@@ -559,8 +559,8 @@ static void pressure(struct fixture *f)
         char name[32];
         snprintf(name, sizeof(name), "dataset-%u.bin", i);
         fuse_ino_t ino = lookup(f, name);
-        struct warmfmt_answer answer = ask(f, ino, FS_WARM_FETCH);
-        assert_int_equal(answer.status, WARMFMT_DONE);
+        struct warm_text_answer answer = ask(f, ino, FS_WARM_FETCH);
+        assert_int_equal(answer.status, WARM_TEXT_DONE);
     }
 }
 
@@ -574,8 +574,8 @@ static void test_pinned_version_survives_eviction_pressure(void **state)
     fuse_ino_t weights = lookup(f, "weights.bin");
     fuse_ino_t unpinned = lookup(f, "unpinned.bin");
 
-    struct warmfmt_answer answer = ask(f, weights, FS_WARM_PIN);
-    assert_int_equal(answer.status, WARMFMT_DONE);
+    struct warm_text_answer answer = ask(f, weights, FS_WARM_PIN);
+    assert_int_equal(answer.status, WARM_TEXT_DONE);
     assert_true(answer.pinned);
     assert_int_equal(answer.fetched, len);
     assert_int_equal(answer.cached, len);
@@ -602,8 +602,8 @@ static void test_file_larger_than_the_cache_is_fetched_once(void **state)
     fuse_ino_t ino = lookup(f, "huge.bin");
 
     size_t mark = fake_s3_log_count(f->s3);
-    struct warmfmt_answer answer = ask(f, ino, FS_WARM_FETCH);
-    assert_int_equal(answer.status, WARMFMT_DONE);
+    struct warm_text_answer answer = ask(f, ino, FS_WARM_FETCH);
+    assert_int_equal(answer.status, WARM_TEXT_DONE);
     assert_int_equal(answer.fetched, len);
     assert_true(answer.cached <= 2 * MIB);      /* what stayed: it tells */
     assert_int_equal(get_bytes_since(f, "huge.bin", mark), len);
@@ -623,7 +623,7 @@ static void test_pin_is_kept_across_a_remount(void **state)
     f->cache = unit_cache_open(&f->cache_conf);
     fs_start(f);
     ino = lookup(f, "kept.bin");
-    struct warmfmt_answer answer = ask(f, ino, FS_WARM_CHECK);
+    struct warm_text_answer answer = ask(f, ino, FS_WARM_CHECK);
     assert_true(answer.pinned);
     assert_int_equal(answer.cached, len);
     pressure(f);
@@ -646,7 +646,7 @@ static void test_pin_is_kept_across_a_remount(void **state)
     assert_true(stats.used_bytes > len);     /* the dataset's last blocks */
     fuse_ino_t other = lookup(f, "dataset-0.bin");
     answer = ask(f, other, FS_WARM_FETCH);
-    assert_int_equal(answer.status, WARMFMT_FAILED);
+    assert_int_equal(answer.status, WARM_TEXT_FAILED);
     assert_int_equal(answer.error, ENOSPC);
     cache_get_stats(f->cache, &stats);
     assert_int_equal(stats.used_bytes, (len + 4 * KIB - 1) / (4 * KIB) * (4 * KIB));
@@ -670,10 +670,10 @@ static void test_pins_stay_within_half_the_cache(void **state)
     put_dataset(f);
     fuse_ino_t first = lookup(f, "first.bin"), second = lookup(f, "second.bin");
 
-    assert_int_equal(ask(f, first, FS_WARM_PIN).status, WARMFMT_DONE);
+    assert_int_equal(ask(f, first, FS_WARM_PIN).status, WARM_TEXT_DONE);
     size_t mark = fake_s3_log_count(f->s3);
-    struct warmfmt_answer answer = ask(f, second, FS_WARM_PIN);
-    assert_int_equal(answer.status, WARMFMT_FULL);
+    struct warm_text_answer answer = ask(f, second, FS_WARM_PIN);
+    assert_int_equal(answer.status, WARM_TEXT_FULL);
     assert_false(answer.pinned);
     assert_int_equal(answer.fetched, 0);
     assert_int_equal(answer.pin_used, 640 * KIB);
@@ -683,13 +683,13 @@ static void test_pins_stay_within_half_the_cache(void **state)
 
     /* an unpin gives the room back (and a second unpin is harmless) */
     answer = ask(f, first, FS_WARM_UNPIN);
-    assert_int_equal(answer.status, WARMFMT_DONE);
+    assert_int_equal(answer.status, WARM_TEXT_DONE);
     assert_int_equal(answer.pin_used, 0);
     assert_int_equal(ask(f, first, FS_WARM_UNPIN).pin_used, 0);
     assert_int_equal(pinned_bytes(f), 0);
     assert_false(ask(f, first, FS_WARM_CHECK).pinned);
     answer = ask(f, second, FS_WARM_PIN);
-    assert_int_equal(answer.status, WARMFMT_DONE);
+    assert_int_equal(answer.status, WARM_TEXT_DONE);
     assert_int_equal(answer.pin_used, 512 * KIB);
     /* the unpinned one is evictable again */
     pressure(f);
@@ -700,7 +700,7 @@ static void test_pins_stay_within_half_the_cache(void **state)
     assert_int_equal(answer.freed, 512 * KIB);
     assert_int_equal(pinned_bytes(f), 0);
     answer = ask(f, first, FS_WARM_PIN);
-    assert_int_equal(answer.status, WARMFMT_DONE);
+    assert_int_equal(answer.status, WARM_TEXT_DONE);
     assert_int_equal(answer.pin_used, 640 * KIB);
 }
 

@@ -1,6 +1,6 @@
 /*
  * test_warm.c - the pure text of `s3cachefs warm`: the daemon's answers
- * (warmfmt.c: formatted, parsed back, refused when broken) and what the
+ * (warm_text.c: formatted, parsed back, refused when broken) and what the
  * command reads and prints (warm_report.c: --from lines, sizes,
  * durations, percentages, the progress line, the summary, JSON strings).
  * Table-driven where there are cases to list.
@@ -29,22 +29,22 @@
 static void test_answer_round_trip(void **state)
 {
     (void)state;
-    const struct warmfmt_answer cases[] = {
-        {.status = WARMFMT_DONE, .size = 5ull << 40, .before = 1, .fetched = 2,
+    const struct warm_text_answer cases[] = {
+        {.status = WARM_TEXT_DONE, .size = 5ull << 40, .before = 1, .fetched = 2,
          .cached = 3, .freed = 0, .pinned = true},
-        {.status = WARMFMT_FAILED, .error = EIO, .size = 7},
-        {.status = WARMFMT_INTERRUPTED, .size = UINT64_MAX, .cached = UINT64_MAX},
-        {.status = WARMFMT_STAGED},
-        {.status = WARMFMT_FULL, .size = 1, .pin_used = 1ull << 30,
+        {.status = WARM_TEXT_FAILED, .error = EIO, .size = 7},
+        {.status = WARM_TEXT_INTERRUPTED, .size = UINT64_MAX, .cached = UINT64_MAX},
+        {.status = WARM_TEXT_STAGED},
+        {.status = WARM_TEXT_FULL, .size = 1, .pin_used = 1ull << 30,
          .pin_max = 2ull << 30},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-        char text[WARMFMT_VALUE_MAX];
+        char text[WARM_TEXT_VALUE_MAX];
         size_t len = 0;
-        struct warmfmt_answer back;
-        assert_int_equal(warmfmt_format(&cases[i], text, sizeof(text), &len), 0);
+        struct warm_text_answer back;
+        assert_int_equal(warm_text_format(&cases[i], text, sizeof(text), &len), 0);
         assert_int_equal(len, strlen(text));
-        assert_int_equal(warmfmt_parse(text, len, &back), 0);
+        assert_int_equal(warm_text_parse(text, len, &back), 0);
         assert_memory_equal(&back, &cases[i], sizeof(back));
     }
 }
@@ -52,17 +52,17 @@ static void test_answer_round_trip(void **state)
 static void test_answer_text_is_as_documented(void **state)
 {
     (void)state;
-    struct warmfmt_answer answer = {.status = WARMFMT_DONE, .size = 10,
+    struct warm_text_answer answer = {.status = WARM_TEXT_DONE, .size = 10,
                                     .fetched = 10, .cached = 10};
-    char text[WARMFMT_VALUE_MAX];
+    char text[WARM_TEXT_VALUE_MAX];
     size_t len = 0;
 
-    assert_int_equal(warmfmt_format(&answer, text, sizeof(text), &len), 0);
+    assert_int_equal(warm_text_format(&answer, text, sizeof(text), &len), 0);
     assert_string_equal(text, "s3cachefs-warm 1\nstatus done\nerror 0\nsize 10\n"
 "before 0\nfetched 10\ncached 10\nfreed 0\npinned 0\n"
                               "pin_used 0\npin_max 0\n");
     /* too small a buffer says so */
-    assert_int_equal(warmfmt_format(&answer, text, 20, &len), ERANGE);
+    assert_int_equal(warm_text_format(&answer, text, 20, &len), ERANGE);
     assert_int_equal(len, 0);
 }
 
@@ -96,8 +96,8 @@ static void test_answer_parse_cases(void **state)
          EINVAL, 0},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-        struct warmfmt_answer answer;
-        int err = warmfmt_parse(cases[i].text, strlen(cases[i].text), &answer);
+        struct warm_text_answer answer;
+        int err = warm_text_parse(cases[i].text, strlen(cases[i].text), &answer);
         if (err != cases[i].err)
             fail_msg("case %zu: %d, not %d", i, err, cases[i].err);
         if (err == 0)
@@ -105,8 +105,8 @@ static void test_answer_parse_cases(void **state)
     }
     /* the length is what counts, not a NUL */
     const char text[] = "s3cachefs-warm 1\nstatus done\nsize 5\ncached 5\nsize 9";
-    struct warmfmt_answer answer;
-    assert_int_equal(warmfmt_parse(text, strlen(text) - 7, &answer), 0);
+    struct warm_text_answer answer;
+    assert_int_equal(warm_text_parse(text, strlen(text) - 7, &answer), 0);
     assert_int_equal(answer.size, 5);
 }
 
@@ -133,7 +133,7 @@ static void test_list_lines(void **state)
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         char line[128];
         snprintf(line, sizeof(line), "%s", cases[i].line);
-        const char *path = warm_list_line(line);
+        const char *path = warm_report_list_line(line);
         if (cases[i].path == NULL)
             assert_null(path);
         else
@@ -155,7 +155,7 @@ static void test_sizes_durations_percents(void **state)
     };
     char text[32];
     for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
-        warm_format_bytes(sizes[i].bytes, text, sizeof(text));
+        warm_report_format_bytes(sizes[i].bytes, text, sizeof(text));
         assert_string_equal(text, sizes[i].text);
     }
     static const struct {
@@ -166,15 +166,15 @@ static void test_sizes_durations_percents(void **state)
         {3599, "59:59"}, {3600, "1:00:00"}, {90061, "25:01:01"},
     };
     for (size_t i = 0; i < sizeof(durations) / sizeof(durations[0]); i++) {
-        warm_format_duration(durations[i].seconds, text, sizeof(text));
+        warm_report_format_duration(durations[i].seconds, text, sizeof(text));
         assert_string_equal(text, durations[i].text);
     }
-    assert_int_equal(warm_percent(0, 10), 0);
-    assert_int_equal(warm_percent(9, 10), 90);
-    assert_int_equal(warm_percent(999, 1000), 99);   /* never 100 early */
-    assert_int_equal(warm_percent(10, 10), 100);
-    assert_int_equal(warm_percent(0, 0), 100);
-    assert_int_equal(warm_percent(UINT64_MAX / 2, UINT64_MAX), 49);
+    assert_int_equal(warm_report_percent(0, 10), 0);
+    assert_int_equal(warm_report_percent(9, 10), 90);
+    assert_int_equal(warm_report_percent(999, 1000), 99);   /* never 100 early */
+    assert_int_equal(warm_report_percent(10, 10), 100);
+    assert_int_equal(warm_report_percent(0, 0), 100);
+    assert_int_equal(warm_report_percent(UINT64_MAX / 2, UINT64_MAX), 49);
 }
 
 static void test_summary_lines(void **state)
@@ -186,36 +186,36 @@ static void test_summary_lines(void **state)
     };
     char line[512];
 
-    warm_summary_line(WARM_MODE_FETCH, &totals, 12.0, false, line, sizeof(line));
+    warm_report_summary_line(WARM_MODE_FETCH, &totals, 12.0, false, line, sizeof(line));
     assert_string_equal(line, "warm: 12 files, 4.0 GiB: 3.0 GiB fetched, 1.0 GiB "
                               "already cached, 12.0 s, 256 MiB/s, 0 failed");
     totals.failed = 2;
     totals.staged = 1;
-    warm_summary_line(WARM_MODE_FETCH, &totals, 0, true, line, sizeof(line));
+    warm_report_summary_line(WARM_MODE_FETCH, &totals, 0, true, line, sizeof(line));
     assert_string_equal(line, "warm: 12 files, 4.0 GiB: 3.0 GiB fetched, 1.0 GiB "
                               "already cached, 0.0 s, 0 B/s, 2 failed, 1 staged "
                               "(not uploaded yet: left alone), interrupted");
     totals = (struct warm_totals){.files = 1, .bytes = 4096, .cached = 1024};
-    warm_summary_line(WARM_MODE_CHECK, &totals, 1, false, line, sizeof(line));
+    warm_report_summary_line(WARM_MODE_CHECK, &totals, 1, false, line, sizeof(line));
     assert_string_equal(line, "check: 1 file, 4.0 KiB, 1.0 KiB cached (25%), "
                               "0 failed");
     totals.freed = 4096;
-    warm_summary_line(WARM_MODE_EVICT, &totals, 1, false, line, sizeof(line));
+    warm_report_summary_line(WARM_MODE_EVICT, &totals, 1, false, line, sizeof(line));
     assert_string_equal(line, "evict: 1 file, 4.0 KiB freed, 0 failed");
-    warm_summary_line(WARM_MODE_PIN, &totals, 1, false, line, sizeof(line));
+    warm_report_summary_line(WARM_MODE_PIN, &totals, 1, false, line, sizeof(line));
     assert_true(strncmp(line, "pin: 1 file pinned, 4.0 KiB: ", 29) == 0);
-    warm_summary_line(WARM_MODE_UNPIN, &totals, 1, false, line, sizeof(line));
+    warm_report_summary_line(WARM_MODE_UNPIN, &totals, 1, false, line, sizeof(line));
     assert_string_equal(line, "unpin: 1 file unpinned, 4.0 KiB, 0 failed");
     totals.pin_used = 3ull << 30;
     totals.pin_max = 40ull << 30;
-    warm_summary_line(WARM_MODE_UNPIN, &totals, 1, false, line, sizeof(line));
+    warm_report_summary_line(WARM_MODE_UNPIN, &totals, 1, false, line, sizeof(line));
     assert_string_equal(line, "unpin: 1 file unpinned, 4.0 KiB, 0 failed; "
                               "pinned now: 3.0 GiB of 40 GiB allowed");
-    warm_summary_line(WARM_MODE_EVICT, &totals, 1, false, line, sizeof(line));
+    warm_report_summary_line(WARM_MODE_EVICT, &totals, 1, false, line, sizeof(line));
     assert_string_equal(line, "evict: 1 file, 4.0 KiB freed, 0 failed");
     /* a short buffer cuts, never overflows */
     char tiny[8];
-    warm_summary_line(WARM_MODE_FETCH, &totals, 1, true, tiny, sizeof(tiny));
+    warm_report_summary_line(WARM_MODE_FETCH, &totals, 1, true, tiny, sizeof(tiny));
     assert_int_equal(strlen(tiny), 7);
 }
 
@@ -226,16 +226,16 @@ static void test_progress_line(void **state)
                                  .bytes_done = 1ull << 20};
     char line[256];
 
-    warm_progress_line(WARM_MODE_FETCH, &totals, 2.0, 200, line, sizeof(line));
+    warm_report_progress_line(WARM_MODE_FETCH, &totals, 2.0, 200, line, sizeof(line));
     assert_string_equal(line, "warm  [#####               ] 1/4 files  "
                               "1.0 MiB/4.0 MiB  512 KiB/s  ETA 0:06");
     /* no rate or ETA before anything was done */
     totals.bytes_done = 0;
-    warm_progress_line(WARM_MODE_PIN, &totals, 0.1, 200, line, sizeof(line));
+    warm_report_progress_line(WARM_MODE_PIN, &totals, 0.1, 200, line, sizeof(line));
     assert_string_equal(line, "pin   [                    ] 1/4 files  "
                               "0 B/4.0 MiB");
     totals.failed = 1;
-    warm_progress_line(WARM_MODE_FETCH, &totals, 0.1, 30, line, sizeof(line));
+    warm_report_progress_line(WARM_MODE_FETCH, &totals, 0.1, 30, line, sizeof(line));
     assert_int_equal(strlen(line), 30);          /* cut to the width */
 }
 
@@ -258,7 +258,7 @@ static void test_json_strings(void **state)
         size_t len = 0;
         FILE *out = open_memstream(&text, &len);
         assert_non_null(out);
-        warm_json_string(out, cases[i].in);
+        warm_report_json_string(out, cases[i].in);
         fclose(out);
         assert_string_equal(text, cases[i].out);
         free(text);
