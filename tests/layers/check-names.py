@@ -23,7 +23,7 @@ import sys
 # names that are not the tree's and that its texts speak of: outside
 # headers (cmocka's, LMDB's), the generated config.h, and examples
 OUTSIDE = {'cmocka.h', 'config.h', 'lmdb.h', 'train.py', 'script.sh', 'creds.py'}
-SCANNED = ('src/', 'tests/', 'contrib/', 'man/', 'HACKING.md', 'README.md')
+SCANNED = ('src/', 'tests/', 'contrib/', 'man/', 'doc/', 'HACKING.md', 'README.md')
 SKIPPED = ('tests/peer-suites/', 'tests/layers/check-layers.py',
            'tests/layers/check-names.py', 'tests/fuzz/corpus/')
 FILE_NAME = re.compile(r'(?<![\w/.<-])((?:[\w.-]+/)*[a-z0-9_]+\.(?:c|h|py|sh))\b')
