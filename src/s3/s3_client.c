@@ -680,170 +680,305 @@ static void reset_attempt(struct s3_request *req)
         memset(req->info, 0, sizeof(*req->info));
 }
 
-int s3_client_perform(struct s3_client *client, struct s3_request *req,
-                      struct s3_failure *failure)
+/*
+ * One s3_client_perform(): what its steps share. The request is sent in
+ * attempts (run_attempts()): each takes the keys current then
+ * (attempt_keys()), is set up, signed and sent (attempt_send()), and has
+ * its answer read (attempt_answer()) and judged (attempt_errno(),
+ * attempt_new_keys(), attempt_failure()); between two attempts, a pause
+ * within the deadline (run_time_left(), run_pause()).
+ */
+struct request_run {
+    struct s3_client *client;
+    struct s3_request *req;
+    char *path;                   /* encoded, as signed */
+    char *url;
+    CURL *curl;                   /* NULL while none is held */
+    struct credentials_keys *keys;/* this attempt's, or NULL (no_sign) */
+    uint64_t deadline_ms;         /* the request's, from its start */
+    uint64_t deadline;            /* clock_monotonic_ms() */
+    unsigned attempt;             /* 0 for the first */
+    bool resigned;                /* new keys were asked for (once) */
+    bool abandoned;               /* a failure of our own (setting up or
+                                     signing an attempt, memory, no
+                                     connection): no counters, no log line */
+    /* the last attempt */
+    CURLcode rc;
+    struct errmap_result result;
+    bool parse_failed;            /* req->parse refused a 2xx answer */
+    bool retry;                   /* another attempt may be made */
+    char description[256];        /* what failed, for the log and FAILURE */
+};
+
+/* Takes RUN's path, URL and connection, and starts its deadline. Returns
+ * 0 or ENOMEM. */
+static int run_start(struct request_run *run)
 {
-    char *path = NULL;
-    char *url = NULL;
-    CURL *curl = NULL;
-    int err = 0;
-    char description[256] = "";
-    uint64_t deadline_ms = request_deadline_ms(client, req);
-    uint64_t deadline = 0;
-    struct credentials_keys *keys = NULL;
-    bool resigned = false;
+    struct s3_client *client = run->client;
+    struct s3_request *req = run->req;
 
     req->error_body.cap = ERROR_BODY_MAX;
-    path = request_path(client, req->key);
-    if (path == NULL) {
-        err = ENOMEM;
-        goto out;
-    }
-    size_t url_len = strlen(client->endpoint.url_base) + strlen(path) +
+    run->path = request_path(client, req->key);
+    if (run->path == NULL)
+        return ENOMEM;
+    size_t url_len = strlen(client->endpoint.url_base) + strlen(run->path) +
                      (req->query ? strlen(req->query) : 0) + 2;
-    url = malloc(url_len);
-    if (url == NULL) {
-        err = ENOMEM;
-        goto out;
-    }
-    snprintf(url, url_len, "%s%s%s%s", client->endpoint.url_base, path,
-             req->query && req->query[0] ? "?" : "",
+    run->url = malloc(url_len);
+    if (run->url == NULL)
+        return ENOMEM;
+    snprintf(run->url, url_len, "%s%s%s%s", client->endpoint.url_base,
+             run->path, req->query && req->query[0] ? "?" : "",
              req->query ? req->query : "");
-    curl = pool_get(client);
-    if (curl == NULL) {
-        err = ENOMEM;
-        goto out;
-    }
+    run->curl = pool_get(client);
+    if (run->curl == NULL)
+        return ENOMEM;
     /* (the wait for a connection is not the request's: others bound it) */
-    deadline = clock_monotonic_ms() + deadline_ms;
+    run->deadline = clock_monotonic_ms() + run->deadline_ms;
+    return 0;
+}
 
-    for (unsigned attempt = 0;; attempt++) {
-        struct curl_slist *headers = NULL;
-        uint64_t now = clock_monotonic_ms();
-        reset_attempt(req);
-        credentials_keys_release(client->creds, &keys);
-        if (client->creds != NULL &&
-            credentials_get(client->creds, &keys) != 0) {
-            err = EACCES;
-            snprintf(description, sizeof(description),
-                     "the keys from %s have expired and could not be "
-                     "replaced", credentials_source_name(client->creds));
-            break;
-        }
-        err = prepare_attempt(client, keys, curl, req, url, path, &headers);
-        curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS,
-                         (long)(deadline > now ? deadline - now : 1));
-        CURLcode rc = CURLE_OK;
-        if (err == 0) {
-            double sent = clock_monotonic_seconds();
-            rc = curl_easy_perform(curl);
-            count_attempt(client, req->op, clock_monotonic_seconds() - sent);
-        }
-        /* nothing of this request may leak into the next one on this handle */
-        curl_easy_setopt(curl, CURLOPT_HTTPHEADER, NULL);
-        curl_easy_setopt(curl, CURLOPT_POSTFIELDS, NULL);
-        curl_easy_setopt(curl, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)-1);
-        curl_easy_setopt(curl, CURLOPT_INFILESIZE_LARGE, (curl_off_t)-1);
-        curl_easy_setopt(curl, CURLOPT_UPLOAD, 0L);
-        curl_slist_free_all(headers);
-        if (err != 0)
-            goto out;
-        if (rc == CURLE_OK) {
-            long status = 0;
-            curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &status);
-            req->status = status;
-        }
-        if (req->status >= 300 && req->error_body.len > 0) {
-            struct s3xml_error parsed;
-            if (s3xml_parse_error(req->error_body.data, req->error_body.len,
-                                  &parsed) == 0)
-                snprintf(req->s3_code, sizeof(req->s3_code), "%s", parsed.code);
-        }
-        if (req->sink_err != 0) {
-            err = req->sink_err;
-            snprintf(description, sizeof(description), "%s", strerror(err));
-            break;
-        }
-        struct errmap_result result = {
-            .curl_code = (int)rc,
-            .http_status = rc == CURLE_OK ? req->status : 0,
-            .s3_code = req->s3_code,
-        };
-        bool may_have_run = false;
-        bool retry = false;
-        bool parse_failed = false;
-        err = errmap_errno(&result);
-        if (err == 0 && req->parse != NULL) {
-            err = req->parse(req);
-            parse_failed = err != 0;
-        }
-        if (err == 0)
-            break;
-        if (!resigned && keys != NULL && rc == CURLE_OK &&
-            req->status == 403 && credentials_code_rejects_keys(req->s3_code)) {
-            /* keys that expired or were replaced: new ones, once */
-            resigned = true;
-            if (credentials_rejected(client->creds, keys->generation) == 0) {
-                atomic_fetch_add(&client->retries, 1);
-                log_debug("%s %s: 403 %s; signed again with new keys",
-                          req->method, req->key ? req->key : "/",
-                          req->s3_code);
-                continue;
-            }
-        }
-        if (parse_failed && (err == EPROTO || err == EOVERFLOW)) {
-            /* a 2xx whose XML was cut short or garbled, or a PUT's without
-             * its ETag: the server may have done the work, the answer did
-             * not come whole */
-            err = EIO;
-            retry = may_have_run = true;
-            snprintf(description, sizeof(description),
-                     "the answer (HTTP %ld) is not what was asked for: XML "
-                     "cut short or not valid, or no ETag", req->status);
-        } else if (parse_failed && err == EIO) {
-            result.error_in_body = true;
-            err = errmap_errno(&result);
-            retry = errmap_retryable(&result, &may_have_run);
-            errmap_describe(&result, description, sizeof(description));
-        } else if (parse_failed) {
-            snprintf(description, sizeof(description), "%s", strerror(err));
-            break;
-        } else {
-            retry = errmap_retryable(&result, &may_have_run);
-            errmap_describe(&result, description, sizeof(description));
-        }
-        /* what the complete of a multipart upload checks afterwards */
-        req->may_have_run = req->may_have_run || (retry && may_have_run);
-        if (!retry || attempt >= client->max_retries ||
-            (!req->idempotent && may_have_run))
-            break;
-        uint64_t pause = backoff_ms(attempt);
-        now = clock_monotonic_ms();
-        if (now + pause >= deadline) {
-            snprintf(description + strlen(description),
-                     sizeof(description) - strlen(description),
-                     "; its deadline (%llu.%01llu s) %s",
-                     (unsigned long long)(deadline_ms / 1000),
-                     (unsigned long long)(deadline_ms % 1000 / 100),
-                     now >= deadline ? "has passed"
-                                     : "leaves no time for another attempt");
-            break;
-        }
-        atomic_fetch_add(&client->retries, 1);
-        log_debug("%s %s: %s; retry %u", req->method, req->key ? req->key : "/",
-                  description, attempt + 1);
-        /* let others use the connection while this request waits */
-        pool_put(client, curl);
-        curl = NULL;
-        sleep_ms(pause);
-        uint64_t waited_from = clock_monotonic_ms();
-        curl = pool_get(client);
-        if (curl == NULL) {
-            err = ENOMEM;
-            goto out;
-        }
-        deadline += clock_monotonic_ms() - waited_from;
+/* Readies RUN's request for another attempt and takes the keys to sign
+ * it with. Returns 0, or EACCES (with run->description) when they expired
+ * and could not be replaced. */
+static int attempt_keys(struct request_run *run)
+{
+    reset_attempt(run->req);
+    credentials_keys_release(run->client->creds, &run->keys);
+    if (run->client->creds != NULL &&
+        credentials_get(run->client->creds, &run->keys) != 0) {
+        snprintf(run->description, sizeof(run->description),
+                 "the keys from %s have expired and could not be "
+                 "replaced", credentials_source_name(run->client->creds));
+        return EACCES;
     }
+    return 0;
+}
+
+/* Sends RUN's request once, signed with run->keys, bounded by what is
+ * left of the deadline at STARTED (ms), timed and counted; leaves nothing
+ * of it on the handle. Returns 0 (run->rc tells how the transfer ended)
+ * or the errno of setting it up. */
+static int attempt_send(struct request_run *run, uint64_t started)
+{
+    struct curl_slist *headers = NULL;
+    CURL *curl = run->curl;
+    int err = prepare_attempt(run->client, run->keys, curl, run->req,
+                              run->url, run->path, &headers);
+
+    curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS,
+                     (long)(run->deadline > started ? run->deadline - started
+                                                    : 1));
+    run->rc = CURLE_OK;
+    if (err == 0) {
+        double sent = clock_monotonic_seconds();
+        run->rc = curl_easy_perform(curl);
+        count_attempt(run->client, run->req->op,
+                      clock_monotonic_seconds() - sent);
+    }
+    /* nothing of this request may leak into the next one on this handle */
+    curl_easy_setopt(curl, CURLOPT_HTTPHEADER, NULL);
+    curl_easy_setopt(curl, CURLOPT_POSTFIELDS, NULL);
+    curl_easy_setopt(curl, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)-1);
+    curl_easy_setopt(curl, CURLOPT_INFILESIZE_LARGE, (curl_off_t)-1);
+    curl_easy_setopt(curl, CURLOPT_UPLOAD, 0L);
+    curl_slist_free_all(headers);
+    return err;
+}
+
+/* Takes the HTTP status of RUN's answer (when the transfer ended well)
+ * and the <Code> of its error document into the request. */
+static void attempt_answer(struct request_run *run)
+{
+    struct s3_request *req = run->req;
+
+    if (run->rc == CURLE_OK) {
+        long status = 0;
+        curl_easy_getinfo(run->curl, CURLINFO_RESPONSE_CODE, &status);
+        req->status = status;
+    }
+    if (req->status >= 300 && req->error_body.len > 0) {
+        struct s3xml_error parsed;
+        if (s3xml_parse_error(req->error_body.data, req->error_body.len,
+                              &parsed) == 0)
+            snprintf(req->s3_code, sizeof(req->s3_code), "%s", parsed.code);
+    }
+}
+
+/* The errno of RUN's attempt (errmap's, then the request's parse of a
+ * 2xx answer): 0 when it succeeded. Sets run->result and
+ * run->parse_failed. */
+static int attempt_errno(struct request_run *run)
+{
+    struct s3_request *req = run->req;
+    int err;
+
+    run->result = (struct errmap_result){
+        .curl_code = (int)run->rc,
+        .http_status = run->rc == CURLE_OK ? req->status : 0,
+        .s3_code = req->s3_code,
+    };
+    run->parse_failed = false;
+    err = errmap_errno(&run->result);
+    if (err == 0 && req->parse != NULL) {
+        err = req->parse(req);
+        run->parse_failed = err != 0;
+    }
+    return err;
+}
+
+/* Whether RUN's attempt was refused for its keys and new ones were had:
+ * then it is signed again and sent at once (once a request). */
+static bool attempt_new_keys(struct request_run *run)
+{
+    struct s3_request *req = run->req;
+
+    if (run->resigned || run->keys == NULL || run->rc != CURLE_OK ||
+        req->status != 403 || !credentials_code_rejects_keys(req->s3_code))
+        return false;
+    /* keys that expired or were replaced: new ones, once */
+    run->resigned = true;
+    if (credentials_rejected(run->client->creds, run->keys->generation) != 0)
+        return false;
+    atomic_fetch_add(&run->client->retries, 1);
+    log_debug("%s %s: 403 %s; signed again with new keys", req->method,
+              req->key ? req->key : "/", req->s3_code);
+    return true;
+}
+
+/* RUN's attempt failed with ERR (attempt_errno()'s): returns the errno it
+ * fails with, with run->description, and run->retry saying whether
+ * another attempt may be made (retryable, retries left, and safe for a
+ * request that is not idempotent). */
+static int attempt_failure(struct request_run *run, int err)
+{
+    struct s3_request *req = run->req;
+    bool may_have_run = false;
+    bool retry = false;
+
+    run->retry = false;
+    if (run->parse_failed && (err == EPROTO || err == EOVERFLOW)) {
+        /* a 2xx whose XML was cut short or garbled, or a PUT's without
+         * its ETag: the server may have done the work, the answer did
+         * not come whole */
+        err = EIO;
+        retry = may_have_run = true;
+        snprintf(run->description, sizeof(run->description),
+                 "the answer (HTTP %ld) is not what was asked for: XML "
+                 "cut short or not valid, or no ETag", req->status);
+    } else if (run->parse_failed && err == EIO) {
+        run->result.error_in_body = true;
+        err = errmap_errno(&run->result);
+        retry = errmap_retryable(&run->result, &may_have_run);
+        errmap_describe(&run->result, run->description,
+                        sizeof(run->description));
+    } else if (run->parse_failed) {
+        snprintf(run->description, sizeof(run->description), "%s",
+                 strerror(err));
+        return err;
+    } else {
+        retry = errmap_retryable(&run->result, &may_have_run);
+        errmap_describe(&run->result, run->description,
+                        sizeof(run->description));
+    }
+    /* what the complete of a multipart upload checks afterwards */
+    req->may_have_run = req->may_have_run || (retry && may_have_run);
+    run->retry = retry && run->attempt < run->client->max_retries &&
+                 (req->idempotent || !may_have_run);
+    return err;
+}
+
+/* Whether RUN's deadline leaves time for a pause of PAUSE ms and another
+ * attempt; if not, run->description says so. */
+static bool run_time_left(struct request_run *run, uint64_t pause)
+{
+    uint64_t now = clock_monotonic_ms();
+    size_t used = strlen(run->description);
+
+    if (now + pause < run->deadline)
+        return true;
+    snprintf(run->description + used, sizeof(run->description) - used,
+             "; its deadline (%llu.%01llu s) %s",
+             (unsigned long long)(run->deadline_ms / 1000),
+             (unsigned long long)(run->deadline_ms % 1000 / 100),
+             now >= run->deadline ? "has passed"
+                                  : "leaves no time for another attempt");
+    return false;
+}
+
+/* Counts and logs RUN's retry, then waits PAUSE ms without a connection
+ * and takes one again, the deadline moved by the wait for it. Returns 0
+ * or ENOMEM (no connection). */
+static int run_pause(struct request_run *run, uint64_t pause)
+{
+    struct s3_request *req = run->req;
+
+    atomic_fetch_add(&run->client->retries, 1);
+    log_debug("%s %s: %s; retry %u", req->method, req->key ? req->key : "/",
+              run->description, run->attempt + 1);
+    /* let others use the connection while this request waits */
+    pool_put(run->client, run->curl);
+    run->curl = NULL;
+    sleep_ms(pause);
+    uint64_t waited_from = clock_monotonic_ms();
+    run->curl = pool_get(run->client);
+    if (run->curl == NULL)
+        return ENOMEM;
+    run->deadline += clock_monotonic_ms() - waited_from;
+    return 0;
+}
+
+/* Sends RUN's request until an attempt succeeds, one fails for good, or
+ * the deadline leaves no time for another. Returns 0 or the errno, with
+ * run->description; run->abandoned when a failure of our own ended it. */
+static int run_attempts(struct request_run *run)
+{
+    int err;
+
+    for (run->attempt = 0;; run->attempt++) {
+        /* (read before the keys are taken: the attempt's timeout counts
+         * from here) */
+        uint64_t started = clock_monotonic_ms();
+        err = attempt_keys(run);
+        if (err != 0)
+            return err;
+        err = attempt_send(run, started);
+        if (err != 0) {
+            run->abandoned = true;
+            return err;
+        }
+        attempt_answer(run);
+        if (run->req->sink_err != 0) {
+            err = run->req->sink_err;
+            snprintf(run->description, sizeof(run->description), "%s",
+                     strerror(err));
+            return err;
+        }
+        err = attempt_errno(run);
+        if (err == 0)
+            return 0;
+        if (attempt_new_keys(run))
+            continue;
+        err = attempt_failure(run, err);
+        if (!run->retry)
+            return err;
+        uint64_t pause = backoff_ms(run->attempt);
+        if (!run_time_left(run, pause))
+            return err;
+        err = run_pause(run, pause);
+        if (err != 0) {
+            run->abandoned = true;
+            return err;
+        }
+    }
+}
+
+/* Counts what RUN's request moved, or that it failed (ERR) with one log
+ * line unless it is quiet. */
+static void run_count(const struct request_run *run, int err)
+{
+    struct s3_client *client = run->client;
+    const struct s3_request *req = run->req;
+
     if (req->sink != NULL)
         atomic_fetch_add(&client->bytes_received, req->delivered);
     if (err == 0) {
@@ -856,21 +991,44 @@ int s3_client_perform(struct s3_client *client, struct s3_request *req,
         atomic_fetch_add(&client->failures, 1);
         if (!req->quiet)
             log_warn("%s %s: %s", req->method, req->key ? req->key : "/",
-                     description);
+                     run->description);
     }
-out:
-    credentials_keys_release(client->creds, &keys);
-    if (curl != NULL)
-        pool_put(client, curl);
+}
+
+/* Gives back what RUN holds, and fills FAILURE (may be NULL) from ERR. */
+static void run_finish(struct request_run *run, int err,
+                       struct s3_failure *failure)
+{
+    credentials_keys_release(run->client->creds, &run->keys);
+    if (run->curl != NULL)
+        pool_put(run->client, run->curl);
     if (failure != NULL) {
         failure->err = err;
-        failure->server_answered = req->status != 0;
+        failure->server_answered = run->req->status != 0;
         snprintf(failure->description, sizeof(failure->description), "%s",
-                 description[0] ? description : strerror(err));
+                 run->description[0] ? run->description : strerror(err));
     }
-    s3_buf_free(&req->error_body);
-    free(url);
-    free(path);
+    s3_buf_free(&run->req->error_body);
+    free(run->url);
+    free(run->path);
+}
+
+int s3_client_perform(struct s3_client *client, struct s3_request *req,
+                      struct s3_failure *failure)
+{
+    struct request_run run = {
+        .client = client,
+        .req = req,
+        .deadline_ms = request_deadline_ms(client, req),
+    };
+    int err = run_start(&run);
+
+    if (err == 0) {
+        err = run_attempts(&run);
+        if (!run.abandoned)
+            run_count(&run, err);
+    }
+    run_finish(&run, err, failure);
     return err;
 }
 
