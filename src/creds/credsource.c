@@ -191,80 +191,138 @@ static void quote_line(const char *text, size_t len, char *out, size_t cap)
     out[n] = '\0';
 }
 
-static int process_fetch(void *arg, struct credentials_fetched *out,
-                         char *errbuf, size_t errlen)
-{
-    const struct process_source *source = arg;
-    int out_pipe[2] = {-1, -1}, err_pipe[2] = {-1, -1};
+/*
+ * One run of a credential_process: what process_fetch()'s steps share.
+ * It is started (process_spawn()), its output read within the deadline
+ * (process_collect()), waited for (process_reap()), and what it printed
+ * or how it ended judged (process_verdict()); process_run_clear() gives
+ * back what is held.
+ */
+struct process_run {
+    const struct process_source *source;
+    int out_pipe[2], err_pipe[2];   /* -1: closed */
     posix_spawn_file_actions_t actions;
     posix_spawnattr_t attr;
-    bool actions_made = false, attr_made = false;
-    char *stdout_buf = NULL;
-    size_t stdout_len = 0;
-    char stderr_buf[1024];
-    size_t stderr_len = 0;
-    bool too_big = false, timed_out = false;
-    pid_t pid = -1;
-    int status = 0, err = 0;
-    char detail[512] = "";
+    bool actions_made, attr_made;
+    pid_t pid;                      /* -1: none to wait for */
+    int status;                     /* waitpid()'s */
+    char *stdout_buf;               /* CREDENTIALS_JSON_MAX + 1; wiped */
+    size_t stdout_len;
+    char stderr_buf[1024];          /* the first bytes of stderr; wiped */
+    size_t stderr_len;
+    bool too_big;                   /* stdout over CREDENTIALS_JSON_MAX */
+    bool timed_out;                 /* not done within PROCESS_TIMEOUT_MS */
+};
 
-    stdout_buf = malloc(CREDENTIALS_JSON_MAX + 1);
-    if (stdout_buf == NULL) {
-        err = ENOMEM;
+/* RUN's file actions (stdin /dev/null, stdout and stderr into the pipes)
+ * and attributes (no signal blocked, the deadly ones at their defaults).
+ * Returns 0 or ENOMEM. */
+static int process_spawn_attrs(struct process_run *run)
+{
+    sigset_t none, defaults;
+
+    if (posix_spawn_file_actions_init(&run->actions) != 0)
+        return ENOMEM;
+    run->actions_made = true;
+    posix_spawn_file_actions_addopen(&run->actions, 0, "/dev/null",
+                                     O_RDONLY, 0);
+    posix_spawn_file_actions_adddup2(&run->actions, run->out_pipe[1], 1);
+    posix_spawn_file_actions_adddup2(&run->actions, run->err_pipe[1], 2);
+    if (posix_spawnattr_init(&run->attr) != 0)
+        return ENOMEM;
+    run->attr_made = true;
+    sigemptyset(&none);
+    sigemptyset(&defaults);
+    sigaddset(&defaults, SIGPIPE);
+    sigaddset(&defaults, SIGINT);
+    sigaddset(&defaults, SIGTERM);
+    sigaddset(&defaults, SIGHUP);
+    posix_spawnattr_setsigmask(&run->attr, &none);
+    posix_spawnattr_setsigdefault(&run->attr, &defaults);
+    posix_spawnattr_setflags(&run->attr, POSIX_SPAWN_SETSIGMASK |
+                                             POSIX_SPAWN_SETSIGDEF);
+    return 0;
+}
+
+/* Starts RUN's command with its output into pipes of ours. Returns 0, or
+ * the errno with ERRBUF set (but for ENOMEM from the spawn's setup). */
+static int process_spawn(struct process_run *run, char *errbuf, size_t errlen)
+{
+    const struct process_source *source = run->source;
+    int err;
+
+    run->stdout_buf = malloc(CREDENTIALS_JSON_MAX + 1);
+    if (run->stdout_buf == NULL) {
         text_set_err(errbuf, errlen, "out of memory");
-        goto out;
+        return ENOMEM;
     }
-    if (pipe2(out_pipe, O_CLOEXEC) != 0 || pipe2(err_pipe, O_CLOEXEC) != 0) {
+    if (pipe2(run->out_pipe, O_CLOEXEC) != 0 ||
+        pipe2(run->err_pipe, O_CLOEXEC) != 0) {
         err = errno;
         text_set_err(errbuf, errlen, "%s: cannot make a pipe: %s", source->name,
                 strerror(err));
-        goto out;
+        return err;
     }
-    if (posix_spawn_file_actions_init(&actions) != 0) {
-        err = ENOMEM;
-        goto out;
-    }
-    actions_made = true;
-    posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-    posix_spawn_file_actions_adddup2(&actions, out_pipe[1], 1);
-    posix_spawn_file_actions_adddup2(&actions, err_pipe[1], 2);
-    if (posix_spawnattr_init(&attr) != 0) {
-        err = ENOMEM;
-        goto out;
-    }
-    attr_made = true;
-    {
-        sigset_t none, defaults;
-        sigemptyset(&none);
-        sigemptyset(&defaults);
-        sigaddset(&defaults, SIGPIPE);
-        sigaddset(&defaults, SIGINT);
-        sigaddset(&defaults, SIGTERM);
-        sigaddset(&defaults, SIGHUP);
-        posix_spawnattr_setsigmask(&attr, &none);
-        posix_spawnattr_setsigdefault(&attr, &defaults);
-        posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK |
-                                            POSIX_SPAWN_SETSIGDEF);
-    }
-    err = posix_spawnp(&pid, source->argv[0], &actions, &attr, source->argv,
-                       environ);
+    err = process_spawn_attrs(run);
+    if (err != 0)
+        return err;
+    err = posix_spawnp(&run->pid, source->argv[0], &run->actions, &run->attr,
+                       source->argv, environ);
     if (err != 0) {
-        pid = -1;
+        run->pid = -1;
         text_set_err(errbuf, errlen, "%s: cannot run %s: %s", source->name,
                 source->argv[0], strerror(err));
-        goto out;
+        return err;
     }
-    close(out_pipe[1]);
-    close(err_pipe[1]);
-    out_pipe[1] = err_pipe[1] = -1;
+    close(run->out_pipe[1]);
+    close(run->err_pipe[1]);
+    run->out_pipe[1] = run->err_pipe[1] = -1;
+    return 0;
+}
 
+/* Reads what is ready on *FD (RUN's stdout when IS_STDOUT, else its
+ * stderr) into its buffer, within the cap (stdout: past it run->too_big;
+ * stderr: the rest dropped); closes *FD at its end. */
+static void process_read(struct process_run *run, int *fd, bool is_stdout)
+{
+    char chunk[4096];
+    ssize_t got = read(*fd, chunk, sizeof(chunk));
+
+    if (got < 0 && errno == EINTR)
+        return;
+    if (got <= 0) {
+        close(*fd);
+        *fd = -1;
+        return;
+    }
+    if (is_stdout) {
+        if ((size_t)got > CREDENTIALS_JSON_MAX - run->stdout_len) {
+            run->too_big = true;
+        } else {
+            memcpy(run->stdout_buf + run->stdout_len, chunk, (size_t)got);
+            run->stdout_len += (size_t)got;
+        }
+    } else {
+        size_t room = sizeof(run->stderr_buf) - run->stderr_len;
+        size_t take = (size_t)got < room ? (size_t)got : room;
+        memcpy(run->stderr_buf + run->stderr_len, chunk, take);
+        run->stderr_len += take;
+    }
+    OPENSSL_cleanse(chunk, sizeof(chunk));
+}
+
+/* Reads RUN's stdout and stderr until both end, poll() fails, or
+ * PROCESS_TIMEOUT_MS has passed (run->timed_out). */
+static void process_collect(struct process_run *run)
+{
     uint64_t deadline = clock_monotonic_ms() + PROCESS_TIMEOUT_MS;
-    while (out_pipe[0] >= 0 || err_pipe[0] >= 0) {
-        struct pollfd fds[2] = {{.fd = out_pipe[0], .events = POLLIN},
-                                {.fd = err_pipe[0], .events = POLLIN}};
+
+    while (run->out_pipe[0] >= 0 || run->err_pipe[0] >= 0) {
+        struct pollfd fds[2] = {{.fd = run->out_pipe[0], .events = POLLIN},
+                                {.fd = run->err_pipe[0], .events = POLLIN}};
         uint64_t now = clock_monotonic_ms();
         if (now >= deadline) {
-            timed_out = true;
+            run->timed_out = true;
             break;
         }
         int ready = poll(fds, 2, (int)(deadline - now));
@@ -273,41 +331,39 @@ static int process_fetch(void *arg, struct credentials_fetched *out,
         if (ready < 0)
             break;
         for (int i = 0; i < 2; i++) {
-            int *fd = i == 0 ? &out_pipe[0] : &err_pipe[0];
-            char chunk[4096];
+            int *fd = i == 0 ? &run->out_pipe[0] : &run->err_pipe[0];
             if (*fd < 0 || fds[i].revents == 0)
                 continue;
-            ssize_t got = read(*fd, chunk, sizeof(chunk));
-            if (got < 0 && errno == EINTR)
-                continue;
-            if (got <= 0) {
-                close(*fd);
-                *fd = -1;
-                continue;
-            }
-            if (i == 0) {
-                if ((size_t)got > CREDENTIALS_JSON_MAX - stdout_len) {
-                    too_big = true;
-                } else {
-                    memcpy(stdout_buf + stdout_len, chunk, (size_t)got);
-                    stdout_len += (size_t)got;
-                }
-            } else {
-                size_t room = sizeof(stderr_buf) - stderr_len;
-                size_t take = (size_t)got < room ? (size_t)got : room;
-                memcpy(stderr_buf + stderr_len, chunk, take);
-                stderr_len += take;
-            }
-            OPENSSL_cleanse(chunk, sizeof(chunk));
+            process_read(run, fd, i == 0);
         }
     }
-    if (timed_out)
-        kill(pid, SIGKILL);
-    while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+}
+
+/* Waits for RUN's process (killed first when it timed out); its status
+ * into run->status. */
+static void process_reap(struct process_run *run)
+{
+    if (run->timed_out)
+        kill(run->pid, SIGKILL);
+    while (waitpid(run->pid, &run->status, 0) < 0 && errno == EINTR)
         ;
-    pid = -1;
-    quote_line(stderr_buf, stderr_len, detail, sizeof(detail));
-    if (timed_out) {
+    run->pid = -1;
+}
+
+/* What RUN came to: 0 with the keys it printed in OUT, or the errno with
+ * ERRBUF saying why (ETIMEDOUT, EIO for a signal or a failed exit with
+ * the first line of its stderr, EINVAL for too much output, or the
+ * parser's). */
+static int process_verdict(const struct process_run *run,
+                           struct credentials_fetched *out, char *errbuf,
+                           size_t errlen)
+{
+    const struct process_source *source = run->source;
+    int status = run->status, err = 0;
+    char detail[512] = "";
+
+    quote_line(run->stderr_buf, run->stderr_len, detail, sizeof(detail));
+    if (run->timed_out) {
         err = ETIMEDOUT;
         text_set_err(errbuf, errlen, "%s did not finish within %d s (killed)",
                 source->name, PROCESS_TIMEOUT_MS / 1000);
@@ -320,40 +376,65 @@ static int process_fetch(void *arg, struct credentials_fetched *out,
         err = EIO;
         text_set_err(errbuf, errlen, "%s exited with status %d%s%s", source->name,
                 WEXITSTATUS(status), detail[0] ? ": " : "", detail);
-    } else if (too_big) {
+    } else if (run->too_big) {
         err = EINVAL;
         text_set_err(errbuf, errlen, "%s printed more than %u KiB", source->name,
                 CREDENTIALS_JSON_MAX >> 10);
     } else {
         char why[256];
-        err = credentials_parse_json(stdout_buf, stdout_len,
+        err = credentials_parse_json(run->stdout_buf, run->stdout_len,
                                      CREDENTIALS_FORMAT_PROCESS, out, why,
                                      sizeof(why));
         if (err != 0)
             text_set_err(errbuf, errlen, "%s printed no valid credentials: %s",
                     source->name, why);
     }
-out:
-    if (pid > 0) {
-        kill(pid, SIGKILL);
-        while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+    return err;
+}
+
+/* Gives back what RUN holds (a process still running is killed and
+ * waited for) and wipes what it read. */
+static void process_run_clear(struct process_run *run)
+{
+    if (run->pid > 0) {
+        kill(run->pid, SIGKILL);
+        while (waitpid(run->pid, &run->status, 0) < 0 && errno == EINTR)
             ;
     }
     for (int i = 0; i < 2; i++) {
-        if (out_pipe[i] >= 0)
-            close(out_pipe[i]);
-        if (err_pipe[i] >= 0)
-            close(err_pipe[i]);
+        if (run->out_pipe[i] >= 0)
+            close(run->out_pipe[i]);
+        if (run->err_pipe[i] >= 0)
+            close(run->err_pipe[i]);
     }
-    if (actions_made)
-        posix_spawn_file_actions_destroy(&actions);
-    if (attr_made)
-        posix_spawnattr_destroy(&attr);
-    if (stdout_buf != NULL) {
-        OPENSSL_cleanse(stdout_buf, CREDENTIALS_JSON_MAX + 1);
-        free(stdout_buf);
+    if (run->actions_made)
+        posix_spawn_file_actions_destroy(&run->actions);
+    if (run->attr_made)
+        posix_spawnattr_destroy(&run->attr);
+    if (run->stdout_buf != NULL) {
+        OPENSSL_cleanse(run->stdout_buf, CREDENTIALS_JSON_MAX + 1);
+        free(run->stdout_buf);
     }
-    OPENSSL_cleanse(stderr_buf, sizeof(stderr_buf));
+    OPENSSL_cleanse(run->stderr_buf, sizeof(run->stderr_buf));
+}
+
+static int process_fetch(void *arg, struct credentials_fetched *out,
+                         char *errbuf, size_t errlen)
+{
+    struct process_run run = {
+        .source = arg,
+        .out_pipe = {-1, -1},
+        .err_pipe = {-1, -1},
+        .pid = -1,
+    };
+    int err = process_spawn(&run, errbuf, errlen);
+
+    if (err == 0) {
+        process_collect(&run);
+        process_reap(&run);
+        err = process_verdict(&run, out, errbuf, errlen);
+    }
+    process_run_clear(&run);
     return err;
 }
 
