@@ -177,30 +177,52 @@ int s3_head_object(struct s3_client *client, const char *key,
     return s3_client_perform(client, &req, NULL);
 }
 
+/*
+ * What the two GETs share: REQ, of which the caller set only where the
+ * answer goes (sink or buffer, and info), asks for LENGTH (> 0) bytes of
+ * KEY from OFFSET, of the version IF_MATCH when not NULL (an If-Match
+ * header), and is sent. Returns what s3_client_perform() returns.
+ */
+static int get_object(struct s3_client *client, const char *key,
+                      uint64_t offset, uint64_t length, const char *if_match,
+                      struct s3_request *req)
+{
+    char match_header[S3_ETAG_MAX + 16];
+    int err;
+
+    *req = (struct s3_request){
+        .op = S3_OP_GET, .method = "GET", .key = key, .has_range = true,
+        .range_offset = offset, .range_length = length, .if_match = if_match,
+        .idempotent = true, .wire_bytes = length,
+        /* where the answer goes: the caller's */
+        .sink = req->sink, .recv_buf = req->recv_buf,
+        .recv_cap = req->recv_cap, .info = req->info,
+    };
+    if (if_match != NULL) {
+        snprintf(match_header, sizeof(match_header), "If-Match: %s", if_match);
+        req->extra_headers[0] = match_header;
+    }
+    err = s3_client_perform(client, req, NULL);
+    req->extra_headers[0] = NULL; /* (match_header ends here) */
+    return err;
+}
+
 int s3_get_object_range(struct s3_client *client, const char *key,
                         uint64_t offset, size_t length, const char *if_match,
                         void *buf, size_t *received,
                         struct s3_object_info *info)
 {
-    char match_header[S3_ETAG_MAX + 16];
     struct s3_object_info local_info;
     struct s3_request req = {
-        .op = S3_OP_GET, .method = "GET", .key = key, .has_range = true,
-        .range_offset = offset, .range_length = length,
-        .recv_buf = buf, .recv_cap = length, .if_match = if_match,
-        .info = info ? info : &local_info, .idempotent = true,
-        .wire_bytes = length,
+        .recv_buf = buf, .recv_cap = length,
+        .info = info ? info : &local_info,
     };
     int err;
 
     *received = 0;
     if (length == 0)
         return EINVAL;
-    if (if_match != NULL) {
-        snprintf(match_header, sizeof(match_header), "If-Match: %s", if_match);
-        req.extra_headers[0] = match_header;
-    }
-    err = s3_client_perform(client, &req, NULL);
+    err = get_object(client, key, offset, length, if_match, &req);
     if (err == 0)
         *received = req.recv_len;
     return err;
@@ -211,22 +233,12 @@ int s3_get_object_stream(struct s3_client *client, const char *key,
                          const struct s3_sink *sink, uint64_t *delivered,
                          struct s3_object_info *info)
 {
-    char match_header[S3_ETAG_MAX + 16];
-    struct s3_request req = {
-        .op = S3_OP_GET, .method = "GET", .key = key, .has_range = true,
-        .range_offset = offset, .range_length = length, .sink = sink,
-        .if_match = if_match, .idempotent = true, .info = info,
-        .wire_bytes = length,
-    };
+    struct s3_request req = {.sink = sink, .info = info};
     int err;
 
     if (length == 0)
         return EINVAL;
-    if (if_match != NULL) {
-        snprintf(match_header, sizeof(match_header), "If-Match: %s", if_match);
-        req.extra_headers[0] = match_header;
-    }
-    err = s3_client_perform(client, &req, NULL);
+    err = get_object(client, key, offset, length, if_match, &req);
     if (err == 0 && req.delivered != length)
         err = EIO; /* the object ended early: it is not the size we know */
     if (delivered != NULL)
