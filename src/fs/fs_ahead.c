@@ -21,7 +21,7 @@
  *     opens files by name in random order costs at most that many HEADs
  *     per job it started, and a job stops once lookups in its directory
  *     are followed by reads (fs_reads_follow_lookups_locked() in
- *     fs_lookup.c: a lookup answered from a job counts as one that asked
+ *     fs_attrs.c: a lookup answered from a job counts as one that asked
  *     the bucket);
  *   - at most AHEAD_JOBS_MAX jobs: a new one ends the one whose answers
  *     were taken longest ago;

@@ -33,7 +33,7 @@
 #include "fs/metacache.h"
 #include "fs/names.h"
 
-#define RELIST_PAGES_MAX 10              /* see worth_relisting() */
+#define RELIST_PAGES_MAX 10              /* see worth_relisting_locked() */
 #define PROBES_BEFORE_LISTING 8          /* see fs_lookup() */
 #define LOOKUP_FETCH_MAX (1u << 20)      /* largest file a lookup GETs whole */
 #define READ_PATTERN_WINDOW 64   /* see note_asking_lookup_locked() */

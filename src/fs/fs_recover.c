@@ -1,7 +1,7 @@
 /*
  * fs_recover.c - the fs layer's part of recovery at mount (fs_recover()):
  * the renames a crash interrupted are finished in the bucket, as their
- * moves in the journal say (fs_finish_move, writer_recover()'s FINISH),
+ * moves in the journal say (finish_move(), writer_recover()'s FINISH),
  * then the journal's promises are attached to inodes (fs_recovered, in
  * fs_stage.c) and queued. Runs before the session loop, so before any
  * request. It is the last file of the layer: it uses the renames'.

@@ -307,9 +307,10 @@ static int rename_dir(struct fs *fs, struct fs_dir_move *move, bool replaces_dir
             err = drop_older_object(fs, file->inode);
     }
     /* From here the journal says the move is under way: a crash before it
-     * is done has the next mount finish it (fs_finish_move), the files'
-     * promises moved to the new prefix included, so that the bucket holds
-     * the tree before the rename or after it, never a mix. */
+     * is done has the next mount finish it (finish_move() in
+     * fs_recover.c), the files' promises moved to the new prefix
+     * included, so that the bucket holds the tree before the rename or
+     * after it, never a mix. */
     if (err == 0) {
         struct writer_move record = {
             .from = src_prefix, .to = dst_prefix, .flags = JOURNAL_MOVE_PREFIX,

@@ -21,6 +21,7 @@ for object in "$builddir"/src/*/*.o; do
 done
 # what comments and docs name is where they say (in a git checkout)
 if git -C "$srcdir" rev-parse --git-dir >/dev/null 2>&1; then
+    /usr/bin/python3 "$srcdir/tests/layers/check-names.py" --self-test
     /usr/bin/python3 "$srcdir/tests/layers/check-names.py" "$srcdir"
 fi
 /usr/bin/python3 "$srcdir/tests/layers/check-layers.py" --self-test
