@@ -43,9 +43,11 @@
  * transactions are short and never span network I/O; block data is
  * written and read with pwrite/pread outside any lock.
  *
- * Implemented in cache.c (objects, reading, filling), cache_dir.c (the
- * directory, cache_open/cache_close) and cache_policy.c (room, eviction,
- * recency, the flusher); cache_internal.h is what they share.
+ * Implemented in cache_store.c (the index, data files, holds),
+ * cache_policy.c (room, eviction, recency, the flusher), cache.c
+ * (objects, reading, filling), cache_adopt.c (the write path's calls)
+ * and cache_dir.c (the directory, cache_open/cache_close);
+ * cache_internal.h is what they share, and says which file does what.
  */
 #ifndef S3CFS_CACHE_H
 #define S3CFS_CACHE_H
